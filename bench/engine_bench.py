@@ -1,0 +1,116 @@
+"""Benchmark the engine's own overhead: what it costs on top of the work it supervises.
+
+    python bench/engine_bench.py                                   # validate the default specs + stream overhead
+    python bench/engine_bench.py --specs specs/p4_smoke.yaml --check specs/p4_smoke.yaml runs/p4_smoke-smoke-X
+    python bench/engine_bench.py --lines 200000 --repeat 5
+
+Prints one table row per measurement (best and median wall seconds of --repeat runs):
+  * `engine validate SPEC` for each spec;
+  * `engine check SPEC --evidence RUN_DIR` for a saved run (with --check);
+  * a leg printing N lines through `engine run` vs the same command piped to /dev/null; the
+    difference is what streaming, scanning and logging every line costs.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SPECS = ("specs/p4_smoke.yaml", "specs/p4_soak.yaml")
+
+STREAM_SPEC = """\
+version: 1
+name: bench_stream
+description: a leg that prints many lines, to time the engine's per-line cost
+budget_s: 3600
+values:
+  lines: {lines}
+steps:
+  - name: printer
+    run:
+      argv: ["${{python}}", "{printer}", "${{lines}}"]
+      timeout_s: 1800
+      output:
+        echo_prefixes: ["RUN_JSON "]
+        harvest:
+          run_json: {{marker: "RUN_JSON ", pick: last}}
+checks:
+  - name: printer_finished
+    why: the leg reached its last line, so every line went through the engine
+    expr: "steps.printer.harvest.run_json.n == values.lines"
+"""
+# Trainer-shaped lines, written as fast as Python can, so the engine is the bottleneck if any.
+PRINTER = """\
+import json, sys
+n = int(sys.argv[1])
+w = sys.stdout.write
+for i in range(n):
+    w("step %d/%d loss 1.2345 lr 3.0e-04 tok/s 1234\\n" % (i, n))
+w("RUN_JSON " + json.dumps({"n": n}) + "\\n")
+"""
+
+
+def engine_argv() -> list[str]:
+    exe = Path(sys.executable).parent / "engine"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
+
+
+def timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[float, float, int]:
+    """(best, median, last exit code) of `repeat` runs."""
+    times, rc = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+        rc = proc.returncode
+    return min(times), statistics.median(times), rc
+
+
+def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
+        work = Path(tmp)
+        printer = work / "printer.py"
+        printer.write_text(PRINTER)
+        spec = work / "bench_stream.yaml"
+        spec.write_text(STREAM_SPEC.format(lines=lines, printer=printer))
+        plain = timed([sys.executable, str(printer), str(lines)], work, repeat)
+        # The engine's own stdout goes to /dev/null too, so both sides pay the same terminal cost.
+        through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run")], work, repeat)
+    return [(f"{lines:,} lines piped to /dev/null", *plain),
+            (f"{lines:,} lines through engine run", *through),
+            ("  engine overhead", through[0] - plain[0], through[1] - plain[1], through[2])]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--specs", nargs="*", default=list(DEFAULT_SPECS), help="specs to validate")
+    parser.add_argument("--check", nargs=2, metavar=("SPEC", "RUN_DIR"), help="time engine check on a saved run")
+    parser.add_argument("--lines", type=int, default=1_000_000, help="lines the streaming leg prints")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    rows: list[tuple[str, float, float, int]] = []
+    for spec in args.specs:
+        rows.append((f"engine validate {spec}", *timed(engine_argv() + ["validate", spec], ROOT, args.repeat)))
+    if args.check:
+        spec, run_dir = args.check
+        rows.append((f"engine check {spec}",
+                     *timed(engine_argv() + ["check", spec, "--evidence", run_dir], ROOT, args.repeat)))
+    if args.lines > 0:
+        rows.extend(stream_rows(args.lines, args.repeat))
+
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measurement'.ljust(width)}  {'best s':>8}  {'median s':>8}  rc")
+    for name, best, median, rc in rows:
+        print(f"{name.ljust(width)}  {best:8.3f}  {median:8.3f}  {rc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""Evaluating a spec's checks over the evidence document, and the verdict.
+
+A check passes only when its JMESPath expression yields exactly ``true``. Python's jmespath
+returns ``None`` both for an absent key and for an explicit ``null``, and projections silently
+drop nulls, so a plain ``search`` cannot tell "the run said null" from "the run never said".
+The evaluator below is a TreeInterpreter that records every lookup on a value that lacks the key;
+any such miss makes the outcome NO_DATA, even when the result happens to be ``true``, because
+missing data must never pass. The same interpreter remembers the values of comparator operands,
+``&&``/``||``/``!`` operands and function calls so that a failing check can show *why* (explain).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Mapping
+
+import jmespath
+from jmespath.visitor import TreeInterpreter
+
+OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR")
+FAILING = ("FAIL", "NO_DATA", "ERROR")
+VALUE_CUT = 240
+NOT_EVALUATED = "not evaluated"
+MISSING = "missing"
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OPS = {"eq": "==", "ne": "!=", "lt": "<", "gt": ">", "lte": "<=", "gte": ">="}
+
+
+# ---------------------------------------------------------------- the document checks see
+
+def check_document(evidence: Mapping[str, Any]) -> dict:
+    """The evidence without ``checks``/``verdict``, as plain JSON types (tuples -> lists, etc.)."""
+    doc = {k: v for k, v in evidence.items() if k not in ("checks", "verdict")}
+    # A JSON round-trip is the simplest way to guarantee exactly what a saved evidence.json
+    # would give `engine check` later: live runs and re-checks must see the same document.
+    return json.loads(json.dumps(doc, default=str))
+
+
+# ---------------------------------------------------------------- paths and rendering
+
+COMPUTED = "(computed value)"
+
+
+def _key_text(key: Any) -> str:
+    if key is COMPUTED:
+        return key
+    if isinstance(key, int):
+        return f"[{key}]"
+    return key if _IDENT.match(key) else json.dumps(key)
+
+
+def path_text(parts: Iterable[Any]) -> str:
+    """``["steps", "leg1", "losses", "10", 0]`` -> ``steps.leg1.losses."10"[0]``."""
+    out = ""
+    for part in parts:
+        text = _key_text(part)
+        out += text if (text.startswith("[") or not out) else "." + text
+    return out
+
+
+def compact(value: Any, limit: int = VALUE_CUT) -> str:
+    """Compact JSON for a value, cut at ``limit`` characters."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Binding strength used only to decide where the unparser needs parentheses.
+_PREC = {"pipe": 1, "or_expression": 2, "and_expression": 3, "comparator": 5, "not_expression": 6,
+         "projection": 8, "value_projection": 8, "filter_projection": 8, "flatten": 8}
+
+
+def _prec(node: dict) -> int:
+    if node["type"] == "subexpression":  # `a.b[*].c` binds like its trailing projection
+        return min(10, _prec(node["children"][-1]))
+    return _PREC.get(node["type"], 10)
+
+
+def _wrap(node: dict, minimum: int) -> str:
+    text = unparse(node)
+    return f"({text})" if _prec(node) < minimum else text
+
+
+def _left(node: dict) -> str:
+    """Render the operand of a postfix form (``x[0]``, ``x[*]``, ``x.*``); identity is implicit."""
+    return "" if node["type"] == "identity" else _wrap(node, 10)
+
+
+def _suffix(node: dict) -> str:
+    """Render the right-hand side of a projection: nothing, ``[..]`` or ``.rest``."""
+    if node["type"] == "identity":
+        return ""
+    text = unparse(node)
+    return text if text.startswith("[") else "." + text
+
+
+def _bracket(node: dict) -> str:
+    if node["type"] == "index":
+        return f"[{node['value']}]"
+    start, stop, step = (("" if c is None else str(c)) for c in node["children"])
+    return f"[{start}:{stop}" + (f":{step}]" if step else "]")
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "`" + json.dumps(value, separators=(",", ":")) + "`"
+
+
+def unparse(node: dict) -> str:
+    """Render a jmespath AST node back to expression text (parenthesised only where needed)."""
+    kind, kids = node["type"], node.get("children", [])
+    if kind == "field":
+        return _key_text(node["value"])
+    if kind in ("current", "identity"):
+        return "@"
+    if kind == "literal":
+        return _literal(node["value"])
+    if kind == "subexpression":
+        # A projection after a dot (`a.b[*].c`) swallows the rest of the chain, so one that
+        # the AST ends early must close a parenthesised group: `(a.b[*].c).d`.
+        text = _wrap(kids[0], 10)
+        for i, kid in enumerate(kids[1:], start=1):
+            text += "." + unparse(kid)
+            if i < len(kids) - 1 and _prec(kid) < 10:
+                text = f"({text})"
+        return text
+    if kind == "index_expression":
+        return _left(kids[0]) + "".join(_bracket(k) for k in kids[1:])
+    if kind == "projection":
+        left = kids[0]
+        if left["type"] == "flatten" or (left["type"] == "index_expression"
+                                         and left["children"][-1]["type"] == "slice"):
+            head = unparse(left)  # `a[]` and `a[1:2]` are projections by themselves
+        else:
+            head = _left(left) + "[*]"
+        return head + _suffix(kids[1])
+    if kind == "value_projection":
+        left = _left(kids[0])
+        return (left + ".*" if left else "*") + _suffix(kids[1])
+    if kind == "filter_projection":
+        return _left(kids[0]) + "[?" + unparse(kids[2]) + "]" + _suffix(kids[1])
+    if kind == "flatten":
+        return _left(kids[0]) + "[]"
+    if kind == "comparator":
+        return f"{_wrap(kids[0], 6)} {_OPS[node['value']]} {_wrap(kids[1], 6)}"
+    if kind == "or_expression":
+        return f"{_wrap(kids[0], 2)} || {_wrap(kids[1], 3)}"
+    if kind == "and_expression":
+        return f"{_wrap(kids[0], 3)} && {_wrap(kids[1], 4)}"
+    if kind == "not_expression":
+        return "!" + _wrap(kids[0], 6)
+    if kind == "pipe":
+        return f"{_wrap(kids[0], 1)} | {_wrap(kids[1], 2)}"
+    if kind == "expref":
+        return "&" + _wrap(kids[0], 6)
+    if kind == "function_expression":
+        return node["value"] + "(" + ", ".join(unparse(k) for k in kids) + ")"
+    if kind == "multi_select_list":
+        return "[" + ", ".join(unparse(k) for k in kids) + "]"
+    if kind == "multi_select_dict":
+        return "{" + ", ".join(f"{_key_text(k['value'])}: {unparse(k['children'][0])}"
+                               for k in kids) + "}"
+    if kind == "key_val_pair":
+        return f"{_key_text(node['value'])}: {unparse(kids[0])}"
+    raise ValueError(f"unknown jmespath node type {kind!r}")
+
+
+# ---------------------------------------------------------------- the tracing interpreter
+
+def index_paths(doc: Any) -> dict[int, tuple]:
+    """id(container) -> its path in the document, for naming missing lookups."""
+    paths: dict[int, tuple] = {}
+    stack: list[tuple[Any, tuple]] = [(doc, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            paths[id(value)] = path
+            stack.extend((v, path + (k,)) for k, v in value.items())
+        elif isinstance(value, list):
+            paths[id(value)] = path
+            stack.extend((v, path + (i,)) for i, v in enumerate(value))
+    return paths
+
+
+def _explained_nodes(node: dict) -> list[dict]:
+    """Nodes whose value explain shows, in reading order. Per-element parts (projection bodies,
+    filter conditions, exprefs) run many times, so they are shown as a whole, not inside."""
+    found: list[dict] = []
+
+    def walk(n: dict) -> None:
+        kind, kids = n["type"], n.get("children", [])
+        if kind in ("comparator", "and_expression", "or_expression", "not_expression"):
+            for kid in kids:
+                if kid["type"] != "literal":
+                    found.append(kid)
+                walk(kid)
+        elif kind == "function_expression":
+            found.append(n)
+            for kid in kids:
+                if kid["type"] not in ("literal", "expref", "current"):
+                    found.append(kid)
+                walk(kid)
+        elif kind in ("projection", "value_projection", "filter_projection"):
+            walk(kids[0])
+        elif kind in ("subexpression", "index_expression", "pipe", "flatten",
+                      "multi_select_list", "multi_select_dict", "key_val_pair"):
+            for kid in kids:
+                if isinstance(kid, dict):
+                    walk(kid)
+
+    walk(node)
+    unique: dict[int, dict] = {}
+    for n in found:
+        unique.setdefault(id(n), n)
+    return list(unique.values())
+
+
+class _Tracer(TreeInterpreter):
+    """A TreeInterpreter that records missing lookups and the values of chosen nodes."""
+
+    def __init__(self, options: Any, paths: dict[int, tuple], watch: Iterable[dict] = ()) -> None:
+        super().__init__(options)
+        self._paths = paths
+        # Path of the value being visited when it is not a container (a scalar or None):
+        # set by the constructs that step into a value, restored after.
+        self._hint: tuple | None = ()
+        self._watch = {id(n) for n in watch}
+        self.seen: dict[int, Any] = {}
+        self.missing: list[tuple] = []
+
+    # -- bookkeeping
+    def visit(self, node: dict, *args: Any, **kwargs: Any) -> Any:
+        result = super().visit(node, *args, **kwargs)
+        if id(node) in self._watch and id(node) not in self.seen:
+            self.seen[id(node)] = result
+        return result
+
+    def _path_of(self, value: Any) -> tuple | None:
+        if isinstance(value, (dict, list)):
+            return self._paths.get(id(value))
+        return self._hint
+
+    def _miss(self, path: tuple) -> None:
+        # A lookup below an already-missing value names the longer, more telling path.
+        self.missing = [p for p in self.missing if p != path[: len(p)]]
+        if not any(p[: len(path)] == path for p in self.missing):
+            self.missing.append(path)
+
+    def _step_path(self, node: dict, base: tuple | None) -> tuple | None:
+        if base is not None and node["type"] in ("field", "index"):
+            return base + (node["value"],)
+        return None
+
+    def _lookup_failed(self, value: Any, key: Any) -> None:
+        base = self._path_of(value)
+        self._miss((base if base is not None else (COMPUTED,)) + (key,))
+
+    # -- lookups: an absent key, an index past the end, or a lookup into a non-container
+    def visit_field(self, node: dict, value: Any) -> Any:
+        if isinstance(value, dict) and node["value"] in value:
+            return value[node["value"]]
+        self._lookup_failed(value, node["value"])
+        return None
+
+    def visit_index(self, node: dict, value: Any) -> Any:
+        index = node["value"]
+        if isinstance(value, list) and -len(value) <= index < len(value):
+            return value[index]
+        self._lookup_failed(value, index)
+        return None
+
+    def _chain(self, node: dict, value: Any) -> Any:
+        saved = self._hint
+        result, path = value, self._path_of(value)
+        for child in node["children"]:
+            self._hint = path
+            next_path = self._step_path(child, path)
+            result = self.visit(child, result)
+            path = next_path if next_path is not None else (
+                self._paths.get(id(result)) if isinstance(result, (dict, list)) else None)
+        self._hint = saved
+        return result
+
+    visit_subexpression = _chain
+    visit_index_expression = _chain
+
+    def _each(self, body: dict, items: Iterable[tuple[Any, Any]], base: tuple | None,
+              keep: Any = None) -> list:
+        saved, collected = self._hint, []
+        for key, element in items:
+            if keep is not None:
+                self._hint = None if base is None else base + (key,)
+                if not self._is_true(self.visit(keep, element)):
+                    continue
+            self._hint = None if base is None else base + (key,)
+            current = self.visit(body, element)
+            if current is not None:
+                collected.append(current)
+        self._hint = saved
+        return collected
+
+    def visit_projection(self, node: dict, value: Any) -> Any:
+        base = self.visit(node["children"][0], value)
+        if not isinstance(base, list):
+            return None
+        return self._each(node["children"][1], enumerate(base), self._paths.get(id(base)))
+
+    def visit_filter_projection(self, node: dict, value: Any) -> Any:
+        base = self.visit(node["children"][0], value)
+        if not isinstance(base, list):
+            return None
+        return self._each(node["children"][1], enumerate(base), self._paths.get(id(base)),
+                          keep=node["children"][2])
+
+    def visit_value_projection(self, node: dict, value: Any) -> Any:
+        base = self.visit(node["children"][0], value)
+        if not isinstance(base, dict):
+            return None
+        return self._each(node["children"][1], base.items(), self._paths.get(id(base)))
+
+
+# ---------------------------------------------------------------- one expression
+
+def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
+          paths: dict[int, tuple] | None = None) -> tuple[Any, list[str], list[list[str]]]:
+    """Evaluate ``expr``: (value, missing paths, explain pairs). Raises on evaluation errors.
+    ``paths`` is ``index_paths(document)``, passed in to index a big document only once."""
+    parsed = jmespath.compile(expr).parsed
+    watch = _explained_nodes(parsed) if explain else []
+    tracer = _Tracer(options, index_paths(document) if paths is None else paths, watch)
+    try:
+        value = tracer.visit(parsed, document)
+    except Exception as exc:
+        # What was computed before the failure is the best clue to it (a string operand...).
+        exc.explain = _pairs(tracer, watch, [])  # type: ignore[attr-defined]
+        raise
+    missing = [path_text(p) for p in tracer.missing]
+    return value, missing, _pairs(tracer, watch, missing)
+
+
+def _pairs(tracer: _Tracer, watch: list[dict], missing: list[str]) -> list[list[str]]:
+    return [[text, _shown(tracer.seen, n, text, missing)] for n, text in
+            ((n, unparse(n)) for n in watch)]
+
+
+def _shown(seen: dict[int, Any], node: dict, text: str, missing: list[str]) -> str:
+    if id(node) not in seen:
+        return NOT_EVALUATED
+    value = seen[id(node)]
+    # An absent path reads as null to jmespath; say which it really was.
+    return MISSING if value is None and text in missing else compact(value)
+
+
+def _no_data_reason(missing: list[str]) -> str:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return f"no data: {missing[0]} is missing{more}"
+
+
+def _error_text(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
+                 paths: dict[int, tuple] | None = None) -> dict:
+    """One check's result (see ``evaluate``); ``document`` is already ``check_document``-ed."""
+    paths = index_paths(document) if paths is None else paths
+    result: dict[str, Any] = {
+        "name": check["name"], "why": check.get("why", ""), "expr": check["expr"],
+        "severity": check.get("severity") or "gate", "file": check.get("file"),
+        "line": check.get("line"), "outcome": "PASS", "value": None, "missing": [],
+        "explain": [], "reason": "",
+    }
+    when = check.get("when")
+    if when:
+        try:
+            cond, missing, _ = trace(when, document, options, explain=False, paths=paths)
+        except Exception as exc:  # noqa: BLE001 - any failure is the check's ERROR, not a crash
+            return {**result, "outcome": "ERROR", "reason": f"when `{when}`: {_error_text(exc)}"}
+        if cond is not True or missing:
+            shown = f"no data ({missing[0]} is missing)" if missing else compact(cond, 80)
+            return {**result, "outcome": "SKIPPED", "reason": f"when `{when}` was {shown}"}
+    try:
+        value, missing, pairs = trace(check["expr"], document, options, paths=paths)
+    except Exception as exc:  # noqa: BLE001 - a plugin function may raise anything
+        return {**result, "outcome": "ERROR", "reason": _error_text(exc),
+                "explain": getattr(exc, "explain", [])}
+    result.update(value=value, missing=missing, explain=pairs)
+    if missing:
+        result.update(outcome="NO_DATA", reason=_no_data_reason(missing))
+    elif value is True:
+        result.update(outcome="PASS", reason="true")
+    elif value is False:
+        result.update(outcome="FAIL", reason="got false")
+    else:
+        result.update(outcome="FAIL", reason=f"got {compact(value, 80)}, not true")
+    return result
+
+
+def evaluate(checks: list[dict], evidence: Mapping[str, Any], options: Any = None) -> list[dict]:
+    """Evaluate every check over the evidence. Each result: name, why, expr, severity, file, line,
+    outcome (PASS|FAIL|NO_DATA|SKIPPED|ERROR), value, missing, explain, reason."""
+    document = check_document(evidence)
+    paths = index_paths(document)
+    return [evaluate_one(check, document, options, paths) for check in checks]
+
+
+# ---------------------------------------------------------------- the verdict
+
+def _precondition_failure(evidence: Mapping[str, Any],
+                          preconditions: Mapping[str, str]) -> tuple[str, str] | None:
+    for name, step in (evidence.get("steps") or {}).items():
+        if step.get("status") != "failed":
+            continue
+        message = preconditions.get(name) or step.get("precondition")
+        if message:
+            return name, message
+    return None
+
+
+def verdict(evidence: Mapping[str, Any], results: list[dict],
+            preconditions: Mapping[str, str] | None = None) -> dict:
+    """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED, failed names (gate checks
+    that FAIL/NO_DATA/ERROR and ``step:<name>`` for failed run steps), warnings, exit code, seconds.
+
+    ``preconditions`` maps a step name to its precondition message (from the plan); a step's own
+    ``precondition`` field in the evidence is used when the plan is not at hand.
+    """
+    steps = evidence.get("steps") or {}
+    failed_steps = [f"step:{name}" for name, step in steps.items()
+                    if step.get("kind", "run") == "run" and step.get("status") == "failed"]
+    failed_checks = [r["name"] for r in results
+                     if r["outcome"] in FAILING and r.get("severity", "gate") != "warn"]
+    warnings = [r["name"] for r in results
+                if r["outcome"] in FAILING and r.get("severity", "gate") == "warn"]
+    seconds = evidence.get("seconds")
+    if seconds is None:
+        seconds = 0.0
+    out: dict[str, Any] = {"outcome": "PASS", "failed": failed_steps + failed_checks,
+                           "warnings": warnings, "exit_code": 0, "seconds": round(float(seconds), 1)}
+    precondition = _precondition_failure(evidence, preconditions or {})
+    if evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
+        out.update(outcome="INTERRUPTED", exit_code=130)
+    elif precondition:
+        out.update(outcome="PRECONDITION", exit_code=3, failed=[f"step:{precondition[0]}"],
+                   message=precondition[1])
+    elif out["failed"]:
+        out.update(outcome="FAIL", exit_code=5)
+    return out

@@ -1,0 +1,142 @@
+"""Collector plugins: functions that read some state and return it as JSON for `doc["state"]`.
+
+Built-ins: `json_file` {path} and `command` {argv, timeout_s, env}. Others come from the
+`specprobe.collectors` entry-point group; each entry point loads `collect(args, context) -> dict`.
+Built-ins win a name clash, so an installed package cannot silently change their meaning.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Any
+
+from engine.process import Block, run_command
+
+GROUP = "specprobe.collectors"
+DEFAULT_COMMAND_TIMEOUT_S = 300.0
+
+Collector = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+
+
+class CollectorError(Exception):
+    """A collector could not produce its document; the message says which and why."""
+
+
+def _resolve(path: str | os.PathLike[str], context: Mapping[str, Any]) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = Path(context.get("cwd") or os.getcwd()) / p
+    return p
+
+
+def collect_json_file(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
+    if "path" not in args:
+        raise CollectorError("json_file: missing argument 'path'")
+    path = _resolve(args["path"], context)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CollectorError(f"json_file: {path}: no such file") from None
+    except OSError as exc:
+        raise CollectorError(f"json_file: {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CollectorError(f"json_file: {path}:{exc.lineno}:{exc.colno}: invalid JSON: "
+                             f"{exc.msg}") from None
+
+
+def _parse_command_output(lines: list[str]) -> Any:
+    """The last non-empty line as JSON, else the whole output (a pretty-printed document)."""
+    non_empty = [line for line in lines if line.strip()]
+    if not non_empty:
+        raise ValueError("no output")
+    try:
+        return json.loads(non_empty[-1])
+    except json.JSONDecodeError:
+        pass
+    try:
+        return json.loads("\n".join(lines))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"neither the last line nor the whole output is JSON ({exc.msg}); last "
+                         f"line: {non_empty[-1][:200]!r}") from None
+
+
+def collect_command(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
+    argv = args.get("argv")
+    if not isinstance(argv, (list, tuple)) or not argv:
+        raise CollectorError("command: 'argv' must be a non-empty list")
+    argv = [str(a) for a in argv]
+    timeout = float(args.get("timeout_s", DEFAULT_COMMAND_TIMEOUT_S))
+    env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
+    lines: list[str] = []
+
+    def keep(block: Block) -> None:
+        lines.extend(block.lines)
+
+    result = run_command(argv, env=env, cwd=context.get("cwd"), timeout_s=timeout,
+                         grace_s=float(args.get("grace_s", 5)), log_path=context.get("log_path"),
+                         on_block=keep, scrub=context.get("scrub"))
+    shown = " ".join(argv)
+    if result.error:
+        raise CollectorError(f"command {shown!r}: {result.error}")
+    if result.timed_out:
+        raise CollectorError(f"command {shown!r}: timed out after {timeout:g} s")
+    if result.rc != 0:
+        last = next((line for line in reversed(lines) if line.strip()), "")
+        raise CollectorError(f"command {shown!r} exited with rc {result.rc}; last line: "
+                             f"{last[:200]!r}")
+    try:
+        return _parse_command_output(lines)
+    except ValueError as exc:
+        raise CollectorError(f"command {shown!r} (rc 0): {exc}") from None
+
+
+BUILTINS: dict[str, Collector] = {"json_file": collect_json_file, "command": collect_command}
+
+
+def _plugins() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=GROUP) if ep.name not in BUILTINS}
+
+
+def known_collectors() -> list[str]:
+    return sorted(set(BUILTINS) | set(_plugins()))
+
+
+def _load(name: str) -> Collector:
+    if name in BUILTINS:
+        return BUILTINS[name]
+    plugin = _plugins().get(name)
+    if plugin is None:
+        raise CollectorError(f"unknown collector {name!r}; known: {', '.join(known_collectors())}")
+    try:
+        func = plugin.load()
+    except Exception as exc:
+        raise CollectorError(f"collector {name!r}: cannot load entry point {plugin.value!r}: "
+                             f"{type(exc).__name__}: {exc}") from None
+    if not callable(func):
+        raise CollectorError(f"collector {name!r}: entry point {plugin.value!r} is not callable")
+    return func
+
+
+def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any]) -> Any:
+    """Run collector `name`; its JSON-serialisable result, or CollectorError saying why not.
+
+    `context` carries `cwd`, `run_dir`, `step`, `log_path` and `scrub` (a str -> str function).
+    """
+    func = _load(name)
+    try:
+        result = func(dict(args or {}), context)
+    except CollectorError:
+        raise
+    except Exception as exc:
+        raise CollectorError(f"collector {name!r} failed: {type(exc).__name__}: {exc}") from None
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise CollectorError(f"collector {name!r} returned a value that is not JSON: {exc}") \
+            from None
+    return result

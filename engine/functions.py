@@ -1,0 +1,338 @@
+"""The one home of specprobe's custom JMESPath functions, and static analysis of expressions.
+
+Every expression in a spec (check `expr`/`when`, step `when`, `{eval: ...}` values) is compiled with
+`compile_expr` and evaluated with `OPTIONS`, so a function added here is available everywhere at once.
+`problems(text)` rejects unknown functions and wrong arity before anything runs.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from typing import Any, Iterator
+
+import jmespath
+from jmespath import exceptions as jexc
+from jmespath import functions as jfn
+from jmespath.functions import signature
+
+# A range() bigger than this is almost certainly a typo (a step count where a stride was meant), and
+# materialising it would eat the machine before any check reports.
+MAX_RANGE_LEN = 1_000_000
+
+
+class FunctionError(jexc.JMESPathError):
+    """A custom function was called with values it cannot work with (e.g. range step 0)."""
+
+
+def _optional(*types: str) -> dict[str, Any]:
+    # jmespath has no optional arguments, only variadic ones; `Functions._validate_arguments` honours this key.
+    return {"types": list(types), "optional": True}
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _as_int(x: Any, fname: str) -> int:
+    if _is_number(x) and float(x).is_integer():
+        return int(x)
+    raise FunctionError(f"{fname}() expects integers, got {json.dumps(x)}")
+
+
+class Functions(jfn.Functions):
+    """JMESPath's built-ins plus specprobe's. Names are `_func_<name>`; see `functions_markdown()`."""
+
+    def _validate_arguments(self, args, sig, function_name):  # noqa: D401 - jmespath hook
+        required = sum(1 for s in sig if not s.get("optional"))
+        if any(s.get("optional") for s in sig):
+            if not required <= len(args) <= len(sig):
+                raise jexc.ArityError(len(sig), len(args), function_name)
+            return self._type_check(args, sig[: len(args)], function_name)
+        return super()._validate_arguments(args, sig, function_name)
+
+    def _type_check(self, actual, sig, function_name):
+        for i in range(min(len(sig), len(actual))):
+            if sig[i]["types"]:
+                self._type_check_single(actual[i], sig[i]["types"], function_name)
+
+    @signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_add(self, a, b):
+        """a + b. Example: ``add(stop1, `1`)`` with stop1=10 -> ``11``."""
+        return a + b
+
+    @signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_sub(self, a, b):
+        """a - b. Example: ``sub(steps, stop1)`` with 20, 10 -> ``10``."""
+        return a - b
+
+    @signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_mul(self, a, b):
+        """a * b. Example: ``mul(steps, tps)`` with 20, 262144 -> ``5242880``."""
+        return a * b
+
+    @signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_div(self, a, b):
+        """True division a / b; null when b is 0. Example: ``div(`7`, `2`)`` -> ``3.5``."""
+        return None if b == 0 else a / b
+
+    @signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_floordiv(self, a, b):
+        """Floor division a // b; null when b is 0. Example: ``floordiv(`7`, `2`)`` -> ``3``."""
+        return None if b == 0 else a // b
+
+    @signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_mod(self, a, b):
+        """Remainder a % b; null when b is 0. Example: ``mod(`7`, `2`)`` -> ``1``."""
+        return None if b == 0 else a % b
+
+    @signature({"types": ["number"]}, {"types": ["number"]}, _optional("number"))
+    def _func_range(self, start, stop, step=1):
+        """Integers from start up to (not including) stop. Example: ``range(`10`, `31`, `10`)`` -> ``[10, 20, 30]``."""
+        start, stop, step = (_as_int(v, "range") for v in (start, stop, step))
+        if step == 0:
+            raise FunctionError("range() step must not be 0")
+        n = len(range(start, stop, step))
+        if n > MAX_RANGE_LEN:
+            raise FunctionError(f"range() would have {n} elements (limit {MAX_RANGE_LEN})")
+        return list(range(start, stop, step))
+
+    @signature({"types": []})
+    def _func_to_int(self, x):
+        """Integer value of a number or numeric string (truncated); null otherwise. Example: ``to_int('12')`` -> ``12``."""
+        if _is_number(x):
+            return int(x) if math.isfinite(x) else None
+        if isinstance(x, str):
+            try:
+                return int(x.strip())
+            except ValueError:
+                try:
+                    f = float(x.strip())
+                except ValueError:
+                    return None
+                return int(f) if math.isfinite(f) else None
+        return None
+
+    @signature({"types": ["string", "null"]})
+    def _func_suffix_int(self, s):
+        """Trailing integer of a string; null if none. Example: ``suffix_int('checkpoint-120')`` -> ``120``."""
+        if s is None:
+            return None
+        m = re.search(r"(\d+)$", s)
+        return int(m.group(1)) if m else None
+
+    @signature({"types": ["array"]})
+    def _func_sort_numeric(self, items):
+        """Sort numbers (or numeric strings) by value, not text. Example: ``sort_numeric(['120', '60'])`` -> ``['60', '120']``."""
+        def key(x: Any) -> float:
+            if _is_number(x):
+                return float(x)
+            if isinstance(x, str):
+                try:
+                    return float(x)
+                except ValueError:
+                    pass
+            raise FunctionError(f"sort_numeric() cannot order {json.dumps(x)}")
+        return sorted(items, key=key)
+
+    @signature({"types": ["array"]})
+    def _func_unique(self, items):
+        """Drop repeated elements, keeping the first occurrence. Example: ``unique([`1`, `1`, `2`])`` -> ``[1, 2]``."""
+        seen: set[str] = set()
+        out = []
+        for x in items:
+            k = json.dumps(x, sort_keys=True)
+            if k not in seen:
+                seen.add(k)
+                out.append(x)
+        return out
+
+    @signature({"types": ["string"]}, {"types": ["string"]})
+    def _func_split(self, s, sep):
+        """Split a string on a separator. Example: ``split('ckpt/checkpoint-10', '/')`` -> ``['ckpt', 'checkpoint-10']``."""
+        if sep == "":
+            raise FunctionError("split() separator must not be empty")
+        return s.split(sep)
+
+    @signature({"types": []})
+    def _func_is_finite(self, x):
+        """True for a finite number (not NaN/inf, not a boolean); false otherwise. Example: ``is_finite(`3.2`)`` -> ``true``."""
+        return _is_number(x) and math.isfinite(x)
+
+    @signature({"types": ["array"]})
+    def _func_all_finite(self, items):
+        """True if every element is a finite number; an EMPTY list is false (no evidence is not a pass). Example: ``all_finite([`1.5`, `2`])`` -> ``true``."""
+        return bool(items) and all(_is_number(x) and math.isfinite(x) for x in items)
+
+    @signature({"types": ["string"]}, {"types": ["string"]})
+    def _func_regex_match(self, s, pattern):
+        """Python `re.search`: does the pattern occur in the string. Example: ``regex_match('final/x', '^final/')`` -> ``true``."""
+        try:
+            return re.search(pattern, s) is not None
+        except re.error as e:
+            raise FunctionError(f"regex_match(): bad pattern {pattern!r}: {e}") from None
+
+    @signature({"types": ["object", "array", "null"]}, {"types": ["string", "number"]})
+    def _func_get(self, obj, key):
+        """Member by a computed key (object) or index (array); null if absent. Example: ``get(losses, to_string(stop1))`` -> the loss at step stop1."""
+        if isinstance(obj, dict):
+            return obj.get(key if isinstance(key, str) else json.dumps(key))
+        if isinstance(obj, list) and _is_number(key) and float(key).is_integer():
+            i = int(key)
+            return obj[i] if -len(obj) <= i < len(obj) else None
+        return None
+
+    @signature({"types": ["string", "null"]}, {"types": ["array-string"]})
+    def _func_startswith_any(self, s, prefixes):
+        """Does the string start with any of the prefixes. Example: ``startswith_any('final/a', ['final/', 'ckpt/'])`` -> ``true``."""
+        return s is not None and s.startswith(tuple(prefixes))
+
+
+OPTIONS = jmespath.Options(custom_functions=Functions())
+
+_CUSTOM = sorted(n[len("_func_"):] for n in vars(Functions) if n.startswith("_func_"))
+
+
+def compile_expr(text: str) -> Any:
+    """Compile a JMESPath expression (raises jmespath's ParseError/LexerError on bad syntax)."""
+    return jmespath.compile(text)
+
+
+def search(parsed: Any, data: Any) -> Any:
+    """Evaluate a compiled expression with specprobe's functions."""
+    return parsed.search(data, options=OPTIONS)
+
+
+def _walk(node: dict) -> Iterator[dict]:
+    yield node
+    for child in node.get("children", []):
+        if isinstance(child, dict):
+            yield from _walk(child)
+
+
+def function_calls(parsed: Any) -> list[tuple[str, int]]:
+    """Every function call in a compiled expression, as (name, number of arguments), in AST order."""
+    return [(n["value"], len(n["children"])) for n in _walk(parsed.parsed)
+            if n.get("type") == "function_expression"]
+
+
+def arity(name: str) -> tuple[int, float] | None:
+    """(min, max) argument count of a known function, None if unknown."""
+    entry = OPTIONS.custom_functions.FUNCTION_TABLE.get(name)
+    if entry is None:
+        return None
+    sig = entry["signature"]
+    if sig and sig[-1].get("variadic"):
+        return len(sig), math.inf
+    return sum(1 for s in sig if not s.get("optional")), len(sig)
+
+
+def known_functions() -> list[str]:
+    return sorted(OPTIONS.custom_functions.FUNCTION_TABLE)
+
+
+def _arity_text(lo: int, hi: float) -> str:
+    if hi == math.inf:
+        return f"at least {lo}"
+    return str(lo) if lo == hi else f"{lo} to {int(hi)}"
+
+
+def problems(text: str) -> list[str]:
+    """Why an expression would fail before any data is seen: syntax, unknown functions, wrong arity.
+
+    Empty list means it is fine. Messages are complete sentences ready to follow a location.
+    """
+    try:
+        parsed = compile_expr(text)
+    except jexc.JMESPathError as e:
+        return [f"invalid JMESPath {text!r}: {' '.join(str(e).split())}"]
+    out = []
+    for name, n in function_calls(parsed):
+        rng = arity(name)
+        if rng is None:
+            near = difflib.get_close_matches(name, known_functions(), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            out.append(f"unknown function {name}() in {text!r}{hint}")
+        elif not rng[0] <= n <= rng[1]:
+            out.append(f"{name}() takes {_arity_text(*rng)} argument(s), {n} given in {text!r}")
+    return out
+
+
+_CHAIN_HEAD = ("subexpression", "index_expression", "projection", "value_projection",
+               "filter_projection", "flatten", "pipe")
+
+
+def _chain(node: dict) -> tuple[tuple[str, ...], bool]:
+    """Longest plain field chain a node starts with at the current context, and whether it IS that chain."""
+    t = node.get("type")
+    if t == "field":
+        return (node["value"],), True
+    if t == "subexpression":
+        names: tuple[str, ...] = ()
+        for i, child in enumerate(node["children"]):
+            if i == 0:
+                names, whole = _chain(child)
+                if not whole:
+                    return names, False
+            elif child.get("type") == "field":
+                names += (child["value"],)
+            else:
+                return names, False
+        return names, True
+    if t in _CHAIN_HEAD and node.get("children"):
+        return _chain(node["children"][0])[0], False
+    return (), False
+
+
+def root_paths(parsed: Any) -> list[tuple[str, ...]]:
+    """Field chains read from the ROOT of the data, e.g. ``steps.leg1.rc == `0` `` -> [('steps','leg1','rc')].
+
+    Parts evaluated against projected elements or a pipe's result (filter conditions, right-hand sides,
+    `&expr`) are not root reads and are left out.
+    """
+    out: list[tuple[str, ...]] = []
+
+    def visit(node: dict) -> None:
+        t = node.get("type")
+        if t in ("field", "subexpression") or t in _CHAIN_HEAD:
+            names, _ = _chain(node)
+            if names:
+                out.append(names)
+            elif t in _CHAIN_HEAD and node.get("children"):
+                visit(node["children"][0])  # e.g. `(a || b).c`: the head reads the root
+            return
+        if t == "expref":
+            return
+        for child in node.get("children", []):
+            if isinstance(child, dict):
+                visit(child)
+
+    visit(parsed.parsed)
+    return out
+
+
+def _doc_parts(fn: Any) -> tuple[str, str]:
+    doc = " ".join((fn.__doc__ or "").split())
+    text, _, example = doc.partition("Example: ")
+    return text.strip(), example.strip()
+
+
+def _signature_text(name: str) -> str:
+    sig = OPTIONS.custom_functions.FUNCTION_TABLE[name]["signature"]
+    parts = []
+    for s in sig:
+        t = "|".join(s["types"]) or "any"
+        parts.append(f"[{t}]" if s.get("optional") else t)
+    return f"{name}({', '.join(parts)})"
+
+
+def functions_markdown() -> str:
+    """A Markdown table of specprobe's custom functions (the README embeds it)."""
+    rows = ["| function | what it does | example |", "|---|---|---|"]
+    for name in _CUSTOM:
+        text, example = _doc_parts(getattr(Functions, "_func_" + name))
+        # GFM splits table cells on `|` even inside code spans unless it is escaped.
+        cells = [f"`{_signature_text(name)}`", text, example]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,329 @@
+"""Per-line output rules of a run step: prefix strip, key-line echo, marker harvest, failure-line
+grep over the whole capture, tail, and progress (step/total, rate, ETA).
+
+Lines arrive in `Block`s (see process.py). Substring searches over a whole block find the lines
+any rule cares about at C speed; only those lines get per-line Python work.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine.process import Block, LineMatcher
+
+ECHO_WIDTH = 300
+DEFAULT_FAILURE_PATTERNS = ("Traceback", "Error", "error", "Exception", "exitcode", "Signal",
+                            "Killed", "out of memory", "refusing", 'File "')
+DEFAULT_FAILURE_LINES = 45
+DEFAULT_TAIL_LINES = 40
+DEFAULT_PROGRESS_EVERY_S = 30.0
+PICKS = ("first", "last", "all")
+MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class HarvestRule:
+    name: str
+    marker: str
+    pick: str
+
+
+@dataclass(frozen=True)
+class ProgressRule:
+    pattern: re.Pattern[str]
+    every_s: float
+
+
+@dataclass(frozen=True)
+class OutputRules:
+    strip_prefix: re.Pattern[str] | None = None
+    echo_prefixes: tuple[str, ...] = ()
+    harvest: tuple[HarvestRule, ...] = ()
+    failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS
+    failure_lines: int = DEFAULT_FAILURE_LINES
+    tail_lines: int = DEFAULT_TAIL_LINES
+    progress: ProgressRule | None = None
+
+
+def _regex(text: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"{where} {text!r}: {exc}") from None
+
+
+def compile_rules(run: Mapping[str, Any]) -> OutputRules:
+    """A resolved `run:` section -> OutputRules (defaults filled, regexes compiled)."""
+    output = run.get("output") or {}
+    strip = output.get("strip_prefix")
+    harvest = []
+    for name, rule in (output.get("harvest") or {}).items():
+        pick = rule.get("pick", "last")
+        if pick not in PICKS:
+            raise ValueError(f"output.harvest.{name}.pick must be one of {PICKS}, got {pick!r}")
+        harvest.append(HarvestRule(name, str(rule["marker"]), pick))
+    progress = None
+    if run.get("progress"):
+        pattern = _regex(run["progress"]["match"], "progress.match")
+        missing = {"step", "total"} - set(pattern.groupindex)
+        if missing:
+            raise ValueError(f"progress.match {pattern.pattern!r} lacks named group(s) "
+                             f"{sorted(missing)}")
+        progress = ProgressRule(pattern, float(run["progress"].get("every_s",
+                                                                   DEFAULT_PROGRESS_EVERY_S)))
+    patterns = output.get("failure_patterns")
+    return OutputRules(
+        strip_prefix=_regex(strip, "output.strip_prefix") if strip else None,
+        echo_prefixes=tuple(output.get("echo_prefixes") or ()),
+        harvest=tuple(harvest),
+        failure_patterns=tuple(patterns) if patterns is not None else DEFAULT_FAILURE_PATTERNS,
+        failure_lines=int(output.get("failure_lines", DEFAULT_FAILURE_LINES)),
+        tail_lines=int(output.get("tail_lines", DEFAULT_TAIL_LINES)),
+        progress=progress,
+    )
+
+
+class Console:
+    """Serialises printing from the reader thread and the main thread; owns the TTY live line."""
+
+    def __init__(self, out: TextIO = sys.stdout, is_tty: bool | None = None) -> None:
+        self.out = out
+        if is_tty is None:
+            isatty = getattr(out, "isatty", None)
+            is_tty = bool(isatty and isatty())
+        self.is_tty = is_tty
+        self._lock = threading.Lock()
+        self._live = 0  # width of the live line currently shown, 0 if none
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self._clear_live()
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def live(self, text: str) -> None:
+        """Overwrite the live status line (TTY only)."""
+        with self._lock:
+            pad = max(self._live - len(text), 0)
+            self.out.write("\r" + text + " " * pad)
+            self.out.flush()
+            self._live = len(text)
+
+    @property
+    def showing_live(self) -> bool:
+        return self._live > 0
+
+    def end_live(self) -> None:
+        with self._lock:
+            if self._live:
+                self.out.write("\n")
+                self.out.flush()
+                self._live = 0
+
+    def _clear_live(self) -> None:
+        if self._live:
+            self.out.write("\r" + " " * self._live + "\r")
+            self._live = 0
+
+
+def _json_after(line: str, marker: str) -> Any:
+    return json.loads(line[len(marker):].strip())
+
+
+class Capture:
+    """Consumes the blocks of one run step and keeps only what the rules need."""
+
+    def __init__(self, rules: OutputRules, console: Console | None = None) -> None:
+        self.rules = rules
+        self.console = console
+        self.lines = 0
+        self.tail: deque[str] = deque(maxlen=max(rules.tail_lines, 0))
+        self.failure_hits = 0
+        self.failures: deque[str] = deque(maxlen=max(rules.failure_lines, 0))
+        self.harvested: dict[str, Any] = {}
+        self.harvest_errors: list[dict[str, Any]] = []
+        self.marker_seen: set[str] = set()
+        self.progress = ProgressState()
+        self._lock = threading.Lock()
+        # Every line any rule may concern contains one of these literals.
+        self._literals = tuple(dict.fromkeys(
+            list(rules.echo_prefixes) + [h.marker for h in rules.harvest]
+            + list(rules.failure_patterns)))
+        self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
+
+    def feed(self, block: Block) -> None:
+        with self._lock:
+            self.lines += block.count
+            if self.tail.maxlen:
+                self.tail.extend(block.tail(self.tail.maxlen))
+            if self._literals:
+                for lineno, line in block.find_lines(self._literals):
+                    self._handle(line, lineno)
+            if self._progress is not None:
+                found = self._progress.last(block)
+                if found is not None:
+                    self._observe(found)
+
+    def _handle(self, line: str, lineno: int) -> None:
+        rules = self.rules
+        if rules.failure_patterns and any(p in line for p in rules.failure_patterns):
+            self.failure_hits += 1
+            if self.failures.maxlen:
+                self.failures.append(line)
+        if rules.echo_prefixes and line.startswith(rules.echo_prefixes) and self.console:
+            self.console.line("  KEY> " + line[:ECHO_WIDTH])
+        for rule in rules.harvest:
+            if line.startswith(rule.marker):
+                self._harvest(rule, line, lineno)
+
+    def _harvest(self, rule: HarvestRule, line: str, lineno: int) -> None:
+        self.marker_seen.add(rule.name)
+        if rule.pick == "first" and rule.name in self.harvested:
+            return
+        try:
+            value = _json_after(line, rule.marker)
+        except json.JSONDecodeError as exc:
+            self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
+                                        "error": f"invalid JSON: {exc.msg} (column "
+                                                 f"{exc.colno + len(rule.marker)})",
+                                        "text": line[:ECHO_WIDTH]})
+            return
+        if rule.pick == "all":
+            self.harvested.setdefault(rule.name, []).append(value)
+        else:
+            self.harvested[rule.name] = value
+
+    def _observe(self, found: re.Match[str]) -> None:
+        try:
+            step, total = int(found["step"]), int(found["total"])
+        except (TypeError, ValueError):
+            return  # a progress line whose numbers do not parse is not progress
+        self.progress.observe(step, total, time.monotonic())
+
+    def harvest_result(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Harvest values (absent when never found) and errors, including `missing` markers."""
+        errors = list(self.harvest_errors)
+        for rule in self.rules.harvest:
+            if rule.name not in self.marker_seen:
+                errors.append({"name": rule.name, "marker": rule.marker, "line": None,
+                               "error": MISSING, "text": None})
+        return dict(self.harvested), errors
+
+    def failure_lines(self) -> list[str]:
+        return list(self.failures)
+
+    def tail_lines(self) -> list[str]:
+        return list(self.tail)
+
+
+@dataclass
+class ProgressState:
+    step: int | None = None
+    total: int | None = None
+    first_step: int | None = None
+    first_at: float | None = None
+    last_at: float | None = None
+
+    def observe(self, step: int, total: int, at: float) -> None:
+        if self.first_step is None:
+            self.first_step, self.first_at = step, at
+        self.step, self.total, self.last_at = step, total, at
+
+    def rate(self) -> float | None:
+        """Steps per second between the first and the latest progress line (startup excluded)."""
+        if self.first_at is None or self.last_at is None or self.step is None:
+            return None
+        span = self.last_at - self.first_at
+        done = self.step - (self.first_step or 0)
+        return done / span if span > 0 and done > 0 else None
+
+    def eta_s(self) -> float | None:
+        rate = self.rate()
+        if rate is None or self.total is None or self.step is None:
+            return None
+        return max(self.total - self.step, 0) / rate
+
+    def as_dict(self) -> dict[str, Any] | None:
+        if self.step is None:
+            return None
+        rate = self.rate()
+        return {"step": self.step, "total": self.total,
+                "steps_per_s": round(rate, 4) if rate is not None else None}
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_text(name: str, state: ProgressState, elapsed_s: float) -> str:
+    if state.step is None:
+        return f"  progress {name}: no step line yet ({format_duration(elapsed_s)} elapsed)"
+    text = f"  progress {name}: step {state.step}/{state.total}"
+    if state.total:
+        text += f" ({100 * state.step // state.total}%)"
+    rate, eta = state.rate(), state.eta_s()
+    text += f" {rate:.2g} step/s" if rate is not None else " -- step/s"
+    text += f" ETA {format_duration(eta)}" if eta is not None else " ETA --"
+    return text
+
+
+class ProgressDisplay:
+    """Shows a leg's progress: a live line on a TTY, else a plain line every `every_s` seconds."""
+
+    def __init__(self, name: str, capture: Capture, console: Console) -> None:
+        self.name, self.capture, self.console = name, capture, console
+        rule = capture.rules.progress
+        self.every_s = rule.every_s if rule else None
+        self._next_plain = self.every_s
+        self._shown = ""
+
+    def tick(self, elapsed_s: float) -> None:
+        if self.every_s is None:
+            return
+        if self.console.is_tty:
+            text = progress_text(self.name, self.capture.progress, elapsed_s)
+            # A printed line wipes the live line; redraw it even when nothing changed.
+            if text != self._shown or not self.console.showing_live:
+                self._shown = text
+                self.console.live(text.strip())
+        elif self._next_plain is not None and elapsed_s >= self._next_plain:
+            self.console.line(progress_text(self.name, self.capture.progress, elapsed_s))
+            while self._next_plain <= elapsed_s:
+                self._next_plain += self.every_s
+
+    def close(self) -> None:
+        if self.console.is_tty:
+            self.console.end_live()
+
+
+def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
+    """Recompute harvest, harvest_errors, failure_lines and tail from a saved RAW log, with the
+    step's CURRENT output rules (`engine replay`). failure_lines are computed whatever the step's
+    status was; the caller keeps them only for a failed step."""
+    rules = compile_rules(step.get("run") or {})
+    capture = Capture(rules)
+    raw = Path(log_path).read_text(encoding="utf-8", errors="replace")
+    lines = raw.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if rules.strip_prefix is not None:
+        sub = rules.strip_prefix.sub
+        lines = [sub("", line, count=1) for line in lines]
+    capture.feed(Block.from_lines(lines, 1))
+    harvest, errors = capture.harvest_result()
+    return {"harvest": harvest, "harvest_errors": errors, "failure_lines": capture.failure_lines(),
+            "tail": capture.tail_lines(), "lines": capture.lines,
+            "progress": capture.progress.as_dict()}

@@ -1,0 +1,340 @@
+"""The plan: a spec resolved for one mode — values, steps with defaults filled in, checks, budget.
+
+The runner executes a Plan and nothing else, so everything it needs (argv, timeouts, enabled flags)
+is decided here, once, and `engine plan` can show it before anything runs.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import jsonschema
+from jmespath import exceptions as jexc
+
+from engine import collectors, functions, output
+from engine.spec import Spec, SpecError, SpecErrors, best_error, validator
+from engine.values import (REDACTED, UsageError, is_secret, layer, parse_sets, redact, redact_text,
+                           resolve, template)
+
+__all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
+
+# Defaults applied to every run step; the schema documents the same numbers.
+RUN_DEFAULTS: dict[str, Any] = {"grace_s": 30, "ok_exit_codes": [0], "env": {}, "cwd": None,
+                                "precondition": None, "stop_on_failure": False, "signals": [],
+                                "progress": None, "on_failure": None}
+# Output defaults are engine/output.py's, so the plan shows exactly what the runner will apply.
+OUTPUT_DEFAULTS: dict[str, Any] = {"strip_prefix": None, "echo_prefixes": [], "harvest": {},
+                                   "failure_patterns": list(output.DEFAULT_FAILURE_PATTERNS),
+                                   "failure_lines": output.DEFAULT_FAILURE_LINES,
+                                   "tail_lines": output.DEFAULT_TAIL_LINES}
+HARVEST_DEFAULTS: dict[str, Any] = {"pick": "last"}
+SIGNAL_DEFAULTS: dict[str, Any] = {"after_s": 0}
+PROGRESS_DEFAULTS: dict[str, Any] = {"every_s": output.DEFAULT_PROGRESS_EVERY_S}
+DIAGNOSTICS_DEFAULTS: dict[str, Any] = {"tail_lines": 70, "max_files": 8, "list_max": 40}
+# The built-in `command` collector's defaults (engine/collectors.py), counted in the budget.
+COMMAND_COLLECT_TIMEOUT_S = collectors.DEFAULT_COMMAND_TIMEOUT_S
+COMMAND_COLLECT_GRACE_S = 5.0  # collectors.py's `args.get("grace_s", 5)`
+# Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
+_UNTEMPLATED = ("name", "when", "description")
+
+
+def mode_names(data: Mapping[str, Any]) -> list[str]:
+    return [k for k in (data.get("modes") or {}) if k != "default"]
+
+
+def pick_mode(data: Mapping[str, Any], mode: str | None, environ: Mapping[str, str]) -> str:
+    """--mode, else the spec's mode_env variable, else modes.default; "default" when there are no modes."""
+    known = mode_names(data)
+    env_var = data.get("mode_env")
+    chosen, how = mode, "--mode"
+    if chosen is None and env_var and environ.get(env_var):
+        chosen, how = environ[env_var], env_var
+    if chosen is None:
+        chosen, how = (data.get("modes") or {}).get("default"), "modes.default"
+    if chosen is None:
+        if not known:
+            return "default"
+        if len(known) == 1:
+            return known[0]
+        raise UsageError(f"no mode given and no modes.default; known modes: {', '.join(known)}")
+    if known and chosen not in known:
+        raise UsageError(f"unknown mode {chosen!r} (from {how}); known modes: {', '.join(known)}")
+    if not known and chosen != "default":
+        raise UsageError(f"unknown mode {chosen!r} (from {how}); this spec has no modes")
+    return chosen
+
+
+def default_builtins(spec: Spec, mode: str) -> dict[str, Any]:
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    work = os.getcwd()
+    return {"python": sys.executable, "work_dir": work, "spec_dir": str(spec.path.resolve().parent),
+            "run_dir": str(Path(work) / "runs" / f"{spec.data.get('name', 'spec')}-{run_id}"),
+            "run_id": run_id, "mode": mode}
+
+
+def _with_defaults(obj: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(defaults))
+    out.update(obj or {})
+    return out
+
+
+def _fill_run(run: dict[str, Any]) -> dict[str, Any]:
+    out = _with_defaults(run, RUN_DEFAULTS)
+    out["output"] = _with_defaults(run.get("output"), OUTPUT_DEFAULTS)
+    out["output"]["harvest"] = {k: _with_defaults(v, HARVEST_DEFAULTS)
+                                for k, v in (out["output"]["harvest"] or {}).items()}
+    out["signals"] = [_with_defaults(s, SIGNAL_DEFAULTS) for s in out["signals"] or []]
+    if out["progress"] is not None:
+        out["progress"] = _with_defaults(out["progress"], PROGRESS_DEFAULTS)
+    diag = (out["on_failure"] or {}).get("diagnostics")
+    if diag is not None:
+        out["on_failure"] = {"diagnostics": _with_defaults(diag, DIAGNOSTICS_DEFAULTS)}
+    out["env"] = {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, bool) else str(v)
+                  for k, v in out["env"].items()}
+    out["argv"] = [str(a) for a in out["argv"]] if isinstance(out["argv"], list) else out["argv"]
+    return out
+
+
+def step_kind(step: Mapping[str, Any]) -> str:
+    return next(k for k in ("run", "remove", "collect") if k in step)
+
+
+def _seconds(x: Any, minimum: float) -> float | None:
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and minimum <= x < float("inf")
+    return float(x) if ok else None
+
+
+def command_timeout(collect: Mapping[str, Any]) -> float | None:
+    """Worst case of a built-in command collection: args.timeout_s + args.grace_s (their defaults if absent);
+    None if either is not a usable number (validate reports it)."""
+    args = collect.get("args") or {}
+    t = _seconds(args.get("timeout_s", COMMAND_COLLECT_TIMEOUT_S), 1e-9)
+    g = _seconds(args.get("grace_s", COMMAND_COLLECT_GRACE_S), 0)
+    return None if t is None or g is None else t + g
+
+
+def step_cost(step: Mapping[str, Any]) -> float:
+    """Worst-case seconds of a resolved step if it runs."""
+    kind = step["kind"]
+    if kind == "run":
+        return float(step["run"]["timeout_s"]) + float(step["run"]["grace_s"])
+    if kind == "collect":
+        c = step["collect"]
+        if c.get("timeout_s") is not None:
+            return float(c["timeout_s"])
+        if c.get("collector") == "command":
+            t = command_timeout(c)
+            return COMMAND_COLLECT_TIMEOUT_S if t is None else t
+    return 0.0
+
+
+def fingerprint(step: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a resolved step, without output rules or its location.
+
+    Output rules are left out so `engine replay` with new harvest rules still matches the same leg.
+    """
+    s = {k: v for k, v in step.items() if k not in ("file", "line")}
+    if "run" in s:
+        s["run"] = {k: v for k, v in s["run"].items() if k != "output"}
+    text = json.dumps(s, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    name: str
+    mode: str
+    values: dict[str, Any]
+    sources: dict[str, str]
+    secret_names: list[str]
+    steps: list[dict[str, Any]]
+    checks: list[dict[str, Any]]
+    budget_s: float | None
+    worst_case_s: float
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+    def contributions(self) -> list[tuple[str, float]]:
+        """(step, worst-case seconds) of the enabled steps that cost time, biggest first."""
+        costs = [(s["name"], step_cost(s)) for s in self.steps if s["enabled"]]
+        return sorted([c for c in costs if c[1] > 0], key=lambda c: -c[1])
+
+    def describe(self) -> str:
+        """Human-readable plan for `engine plan`; secrets are redacted."""
+        shown = redact(self.values)
+        lines = [f"spec {self.name} ({self.spec.path}) mode {self.mode}"]
+        budget = "none" if self.budget_s is None else f"{self.budget_s:g} s"
+        headroom = "" if self.budget_s is None else f", headroom {self.budget_s - self.worst_case_s:g} s"
+        lines.append(f"budget {budget}, worst case {self.worst_case_s:g} s{headroom}")
+        lines.append("")
+        lines.append("values:")
+        width = max((len(k) for k in shown), default=0)
+        for k, v in shown.items():
+            lines.append(f"  {k:<{width}} = {json.dumps(v)}  [{self.sources.get(k, '?')}]")
+        lines.append("")
+        lines.append("steps:")
+        for i, s in enumerate(self.steps, 1):
+            state = "" if s["enabled"] else "  (skipped: when is not true)"
+            lines.append(f"  {i}. {s['name']} [{s['kind']}] {s['file']}:{s['line']}{state}")
+            lines.extend("     " + x for x in self._step_lines(s))
+        lines.append("")
+        lines.append("checks:")
+        for c in self.checks:
+            when = f" when {c['when']}" if c.get("when") else ""
+            lines.append(f"  - {c['name']} [{c['severity']}] {c['expr']}{when}")
+        return redact_text("\n".join(lines), self.values) + "\n"
+
+    def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
+        if s["kind"] == "remove":
+            return [f"remove {p}" for p in s["remove"]]
+        if s["kind"] == "collect":
+            c = s["collect"]
+            return [f"collector {c['collector']} args {json.dumps(c.get('args') or {})}"]
+        r = s["run"]
+        out = ["argv: " + " ".join(_quote(a) for a in r["argv"]),
+               f"timeout {r['timeout_s']:g} s + grace {r['grace_s']:g} s, ok exit codes {r['ok_exit_codes']}"]
+        if r["cwd"]:
+            out.append(f"cwd: {r['cwd']}")
+        if r["env"]:
+            out.append("env: " + " ".join(f"{k}={REDACTED if is_secret(k) else v}" for k, v in r["env"].items()))
+        if r["precondition"]:
+            out.append(f"precondition: {r['precondition']}")
+        for sig in r["signals"]:
+            out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
+        if r["output"]["harvest"]:
+            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({v['pick']})"
+                                               for k, v in r["output"]["harvest"].items()))
+        return out
+
+
+def _quote(a: str) -> str:
+    return a if a and all(c.isalnum() or c in "-_./=:,@%+${}" for c in a) else json.dumps(a)
+
+
+_VALUE_REF = {"$ref": "#/$defs/value_ref"}
+
+
+def _no_refs(schema: Any) -> Any:
+    """The schema with every `anyOf: [X, value_ref]` reduced to X: after substitution a `${x}` is no longer allowed."""
+    if isinstance(schema, list):
+        return [_no_refs(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _no_refs(v) for k, v in schema.items()}
+    if isinstance(out.get("anyOf"), list) and _VALUE_REF in schema["anyOf"]:
+        rest = [s for s in out.pop("anyOf") if s != _VALUE_REF]
+        if len(rest) == 1:
+            out.update(rest[0])
+        else:
+            out["anyOf"] = rest
+    return out
+
+
+_RESOLVED: dict[str, Any] = {}
+
+
+def _resolved_step_validator() -> Any:
+    if "v" not in _RESOLVED:
+        defs = _no_refs(validator().schema["$defs"])
+        # A fresh validator, not evolve(): evolve keeps the resolver of the original root schema.
+        _RESOLVED["v"] = jsonschema.Draft202012Validator({"$ref": "#/$defs/step", "$defs": defs})
+    return _RESOLVED["v"]
+
+
+def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str) -> list[SpecError]:
+    """After substitution, fields must have their real types (e.g. timeout_s a number, not "abc")."""
+    sub = _resolved_step_validator()
+    errors = []
+    for raw in sub.iter_errors({k: v for k, v in step.items() if k in ("name", "when", "description", step_kind(step))}):
+        e = best_error(raw)
+        path = ("steps", index) + tuple(e.absolute_path)
+        errors.append(spec.error(path, f"in mode {mode!r} after substitution: {e.message}"))
+    return errors
+
+
+def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]) -> tuple[bool, SpecError | None]:
+    if when is None:
+        return True, None
+    where = ("steps", index, "when")
+    bad = functions.problems(when)
+    if bad:
+        return False, spec.error(where, bad[0])
+    try:
+        return functions.search(functions.compile_expr(when), dict(values)) is True, None
+    except (jexc.JMESPathError, TypeError, ValueError) as e:
+        return False, spec.error(where, f"{when!r} failed: {' '.join(str(e).split())}")
+
+
+def resolve_step(spec: Spec, index: int, raw: dict[str, Any], values: Mapping[str, Any],
+                 mode: str) -> tuple[dict[str, Any], list[SpecError]]:
+    """One step, templated with `values`, defaults filled, `enabled` decided; plus its errors."""
+    errors: list[SpecError] = []
+    body = {k: v for k, v in raw.items() if k not in _UNTEMPLATED}
+    try:
+        body = template(body, values, ("steps", index), spec.locate)
+    except SpecError as e:
+        return {}, [e]
+    kind = step_kind(raw)
+    step: dict[str, Any] = {"name": raw["name"], "kind": kind}
+    if raw.get("description"):
+        step["description"] = raw["description"]
+    step.update(body)
+    errors.extend(_check_resolved_step(spec, index, {**step, "name": raw["name"]}, mode))
+    if errors:
+        return {}, errors
+    if kind == "run":
+        step["run"] = _fill_run(step["run"])
+    elif kind == "remove":
+        step["remove"] = [step["remove"]] if isinstance(step["remove"], str) else list(step["remove"])
+    else:
+        step["collect"] = {"args": {}, **step["collect"]}
+    step["when"] = raw.get("when")
+    step["enabled"], err = _enabled(spec, index, raw.get("when"), values)
+    if err:
+        errors.append(err)
+    file, line, _ = spec.locate(("steps", index))
+    step["file"], step["line"] = file, line
+    return step, errors
+
+
+def build_plan(spec: Spec, mode: str | None = None, sets: Sequence[str] = (),
+               environ: Mapping[str, str] | None = None, builtins: Mapping[str, Any] | None = None) -> Plan:
+    """Resolve `spec` for one mode. UsageError for a bad mode/--set; SpecErrors for spec problems."""
+    env = os.environ if environ is None else environ
+    data = spec.data
+    chosen = pick_mode(data, mode, env)
+    b = default_builtins(spec, chosen)
+    b.update(builtins or {})
+    b["mode"] = chosen
+    defs = layer(data, chosen, env, parse_sets(sets), b)
+    resolved = resolve(defs, spec.locate)
+    if resolved.errors:
+        raise SpecErrors(resolved.errors)
+    values = resolved.values
+    errors: list[SpecError] = []
+    steps = []
+    for i, raw in enumerate(data.get("steps") or []):
+        step, errs = resolve_step(spec, i, raw, values, chosen)
+        errors.extend(errs)
+        if step:
+            steps.append(step)
+    if errors:
+        raise SpecErrors(sorted(errors, key=SpecError.sort_key))
+    checks = []
+    for i, c in enumerate(data.get("checks") or []):
+        file, line, _ = spec.locate(("checks", i))
+        checks.append({"name": c["name"], "why": c["why"], "expr": c["expr"], "when": c.get("when"),
+                       "severity": c.get("severity", "gate"), "file": file, "line": line})
+    plan = Plan(spec=spec, name=data.get("name", ""), mode=chosen, values=values, sources=resolved.sources,
+                secret_names=sorted(k for k in values if is_secret(k)), steps=steps, checks=checks,
+                budget_s=data.get("budget_s"), worst_case_s=0.0,
+                fingerprints={s["name"]: fingerprint(s) for s in steps})
+    plan.worst_case_s = sum(c for _, c in plan.contributions())
+    return plan

@@ -1,0 +1,512 @@
+"""Running ONE command: own process group, streamed output, timeout escalation, signal rules, Ctrl-C.
+
+The leg runs in a new session so that every process it starts (torchrun's workers, a background
+sleeper) shares one process group; every kill goes to that group, and the group is SIGKILLed again
+after the leader exits so nothing of a leg outlives it.
+
+Output is read in chunks, not lines: per-line syscalls or per-line Python work would dominate a leg
+that prints a million lines. A chunk is split at its last newline, decoded, scrubbed, appended to
+the log (flushed once per chunk, so a crash keeps everything read so far) and handed to the callback
+as one `Block`.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+try:  # the regex parser is private; without it rules still work, only the fast path is lost
+    import re._constants as _sre_constants
+    import re._parser as _sre_parse
+except ImportError:  # pragma: no cover - other Python versions
+    _sre_constants = _sre_parse = None  # type: ignore[assignment]
+
+READ_CHUNK = 1 << 20
+PIPE_SIZE = 1 << 20
+# Below this many bytes per read, the reader naps BATCH_WAIT_S before reading again: at most that
+# much latency per line, and PIPE_SIZE / BATCH_WAIT_S (500 MB/s) before a writer could ever block.
+BATCH_MIN = 1 << 16
+BATCH_WAIT_S = 0.002
+# A line longer than this without a newline is cut into pieces rather than buffered without bound.
+MAX_PENDING = 1 << 20
+# Seconds to keep reading after the group is dead: a process that escaped the group (setsid) may
+# hold the pipe open forever, and that must not hang the engine.
+DRAIN_S = 5.0
+POLL_S = 0.1
+# Orphans are reaped by init, asynchronously; waiting this long for that keeps "nothing of the
+# leg outlives it" observable when run_command returns.
+GROUP_GONE_S = 5.0
+
+
+class Block:
+    """Consecutive complete output lines as one string (raw, scrubbed, no final newline).
+
+    Rules look for the few lines they care about with C-speed substring searches over `text`
+    (see `find_lines`); a line is split out and prefix-stripped only when a rule needs it, so a
+    leg printing a million lines costs a handful of str.find calls per chunk, not a million
+    Python-level iterations.
+    """
+
+    __slots__ = ("text", "count", "first_lineno", "strip", "_lines")
+
+    def __init__(self, text: str, count: int, first_lineno: int,
+                 strip: re.Pattern[str] | None = None) -> None:
+        self.text = text
+        self.count = count
+        self.first_lineno = first_lineno  # 1-based number of the first line in the whole capture
+        self.strip = strip
+        self._lines: list[str] | None = None
+
+    @classmethod
+    def from_lines(cls, lines: Sequence[str], first_lineno: int = 1) -> "Block":
+        """A block of lines that are already prefix-stripped."""
+        block = cls("\n".join(lines), len(lines), first_lineno)
+        block._lines = list(lines)
+        return block
+
+    def stripped(self, raw: str) -> str:
+        return self.strip.sub("", raw, count=1) if self.strip is not None else raw
+
+    @property
+    def lines(self) -> list[str]:
+        """Every line, prefix-stripped (materialised on first use only)."""
+        if self._lines is None:
+            raw = self.text.split("\n")
+            self._lines = [self.stripped(line) for line in raw] if self.strip else raw
+        return self._lines
+
+    def tail(self, n: int) -> list[str]:
+        if n <= 0:
+            return []
+        if self._lines is not None:
+            return self._lines[-n:]
+        return [self.stripped(line) for line in self.text.rsplit("\n", n)[-n:]]
+
+    def find_lines(self, literals: Sequence[str]) -> Iterator[tuple[int, str]]:
+        """(line number, stripped line) of each line whose raw text contains any of `literals`,
+        in order. A superset of the lines whose STRIPPED text does: callers verify."""
+        text = self.text
+        starts: set[int] = set()
+        for literal in literals:
+            if not literal:
+                continue
+            pos = text.find(literal)
+            while pos >= 0:
+                start = text.rfind("\n", 0, pos) + 1
+                starts.add(start)
+                end = text.find("\n", pos)
+                if end < 0:
+                    break
+                pos = text.find(literal, end + 1)
+        index, last = 0, 0
+        for start in sorted(starts):
+            index += text.count("\n", last, start)
+            last = start
+            end = text.find("\n", start)
+            yield self.first_lineno + index, self.stripped(text[start:end if end >= 0 else None])
+
+    def find_last_line(self, literal: str) -> Iterator[str]:
+        """Stripped lines containing `literal`, last first (the latest progress line is wanted)."""
+        text = self.text
+        pos = text.rfind(literal)
+        while pos >= 0:
+            start = text.rfind("\n", 0, pos) + 1
+            end = text.find("\n", pos)
+            yield self.stripped(text[start:end if end >= 0 else None])
+            if start == 0:
+                return
+            pos = text.rfind(literal, 0, start - 1)
+
+
+class LineMatcher:
+    """A per-line regex with the cheapest safe way of finding its lines in a Block."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.literal = required_literal(pattern)
+
+    def first(self, block: Block) -> tuple[int, str] | None:
+        """The first (line number, stripped line) of the block the pattern matches."""
+        search = self.pattern.search
+        if self.literal is not None:
+            candidates: Iterator[tuple[int, str]] | Sequence[tuple[int, str]] = \
+                block.find_lines([self.literal])
+        else:
+            candidates = ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        for lineno, line in candidates:
+            if search(line) is not None:
+                return lineno, line
+        return None
+
+    def last(self, block: Block) -> re.Match[str] | None:
+        """The match on the last line of the block that the pattern matches."""
+        search = self.pattern.search
+        lines = block.find_last_line(self.literal) if self.literal is not None \
+            else reversed(block.lines)
+        for line in lines:
+            found = search(line)
+            if found is not None:
+                return found
+        return None
+
+
+def required_literal(pattern: re.Pattern[str]) -> str | None:
+    """The longest literal text every match of `pattern` contains, or None if there is none (or
+    the regex is case-insensitive). Used only to find candidate lines fast; verified after."""
+    if pattern.flags & re.IGNORECASE or _sre_parse is None:
+        return None
+    try:
+        items = _sre_parse.parse(pattern.pattern, pattern.flags).data
+    except Exception:  # an internal parser change must only cost speed, never correctness
+        return None
+    best, run = "", []
+    for op, arg in items:
+        if op is _sre_constants.LITERAL:
+            run.append(chr(arg))
+            continue
+        if len(run) > len(best):
+            best = "".join(run)
+        run = []
+    if len(run) > len(best):
+        best = "".join(run)
+    return best or None
+
+
+@dataclass(frozen=True)
+class SignalRule:
+    pattern: re.Pattern[str]
+    signal: signal.Signals
+    after_s: float = 0.0
+
+
+
+@dataclass
+class ProcessResult:
+    rc: int | None
+    seconds: float
+    timed_out: bool = False
+    terminated_by: str | None = None  # "timeout" | "signal_rule" | "interrupt" | None
+    signals_sent: list[dict[str, Any]] = field(default_factory=list)
+    lines: int = 0
+    error: str | None = None  # the command could not be started at all
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rc": self.rc, "seconds": round(self.seconds, 3), "timed_out": self.timed_out,
+                "terminated_by": self.terminated_by, "signals_sent": list(self.signals_sent),
+                "lines": self.lines}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C arrived while a command ran; the command's group is gone and `result` records it."""
+
+    def __init__(self, result: ProcessResult) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
+def parse_signal(name: str | int) -> signal.Signals:
+    """`SIGKILL`, `KILL` or `9` -> signal.SIGKILL; ValueError naming the bad value otherwise."""
+    if isinstance(name, int):
+        return signal.Signals(name)
+    text = str(name).strip().upper()
+    if text.isdigit():
+        return signal.Signals(int(text))
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    try:
+        return signal.Signals[text]
+    except KeyError:
+        raise ValueError(f"unknown signal {name!r}") from None
+
+
+def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[SignalRule]:
+    """The spec's `signals:` list -> SignalRule objects (regexes compiled, signal names resolved)."""
+    out = []
+    for i, rule in enumerate(rules or ()):
+        try:
+            pattern = re.compile(rule["match"])
+        except re.error as exc:
+            raise ValueError(f"signals[{i}].match {rule['match']!r}: {exc}") from None
+        out.append(SignalRule(pattern, parse_signal(rule.get("signal", "SIGTERM")),
+                              float(rule.get("after_s", 0) or 0)))
+    return out
+
+
+def kill_group(pgid: int, sig: int) -> bool:
+    """Signal a whole process group; False when nothing of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        # A zombie-only group can answer EPERM on some kernels; nothing we can do there.
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    return kill_group(pgid, 0)
+
+
+class _Reader:
+    """Reader thread: pipe -> lines -> log + signal rules + callback."""
+
+    def __init__(self, fd: int, log: TextIO | None, scrub: Callable[[str], str] | None,
+                 strip: re.Pattern[str] | None, on_block: Callable[[Block], None] | None,
+                 rules: list[SignalRule], fire: Callable[[int, int], None]) -> None:
+        self.fd, self.log, self.scrub, self.strip = fd, log, scrub, strip
+        self.on_block, self.rules, self.fire = on_block, rules, fire
+        self.matchers = [LineMatcher(rule.pattern) for rule in rules]
+        self.pending = b""
+        self.lines = 0
+        self.fired: set[int] = set()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="specprobe-reader", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                ready, _, _ = select.select([self.fd], [], [], POLL_S)
+                if not ready:
+                    continue
+                data = os.read(self.fd, READ_CHUNK)
+                if not data:
+                    break
+                self._take(data)
+                if len(data) < BATCH_MIN:
+                    # A leg writing one line per syscall (PYTHONUNBUFFERED) would otherwise wake
+                    # us per line; a short nap lets its lines pile up in the (enlarged) pipe.
+                    time.sleep(BATCH_WAIT_S)
+            self._finish()
+        except Exception as exc:  # an I/O error must surface, not silently end the log
+            self.error = exc
+
+    def _take(self, data: bytes) -> None:
+        buf = self.pending + data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            if len(buf) > MAX_PENDING:
+                self._emit(buf + b"\n")
+                buf = b""
+            self.pending = buf
+            return
+        self.pending = buf[cut + 1:]
+        self._emit(buf[:cut + 1])
+
+    def _finish(self) -> None:
+        if self.pending:
+            self._emit(self.pending + b"\n")
+            self.pending = b""
+        if self.log is not None:
+            self.log.flush()
+
+    def _emit(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", errors="replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+        if self.scrub is not None:
+            text = self.scrub(text)
+        if self.log is not None:
+            self.log.write(text)
+            self.log.flush()
+        body = text[:-1]  # every emitted chunk ends with a newline
+        block = Block(body, body.count("\n") + 1, self.lines + 1, self.strip)
+        self.lines += block.count
+        if self.rules:
+            self._match_rules(block)
+        if self.on_block is not None:
+            try:
+                self.on_block(block)
+            except Exception as exc:
+                # Keep draining into the log (a full pipe would stall the leg) and report the
+                # bug when the command is over.
+                self.error, self.on_block = exc, None
+
+    def _match_rules(self, block: Block) -> None:
+        for idx, matcher in enumerate(self.matchers):
+            if idx in self.fired:
+                continue
+            hit = matcher.first(block)
+            if hit is not None:
+                self.fired.add(idx)
+                self.fire(idx, hit[0])
+
+
+def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                cwd: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
+                grace_s: float = 30.0, log_path: str | os.PathLike[str] | None = None,
+                on_block: Callable[[Block], None] | None = None,
+                on_tick: Callable[[float], None] | None = None,
+                signals: Sequence[SignalRule] = (), strip_prefix: re.Pattern[str] | None = None,
+                scrub: Callable[[str], str] | None = None,
+                notify: Callable[[str], None] | None = None,
+                drain_s: float = DRAIN_S) -> ProcessResult:
+    """Run `argv` to completion (or timeout / signal rule / Ctrl-C) and return what happened.
+
+    `env` is merged over os.environ. `on_tick(elapsed_s)` is called from the calling thread about
+    every POLL_S seconds (progress display); `notify(text)` hears about kills as they happen (a
+    90 s grace period must not look like a hang). On KeyboardInterrupt the group is terminated like a
+    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    log: TextIO | None = None
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w", encoding="utf-8", newline="\n")
+    start = time.monotonic()
+    try:
+        try:
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
+                                    start_new_session=True, bufsize=0)
+        except OSError as exc:
+            # Same convention as a shell: 127 not found, 126 not executable.
+            rc = 127 if isinstance(exc, FileNotFoundError) else 126
+            # exc.filename tells a missing program from a missing working directory.
+            where = f"{exc.filename}: " if exc.filename else ""
+            message = f"cannot start {argv[0]!r} (cwd {cwd or os.getcwd()}): {where}" \
+                      f"{exc.strerror or exc}"
+            if log is not None:
+                log.write(message + "\n")
+            return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
+        return _supervise(proc, start, log, timeout_s, grace_s, on_block, on_tick,
+                          list(signals), strip_prefix, scrub, notify or (lambda text: None),
+                          drain_s)
+    finally:
+        if log is not None:
+            log.close()
+
+
+def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
+               timeout_s: float | None, grace_s: float,
+               on_block: Callable[[Block], None] | None, on_tick: Callable[[float], None] | None,
+               rules: list[SignalRule], strip: re.Pattern[str] | None,
+               scrub: Callable[[str], str] | None, notify: Callable[[str], None],
+               drain_s: float) -> ProcessResult:
+    pgid = proc.pid  # start_new_session: the leader's pid is the group id
+    result = ProcessResult(rc=None, seconds=0.0)
+    lock = threading.Lock()
+    timers: list[threading.Timer] = []
+
+    def send_rule(idx: int, lineno: int) -> None:
+        rule = rules[idx]
+        if proc.poll() is not None:
+            return
+        kill_group(pgid, rule.signal)
+        with lock:
+            result.signals_sent.append({"signal": rule.signal.name, "line": lineno,
+                                        "at_s": round(time.monotonic() - start, 3)})
+
+    def fire(idx: int, lineno: int) -> None:
+        delay = rules[idx].after_s
+        if delay <= 0:
+            send_rule(idx, lineno)
+            return
+        timer = threading.Timer(delay, send_rule, (idx, lineno))
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    assert proc.stdout is not None
+    _enlarge_pipe(proc.stdout.fileno())
+    reader = _Reader(proc.stdout.fileno(), log, scrub, strip, on_block, rules, fire)
+    reader.thread.start()
+    deadline = start + timeout_s if timeout_s else None
+    interrupted = False
+    try:
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if on_tick is not None:
+                    on_tick(now - start)
+                if deadline is not None and now >= deadline:
+                    result.timed_out, result.terminated_by = True, "timeout"
+                    notify(f"timeout after {timeout_s:g} s: SIGTERM to the process group, "
+                           f"SIGKILL in {grace_s:g} s if it is still there")
+                    _terminate(proc, pgid, grace_s, notify)
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+            result.terminated_by = "interrupt"
+            try:
+                notify(f"interrupted: SIGTERM to the process group, SIGKILL in {grace_s:g} s "
+                       f"(Ctrl-C again to kill it now)")
+                _terminate(proc, pgid, grace_s, notify)
+            except KeyboardInterrupt:
+                # A second Ctrl-C while waiting out the grace period: no more patience.
+                kill_group(pgid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        for timer in timers:
+            timer.cancel()
+        # The leader is gone; whatever it left behind in its group goes with it.
+        kill_group(pgid, signal.SIGKILL)
+        if proc.returncode is None:
+            proc.wait()
+        _await_group_gone(pgid, GROUP_GONE_S)
+        reader.thread.join(drain_s)
+        reader.stop.set()
+        reader.thread.join()
+        proc.stdout.close()
+    result.rc = proc.returncode
+    result.seconds = time.monotonic() - start
+    result.lines = reader.lines
+    if result.terminated_by is None and result.signals_sent and result.rc != 0:
+        result.terminated_by = "signal_rule"
+    if reader.error is not None:
+        raise reader.error
+    if interrupted:
+        raise Interrupted(result)
+    return result
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """Best effort (Linux): a bigger pipe lets the reader batch without ever blocking the leg."""
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsize is None:
+        return
+    for size in (PIPE_SIZE, 1 << 18):
+        try:
+            fcntl.fcntl(fd, setsize, size)
+            return
+        except OSError:
+            continue
+
+
+def _await_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until orphans killed above are reaped (by init, not us), so that on return nothing of
+    the group is left; True when it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _terminate(proc: subprocess.Popen[bytes], pgid: int, grace_s: float,
+               notify: Callable[[str], None]) -> None:
+    """SIGTERM the group, wait `grace_s` for the leader, then SIGKILL the group."""
+    kill_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=max(grace_s, 0.0))
+    except subprocess.TimeoutExpired:
+        notify(f"still running {grace_s:g} s after SIGTERM: SIGKILL to the process group")
+        kill_group(pgid, signal.SIGKILL)
+        proc.wait()

@@ -1,0 +1,176 @@
+"""Rendering check results: the terminal table and VERDICT line, JUnit XML, and Markdown.
+
+All three are pure functions of (evidence, results, verdict) so a re-check renders exactly what
+the live run rendered. The VERDICT line is the one line a log scraper greps; its shape is fixed:
+``VERDICT <spec> <OUTCOME> [<precondition message>] <failed names as JSON> seconds <N>``.
+"""
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from typing import Any, Mapping
+
+EXPLAIN_LINES = 8
+_MARK = {"PASS": "ok", "FAIL": "FAIL", "NO_DATA": "NO_DATA", "SKIPPED": "skip", "ERROR": "ERROR"}
+_ICON = {"PASS": "✅", "FAIL": "❌", "NO_DATA": "❔", "SKIPPED": "⏭️", "ERROR": "💥",
+         "PRECONDITION": "⛔", "INTERRUPTED": "✋"}
+
+
+def _spec_name(evidence: Mapping[str, Any]) -> str:
+    return (evidence.get("spec") or {}).get("name") or "spec"
+
+
+def _shown(result: Mapping[str, Any], width: int = 80) -> str:
+    """The table's last column: the value on PASS/FAIL, the reason otherwise."""
+    if result["outcome"] in ("PASS", "FAIL") and not result.get("missing"):
+        text = json.dumps(result.get("value"), separators=(",", ":"), default=str)
+        if result["outcome"] == "FAIL" and result.get("value") is not False:
+            text = result.get("reason") or text
+    else:
+        text = result.get("reason") or ""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _where(result: Mapping[str, Any]) -> str:
+    if result.get("file"):
+        return f"{result['file']}:{result.get('line') or '?'}"
+    return ""
+
+
+def verdict_line(name: str, verdict: Mapping[str, Any]) -> str:
+    """``VERDICT p4_smoke FAIL ["leg1_pointer_at_stop"] seconds 812.4``."""
+    parts = ["VERDICT", name, verdict["outcome"]]
+    if verdict["outcome"] == "PRECONDITION" and verdict.get("message"):
+        parts.append(verdict["message"])
+    parts += [json.dumps(verdict.get("failed", [])), "seconds", str(verdict.get("seconds", 0))]
+    return " ".join(parts)
+
+
+def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    for name, step in (evidence.get("steps") or {}).items():
+        detail = []
+        if step.get("rc") is not None:
+            detail.append(f"rc {step['rc']}")
+        if step.get("timed_out"):
+            detail.append("timed out")
+        if step.get("error"):
+            detail.append(str(step["error"]))
+        if step.get("seconds") is not None:
+            detail.append(f"{step['seconds']} s")
+        rows.append((f"step:{name}", str(step.get("status", "?")), ", ".join(detail)))
+    return rows
+
+
+def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
+          verbose: bool = False) -> str:
+    """The terminal summary: steps, checks, explain trees of failing checks, VERDICT last."""
+    rows = _step_rows(evidence) + [(r["name"], _MARK[r["outcome"]] + (" (warn)" if r.get(
+        "severity") == "warn" and r["outcome"] != "PASS" else ""), _shown(r)) for r in results]
+    width = max([len(r[0]) for r in rows] + [5])
+    mark_width = max([len(r[1]) for r in rows] + [7])
+    lines = [f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason"]
+    by_name = {r["name"]: r for r in results}
+    for name, mark, shown in rows:
+        lines.append(f"{name.ljust(width)}  {mark.ljust(mark_width)}  {shown}".rstrip())
+        result = by_name.get(name)
+        if result and result["outcome"] in ("FAIL", "NO_DATA", "ERROR"):
+            lines.extend(explain_lines(result, verbose))
+    lines.append(verdict_line(_spec_name(evidence), verdict))
+    return "\n".join(lines)
+
+
+def explain_lines(result: Mapping[str, Any], verbose: bool = False) -> list[str]:
+    """The indented explanation under a failing check: where, expression, sub-values."""
+    out = [f"    {_where(result)}  {result['expr']}".rstrip()]
+    if result["outcome"] != "FAIL" or result.get("value") is not False:
+        out.append(f"    {result.get('reason', '')}")
+    pairs = result.get("explain") or []
+    shown = pairs if verbose else pairs[:EXPLAIN_LINES]
+    out += [f"      {text} = {value}" for text, value in shown]
+    if len(pairs) > len(shown):
+        out.append(f"      ... {len(pairs) - len(shown)} more (use -v)")
+    return out
+
+
+# ---------------------------------------------------------------- JUnit
+
+def junit(evidence: Mapping[str, Any], results: list[dict],
+          verdict: Mapping[str, Any] | None = None) -> str:
+    """One <testsuite>: a testcase per step and per check. Warn-severity misses are reported in
+    <system-out> but are not failures, matching the verdict."""
+    name = _spec_name(evidence)
+    suite = ET.Element("testsuite", name=name)
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+
+    def case(classname: str, case_name: str, seconds: Any) -> ET.Element:
+        counts["tests"] += 1
+        return ET.SubElement(suite, "testcase", classname=classname, name=case_name,
+                             time=f"{float(seconds or 0):.3f}")
+
+    for step_name, step in (evidence.get("steps") or {}).items():
+        el = case(f"{name}.steps", step_name, step.get("seconds"))
+        status = step.get("status")
+        if status == "failed" or status == "interrupted":
+            counts["failures"] += 1
+            message = f"{status}: rc {step.get('rc')}" + (" (timed out)" if step.get(
+                "timed_out") else "") + (f": {step['error']}" if step.get("error") else "")
+            failure = ET.SubElement(el, "failure", message=message, type=status)
+            failure.text = "\n".join(step.get("failure_lines") or [])
+        elif status in ("skipped", "not_run"):
+            counts["skipped"] += 1
+            ET.SubElement(el, "skipped", message=status)
+
+    for r in results:
+        el = case(f"{name}.checks", r["name"], 0)
+        detail = "\n".join([f"{_where(r)} {r['expr']}".strip()]
+                           + [f"{t} = {v}" for t, v in r.get("explain") or []])
+        warn = r.get("severity") == "warn"
+        if r["outcome"] == "SKIPPED":
+            counts["skipped"] += 1
+            ET.SubElement(el, "skipped", message=r.get("reason", ""))
+        elif r["outcome"] in ("FAIL", "NO_DATA", "ERROR") and warn:
+            ET.SubElement(el, "system-out").text = f"WARNING {r['outcome']}: {r.get('reason')}\n{detail}"
+        elif r["outcome"] in ("FAIL", "NO_DATA"):
+            counts["failures"] += 1
+            ET.SubElement(el, "failure", message=r.get("reason", ""), type=r["outcome"]).text = detail
+        elif r["outcome"] == "ERROR":
+            counts["errors"] += 1
+            ET.SubElement(el, "error", message=r.get("reason", ""), type="ERROR").text = detail
+    for key, value in counts.items():
+        suite.set(key, str(value))
+    suite.set("time", str((verdict or {}).get("seconds", evidence.get("seconds") or 0)))
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+# ---------------------------------------------------------------- Markdown
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any]) -> str:
+    """A PR-comment / step-summary table with the verdict on top."""
+    name = _spec_name(evidence)
+    head = f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): " \
+           f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
+    lines = [head, ""]
+    if verdict.get("message"):
+        lines += [f"> {verdict['message']}", ""]
+    if verdict.get("failed"):
+        lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
+    lines += ["| step | status | detail |", "|---|---|---|"]
+    lines += [f"| `{_cell(n[5:])}` | {_cell(s)} | {_cell(d)} |" for n, s, d in _step_rows(evidence)]
+    lines += ["", "| check | outcome | value / reason |", "|---|---|---|"]
+    for r in results:
+        outcome = f"{_ICON[r['outcome']]} {r['outcome']}" + (
+            " (warn)" if r.get("severity") == "warn" else "")
+        lines.append(f"| `{_cell(r['name'])}` | {outcome} | {_cell(_shown(r, 120))} |")
+    failing = [r for r in results if r["outcome"] in ("FAIL", "NO_DATA", "ERROR")]
+    if failing:
+        lines += ["", "<details><summary>why the failing checks failed</summary>", ""]
+        for r in failing:
+            lines += [f"**{r['name']}** ({_where(r)})", "```", *explain_lines(r, verbose=True), "```"]
+        lines += ["</details>"]
+    return "\n".join(lines) + "\n"

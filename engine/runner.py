@@ -1,0 +1,385 @@
+"""Executes a Plan step by step (run / remove / collect), writing the evidence after every step.
+
+The runner decides order and consequences (precondition, stop_on_failure, Ctrl-C); process.py
+runs commands, output.py interprets their lines, collectors.py reads state, evidence.py stores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from engine import collectors, evidence
+from engine.evidence import Scrubber
+from engine.output import Capture, Console, ProgressDisplay, compile_rules
+from engine.process import Interrupted, compile_signal_rules, run_command
+
+KINDS = ("run", "remove", "collect")
+DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
+
+
+class PlanLike(evidence.PlanLike, Protocol):
+    steps: Sequence[Mapping[str, Any]]
+    secret_names: Sequence[str]
+
+
+def engine_version() -> str:
+    try:
+        return version("specprobe")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def step_kind(step: Mapping[str, Any]) -> str:
+    if step.get("kind") in KINDS:
+        return step["kind"]
+    for kind in KINDS:
+        if kind in step:
+            return kind
+    raise ValueError(f"step {step.get('name')!r} ({step.get('file')}:{step.get('line')}) has none "
+                     f"of {KINDS}")
+
+
+def _precondition(step: Mapping[str, Any]) -> str | None:
+    body = step.get(step_kind(step))
+    return body.get("precondition") if isinstance(body, Mapping) else None
+
+
+def _stops_on_failure(step: Mapping[str, Any]) -> bool:
+    body = step.get(step_kind(step))
+    return bool(body.get("stop_on_failure")) if isinstance(body, Mapping) else False
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the engine (a job scheduler's timeout) must clean up legs like Ctrl-C does:
+    they run in their own sessions and would otherwise keep going without us."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Runner:
+    def __init__(self, plan: PlanLike, run_dir: Path, console: Console) -> None:
+        self.plan, self.run_dir, self.console = plan, run_dir, console
+        self.t0 = time.monotonic()
+        self.scrubber = Scrubber.for_run(
+            plan.values, os.environ, getattr(plan, "secret_names", ()),
+            [(s.get("run") or {}).get("env") or {} for s in plan.steps if "run" in s])
+        self.doc = evidence.new_document(plan, run_dir, engine_version())
+        for step in plan.steps:
+            self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
+
+    def save(self) -> None:
+        self.doc["finished_at"] = evidence.now_iso()
+        self.doc["seconds"] = round(time.monotonic() - self.t0, 3)
+        evidence.write(self.run_dir, self.scrubber.scrub_obj(self.doc))
+
+    def say(self, text: str) -> None:
+        self.console.line(self.scrubber.scrub(text))
+
+    def execute(self) -> dict[str, Any]:
+        self.save()
+        current: str | None = None
+        try:
+            for step in self.plan.steps:
+                current = step["name"]
+                if not self.run_step(step):
+                    break
+            current = None
+        except KeyboardInterrupt:
+            if current is not None:
+                self.doc["steps"][current]["status"] = "interrupted"
+            self.doc["interrupted"] = True
+            self.say(f"INTERRUPTED during {current or 'the run'}; later steps not run")
+            self.save()
+            raise
+        self.save()
+        return self.doc
+
+    def run_step(self, step: Mapping[str, Any]) -> bool:
+        """Run one step, record it, write the evidence; False when nothing later may run."""
+        name, kind = step["name"], step_kind(step)
+        self.say(f"=== {name}")
+        record = self.doc["steps"][name]
+        if not step.get("enabled", True):
+            record["status"] = "skipped"
+            self.say(f"{name} skipped (when: {step.get('when')})")
+            self.save()
+            return True
+        started = time.monotonic()
+        try:
+            if kind == "run":
+                rc = self._run(step, record)
+            elif kind == "remove":
+                rc = self._remove(step["remove"], record)
+            else:
+                rc = self._collect(name, step["collect"], record)
+        finally:
+            record.setdefault("seconds", round(time.monotonic() - started, 3))
+        self.say(f"{name}_RC {rc} seconds {time.monotonic() - started:.1f} "
+                 f"elapsed {time.monotonic() - self.t0:.0f}")
+        go_on = True
+        if record["status"] == "failed":
+            message = _precondition(step)
+            if message:
+                self.doc["precondition_failed"] = {"step": name, "message": message}
+                self.say(f"PRECONDITION FAILED ({name}): {message}")
+                go_on = False
+            elif _stops_on_failure(step):
+                self.doc["stopped"] = {"step": name, "reason": "stop_on_failure"}
+                self.say(f"STOPPING: {name} failed and has stop_on_failure")
+                go_on = False
+        self.save()
+        return go_on
+
+    # --- run ---------------------------------------------------------------------------------
+    def _run(self, step: Mapping[str, Any], record: dict[str, Any]) -> int | None:
+        name, run = step["name"], step["run"]
+        try:
+            rules = compile_rules(run)
+            signal_rules = compile_signal_rules(run.get("signals"))
+        except (ValueError, KeyError) as exc:
+            # validate.py should have caught it; still, say where instead of a traceback.
+            message = f"{step.get('file')}:{step.get('line')}: step {name}: {exc}"
+            record.update({"status": "failed", "error": message, "rc": None})
+            self.say(f"   {message}")
+            return None
+        capture = Capture(rules, self.console)
+        display = ProgressDisplay(name, capture, self.console)
+        log_rel = f"logs/{_safe_name(name)}.log"
+        record.update({"log": log_rel, "harvest": {}, "harvest_errors": [], "failure_lines": [],
+                       "diagnostics": None, "progress": None, "error": None})
+        try:
+            result = run_command(
+                [str(a) for a in run["argv"]],
+                env={str(k): _env_text(v) for k, v in (run.get("env") or {}).items()},
+                cwd=run.get("cwd") or None, timeout_s=run.get("timeout_s"),
+                grace_s=float(run.get("grace_s", 30)), log_path=self.run_dir / log_rel,
+                on_block=capture.feed, on_tick=display.tick,
+                signals=signal_rules,
+                strip_prefix=rules.strip_prefix, scrub=self.scrubber.scrub,
+                notify=lambda text: self.say("   " + text))
+        except Interrupted as exc:
+            display.close()
+            self._record_capture(record, capture, failed=True)
+            record.update(exc.result.as_dict())
+            raise
+        display.close()
+        ok = result.rc in run.get("ok_exit_codes", [0]) and not result.timed_out \
+            and result.error is None
+        record.update(result.as_dict())
+        record["status"] = "ok" if ok else "failed"
+        record["error"] = result.error
+        self._record_capture(record, capture, failed=not ok)
+        if result.error:
+            self.say(f"   {result.error}")
+        if result.timed_out:
+            self.say(f"   TIMEOUT after {run.get('timeout_s')} s")
+        for sent in result.signals_sent:
+            self.say(f"   signal rule sent {sent['signal']} (line {sent['line']}, "
+                     f"{sent['at_s']:.1f} s)")
+        if not ok:
+            self._show_failure(capture)
+            diag = (run.get("on_failure") or {}).get("diagnostics")
+            if diag:
+                record["diagnostics"] = self._diagnostics(diag)
+        return result.rc
+
+    def _record_capture(self, record: dict[str, Any], capture: Capture, failed: bool) -> None:
+        harvest, errors = capture.harvest_result()
+        record.update({"harvest": harvest, "harvest_errors": errors, "lines": capture.lines,
+                       "progress": capture.progress.as_dict()})
+        if failed:
+            record["failure_lines"] = capture.failure_lines()
+            record["failure_hits"] = capture.failure_hits
+            record["tail"] = capture.tail_lines()
+
+    def _show_failure(self, capture: Capture) -> None:
+        shown = capture.failure_lines()
+        self.say(f"   FAILURE LINES ({capture.failure_hits} of {capture.lines}):")
+        if capture.failure_hits > len(shown):
+            self.say(f"   (the last {len(shown)})")
+        for line in shown:
+            self.say("   ! " + line[:300])
+        self.say("   TAIL:")
+        for line in capture.tail_lines():
+            self.say("   | " + line[:300])
+
+    def _diagnostics(self, diag: Mapping[str, Any]) -> dict[str, Any]:
+        report = collect_diagnostics(Path(str(diag["dir"])), int(diag.get("list_max", 40)),
+                                     int(diag.get("max_files", 8)),
+                                     int(diag.get("tail_lines", 70)))
+        report = self.scrubber.scrub_obj(report)
+        self.say(f"   DIAGNOSTICS {report['dir']}:")
+        if not report["exists"]:
+            self.say(f"   {report['message']}")
+            return report
+        for entry in report["listing"]:
+            self.say("   " + entry)
+        if report["listing_more"]:
+            self.say(f"   ... and {report['listing_more']} more entries")
+        for item in report["files"]:
+            self.say(f"   ==== {item['path']} (last {len(item['tail'])} lines)")
+            for line in item["tail"]:
+                self.say("   " + line)
+        return report
+
+    # --- remove ------------------------------------------------------------------------------
+    def _remove(self, spec: str | Sequence[str], record: dict[str, Any]) -> int:
+        paths = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+        removed, absent = [], []
+        record.update({"paths": [str(p) for p in paths], "error": None})
+        try:
+            targets = [check_removable(p, self.run_dir) for p in paths]
+            for target in targets:
+                if remove_path(target):
+                    removed.append(str(target))
+                else:
+                    absent.append(str(target))
+        except (ValueError, OSError) as exc:
+            record.update({"status": "failed", "error": str(exc), "removed": removed,
+                           "absent": absent})
+            self.say(f"   REMOVE FAILED: {exc}")
+            return 1
+        record.update({"status": "ok", "removed": removed, "absent": absent})
+        for path in removed:
+            self.say(f"   removed {path}")
+        for path in absent:
+            self.say(f"   already absent {path}")
+        return 0
+
+    # --- collect -----------------------------------------------------------------------------
+    def _collect(self, name: str, spec: Mapping[str, Any], record: dict[str, Any]) -> int:
+        collector = spec["collector"]
+        record.update({"collector": collector, "error": None})
+        context = {"cwd": os.getcwd(), "run_dir": str(self.run_dir), "step": name,
+                   "log_path": str(self.run_dir / "logs" / f"{_safe_name(name)}.log"),
+                   "scrub": self.scrubber.scrub}
+        try:
+            state = collectors.collect(collector, spec.get("args") or {}, context)
+        except collectors.CollectorError as exc:
+            record.update({"status": "failed", "error": self.scrubber.scrub(str(exc))})
+            self.say(f"   COLLECT FAILED: {exc}")
+            return 1
+        self.doc["state"][name] = self.scrubber.scrub_obj(state)
+        record["status"] = "ok"
+        self.say(f"   state {name}: {json.dumps(self.doc['state'][name], default=str)[:300]}")
+        return 0
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "step"
+
+
+def check_removable(path: str | os.PathLike[str], run_dir: Path) -> Path:
+    """The absolute path to remove, or ValueError when removing it would destroy something the
+    run (or the user) cannot lose: /, the home directory, the working directory or one of its
+    parents, the run's evidence directory or one of its parents."""
+    if not str(path).strip():
+        raise ValueError("refusing to remove an empty path")
+    target = Path(os.path.abspath(os.path.expanduser(str(path))))
+    protected = {
+        "/": Path("/"),
+        "the home directory": Path(os.path.abspath(os.path.expanduser("~"))),
+    }
+    if target in protected.values():
+        label = next(k for k, v in protected.items() if v == target)
+        raise ValueError(f"refusing to remove {target}: it is {label}")
+    cwd = Path(os.getcwd()).resolve()
+    # A symlink is unlinked, not followed, so judge the link itself, not what it points at.
+    real = target.parent.resolve() / target.name if target.is_symlink() else target.resolve()
+    if real == cwd or real in cwd.parents:
+        raise ValueError(f"refusing to remove {target}: it is (or contains) the working "
+                         f"directory {cwd}")
+    run = run_dir.resolve()
+    if real == run or real in run.parents:
+        raise ValueError(f"refusing to remove {target}: it is (or contains) the run directory "
+                         f"{run}")
+    return target
+
+
+def remove_path(target: Path) -> bool:
+    """rm -rf one path (a symlink is unlinked, never followed); False when it was not there."""
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+        return True
+    if target.is_dir():
+        shutil.rmtree(target)
+        return True
+    if os.path.lexists(target):
+        target.unlink()
+        return True
+    return False
+
+
+def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: int
+                        ) -> dict[str, Any]:
+    """List a directory tree and tail its files, everything shown unfiltered: the failing rank's
+    traceback may use words no failure pattern anticipated."""
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        return {"dir": str(root), "exists": False, "message": f"diagnostics dir {root} {what}",
+                "listing": [], "listing_more": 0, "files": []}
+    entries: list[str] = []
+    files: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        base = Path(dirpath)
+        for d in dirnames:
+            entries.append(str((base / d).relative_to(root)) + "/")
+        for f in sorted(filenames):
+            entries.append(str((base / f).relative_to(root)))
+            files.append(base / f)
+    tails = [{"path": str(f), "tail": tail_file(f, tail_lines)} for f in files[:max_files]]
+    return {"dir": str(root), "exists": True, "listing": entries[:list_max],
+            "listing_more": max(len(entries) - list_max, 0), "files": tails}
+
+
+def tail_file(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(size - DIAG_READ_BYTES, 0))
+            data = fh.read()
+    except OSError as exc:
+        return [f"<cannot read: {exc.strerror or exc}>"]
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return lines[-n:] if n > 0 else []
+
+
+def execute(plan: PlanLike, run_dir: str | os.PathLike[str], out: TextIO = sys.stdout, *,
+            is_tty: bool | None = None) -> dict[str, Any]:
+    """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; return the document
+    (without checks or verdict). KeyboardInterrupt (or SIGTERM) is re-raised after the evidence
+    records the interrupted step."""
+    run_path = Path(run_dir)
+    (run_path / "logs").mkdir(parents=True, exist_ok=True)
+    runner = Runner(plan, run_path, Console(out, is_tty))
+    with _sigterm_as_interrupt():
+        return runner.execute()

@@ -1,0 +1,474 @@
+"""Loading a spec: YAML with a file:line:col for every node, `extends`/`include` merging, schema validation.
+
+Every node of the merged document remembers the file and line it came from, so an error in a check
+inherited from `specs/lib/p4_base.yaml` is reported at that file's line, not at the child's.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import jsonschema
+import yaml
+
+
+# Lists that merge BY NAME across extends/include; every other list is replaced wholesale.
+NAMED_LISTS = ("steps", "checks")
+
+
+@dataclass(frozen=True)
+class Mark:
+    file: str
+    line: int  # 1-based
+    col: int  # 1-based
+
+
+_NOWHERE = Mark("<unknown>", 0, 0)
+
+
+def display_path(p: str | os.PathLike) -> str:
+    """A path as shown to people: relative to the cwd when it is below it, else absolute."""
+    ap = os.path.abspath(p)
+    try:
+        rel = os.path.relpath(ap)
+    except ValueError:  # another drive on Windows
+        return ap
+    return ap if rel.startswith("..") else rel
+
+
+def json_path(path: Iterable[Any]) -> str:
+    """('steps', 2, 'run', 'timeout_s') -> "$.steps[2].run.timeout_s"."""
+    out = "$"
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
+            out += f".{part}"
+        else:
+            out += "[" + json.dumps(str(part)) + "]"
+    return out
+
+
+class SpecError(Exception):
+    """One problem in a spec, located: `file:line:col: $.json.path: message`."""
+
+    def __init__(self, file: str, line: int, col: int, path: str, message: str):
+        super().__init__(file, line, col, path, message)
+        self.file, self.line, self.col, self.path, self.message = file, line, col, path, message
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.path}: {self.message}"
+
+    def sort_key(self) -> tuple:
+        return (self.file, self.line, self.col, self.path, self.message)
+
+    @classmethod
+    def at(cls, mark: Mark, path: Iterable[Any], message: str) -> "SpecError":
+        return cls(mark.file, mark.line, mark.col, json_path(path), message)
+
+
+class SpecErrors(Exception):
+    """Every problem found, one per line."""
+
+    def __init__(self, errors: list[SpecError]):
+        super().__init__(errors)
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+# --- located YAML ---------------------------------------------------------------------------------
+
+class _Map(dict):
+    """A dict that remembers where it, each key and each value came from."""
+
+    def __init__(self, mark: Mark):
+        super().__init__()
+        self.mark = mark
+        self.key_marks: dict[str, Mark] = {}
+        self.val_marks: dict[str, Mark] = {}
+        self.key_nodes: dict[str, Any] = {}  # only while building: merge keys vs explicit keys
+
+    def put(self, key: str, value: Any, key_mark: Mark, val_mark: Mark) -> None:
+        self[key] = value
+        self.key_marks[key] = key_mark
+        self.val_marks[key] = val_mark
+
+
+class _Seq(list):
+    """A list that remembers where it and each item came from."""
+
+    def __init__(self, mark: Mark):
+        super().__init__()
+        self.mark = mark
+        self.item_marks: list[Mark] = []
+
+    def put(self, value: Any, mark: Mark) -> None:
+        self.append(value)
+        self.item_marks.append(mark)
+
+
+def _mark(node: yaml.Node, file: str) -> Mark:
+    return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Builder:
+    """Turns a composed YAML node tree into _Map/_Seq/plain scalars, recording marks."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.constructor = yaml.constructor.SafeConstructor()
+        self.active: set[int] = set()  # node ids on the current path: a recursive alias would never end
+        self.explicit: dict[int, set[int]] = {}  # mapping node id -> ids of its own (non-merged) key nodes
+
+    def build(self, node: yaml.Node, path: tuple) -> Any:
+        mark = _mark(node, self.file)
+        if id(node) in self.active:
+            raise SpecErrors([SpecError.at(mark, path, "recursive YAML alias")])
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                value = self.constructor.construct_object(node, deep=True)
+            except yaml.YAMLError as e:
+                raise SpecErrors([SpecError.at(mark, path, f"bad scalar: {_yaml_problem(e)}")]) from None
+            if not isinstance(value, (str, int, float, bool, type(None))):
+                # Timestamps, binary: JSON has no such thing; keep the source text.
+                return node.value
+            return value
+        self.active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                seq = _Seq(mark)
+                for i, item in enumerate(node.value):
+                    seq.put(self.build(item, path + (i,)), _mark(item, self.file))
+                return seq
+            return self._mapping(node, mark, path)
+        finally:
+            self.active.discard(id(node))
+
+    def _mapping(self, node: yaml.MappingNode, mark: Mark, path: tuple) -> _Map:
+        # Remember the explicit keys before flattening rewrites node.value (an alias revisits the same node).
+        explicit = self.explicit.setdefault(
+            id(node), {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"})
+        try:
+            self.constructor.flatten_mapping(node)  # YAML merge keys (`<<: *base`)
+        except yaml.YAMLError as e:
+            raise SpecErrors([SpecError.at(mark, path, _yaml_problem(e))]) from None
+        out = _Map(mark)
+        errors = []
+        for key_node, val_node in node.value:
+            kmark = _mark(key_node, self.file)
+            if not isinstance(key_node, yaml.ScalarNode):
+                errors.append(SpecError.at(kmark, path, "mapping keys must be plain scalars"))
+                continue
+            # Keys are JSON object keys: the YAML source text, so `1:` is "1" and `true:` is "true".
+            key = key_node.value
+            if key in out and id(key_node) in explicit and id(out.key_nodes[key]) in explicit:
+                errors.append(SpecError.at(kmark, path + (key,),
+                                           f"duplicate key {key!r} (first at line {out.key_marks[key].line})"))
+                continue
+            try:
+                value = self.build(val_node, path + (key,))
+            except SpecErrors as e:
+                errors.extend(e.errors)
+                continue
+            out.put(key, value, kmark, _mark(val_node, self.file))
+            out.key_nodes[key] = key_node  # a merged-in key may be overridden by an explicit one
+        if errors:
+            raise SpecErrors(errors)
+        return out
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    if isinstance(e, yaml.MarkedYAMLError):
+        parts = [p for p in (e.context, e.problem) if p]
+        return "YAML: " + ", ".join(parts) if parts else "YAML: " + str(e).splitlines()[0]
+    return "YAML: " + str(e).splitlines()[0]
+
+
+def parse_yaml(text: str, file: str) -> Any:
+    """Parse one YAML document into located containers; raise SpecErrors on syntax errors."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        m = e.problem_mark or e.context_mark
+        line, col = (m.line + 1, m.column + 1) if m else (1, 1)
+        raise SpecErrors([SpecError(file, line, col, "$", _yaml_problem(e))]) from None
+    except yaml.YAMLError as e:
+        raise SpecErrors([SpecError(file, 1, 1, "$", _yaml_problem(e))]) from None
+    except (ValueError, RecursionError) as e:  # e.g. a stray NUL or absurd nesting
+        raise SpecErrors([SpecError(file, 1, 1, "$", f"YAML: {e}")]) from None
+    if node is None:
+        return None
+    try:
+        return _Builder(file).build(node, ())
+    except RecursionError:
+        raise SpecErrors([SpecError(file, 1, 1, "$", "YAML nesting too deep")]) from None
+
+
+# --- extends / include --------------------------------------------------------------------------
+
+def _copy_marks(src: Any) -> Any:
+    if isinstance(src, _Map):
+        out = _Map(src.mark)
+        for k, v in src.items():
+            out.put(k, _copy_marks(v), src.key_marks[k], src.val_marks[k])
+        return out
+    if isinstance(src, _Seq):
+        out_s = _Seq(src.mark)
+        for v, m in zip(src, src.item_marks):
+            out_s.put(_copy_marks(v), m)
+        return out_s
+    return src
+
+
+def _merge_named(base: _Seq, over: _Seq) -> _Seq:
+    """Same name replaces in place, new names append; unnamed items append."""
+    out = _copy_marks(base)
+    index = {item.get("name"): i for i, item in enumerate(out)
+             if isinstance(item, dict) and isinstance(item.get("name"), str)}
+    for item, m in zip(over, over.item_marks):
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str) and name in index:
+            out[index[name]] = _copy_marks(item)
+            out.item_marks[index[name]] = m
+        else:
+            out.put(_copy_marks(item), m)
+            if isinstance(name, str):
+                index[name] = len(out) - 1
+    return out
+
+
+def merge(base: Any, over: Any, top: bool = True) -> Any:
+    """Deep-merge `over` onto `base` (both located): maps merge, steps/checks by name, other lists replace."""
+    if not (isinstance(base, _Map) and isinstance(over, _Map)):
+        return _copy_marks(over)
+    out = _copy_marks(base)
+    for k, v in over.items():
+        if k in out and top and k in NAMED_LISTS and isinstance(out[k], _Seq) and isinstance(v, _Seq):
+            merged = _merge_named(out[k], v)
+        elif k in out and isinstance(out[k], _Map) and isinstance(v, _Map):
+            merged = merge(out[k], v, top=False)
+        else:
+            merged = _copy_marks(v)
+        out.put(k, merged, over.key_marks[k], over.val_marks[k])
+    return out
+
+
+class _Loader:
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}  # display path -> sha256
+
+    def load(self, path: Path, stack: tuple[Path, ...], ref: tuple[Mark, tuple] | None) -> _Map:
+        real = path.resolve()
+        shown = display_path(path)
+        if real in stack:
+            chain = " -> ".join(display_path(p) for p in stack + (real,))
+            mark, where = ref or (_NOWHERE, ())
+            raise SpecErrors([SpecError.at(mark, where, f"extends/include cycle: {chain}")])
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            mark, where = ref or (Mark(shown, 0, 0), ())
+            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: {e.strerror or e}")]) from None
+        self.files[shown] = hashlib.sha256(raw).hexdigest()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecErrors([SpecError(shown, 1, 1, "$", f"not UTF-8: {e}")]) from None
+        doc = parse_yaml(text, shown)
+        if not isinstance(doc, _Map):
+            kind = "empty" if doc is None else f"a {type(doc).__name__.strip('_').lower()}"
+            raise SpecErrors([SpecError(shown, 1, 1, "$", f"a spec must be a YAML mapping, this is {kind}")])
+        return self._compose(doc, path, stack + (real,))
+
+    def _compose(self, doc: _Map, path: Path, stack: tuple[Path, ...]) -> _Map:
+        errors: list[SpecError] = []
+        base: _Map | None = None
+        here = path.parent
+        ext = doc.get("extends")
+        if ext is not None:
+            if isinstance(ext, str) and ext:
+                try:
+                    base = self.load(here / ext, stack, (doc.val_marks["extends"], ("extends",)))
+                except SpecErrors as e:
+                    errors.extend(e.errors)
+            else:
+                errors.append(SpecError.at(doc.val_marks["extends"], ("extends",),
+                                           "extends must be a non-empty path string"))
+        fragments: list[_Map] = []
+        inc = doc.get("include")
+        if inc is not None:
+            if isinstance(inc, _Seq) and all(isinstance(i, str) and i for i in inc):
+                for i, (item, m) in enumerate(zip(inc, inc.item_marks)):
+                    try:
+                        fragments.append(self.load(here / item, stack, (m, ("include", i))))
+                    except SpecErrors as e:
+                        errors.extend(e.errors)
+            else:
+                errors.append(SpecError.at(doc.val_marks["include"], ("include",),
+                                           "include must be a list of path strings"))
+        if errors:
+            raise SpecErrors(errors)
+        own = _copy_marks(doc)
+        for k in ("extends", "include"):
+            own.pop(k, None)
+        result = base if base is not None else _Map(doc.mark)
+        for frag in fragments:  # parent < fragments < this file's own keys
+            result = merge(result, frag)
+        return merge(result, own)
+
+
+# --- schema ------------------------------------------------------------------------------------
+
+def schema_text() -> str:
+    """The JSON Schema of a spec, as shipped (`engine schema` prints it)."""
+    return resources.files("engine").joinpath("spec.schema.json").read_text(encoding="utf-8")
+
+
+_SCHEMA_CACHE: dict[str, Any] = {}
+
+
+def schema() -> dict:
+    if "schema" not in _SCHEMA_CACHE:
+        _SCHEMA_CACHE["schema"] = json.loads(schema_text())
+    return _SCHEMA_CACHE["schema"]
+
+
+def validator() -> jsonschema.protocols.Validator:
+    if "validator" not in _SCHEMA_CACHE:
+        _SCHEMA_CACHE["validator"] = jsonschema.Draft202012Validator(schema())
+    return _SCHEMA_CACHE["validator"]
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _index_marks(node: Any, path: tuple, vals: dict, keys: dict) -> None:
+    if isinstance(node, _Map):
+        vals.setdefault(path, node.mark)
+        for k, v in node.items():
+            keys[path + (k,)] = node.key_marks[k]
+            vals[path + (k,)] = node.val_marks[k]
+            _index_marks(v, path + (k,), vals, keys)
+    elif isinstance(node, _Seq):
+        vals.setdefault(path, node.mark)
+        for i, (v, m) in enumerate(zip(node, node.item_marks)):
+            vals[path + (i,)] = m
+            _index_marks(v, path + (i,), vals, keys)
+
+
+@dataclass
+class Spec:
+    path: Path
+    data: dict
+    files: dict[str, str]
+    sha256: str
+    marks: dict[tuple, Mark] = field(default_factory=dict, repr=False)
+    key_marks: dict[tuple, Mark] = field(default_factory=dict, repr=False)
+
+    def _find(self, table: dict[tuple, Mark], path: tuple) -> Mark:
+        p = tuple(path)
+        while p and p not in table:
+            p = p[:-1]
+        return table.get(p) or self.marks.get((), Mark(display_path(self.path), 1, 1))
+
+    def locate(self, path: tuple) -> tuple[str, int, int]:
+        """(file, line, col) of the node at `path`, or of its nearest located ancestor."""
+        m = self._find(self.marks, path)
+        return m.file, m.line, m.col
+
+    def locate_key(self, path: tuple) -> tuple[str, int, int]:
+        """Like `locate`, but the KEY's position for a mapping member (for unknown-key errors)."""
+        m = self.key_marks.get(tuple(path)) or self._find(self.marks, path)
+        return m.file, m.line, m.col
+
+    def error(self, path: tuple, message: str, key: bool = False) -> SpecError:
+        file, line, col = (self.locate_key if key else self.locate)(path)
+        return SpecError(file, line, col, json_path(path), message)
+
+
+def _type_name(x: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
+            int: "number", float: "number"}.get(type(x), type(x).__name__)
+
+
+def _branch_fits(branch: list, instance: Any) -> bool:
+    """A oneOf/anyOf branch is the one the author meant when its errors are not about the top-level type."""
+    return not any(e.validator in ("type", "const", "enum") and not e.relative_path for e in branch)
+
+
+def _unmeant_reference(options: list, idx: Any, instance: Any) -> bool:
+    """A plain string in a field that also allows "${x}" was not meant as a reference: report the real type."""
+    branch = options[idx] if isinstance(idx, int) and idx < len(options) else {}
+    return branch == {"$ref": "#/$defs/value_ref"} and isinstance(instance, str) and "${" not in instance
+
+
+def best_error(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For anyOf/oneOf: the error from the branch the author most likely meant."""
+    if error.validator not in ("anyOf", "oneOf") or not error.context or error.schema.get("errorMessage"):
+        return error
+    branches: dict[Any, list] = {}
+    for e in error.context:
+        branches.setdefault(e.schema_path[0], []).append(e)
+    options = error.schema.get(error.validator) or []
+    fitting = [b for idx, b in branches.items() if _branch_fits(b, error.instance)
+               and not _unmeant_reference(options, idx, error.instance)]
+    pool = [e for b in fitting for e in b] if fitting else list(error.context)
+    return best_error(jsonschema.exceptions.best_match(pool))
+
+
+def _allowed(schema_: dict) -> list[str]:
+    return sorted(schema_.get("properties", {}))
+
+
+def _schema_errors(spec: Spec) -> list[SpecError]:
+    out = []
+    for raw in validator().iter_errors(spec.data):
+        err = best_error(raw)
+        path = tuple(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            props, pats = err.schema.get("properties", {}), err.schema.get("patternProperties", {})
+            extra = [k for k in err.instance if k not in props and not any(re.search(p, k) for p in pats)]
+            allowed = _allowed(err.schema)
+            for k in extra:
+                hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+                out.append(spec.error(path + (k,), f"unknown key {k!r}{hint}", key=True))
+            continue
+        if "propertyNames" in err.absolute_schema_path and isinstance(err.instance, str):
+            # jsonschema reports a bad key at its object; point at the key itself.
+            out.append(spec.error(path + (err.instance,), f"bad name {err.instance!r}: {err.message}", key=True))
+            continue
+        # A schema's errorMessage explains a broken rule; a plain wrong type is clearer in jsonschema's words.
+        msg = err.schema.get("errorMessage") if isinstance(err.schema, dict) and err.validator != "type" else None
+        out.append(spec.error(path, f"{msg} (got {json.dumps(err.instance)[:80]})" if msg and err.validator != "oneOf" else msg or err.message))
+    return out
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Load, merge and schema-check a spec; raise SpecErrors listing every problem found."""
+    p = Path(path)
+    loader = _Loader()
+    doc = loader.load(p, (), None)
+    vals: dict[tuple, Mark] = {}
+    keys: dict[tuple, Mark] = {}
+    _index_marks(doc, (), vals, keys)
+    vals[()] = Mark(display_path(p), 1, 1)
+    top = display_path(p)
+    spec = Spec(path=p, data=_plain(doc), files=dict(loader.files), sha256=loader.files[top],
+                marks=vals, key_marks=keys)
+    errors = sorted(_schema_errors(spec), key=SpecError.sort_key)
+    if errors:
+        raise SpecErrors(errors)
+    return spec

@@ -1,0 +1,85 @@
+"""Shared fixtures: the Hub-protocol test server (tests/hubserver.py) and Hub stores pointed at it.
+
+``hub_server`` runs in the pytest process on 127.0.0.1 with a free port. A test driving a subprocess (a
+trainer) passes ``hub_server.env()`` (HF_ENDPOINT, HF_TOKEN, HF_HUB_DISABLE_XET=1) to it and arms faults
+with ``hub_server.inject(kind, path_pattern, nth=N, times=K)``, or over HTTP: ``POST /__control__/inject``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # so tests can `import hubserver`
+
+from hubserver import HubServer  # noqa: E402
+
+HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"       # recognisable: tests grep every output for it
+HUB_LFS_THRESHOLD = 1024                        # files from 1 KB up take the LFS path in tests
+
+
+class SleepRecorder:
+    """Stands in for time.sleep in a RetryPolicy: records the backoff delays, waits only a token amount."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def _parses_commit_urls_of(endpoint: str) -> bool:
+    from huggingface_hub import CommitInfo
+
+    oid = "0" * 40
+    try:
+        CommitInfo(commit_url=f"{endpoint}/datasets/a/b/commit/{oid}", commit_message="m", commit_description="",
+                   oid=oid, _endpoint=endpoint)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+@pytest.fixture
+def hub_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    """A running test Hub. In-process clients get Xet disabled (the client reads HF_HUB_DISABLE_XET at import,
+    so the constant is patched); subprocesses get it through ``hub_server.env()``."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True, raising=False)   # absent before Xet (< 0.30)
+    server = HubServer(token=HUB_TOKEN, lfs_threshold=HUB_LFS_THRESHOLD).start()
+    if not _parses_commit_urls_of(server.url):
+        # Older clients (0.26 ..) parse commit URLs against the endpoint read from HF_ENDPOINT at import only;
+        # a process that sets HF_ENDPOINT before importing (the trainer) gets exactly this.
+        # Emulate that import-time read: the constants and the copy file_download took of the URL template.
+        import huggingface_hub.file_download as hf_file_download
+
+        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(hf_constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        monkeypatch.setattr(hf_file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template, raising=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def sleeps() -> SleepRecorder:
+    return SleepRecorder()
+
+
+@pytest.fixture
+def hub_store(hub_server: HubServer, sleeps: SleepRecorder) -> Callable[..., object]:
+    """Factory: ``hub_store("name")`` -> a HubStore on ``tester/name`` with a fast, recorded retry policy."""
+    from trainer.hub import HubStore, RetryPolicy
+
+    def make(name: str = "ckpt", *, token: str | None = HUB_TOKEN, attempts: int = 5,
+             repo_type: str = "dataset") -> HubStore:
+        policy = RetryPolicy(attempts=attempts, base_s=0.01, max_s=0.05, max_retry_after_s=60, sleep=sleeps)
+        return HubStore(f"tester/{name}", repo_type=repo_type, endpoint=hub_server.url, token=token, retry=policy)
+
+    return make

@@ -1,0 +1,60 @@
+"""A scriptable leg for the engine's tests: each argument is an action, run in order.
+
+  text            print the text
+  @sleep:S        sleep S seconds
+  @rc:N           exit with rc N (at that point)
+  @env:NAME       print NAME=<value of env var NAME>
+  @repeat:N:TEXT  print TEXT N times, with {i} replaced by the index
+  @pidfile:PATH   write this process's pid to PATH
+  @spawn:PATH     start a background grandchild that sleeps 300 s, its pid written to PATH
+  @ignore_term    ignore SIGTERM from here on
+  @stderr:TEXT    print TEXT on stderr
+  @raw:HEX        write raw bytes (hex) to stdout
+  @forever        sleep until killed
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main(actions: list[str]) -> int:
+    for action in actions:
+        if action.startswith("@sleep:"):
+            time.sleep(float(action[7:]))
+        elif action.startswith("@rc:"):
+            return int(action[4:])
+        elif action.startswith("@env:"):
+            print(f"{action[5:]}={os.environ.get(action[5:], '')}", flush=True)
+        elif action.startswith("@repeat:"):
+            count, text = action[8:].split(":", 1)
+            write = sys.stdout.write
+            for i in range(int(count)):
+                write(text.replace("{i}", str(i)) + "\n")
+            sys.stdout.flush()
+        elif action.startswith("@pidfile:"):
+            with open(action[9:], "w") as fh:
+                fh.write(str(os.getpid()))
+        elif action.startswith("@spawn:"):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            with open(action[7:], "w") as fh:
+                fh.write(str(child.pid))
+        elif action == "@ignore_term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif action.startswith("@stderr:"):
+            print(action[8:], file=sys.stderr, flush=True)
+        elif action.startswith("@raw:"):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(bytes.fromhex(action[5:]))
+            sys.stdout.buffer.flush()
+        elif action == "@forever":
+            while True:
+                time.sleep(1)
+        else:
+            print(action, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,264 @@
+"""Hub faults injected by tests/hubserver.py, survived by HubStore (and the Checkpointer above it) through the
+real huggingface_hub client: retried with backoff when transient, a landed-but-unacknowledged commit settled
+by reading back (never pushed twice), 412 re-read, truncated downloads re-fetched, corruption caught."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import SleepRecorder
+from hubserver import HubServer
+from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
+from trainer.hub import COMMIT_MARKER, HubStore
+from trainer.store import StoreError
+
+COMMIT = r"/commit/main$"
+
+
+def write(tmp: Path, name: str, data: bytes) -> Path:
+    p = tmp / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def ready(hub_store, name: str) -> HubStore:
+    store = hub_store(name)
+    store.create()
+    return store
+
+
+def commit_posts(server: HubServer) -> list[dict]:
+    return server.requests("POST", COMMIT)
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_5xx_on_commit_is_retried_with_exponential_backoff(hub_server: HubServer, hub_store, sleeps: SleepRecorder,
+                                                          tmp_path: Path, status: int) -> None:
+    store = ready(hub_store, "s5xx")
+    before = hub_server.commit_count("tester/s5xx")
+    hub_server.inject("status", COMMIT, status=status, times=2)
+    rev = store.commit({"a.json": write(tmp_path, "a", b"{}")}, message="m")
+    assert rev == hub_server.repo("tester/s5xx").head.oid
+    assert hub_server.commit_count("tester/s5xx") == before + 1
+    assert [r["status"] for r in commit_posts(hub_server)] == [status, status, 200]
+    assert len(sleeps.delays) == 2 and sleeps.delays[1] > sleeps.delays[0] * 1.4   # 0.01 -> 0.02 (jittered)
+
+
+def test_429_honours_retry_after(hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path) -> None:
+    store = ready(hub_store, "s429")
+    hub_server.inject("status", COMMIT, status=429, retry_after=7)
+    store.commit({"a.json": write(tmp_path, "a", b"{}")})
+    assert sleeps.delays == [7.0]
+
+
+def test_transient_read_errors_are_retried(hub_server: HubServer, hub_store, sleeps: SleepRecorder) -> None:
+    store = ready(hub_store, "sread")
+    hub_server.inject("status", r"^/api/datasets/tester/sread$", method="GET", status=502, times=3)
+    assert store.exists() is True
+    assert len(sleeps.delays) == 3
+
+
+def test_retries_are_bounded(hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path) -> None:
+    store = ready(hub_store, "sbound")
+    before = hub_server.commit_count("tester/sbound")
+    hub_server.inject("status", COMMIT, status=503, times=100)
+    with pytest.raises(StoreError, match=r"tester/sbound.*after 5 tries.*503"):
+        store.commit({"a.json": write(tmp_path, "a", b"{}")})
+    assert len(commit_posts(hub_server)) == 5 and len(sleeps.delays) == 4
+    assert hub_server.commit_count("tester/sbound") == before
+
+
+def test_connection_reset_mid_upload_of_a_commit(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = ready(hub_store, "sreset")
+    before = hub_server.commit_count("tester/sreset")
+    hub_server.inject("reset", COMMIT)
+    store.commit({"a.json": write(tmp_path, "a", b'{"k": 1}')})
+    assert hub_server.commit_count("tester/sreset") == before + 1
+    assert hub_server.files("tester/sreset")["a.json"] == b'{"k": 1}'
+
+
+def test_connection_reset_mid_lfs_upload(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = ready(hub_store, "slfsreset")
+    data = os.urandom(8192)
+    hub_server.inject("reset", r"^/__lfs__/upload/", method="PUT")
+    store.commit({"m.safetensors": write(tmp_path, "m", data)})
+    assert hub_server.files("tester/slfsreset")["m.safetensors"] == data
+    assert len(hub_server.requests("PUT", r"^/__lfs__/upload/")) == 2      # the cut upload was sent again
+    assert store.sha256("m.safetensors") == sha(data)
+
+
+def test_commit_that_lands_but_whose_answer_is_lost_is_not_pushed_twice(hub_server: HubServer, hub_store,
+                                                                         tmp_path: Path) -> None:
+    store = ready(hub_store, "slost")
+    before = hub_server.commit_count("tester/slost")
+    hub_server.inject("lost_response", COMMIT)
+    rev = store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(2048))}, message="checkpoint")
+    repo = hub_server.repo("tester/slost")
+    assert hub_server.commit_count("tester/slost") == before + 1          # landed once, never re-pushed
+    assert len(commit_posts(hub_server)) == 1
+    assert rev == repo.head.oid and COMMIT_MARKER in repo.head.title
+    assert hub_server.requests("GET", r"/commits/main")                  # settled by reading the history back
+
+
+def test_412_conflict_rereads_the_head_and_retries(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = ready(hub_store, "s412")
+    before = hub_server.commit_count("tester/s412")
+    hub_server.inject("conflict", COMMIT)
+    rev = store.commit({"a.json": write(tmp_path, "a", b"1")})
+    assert [r["status"] for r in commit_posts(hub_server)] == [412, 200]
+    assert hub_server.commit_count("tester/s412") == before + 1 and rev == hub_server.repo("tester/s412").head.oid
+
+
+def test_a_real_concurrent_writer_is_a_412_then_a_clean_retry(hub_server: HubServer, hub_store,
+                                                             tmp_path: Path) -> None:
+    store = ready(hub_store, "srace")
+    other = hub_store("srace")
+    real_head = store.head
+    heads = iter([None])
+
+    def stale_head() -> str:      # our head read happens, then someone else commits before our POST
+        h = real_head()
+        if next(heads, "done") is None:
+            other.commit({"other.txt": write(tmp_path, "o", b"theirs")})
+        return h
+    store.head = stale_head      # type: ignore[method-assign]
+    store.commit({"mine.txt": write(tmp_path, "m", b"ours")})
+    files = hub_server.files("tester/srace")
+    assert files["other.txt"] == b"theirs" and files["mine.txt"] == b"ours"
+    assert [r["status"] for r in commit_posts(hub_server)] == [200, 412, 200]
+
+
+@pytest.mark.parametrize("mode", ["close", "short"])
+def test_truncated_download_is_caught_and_fetched_again(hub_server: HubServer, hub_store, tmp_path: Path,
+                                                        mode: str) -> None:
+    store = ready(hub_store, f"strunc{mode}")
+    data = os.urandom(6000)
+    store.commit({"m.safetensors": write(tmp_path, "m", data)})
+    hub_server.inject("truncate", r"/resolve/.*/m\.safetensors$", method="GET", mode=mode)
+    assert store.sha256("m.safetensors") == sha(data)
+    gets = hub_server.requests("GET", r"/resolve/")
+    # close: the client itself notices the cut body and fetches again; short: our hash check does.
+    # (Older clients resume the second fetch with a Range request: 206.)
+    assert [g["fault"] for g in gets] == ["truncate", None] and gets[1]["status"] in (200, 206)
+
+
+def test_truncated_regular_file_is_fetched_again(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = ready(hub_store, "struncreg")
+    data = b"0123456789" * 50
+    store.commit({"config.json": write(tmp_path, "c", data)})
+    hub_server.inject("truncate", r"/resolve/.*/config\.json$", method="GET", mode="short")
+    assert store.read_bytes("config.json") == data
+
+
+def test_silent_corruption_is_caught(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = ready(hub_store, "scorrupt")
+    data = os.urandom(4096)
+    hub_server.inject("corrupt", COMMIT, file_pattern=r"model\.safetensors$")
+    store.commit({"ckpt/checkpoint-1/model.safetensors": write(tmp_path, "m", data)})
+    # The Hub's metadata still says the uploaded hash; only the bytes read back tell the truth.
+    assert store.list_files()["ckpt/checkpoint-1/model.safetensors"].sha256 == sha(data)
+    got = store.sha256("ckpt/checkpoint-1/model.safetensors")
+    assert got != sha(data)
+    assert got == sha(hub_server.files("tester/scorrupt")["ckpt/checkpoint-1/model.safetensors"])
+    with pytest.raises(StoreError, match="corrupt"):
+        store.read_bytes("ckpt/checkpoint-1/model.safetensors")
+
+
+# ------------------------------------------------------------------------------------ the Checkpointer
+
+def make_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
+    """A checkpoint folder with the real file names; contents are a pure function of the step."""
+    folder = tmp / f"local-{step}"
+    files = {}
+    for name in CHECKPOINT_FILES:
+        data = hashlib.sha256(f"{name}:{step}".encode()).digest() * (200 if name.endswith((".safetensors", ".pt"))
+                                                                     else 2)
+        files[name] = sha(write(folder, name, data).read_bytes())
+    return folder, files
+
+
+def run_pushes(store: HubStore, tmp: Path, steps: list[int], log: list[str]) -> None:
+    ck = Checkpointer(store, log=log.append)
+    assert ck.resume_decision(config_hash="cfg", horizon_step=steps[-1]) is None
+    for step in steps:
+        folder, files = make_ckpt(tmp, step)
+        ck.push(step, folder, files, tokens=step * 100, config_hash="cfg", final=step == steps[-1])
+
+
+def final_state(server: HubServer, repo_id: str) -> dict[str, str]:
+    return {p: sha(b) for p, b in server.files(repo_id).items() if p != POINTER_PATH}
+
+
+def test_checkpointer_pointer_does_not_move_on_silent_corruption(hub_server: HubServer, hub_store,
+                                                                 tmp_path: Path) -> None:
+    store = hub_store("ckcorrupt")
+    log: list[str] = []
+    run_pushes(store, tmp_path, [10], log)          # step 10 is clean; final=True for that one push though
+    ck = Checkpointer(store, log=log.append)
+    hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$")
+    folder, files = make_ckpt(tmp_path, 20)
+    with pytest.raises(StoreError, match="verify step=20 FAILED.*NOT moved"):
+        ck.push(20, folder, files, tokens=2000, config_hash="cfg")
+    pointer = read_pointer(store)
+    assert pointer is not None and pointer.step == 10 and pointer.path_in_repo == "final"
+
+
+def test_checkpointer_landed_but_unacknowledged_push_is_not_pushed_twice(hub_server: HubServer, hub_store,
+                                                                         tmp_path: Path) -> None:
+    store = hub_store("cklost")
+    log: list[str] = []
+    hub_server.inject("lost_response", COMMIT, nth=1)       # the first checkpoint commit
+    run_pushes(store, tmp_path, [10, 20], log)
+    titles = [c.title for c in hub_server.repo("tester/cklost").commits]
+    assert sum("checkpoint step 10" in t for t in titles) == 1
+    assert read_pointer(store).step == 20
+
+
+def test_nothing_is_lost_under_faults_same_final_state_as_a_clean_run(hub_server: HubServer, hub_store,
+                                                                      tmp_path: Path) -> None:
+    steps = [10, 20, 30]
+    run_pushes(hub_store("clean"), tmp_path / "a", steps, [])
+    faulty = hub_store("faulty")
+    faulty.create()
+    hub_server.clear_faults()
+    for kind, pattern, kw in [
+        ("status", COMMIT, {"status": 503, "nth": 2}),
+        ("lost_response", COMMIT, {"nth": 4}),
+        ("conflict", COMMIT, {"nth": 6}),
+        ("reset", r"^/__lfs__/upload/", {"nth": 3}),
+        ("status", r"/tree/main", {"status": 429, "retry_after": 0, "nth": 2}),
+        ("truncate", r"/resolve/.*model\.safetensors$", {"mode": "short", "method": "GET", "nth": 2}),
+    ]:
+        hub_server.inject(kind, pattern, **kw)
+    run_pushes(faulty, tmp_path / "b", steps, [])
+    assert all(f.fired == f.times for f in hub_server.faults)
+    assert final_state(hub_server, "tester/faulty") == final_state(hub_server, "tester/clean")
+    clean_ptr = json.loads(hub_server.files("tester/clean")[POINTER_PATH])
+    faulty_ptr = json.loads(hub_server.files("tester/faulty")[POINTER_PATH])
+    for doc in (clean_ptr, faulty_ptr):
+        doc.pop("time")
+    assert faulty_ptr == clean_ptr and faulty_ptr["files"]["model.safetensors"] == \
+        final_state(hub_server, "tester/clean")["final/model.safetensors"]
+
+
+def test_control_endpoint_arms_a_fault_for_another_process(hub_server: HubServer, hub_store,
+                                                          tmp_path: Path) -> None:
+    store = ready(hub_store, "sctl")
+    req = urllib.request.Request(hub_server.url + "/__control__/inject", method="POST",
+                                 data=json.dumps({"kind": "lost_response", "path_pattern": COMMIT}).encode())
+    with urllib.request.urlopen(req) as r:
+        assert json.loads(r.read())["kind"] == "lost_response"
+    before = hub_server.commit_count("tester/sctl")
+    store.commit({"a": write(tmp_path, "a", b"1")})
+    assert hub_server.commit_count("tester/sctl") == before + 1

@@ -1,0 +1,211 @@
+"""trainer/model.py: geometry, loss equivalences, attention paths, and the HF Llama on-disk format."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from trainer import model as M
+from trainer.model import GEOMETRIES, Llama, ModelConfig, count_params, hf_state_dict, load_hf_state_dict, save_pretrained
+
+TINY = GEOMETRIES["tiny"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Models this small run many times slower when two intra-op threads fight other processes for 2 cores.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(seed: int = 0, **kw) -> Llama:
+    torch.manual_seed(seed)
+    return Llama(TINY, **kw)
+
+
+def batch(b: int = 2, t: int = 24, vocab: int = TINY.vocab_size, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (b, t), generator=g), torch.randint(0, vocab, (b, t), generator=g)
+
+
+def test_frozen_geometry_counts_exactly_106194240_parameters():
+    with torch.device("meta"):
+        m = Llama(GEOMETRIES["ounce100m-22l"])
+    assert count_params(m) == 106_194_240
+    # the tie is real: one tensor, not two that happen to be counted once
+    assert "lm_head.weight" not in dict(m.named_parameters())
+
+
+def test_tiny_geometry_parameter_count_matches_the_arithmetic():
+    c = TINY
+    kv = c.n_kv_head * c.head_dim
+    block = 2 * c.d_model * c.d_model + 2 * c.d_model * kv + 3 * c.d_model * c.d_mlp + 2 * c.d_model
+    assert count_params(tiny()) == c.vocab_size * c.d_model + c.n_layer * block + c.d_model == 119_104
+
+
+def test_init_is_llama_normal_0_02_and_norms_start_at_one():
+    m = tiny()
+    w = m.layers[0].mlp.up_proj.weight
+    assert abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.002
+    assert torch.equal(m.norm.weight, torch.ones(TINY.d_model))
+
+
+def test_forward_without_targets_returns_logits_of_batch_time_vocab():
+    x, _ = batch(b=3, t=10)
+    logits, loss = tiny()(x)
+    assert loss is None and logits.shape == (3, 10, TINY.vocab_size)
+
+
+def test_untrained_loss_is_near_log_vocab():
+    x, y = batch(b=4, t=32)
+    _, loss = tiny()(x, y)
+    assert abs(loss.item() - torch.log(torch.tensor(512.0)).item()) < 0.1
+
+
+def test_chunked_loss_and_its_gradients_equal_plain_cross_entropy(monkeypatch):
+    monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 7)  # 2x24 rows -> 7 chunks, the last one partial
+    x, y = batch(b=2, t=24)
+    m_chunked, m_plain = tiny(), tiny()
+    _, loss = m_chunked(x, y)
+    logits, _ = m_plain(x)
+    ref = F.cross_entropy(logits.reshape(-1, TINY.vocab_size), y.reshape(-1))
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    ref.backward()
+    for (name, p), q in zip(m_chunked.named_parameters(), m_plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_eager_and_sdpa_attention_give_the_same_loss_and_logits():
+    x, y = batch(b=2, t=40)
+    eager, sdpa = tiny(attn="eager"), tiny(attn="sdpa")
+    torch.testing.assert_close(eager(x)[0], sdpa(x)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(eager(x, y)[1], sdpa(x, y)[1], rtol=1e-6, atol=1e-6)
+
+
+def test_attention_is_causal_future_tokens_do_not_change_past_logits():
+    m = tiny(attn="eager")
+    x, _ = batch(b=1, t=16)
+    x2 = x.clone()
+    x2[0, 10:] = (x2[0, 10:] + 1) % TINY.vocab_size
+    torch.testing.assert_close(m(x)[0][:, :10], m(x2)[0][:, :10])
+    assert not torch.allclose(m(x)[0][:, 10:], m(x2)[0][:, 10:])
+
+
+def test_gradient_checkpointing_changes_nothing_but_memory():
+    x, y = batch()
+    a, b = tiny(grad_ckpt=False), tiny(grad_ckpt=True)
+    la, lb = a(x, y)[1], b(x, y)[1]
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_unknown_attention_implementation_and_overlong_input_are_refused():
+    with pytest.raises(ValueError, match="attn must be"):
+        Llama(TINY, attn="flash3")
+    with pytest.raises(ValueError, match="exceeds max_seq_len 2048"):
+        tiny()(torch.zeros(1, 2049, dtype=torch.long))
+
+
+def test_bad_geometry_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="n_head 9 is not divisible by n_kv_head 2"):
+        ModelConfig(n_layer=1, d_model=576, d_mlp=8, n_head=9, n_kv_head=2, vocab_size=8)
+
+
+def test_hf_config_round_trips_and_has_every_llamaconfig_key():
+    cfg = GEOMETRIES["ounce100m-22l"]
+    d = cfg.to_hf_config()
+    assert d["architectures"] == ["LlamaForCausalLM"] and d["model_type"] == "llama"
+    assert {k: d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")} == {
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 22, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 2048}
+    assert (d["rms_norm_eps"], d["rope_theta"], d["hidden_act"], d["tie_word_embeddings"]) == (1e-5, 10000.0, "silu", True)
+    assert (d["attention_bias"], d["mlp_bias"], d["torch_dtype"]) == (False, False, "float32")
+    assert ModelConfig.from_hf_config(d) == cfg
+    # the transformers-5 spelling of the same model
+    d5 = {k: v for k, v in d.items() if k not in ("rope_theta", "rope_scaling")}
+    d5["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    assert ModelConfig.from_hf_config(d5) == cfg
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("model_type", "gpt2", "model_type is 'gpt2'"),
+    ("tie_word_embeddings", False, "tie_word_embeddings is False"),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope type is 'llama3'"),
+    ("head_dim", 32, "head_dim 32"),
+])
+def test_hf_config_this_model_cannot_represent_is_refused(field, value, match):
+    d = TINY.to_hf_config()
+    d[field] = value
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_hf_config(d)
+
+
+def test_hf_config_missing_field_is_named():
+    d = TINY.to_hf_config()
+    del d["vocab_size"]
+    with pytest.raises(ValueError, match="lacks the field 'vocab_size'"):
+        ModelConfig.from_hf_config(d)
+
+
+def test_hf_state_dict_uses_exactly_llama_names_without_the_tied_head():
+    names = set(hf_state_dict(tiny()))
+    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    want = {"model.embed_tokens.weight", "model.norm.weight"}
+    want |= {f"model.layers.{i}.{n}" for i in range(TINY.n_layer) for n in per_layer}
+    assert names == want
+
+
+def test_save_pretrained_writes_hf_files_that_load_back_identically(tmp_path):
+    m = tiny(seed=3)
+    hashes = save_pretrained(m, TINY, tmp_path)
+    assert sorted(hashes) == ["config.json", "model.safetensors"] and all(len(h) == 64 for h in hashes.values())
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert ModelConfig.from_hf_config(cfg) == TINY and cfg["torch_dtype"] == "float32"
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        sd = {k: f.get_tensor(k) for k in f.keys()}
+    assert set(sd) == set(hf_state_dict(m)) and sd["model.layers.1.self_attn.k_proj.weight"].shape == (32, 64)
+    other = tiny(seed=4)
+    load_hf_state_dict(other, sd)
+    x, _ = batch()
+    torch.testing.assert_close(other(x)[0], m(x)[0], rtol=0, atol=0)
+
+
+def test_load_hf_state_dict_names_missing_and_unexpected_keys():
+    sd = hf_state_dict(tiny())
+    sd.pop("model.norm.weight")
+    sd["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
+    with pytest.raises(KeyError, match=r"missing \['model.norm.weight'\].*unexpected \['model.layers.0.mlp.extra.weight'\]"):
+        load_hf_state_dict(tiny(), sd)
+
+
+def test_wrapped_model_is_unwrapped_for_names_and_counts():
+    m = tiny()
+
+    class Wrapper(torch.nn.Module):  # the shape of DDP: the model under .module
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    assert set(hf_state_dict(Wrapper(m))) == set(hf_state_dict(m))
+    assert count_params(Wrapper(m)) == count_params(m)
+
+
+def test_transformers_loads_the_saved_model_with_the_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    m = tiny(seed=5).eval()
+    save_pretrained(m, TINY, tmp_path)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path)).eval()  # dtype from config.json: float32
+    x, _ = batch(b=2, t=48)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, m(x)[0], rtol=0, atol=1e-5)

@@ -1,0 +1,179 @@
+"""Shared helpers for tests that drive the real trainer (`python -m trainer.train`) under torchrun.
+
+Import as `from trainer_helpers import ...` (pytest puts tests/ on sys.path). Everything here runs real
+processes: a synthetic mix built by `python -m trainer.mix`, torchrun with gloo ranks on CPU, a local
+file:// store, and real signals.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+TEE = re.compile(r"^\[(?:default|rank|worker)\d*\]:\s*")  # torchrun --tee prefix
+
+# The tiny CPU recipe: 2 ranks x micro 2 x accum 2 x seq 32 = 256 tokens per step.
+NPROC = 2
+SEQ_LEN, MICRO, ACCUM = 32, 2, 2
+TOKENS_PER_STEP = NPROC * MICRO * ACCUM * SEQ_LEN
+
+
+def build_tiny_mix(out: Path, *, tokens: int = 60_000, val_tokens: int = 4_000, vocab: int = 512,
+                   seed: int = 0) -> Path:
+    """A synthetic mix for the `tiny` geometry, built by the real CLI; returns its root."""
+    cmd = [PYTHON, "-m", "trainer.mix", "build", "--out", str(out), "--synthetic", "--tokens", str(tokens),
+           "--val-tokens", str(val_tokens), "--vocab", str(vocab), "--seed", str(seed), "--shards", "2"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"mix build failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return out
+
+
+def store_url(root: Path, name: str = "probe/ckpt") -> str:
+    return f"file://{root}/{name}"
+
+
+def trainer_args(*, root: Path, out: Path, repo: str, steps: int, push_every: int, stop: int = 0,
+                 resume: str = "auto", val_tokens: int = 256, lr: float = 3e-3, extra: Sequence[str] = (),
+                 nproc: int = NPROC) -> list[str]:
+    """The reference probe's command line (tiny geometry, CPU sizes), without the launcher."""
+    tps = nproc * MICRO * ACCUM * SEQ_LEN
+    return ["--root", str(root), "--out", str(out), "--hub-repo", repo, "--prune",
+            "--model", "tiny", "--seq-len", str(SEQ_LEN), "--attn", "eager", "--no-grad-ckpt",
+            "--micro-batch", str(MICRO), "--accum", str(ACCUM), "--tokens", str(steps * tps),
+            "--lr", str(lr), "--warmup-steps", "2", "--push-every-steps", str(push_every),
+            "--val-tokens", str(val_tokens), "--log-every", "1", "--resume", resume,
+            "--stop-after-steps", str(stop), *extra]
+
+
+def torchrun_cmd(args: Sequence[str], *, nproc: int = NPROC, log_dir: Path | None = None) -> list[str]:
+    cmd = [TORCHRUN, f"--nproc_per_node={nproc}", "--master_port=0"]
+    if log_dir is not None:
+        cmd += ["--redirects", "3", "--tee", "3", "--log-dir", str(log_dir)]
+    return [*cmd, "-m", "trainer.train", *args]
+
+
+def single_cmd(args: Sequence[str]) -> list[str]:
+    return [PYTHON, "-m", "trainer.train", *args]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("HF_TOKEN", None)
+    return env
+
+
+@dataclass
+class Run:
+    rc: int
+    lines: list[str]
+    seconds: float
+    killed_at: str | None = None
+    stderr: str = ""
+    run_json: dict | None = field(default=None)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def starting(self, prefix: str) -> list[str]:
+        return [line for line in self.lines if line.startswith(prefix)]
+
+
+def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180) -> Run:
+    """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
+
+    kill_on: a regex; at the first output line matching it the whole group gets SIGKILL (a real crash
+    at that phase: no handler, no flush, no cleanup)."""
+    t0 = time.time()
+    p = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    lines: list[str] = []
+    killed_at = None
+    pat = re.compile(kill_on) if kill_on else None
+    deadline = t0 + timeout
+    try:
+        assert p.stdout is not None
+        for raw in p.stdout:
+            line = TEE.sub("", raw.rstrip("\n"), count=1)
+            lines.append(line)
+            if pat is not None and killed_at is None and pat.search(line):
+                killed_at = line
+                os.killpg(p.pid, signal.SIGKILL)
+            if time.time() > deadline:
+                os.killpg(p.pid, signal.SIGKILL)
+                raise TimeoutError(f"{cmd} ran past {timeout}s; last lines:\n" + "\n".join(lines[-30:]))
+        rc = p.wait(timeout=max(1.0, deadline - time.time()))
+    except BaseException:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        raise
+    run = Run(rc=rc, lines=lines, seconds=time.time() - t0, killed_at=killed_at)
+    for line in reversed(lines):
+        if line.startswith("RUN_JSON "):
+            run.run_json = json.loads(line[len("RUN_JSON "):])
+            break
+    return run
+
+
+def repo_dir(url: str) -> Path:
+    assert url.startswith("file://"), url
+    return Path(url[len("file://"):])
+
+
+def open_repo(url: str):
+    from trainer.store import open_store
+    return open_store(url)
+
+
+def pointer(url: str) -> dict | None:
+    from trainer.checkpoint import read_pointer
+    from trainer.store import RepoMissing
+    try:
+        p = read_pointer(open_repo(url))
+    except RepoMissing:
+        return None
+    return None if p is None else p.to_json()
+
+
+def weights_sha256(url: str, path: str = "final/model.safetensors") -> str:
+    """sha256 of the stored bytes of `path` (re-read, not the recorded metadata)."""
+    data = open_repo(url).read_bytes(path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def repo_files(url: str) -> list[str]:
+    return sorted(open_repo(url).list_files())
+
+
+def copy_repo(src_url: str, dst_root: Path, name: str = "probe/ckpt") -> str:
+    """A byte copy of a local store repo (to corrupt or extend without touching the original)."""
+    dst = dst_root / name
+    shutil.copytree(repo_dir(src_url), dst)
+    return store_url(dst_root, name)
+
+
+def losses(run: Run) -> dict[str, float]:
+    assert run.run_json is not None, "no RUN_JSON:\n" + run.text[-3000:]
+    return run.run_json["losses"]
+
+
+def explain(run: Run) -> str:
+    return f"rc={run.rc} after {run.seconds:.1f}s; last lines:\n" + "\n".join(run.lines[-40:])

@@ -1,0 +1,45 @@
+"""The engine's ``hub`` collector: the checkpoint store's state as one JSON document.
+
+As a plugin (entry point ``specprobe.collectors: hub``): ``collect({"repo": URL}, context)``.
+As a command: ``python -m trainer.collector --repo URL`` prints the same document on one line.
+The document's fields are described in docs/DESIGN.md ("Hub-state document") and
+:func:`trainer.checkpoint.hub_state`; ``sha256_source`` says whether the per-file hashes are the local
+store's manifest ("local-manifest") or the Hub's LFS metadata ("hub-lfs", null for non-LFS files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from trainer.checkpoint import hub_state
+from trainer.store import open_store
+
+
+def collect(args: dict, context: dict) -> dict[str, Any]:
+    """Hub state of ``args["repo"]``. A missing or invalid URL is a spec error and raises ValueError;
+    everything that can go wrong with the store itself is reported inside the document."""
+    repo = (args or {}).get("repo")
+    if not isinstance(repo, str) or not repo:
+        raise ValueError(f"collector 'hub' needs args.repo (a store URL), got {repo!r}")
+    return hub_state(open_store(repo))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.collector",
+                                     description="Print a checkpoint store's state as one JSON line.")
+    parser.add_argument("--repo", required=True, help="store URL: file:///root/owner/name, hf://owner/name, owner/name")
+    ns = parser.parse_args(argv)
+    try:
+        doc = collect({"repo": ns.repo}, {})
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc, sort_keys=True, separators=(",", ":")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+"""The Hugging Face Hub backend of the store (``hf://owner/name``), over the unmodified ``huggingface_hub`` client.
+
+Client calls used (kept small on purpose; ``tests/test_hub_store.py`` drives every one of them against
+``tests/hubserver.py``), all present from huggingface_hub 0.26 through 2.4:
+
+- ``HfApi.repo_info``           exists(), and the head revision used as ``parent_commit``
+- ``HfApi.create_repo``         create() (``exist_ok=True``, private)
+- ``HfApi.list_repo_tree``      list_files() (``recursive=True``; LFS entries carry their sha256)
+- ``HfApi.create_commit``       commit(): ONE commit of ``CommitOperationAdd`` / ``CommitOperationDelete``
+- ``HfApi.list_repo_commits``   commit(): settling an ambiguous failure by reading the history back
+- ``get_hf_file_metadata`` + ``hf_hub_url``   the recorded hash (ETag / X-Linked-Etag) and the revision to pin
+- ``hf_hub_download``           read_bytes(), download(), sha256() (a fresh cache dir every time: the bytes are
+  always read back from the Hub, never from a local cache)
+- ``HfApi.delete_repo``, ``HfApi.whoami``
+
+Version notes: 0.26 .. 0.x run on ``requests``, 1.x on ``httpx``, 2.x on ``httpx2``; transport errors of all
+three are recognised. ``LocalEntryNotFoundError`` is a subclass of ``EntryNotFoundError`` in every release and
+means "the Hub could not be reached", so it is checked first. ``delete_repo(missing_ok=)`` is avoided (absent
+in older releases).
+
+Failure handling. Transient failures (HTTP 408/429/500/502/503/504, connection resets, timeouts) are retried
+with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``). A
+commit's failure after the request may have reached the Hub is ambiguous: every commit carries a unique
+``specprobe-commit`` marker, and before pushing again the history is read back; a commit that landed is
+returned, not pushed twice. A 412 (the head moved under ``parent_commit``) re-reads the head and retries.
+Downloads compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id
+for regular ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists
+is silent corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
+
+The token is never logged, put in a message or a repr: messages pass through :meth:`HubStore._safe`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, get_hf_file_metadata,
+                             hf_hub_download, hf_hub_url)
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
+                                   RepositoryNotFoundError, RevisionNotFoundError)
+
+from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError
+
+__all__ = ["HubStore", "RetryPolicy", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
+
+log = logging.getLogger("trainer.hub")
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+COMMIT_MARKER = "specprobe-commit"
+# Files the Hub itself keeps in every repo: bookkeeping, not store content (a local store has no such file).
+HUB_BOOKKEEPING = frozenset({".gitattributes"})
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_TOKENISH = re.compile(r"hf_[A-Za-z0-9_]{8,}")
+_CHUNK = 1 << 20
+T = TypeVar("T")
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Connection/timeout exception classes of whichever HTTP stack this huggingface_hub release uses."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
+                          ("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError"))):
+        try:
+            mod = __import__(module, fromlist=list(names))
+        except ImportError:
+            continue
+        found.extend(getattr(mod, n) for n in names if isinstance(getattr(mod, n, None), type))
+    return tuple(found)
+
+
+TRANSPORT_ERRORS = _transport_errors()
+
+
+@dataclass
+class RetryPolicy:
+    """Bounded exponential backoff with jitter. ``sleep`` is injectable so tests can record the delays."""
+    attempts: int = 6                   # tries per operation, the first included
+    base_s: float = 1.0
+    max_s: float = 30.0
+    jitter: float = 0.25                # each delay is scaled by a factor in [1 - jitter, 1]
+    max_retry_after_s: float = 300.0    # a Retry-After beyond this is capped (never waits forever)
+    verify_attempts: int = 3            # downloads whose bytes do not match the recorded hash
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RetryPolicy":
+        """``SPECPROBE_HUB_RETRIES`` / ``SPECPROBE_HUB_BACKOFF_S`` override the defaults (tests of the trainer
+        under injected faults use them to stay fast)."""
+        env = os.environ if environ is None else environ
+        policy = cls()
+        if env.get("SPECPROBE_HUB_RETRIES"):
+            policy.attempts = max(1, int(env["SPECPROBE_HUB_RETRIES"]))
+        if env.get("SPECPROBE_HUB_BACKOFF_S"):
+            policy.base_s = max(0.0, float(env["SPECPROBE_HUB_BACKOFF_S"]))
+            policy.max_s = max(policy.base_s, min(policy.max_s, policy.base_s * 32))
+        return policy
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after failed try number ``attempt`` (1-based)."""
+        d = min(self.max_s, self.base_s * (2 ** (attempt - 1)))
+        d *= 1.0 - random.uniform(0.0, max(0.0, min(1.0, self.jitter)))
+        if retry_after is not None:
+            d = max(d, min(float(retry_after), self.max_retry_after_s))
+        return d
+
+
+class _Transient(Exception):
+    """Internal: a failure worth retrying (``retry_after`` from a 429/503 answer)."""
+
+    def __init__(self, reason: str, retry_after: float | None = None):
+        super().__init__(reason)
+        self.reason, self.retry_after = reason, retry_after
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__]
+    return seen
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return int(code) if isinstance(code, int) else None
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None     # an HTTP date: fall back to our own backoff
+
+
+def _transient(exc: BaseException) -> _Transient | None:
+    """Whether ``exc`` (or anything it wraps, e.g. the client's "Error while uploading") is transient."""
+    for e in _chain(exc):
+        if isinstance(e, HfHubHTTPError) and _status(e) is not None:
+            code = _status(e)
+            if code in TRANSIENT_STATUS:
+                return _Transient(f"HTTP {code}", _retry_after(e))
+            return None     # a definite answer from the Hub (4xx): not transient
+        if isinstance(e, LocalEntryNotFoundError):
+            return _Transient("the Hub could not be reached")
+        if isinstance(e, TRANSPORT_ERRORS):
+            return _Transient(f"{type(e).__name__}")
+    return None
+
+
+def _git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class _Fetched:
+    path: Path
+    sha256: str
+    matches: bool       # the bytes match the hash the Hub recorded at upload
+    expected: str | None
+
+
+class HubStore:
+    """A Hugging Face Hub repo as a :class:`trainer.store.Store`."""
+
+    def __init__(self, repo_id: str, repo_type: str = "dataset", endpoint: str | None = None,
+                 token: str | None = None, *, private: bool = True, retry: RetryPolicy | None = None):
+        if repo_type not in ("dataset", "model"):
+            raise ValueError(f"Hub repo type must be 'dataset' or 'model', got {repo_type!r} for {repo_id}")
+        if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+            raise ValueError(f"Hub repo id must be owner/name, got {repo_id!r}")
+        self.repo_id = repo_id
+        self.repo_type = repo_type
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        self._token = token if token is not None else (os.environ.get("HF_TOKEN") or None)
+        self.private = private
+        self.retry = retry if retry is not None else RetryPolicy.from_env()
+        self.url = f"hf://{repo_id}" if repo_type == "dataset" else f"hf://{repo_type}s/{repo_id}"
+        self._api = HfApi(endpoint=self.endpoint, token=self._token)
+
+    def __repr__(self) -> str:
+        return f"HubStore({self.url!r}, endpoint={self.endpoint!r})"
+
+    # ------------------------------------------------------------------------------ protocol
+    def exists(self) -> bool:
+        try:
+            self._call("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
+        except RepoMissing:
+            return False
+        return True
+
+    def create(self) -> None:
+        self._call("create repo", lambda: self._api.create_repo(
+            self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True))
+
+    def head(self) -> str:
+        """The commit id at the head of main."""
+        info = self._call("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
+        return str(info.sha)
+
+    def list_files(self) -> dict[str, FileInfo]:
+        def listing() -> list[Any]:
+            return list(self._api.list_repo_tree(self.repo_id, repo_type=self.repo_type, recursive=True))
+        try:
+            entries = self._call("list files", listing)
+        except _RevisionMissing:
+            return {}   # a repo without any commit has no files
+        out: dict[str, FileInfo] = {}
+        for e in entries:
+            if not isinstance(e, RepoFile) or e.path in HUB_BOOKKEEPING:
+                continue
+            lfs = e.lfs
+            sha = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
+            out[e.path] = FileInfo(path=e.path, size=int(e.size), sha256=sha)
+        return out
+
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+        add = {str(p): Path(local) for p, local in add.items()}
+        for p, local in add.items():
+            if not local.is_file():
+                raise StoreError(self._safe(f"{self.url}: cannot commit {p}: local file {local} does not exist"))
+        if not add and not delete:
+            raise StoreError(f"{self.url}: a commit needs at least one file to add or delete")
+        marker = uuid.uuid4().hex[:16]
+        title = ((message or "specprobe commit").splitlines() or ["specprobe commit"])[0][:180]
+        summary = f"{title} [{COMMIT_MARKER} {marker}]"
+        description = f"{COMMIT_MARKER}: {marker}\n{message}" if message else f"{COMMIT_MARKER}: {marker}"
+
+        def operations() -> list[Any]:
+            # Fresh objects every try: the client refuses to reuse a committed CommitOperationAdd.
+            ops: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local))
+                              for p, local in add.items()]
+            ops += [CommitOperationDelete(path_in_repo=d, is_folder=d.endswith("/")) for d in delete]
+            return ops
+
+        maybe_landed = False
+        last = ""
+        for attempt in range(1, self.retry.attempts + 1):
+            if maybe_landed:
+                landed = self._find_commit(marker)
+                if landed is not None:
+                    log.warning("hub: %s: commit %s landed although its answer was lost (%s); not pushing again",
+                                self.url, landed, last)
+                    return landed
+            parent = self.head()
+            try:
+                info = self._api.create_commit(self.repo_id, operations(), commit_message=summary,
+                                               commit_description=description, repo_type=self.repo_type,
+                                               parent_commit=parent)
+                return str(getattr(info, "oid", None) or str(info.commit_url).rstrip("/").rsplit("/", 1)[-1])
+            except RepositoryNotFoundError as e:
+                raise RepoMissing(self._missing_message()) from e
+            except LocalEntryNotFoundError as e:
+                t: _Transient | None = _Transient("the Hub could not be reached")
+                last = self._describe(e)
+            except EntryNotFoundError as e:
+                raise EntryMissing(self._safe(f"{self.url}: cannot delete a path that is not in the repo "
+                                              f"({', '.join(delete)}): {self._describe(e)}")) from e
+            except Exception as e:      # noqa: BLE001 - classified below; anything else is re-raised
+                last = self._describe(e)
+                if _status(e) == 412:
+                    # The head moved under parent_commit (another writer, or our own earlier try): re-read it.
+                    t = _Transient("HTTP 412 conflict")
+                else:
+                    t = _transient(e)
+                    if t is None:
+                        # Not an answer from the Hub (e.g. the client failing to parse the reply): the commit
+                        # may have landed before the client failed, so look before reporting a failure.
+                        landed = self._find_commit(marker) if _status(e) is None else None
+                        if landed is not None:
+                            return landed
+                        raise StoreError(self._safe(f"{self.url}: commit failed: {last}")) from e
+            # Any failure after the request left may have landed it (a lost answer, a 5xx after the write, a
+            # 412 because our previous try moved the head): settle by reading back before pushing again.
+            maybe_landed = True
+            if attempt < self.retry.attempts:
+                wait = self.retry.delay(attempt, t.retry_after)
+                log.warning("hub: %s: commit try %d/%d failed (%s); retrying in %.2fs",
+                            self.url, attempt, self.retry.attempts, self._safe(t.reason), wait)
+                self.retry.sleep(wait)
+        landed = self._find_commit(marker)
+        if landed is not None:
+            return landed
+        raise StoreError(self._safe(f"{self.url}: commit failed after {self.retry.attempts} tries: {last}"))
+
+    def read_bytes(self, path: str) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="specprobe-hub-") as tmp:
+            got = self._fetch(path, Path(tmp))
+            self._require_match(path, got)
+            return got.path.read_bytes()
+
+    def download(self, path: str, dest: Path) -> Path:
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # The temp dir sits next to dest so the final rename is atomic (same filesystem).
+        tmp = Path(tempfile.mkdtemp(prefix=".hub-download-", dir=dest.parent))
+        try:
+            got = self._fetch(path, tmp)
+            self._require_match(path, got)
+            os.replace(got.path, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+
+    def sha256(self, path: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="specprobe-hub-") as tmp:
+            got = self._fetch(path, Path(tmp))
+            if not got.matches:
+                log.warning("hub: %s: %s reads back as sha256 %s, not what the Hub recorded (%s)",
+                            self.url, path, got.sha256, got.expected)
+            return got.sha256
+
+    def delete_repo(self) -> None:
+        maybe_landed = False
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                self._api.delete_repo(self.repo_id, repo_type=self.repo_type)
+                return
+            except RepositoryNotFoundError as e:
+                if maybe_landed:
+                    return      # our earlier try deleted it; only its answer was lost
+                raise RepoMissing(self._missing_message()) from e
+            except Exception as e:      # noqa: BLE001
+                t = _transient(e)
+                if t is None:
+                    raise StoreError(self._safe(f"{self.url}: delete failed: {self._describe(e)}")) from e
+                if attempt == self.retry.attempts:
+                    raise StoreError(self._safe(f"{self.url}: delete failed after {attempt} tries: "
+                                                f"{self._describe(e)}")) from e
+                maybe_landed = True
+                self._backoff("delete repo", attempt, t)
+
+    def whoami(self) -> str:
+        """The user name the token belongs to (raises StoreError when the Hub rejects the token)."""
+        info = self._call("whoami", lambda: self._api.whoami())
+        return str(info.get("name"))
+
+    # ------------------------------------------------------------------------------ internals
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run an idempotent client call, retrying transient failures and mapping errors to store errors."""
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return fn()
+            except StoreError:
+                raise
+            except RepositoryNotFoundError as e:
+                raise RepoMissing(self._missing_message()) from e
+            except LocalEntryNotFoundError as e:
+                # "could not reach the Hub" (checked before its base class EntryNotFoundError)
+                if attempt == self.retry.attempts:
+                    raise StoreError(self._safe(f"{self.url}: {what} failed after {attempt} tries: "
+                                                f"{self._describe(e)}")) from e
+                self._backoff(what, attempt, _Transient("the Hub could not be reached"))
+                continue
+            except EntryNotFoundError as e:
+                raise EntryMissing(self._safe(f"{self.url}: {what}: no such file in the repo")) from e
+            except RevisionNotFoundError as e:
+                raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
+            except Exception as e:      # noqa: BLE001 - classified below
+                t = _transient(e)
+                if t is None:
+                    raise StoreError(self._safe(f"{self.url}: {what} failed: {self._describe(e)}")) from e
+                if attempt == self.retry.attempts:
+                    raise StoreError(self._safe(f"{self.url}: {what} failed after {attempt} tries: "
+                                                f"{self._describe(e)}")) from e
+                self._backoff(what, attempt, t)
+        raise AssertionError("unreachable")
+
+    def _backoff(self, what: str, attempt: int, t: _Transient) -> None:
+        wait = self.retry.delay(attempt, t.retry_after)
+        log.warning("hub: %s: %s try %d/%d failed (%s); retrying in %.2fs",
+                    self.url, what, attempt, self.retry.attempts, self._safe(t.reason), wait)
+        self.retry.sleep(wait)
+
+    def _find_commit(self, marker: str) -> str | None:
+        """The id of the commit carrying ``marker`` on main, if it landed."""
+        commits = self._call("read back the history", lambda: self._api.list_repo_commits(
+            self.repo_id, repo_type=self.repo_type))
+        for c in commits:
+            if marker in (c.title or "") or marker in (c.message or ""):
+                return str(c.commit_id)
+        return None
+
+    def _fetch(self, path: str, workdir: Path) -> _Fetched:
+        """Download ``path`` afresh and hash it, re-downloading while the bytes differ from the recorded hash."""
+        url = hf_hub_url(self.repo_id, path, repo_type=self.repo_type, endpoint=self.endpoint)
+        got: _Fetched | None = None
+        for check in range(1, max(1, self.retry.verify_attempts) + 1):
+            meta = self._call(f"metadata of {path}", lambda: get_hf_file_metadata(url, token=self._token))
+            # A fresh cache dir per try: a cached copy would hide what the Hub actually holds now.
+            cache = workdir / f"try-{check}"
+            local = Path(self._call(f"download of {path}", lambda: self._download_once(path, meta.commit_hash,
+                                                                                       cache)))
+            got = self._verify(local.resolve(), meta)
+            if got.matches:
+                return got
+            if check < self.retry.verify_attempts:
+                self._backoff(f"download of {path} (bytes do not match the recorded hash {got.expected})", check,
+                              _Transient("hash mismatch"))
+        assert got is not None
+        return got
+
+    def _download_once(self, path: str, revision: str | None, cache: Path) -> str:
+        try:
+            return hf_hub_download(self.repo_id, path, repo_type=self.repo_type, revision=revision,
+                                   cache_dir=str(cache), token=self._token, endpoint=self.endpoint)
+        except LocalEntryNotFoundError:
+            raise
+        except EntryNotFoundError as e:
+            raise EntryMissing(self._safe(f"{self.url}: no file {path} in the repo")) from e
+        except OSError as e:
+            # The client's own size check ("Consistency check failed"): a cut transfer, worth another try.
+            if "Consistency check failed" in str(e):
+                raise ConnectionError(f"download of {path} cut short") from e
+            raise
+
+    @staticmethod
+    def _verify(local: Path, meta: Any) -> _Fetched:
+        sha = _sha256(local)
+        etag = (meta.etag or "").strip('"').lower()
+        size_ok = meta.size is None or local.stat().st_size == int(meta.size)
+        if _HEX64.match(etag):
+            return _Fetched(local, sha, size_ok and sha == etag, etag)
+        if _HEX40.match(etag):
+            return _Fetched(local, sha, size_ok and _git_blob_sha1(local) == etag, etag)
+        return _Fetched(local, sha, size_ok, etag or None)     # an ETag of another form: only the size can tell
+
+    def _require_match(self, path: str, got: _Fetched) -> None:
+        if not got.matches:
+            raise StoreError(f"{self.url}: {path} reads back as sha256 {got.sha256}, not the hash the Hub recorded "
+                             f"at upload ({got.expected}) after {self.retry.verify_attempts} downloads: the stored "
+                             "bytes are corrupt")
+
+    def _missing_message(self) -> str:
+        return (f"Hub {self.repo_type} repo {self.repo_id} does not exist at {self.endpoint} "
+                "(or the token cannot see it)")
+
+    def _describe(self, e: BaseException) -> str:
+        first = (str(e).strip().splitlines() or [""])[0]
+        return self._safe(f"{type(e).__name__}: {first}" if first else type(e).__name__)
+
+    def _safe(self, text: str) -> str:
+        """``text`` with the token (and anything shaped like a Hub token) blanked out."""
+        if self._token:
+            text = text.replace(self._token, "<redacted>")
+        return _TOKENISH.sub("<redacted>", text)
+
+
+class _RevisionMissing(StoreError):
+    """Internal: main does not exist yet (a repo without commits)."""

@@ -1,0 +1,332 @@
+"""The Llama-style decoder that specprobe trains, in one file of plain PyTorch.
+
+Pre-norm blocks of RMSNorm -> grouped-query attention with rotary positions -> RMSNorm -> SwiGLU MLP,
+no biases, and the output projection tied to the token embedding. Module and parameter names mirror
+Hugging Face's `LlamaForCausalLM` (`modeling_llama.py`), and RoPE uses its `rotate_half` layout, so
+`save_pretrained` writes a directory that `transformers` loads with the same logits.
+
+The model is pure: a config in, `(logits, loss)` out. Distributed training, precision and I/O of the
+training state live in `trainer/train.py` and `trainer/checkpoint.py`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+# Rows of the flattened (B*T, d) hidden states turned into logits at a time by the loss. At vocab 49152 a
+# 1024-row chunk is 1024*49152*4 B = 201 MB of fp32 logits, plus as much again for their gradient in the
+# backward; the full micro-batch of 4x1024 tokens would be 805 MB each way, the largest single allocation
+# of the run on a 16 GB T4. Smaller chunks save little more and cost more kernel launches.
+LOSS_CHUNK_ROWS = 1024
+INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embedding
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int
+    d_model: int
+    d_mlp: int
+    n_head: int
+    n_kv_head: int
+    vocab_size: int
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
+        if (self.d_model // self.n_head) % 2:
+            raise ValueError(f"head dim {self.d_model // self.n_head} must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def to_hf_config(self, dtype: str = "float32") -> dict[str, Any]:
+        """The `config.json` of an equivalent transformers `LlamaForCausalLM`."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.d_model,
+            "intermediate_size": self.d_mlp,
+            "num_hidden_layers": self.n_layer,
+            "num_attention_heads": self.n_head,
+            "num_key_value_heads": self.n_kv_head,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_seq_len,
+            "rms_norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "hidden_act": "silu",
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "mlp_bias": False,
+            "initializer_range": INIT_STD,
+            "pretraining_tp": 1,
+            "use_cache": True,
+            "torch_dtype": dtype,
+        }
+
+    @classmethod
+    def from_hf_config(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Read a LlamaConfig dict; refuse one that describes a model this file cannot represent."""
+        if d.get("model_type") != "llama":
+            raise ValueError(f"config.json model_type is {d.get('model_type')!r}, expected 'llama'")
+        # transformers 5 moved rope_theta into rope_parameters; older files have it top-level.
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        unsupported = {
+            "hidden_act": (d.get("hidden_act", "silu"), "silu"),
+            "tie_word_embeddings": (d.get("tie_word_embeddings", True), True),
+            "attention_bias": (d.get("attention_bias", False), False),
+            "mlp_bias": (d.get("mlp_bias", False), False),
+            "rope type": (rope.get("rope_type", rope.get("type", "default")), "default"),
+        }
+        for key, (got, want) in unsupported.items():
+            if got != want:
+                raise ValueError(f"config.json {key} is {got!r}; this model supports only {want!r}")
+        try:
+            cfg = cls(
+                n_layer=int(d["num_hidden_layers"]),
+                d_model=int(d["hidden_size"]),
+                d_mlp=int(d["intermediate_size"]),
+                n_head=int(d["num_attention_heads"]),
+                n_kv_head=int(d.get("num_key_value_heads", d["num_attention_heads"])),
+                vocab_size=int(d["vocab_size"]),
+                max_seq_len=int(d.get("max_position_embeddings", 2048)),
+                rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json lacks the field {e.args[0]!r}") from None
+        if d.get("head_dim") not in (None, cfg.head_dim):
+            raise ValueError(f"config.json head_dim {d['head_dim']} != hidden_size/num_attention_heads {cfg.head_dim}")
+        return cfg
+
+
+GEOMETRIES: dict[str, ModelConfig] = {
+    # The lab's frozen model: 22 x 3,540,096 block parameters + 49152 x 576 tied embedding + 576 final norm.
+    "ounce100m-22l": ModelConfig(n_layer=22, d_model=576, d_mlp=1536, n_head=9, n_kv_head=3, vocab_size=49152),
+    # CPU tests: every feature of the big one (GQA, tied embedding, several blocks) at 119,104 parameters.
+    "tiny": ModelConfig(n_layer=2, d_model=64, d_mlp=160, n_head=4, n_kv_head=2, vocab_size=512),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 and scale after casting back, exactly as HF's LlamaRMSNorm does under autocast.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_cos_sin(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, (max_seq_len, head_dim), with each frequency repeated in both halves (HF layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # (T, hd/2)
+    emb = torch.cat((angles, angles), dim=-1)                                        # (T, hd)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x (B, h, T, hd); cos/sin (T, hd) broadcast over batch and heads
+    return x * cos + rotate_half(x) * sin
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, kvh, T, hd) -> (B, kvh*n_rep, T, hd): each KV head serves n_rep consecutive query heads."""
+    if n_rep == 1:
+        return x
+    b, kvh, t, hd = x.shape
+    return x[:, :, None].expand(b, kvh, n_rep, t, hd).reshape(b, kvh * n_rep, t, hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn: str):
+        super().__init__()
+        if attn not in ("eager", "sdpa"):
+            raise ValueError(f"attn must be 'eager' or 'sdpa', got {attn!r}")
+        self.attn, self.n_head, self.n_kv_head, self.head_dim = attn, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Expanding K/V explicitly (rather than sdpa's enable_gqa) keeps the memory-efficient kernel
+        # available on Turing (T4), where flash attention is not; the copies are 1/3 of the query size.
+        k, v = repeat_kv(k, self.n_head // self.n_kv_head), repeat_kv(v, self.n_head // self.n_kv_head)
+        if self.attn == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)                # (B, h, T, T)
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~causal, float("-inf"))
+            # softmax in fp32 like HF's eager path: fp16 scores over a long row lose the small weights
+            y = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype) @ v            # (B, h, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn: str):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg, attn)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _ce_sum(h: Tensor, weight: Tensor, y: Tensor) -> Tensor:
+    """Summed cross-entropy of one chunk: h (n, d), weight (V, d), y (n,). Logits live only in here."""
+    return F.cross_entropy(F.linear(h, weight).float(), y, reduction="sum")
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn: str = "sdpa", grad_ckpt: bool = False):
+        super().__init__()
+        self.cfg, self.grad_ckpt = cfg, grad_ckpt
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, attn) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        # Not persistent: derived from the config, so they stay out of checkpoints and out of HF's names.
+        cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=INIT_STD)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """idx (B, T) int64 -> (logits (B, T, V), None), or with targets (B, T) -> (None, mean CE loss)."""
+        b, t = idx.shape
+        if t > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
+        x = self.embed_tokens(idx)                                                     # (B, T, d)
+        cos, sin = self.rope_cos[:t].to(x.dtype), self.rope_sin[:t].to(x.dtype)
+        for block in self.layers:
+            if self.grad_ckpt and torch.is_grad_enabled():
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        x = self.norm(x)
+        if targets is None:
+            return F.linear(x, self.embed_tokens.weight), None                        # (B, T, V)
+        return None, self.chunked_loss(x.reshape(b * t, -1), targets.reshape(b * t))
+
+    def chunked_loss(self, h: Tensor, y: Tensor) -> Tensor:
+        """Mean CE over h (N, d) / y (N,), LOSS_CHUNK_ROWS rows of logits at a time.
+
+        Each chunk runs under checkpoint so its logits are freed after the forward and recomputed one
+        chunk at a time in the backward; without that autograd would keep every chunk's logits alive.
+        """
+        w, total = self.embed_tokens.weight, h.new_zeros((), dtype=torch.float32)
+        for i in range(0, h.shape[0], LOSS_CHUNK_ROWS):
+            hs, ys = h[i:i + LOSS_CHUNK_ROWS], y[i:i + LOSS_CHUNK_ROWS]
+            if torch.is_grad_enabled():
+                total = total + checkpoint(_ce_sum, hs, w, ys, use_reentrant=False)
+            else:
+                total = total + _ce_sum(hs, w, ys)
+        return total / y.numel()
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The Llama inside a DDP (`.module`) and/or torch.compile (`._orig_mod`) wrapper."""
+    while True:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            return model
+
+
+def count_params(model: nn.Module) -> int:
+    """Unique parameters: `parameters()` yields a shared (tied) tensor once."""
+    return sum(p.numel() for p in _unwrap(model).parameters())
+
+
+def hf_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """Weights under LlamaForCausalLM's names; the tied lm_head is left out, as HF itself saves it."""
+    return {"model." + k: v for k, v in _unwrap(model).state_dict().items()}
+
+
+def load_hf_state_dict(model: nn.Module, sd: dict[str, Tensor]) -> None:
+    """Load HF-named weights; any missing or unexpected name is an error that lists them."""
+    sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # tied: a stored copy of the embedding
+    inner = _unwrap(model)
+    want = set(inner.state_dict())
+    got = {k.removeprefix("model."): v for k, v in sd.items() if k.startswith("model.")}
+    stray = sorted(k for k in sd if not k.startswith("model.")) + sorted("model." + k for k in set(got) - want)
+    missing = sorted("model." + k for k in want - set(got))
+    if missing or stray:
+        raise KeyError(f"state dict does not match the model: missing {missing[:8]}, unexpected {stray[:8]}")
+    inner.load_state_dict(got, strict=True)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_pretrained(model: nn.Module, cfg: ModelConfig, out_dir: Path) -> dict[str, str]:
+    """Write config.json + model.safetensors loadable by `LlamaForCausalLM.from_pretrained(out_dir)`."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict(model).items()}
+    dtype = str(next(iter(sd.values())).dtype).removeprefix("torch.")
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_config(dtype=dtype), indent=2) + "\n")
+    save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})  # HF requires format=pt
+    return {name: _sha256_file(out_dir / name) for name in ("config.json", "model.safetensors")}
+

@@ -1,0 +1,468 @@
+"""The checkpoint store: one protocol, two backends (a local directory and a Hugging Face Hub repo).
+
+URL forms accepted by :func:`open_store` (and :func:`parse_store_url`):
+
+- ``file:///abs/root/owner/name``  local store, absolute root ``/abs/root``; repo dir ``/abs/root/owner/name``
+- ``file://rel/root/owner/name``   local store, root relative to the current directory
+  (the last two path components are always the repo id ``owner/name``; everything before them is the root)
+- ``hf://owner/name``              Hub dataset repo
+- ``hf://datasets/owner/name``     Hub dataset repo (explicit)
+- ``hf://models/owner/name``       Hub model repo
+- ``owner/name``                   bare repo id = Hub dataset repo
+
+Hub endpoint comes from ``HF_ENDPOINT``; the token from the ``token`` argument or ``HF_TOKEN``. The token is
+never printed: every URL that reaches a message goes through :func:`redact_url`.
+
+Local store layout. The visible tree mirrors the Hub repo (``<repo>/ckpt/checkpoint-10/model.safetensors`` ...),
+but the truth lives under ``<repo>/.specprobe/``:
+
+- ``manifest.json``   ``{"format", "revision", "files": {path: {"size", "sha256"}}, "log": [...]}``; the ONLY
+  thing ``list_files`` reads. Replacing it (temp, fsync, ``os.replace``, fsync dir) is the last step of a
+  commit, so a reader sees the old commit or the new one, never half of one.
+- ``objects/<sha256>`` the file bytes, content-addressed and never rewritten in place. A commit that changes
+  ``x`` writes a NEW object, so the bytes the previous commit's manifest points at are untouched until that
+  manifest has been replaced: a commit killed at any point leaves the previous commit readable and intact.
+- ``staging/<id>/``   where a commit copies and fsyncs its files before they become objects; a killed
+  commit's leftovers are removed by the next commit.
+- ``lock``            ``fcntl.flock`` held around a whole commit (concurrent writers serialise).
+
+Visible files are hard links to their objects (a copy where the filesystem refuses links), placed after the
+manifest flips; each commit also repairs the visible tree (missing links, files of deleted paths, strays),
+so a kill between the flip and the placement is healed by the next commit. Reads go through the manifest
+and the objects, never the visible tree: a stray file on disk is not in the repo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "StoreError", "RepoMissing", "EntryMissing", "FileInfo", "Store", "LocalStore", "StoreUrl",
+    "parse_store_url", "open_store", "redact_url", "sha256_file",
+]
+
+ACCEPTED_FORMS = ("file:///abs/root/owner/name, file://rel/root/owner/name, hf://owner/name, "
+                  "hf://datasets/owner/name, hf://models/owner/name, owner/name")
+MANIFEST_FORMAT = "specprobe-local-store/1"
+_META = ".specprobe"
+_LOG_KEEP = 50          # the manifest's commit log is a short history for humans, not an audit trail
+_CHUNK = 1 << 20
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class StoreError(Exception):
+    """Any store failure (bad path, I/O, corrupt metadata, hash mismatch)."""
+
+
+class RepoMissing(StoreError):
+    """The repo does not exist."""
+
+
+class EntryMissing(StoreError):
+    """A path is not part of the repo's current commit."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    size: int
+    sha256: str | None      # None where the backend cannot say (a non-LFS Hub file)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Same semantics for every backend; see the module docstring for URLs and local layout."""
+
+    url: str
+
+    def exists(self) -> bool: ...
+
+    def create(self) -> None:
+        """Create the repo; a no-op when it exists."""
+
+    def list_files(self) -> dict[str, FileInfo]:
+        """path_in_repo -> FileInfo for the current commit; raises RepoMissing."""
+
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+        """ONE atomic commit adding ``add`` (path_in_repo -> local file) and deleting ``delete`` (a path
+        ending in "/" deletes that folder). Returns the new revision id. Deleting an absent path raises
+        EntryMissing and commits nothing."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """The bytes of ``path``; raises EntryMissing."""
+
+    def download(self, path: str, dest: Path) -> Path:
+        """Write ``path`` to the local FILE ``dest`` (parents created, written atomically); returns dest."""
+
+    def sha256(self, path: str) -> str:
+        """sha256 of the bytes actually stored, read back now (never from metadata)."""
+
+    def delete_repo(self) -> None:
+        """Delete the whole repo; raises RepoMissing when absent."""
+
+
+# ----------------------------------------------------------------------------------------------- URLs
+
+@dataclass(frozen=True)
+class StoreUrl:
+    kind: str               # "file" | "hf"
+    repo_id: str            # owner/name
+    root: Path | None = None        # file: the store root (absolute)
+    repo_type: str = "dataset"      # hf: dataset | model
+
+
+def _valid_repo_id(owner: str, name: str) -> bool:
+    return all(_NAME.match(p) and ".." not in p for p in (owner, name))
+
+
+def _bad_url(url: str, why: str) -> ValueError:
+    return ValueError(f"invalid store URL {redact_url(url)!r}: {why}; accepted forms: {ACCEPTED_FORMS}")
+
+
+def parse_store_url(url: str) -> StoreUrl:
+    """Parse one of the URL forms in the module docstring; ValueError naming the URL otherwise."""
+    if not isinstance(url, str) or not url.strip():
+        raise _bad_url(str(url), "empty")
+    url = url.strip()
+    if url.startswith("file://"):
+        rest = url[len("file://"):]
+        parts = [p for p in rest.split("/") if p]
+        if len(parts) < 2:
+            raise _bad_url(url, "a file:// URL needs at least owner/name after the root")
+        owner, name = parts[-2], parts[-1]
+        if not _valid_repo_id(owner, name):
+            raise _bad_url(url, f"repo id {owner}/{name} must be two names of letters, digits, '.', '_', '-'")
+        root_parts = parts[:-2]
+        if ".." in root_parts or _META in root_parts:
+            raise _bad_url(url, "the root may not contain '..' or '.specprobe'")
+        root = Path("/" + "/".join(root_parts)) if rest.startswith("/") else Path.cwd().joinpath(*root_parts)
+        return StoreUrl("file", f"{owner}/{name}", root=root)
+    if url.startswith("hf://"):
+        parts = url[len("hf://"):].strip("/").split("/")
+        repo_type = "dataset"
+        if len(parts) == 3 and parts[0] in ("datasets", "models"):
+            repo_type = "dataset" if parts[0] == "datasets" else "model"
+            parts = parts[1:]
+        if len(parts) != 2 or not _valid_repo_id(*parts):
+            raise _bad_url(url, "an hf:// URL is hf://[datasets/|models/]owner/name")
+        return StoreUrl("hf", "/".join(parts), repo_type=repo_type)
+    if "://" in url:
+        raise _bad_url(url, "unknown scheme")
+    parts = url.split("/")
+    if len(parts) != 2 or not _valid_repo_id(*parts):
+        raise _bad_url(url, "a bare repo id is exactly owner/name")
+    return StoreUrl("hf", url, repo_type="dataset")
+
+
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+_HF_TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:token|access_token|key|secret|password)=)[^&#]*")
+
+
+def redact_url(url: object) -> str:
+    """``url`` as a string with credentials removed: userinfo, secret query values, HF tokens."""
+    text = str(url)
+    text = _USERINFO.sub(r"\1<redacted>@", text)
+    text = _QUERY_SECRET.sub(r"\1<redacted>", text)
+    token = os.environ.get("HF_TOKEN")
+    if token and len(token) >= 4:
+        text = text.replace(token, "<redacted>")
+    return _HF_TOKEN_SHAPE.sub("<redacted>", text)
+
+
+def open_store(url: str, token: str | None = None) -> Store:
+    """The store for ``url`` (forms in the module docstring). Hub support is imported only when needed."""
+    parsed = parse_store_url(url)
+    if parsed.kind == "file":
+        assert parsed.root is not None
+        return LocalStore(parsed.root, parsed.repo_id, url=url)
+    from trainer.hub import HubStore     # lazy: the local store must work without touching the network stack
+    return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None,
+                    token=token if token is not None else os.environ.get("HF_TOKEN"))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def normalize_repo_path(path: str, *, folder: bool = False) -> str:
+    """A repo-relative POSIX path; rejects absolute paths, '..', empty parts and the store's own folder."""
+    raw = path
+    if folder:
+        path = path.rstrip("/")
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
+        raise StoreError(f"invalid path in repo {raw!r}: must be relative, '/'-separated, without '.' or '..'")
+    if parts[0] == _META:
+        raise StoreError(f"invalid path in repo {raw!r}: {_META}/ is reserved for the local store's metadata")
+    return str(PurePosixPath(path)) + ("/" if folder else "")
+
+
+# -------------------------------------------------------------------------------------- LocalStore
+
+class LocalStore:
+    """A directory repo with atomic multi-file commits (see the module docstring)."""
+
+    def __init__(self, root: Path, repo_id: str, *, url: str | None = None) -> None:
+        self.root = Path(root)
+        self.repo_id = repo_id
+        self.dir = self.root / repo_id
+        self.url = url or f"file://{self.dir}"
+        self._meta = self.dir / _META
+        self._manifest = self._meta / "manifest.json"
+        self._objects = self._meta / "objects"
+        self._staging = self._meta / "staging"
+
+    def __repr__(self) -> str:
+        return f"LocalStore({redact_url(self.url)!r})"
+
+    # -- reading ----------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self._manifest.is_file()
+
+    def _load(self) -> dict:
+        try:
+            text = self._manifest.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RepoMissing(f"repo {redact_url(self.url)} does not exist (no {self._manifest})") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{self._manifest} of {redact_url(self.url)} is not valid JSON: {e}") from None
+        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), dict):
+            raise StoreError(f"{self._manifest} of {redact_url(self.url)} is not a {MANIFEST_FORMAT} manifest")
+        return doc
+
+    def list_files(self) -> dict[str, FileInfo]:
+        files = self._load()["files"]
+        return {p: FileInfo(p, int(m["size"]), m["sha256"]) for p, m in sorted(files.items())}
+
+    def revision(self) -> str:
+        """The id of the current commit (what the last ``commit`` returned)."""
+        return self._load().get("revision_id", "")
+
+    def _entry(self, path: str) -> dict:
+        entry = self._load()["files"].get(path)
+        if entry is None:
+            raise EntryMissing(f"{path} is not in {redact_url(self.url)}")
+        return entry
+
+    @contextlib.contextmanager
+    def _open_object(self, path: str) -> Iterator:
+        # A concurrent commit may delete an object between our manifest read and open (it was replaced);
+        # the manifest read after that says what the path holds now.
+        for attempt in (0, 1):
+            obj = self._objects / self._entry(path)["sha256"]
+            try:
+                f = open(obj, "rb")
+            except FileNotFoundError:
+                if attempt:
+                    raise StoreError(f"{path} in {redact_url(self.url)}: its stored object {obj} is missing "
+                                     "(the store is damaged)") from None
+                continue
+            with f:
+                yield f
+            return
+
+    def read_bytes(self, path: str) -> bytes:
+        with self._open_object(path) as f:
+            return f.read()
+
+    def sha256(self, path: str) -> str:
+        h = hashlib.sha256()
+        with self._open_object(path) as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def download(self, path: str, dest: Path) -> Path:
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            with self._open_object(path) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, _CHUNK)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest
+
+    # -- writing ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._meta.mkdir(parents=True, exist_ok=True)
+        with open(self._meta / "lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _publish(self, doc: dict) -> None:
+        """Atomically replace the manifest: the single step that makes a commit visible."""
+        fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=self._meta)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._manifest)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        _fsync_dir(self._meta)
+
+    def create(self) -> None:
+        with self._locked():
+            if self.exists():
+                return
+            self._objects.mkdir(parents=True, exist_ok=True)
+            self._staging.mkdir(parents=True, exist_ok=True)
+            self._publish({"format": MANIFEST_FORMAT, "revision": 0, "revision_id": _revision_id(0, {}),
+                           "files": {}, "log": [{"revision": 0, "message": "create", "time": _now()}]})
+
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+        adds = {normalize_repo_path(p): Path(src) for p, src in add.items()}
+        deletes = [normalize_repo_path(p, folder=p.endswith("/")) for p in delete]
+        if not adds and not deletes:
+            raise StoreError(f"empty commit to {redact_url(self.url)}: nothing to add or delete")
+        for p, src in adds.items():
+            if not src.is_file():
+                raise StoreError(f"cannot commit {p} to {redact_url(self.url)}: local file {src} does not exist")
+        if not self.exists():
+            raise RepoMissing(f"cannot commit to {redact_url(self.url)}: the repo does not exist")
+        with self._locked():
+            doc = self._load()
+            shutil.rmtree(self._staging, ignore_errors=True)   # a killed commit's leftovers
+            self._objects.mkdir(parents=True, exist_ok=True)
+            files = dict(doc["files"])
+            removed = _apply_deletes(files, deletes, self.url)
+            _check_no_file_folder_clash({**files, **dict.fromkeys(adds)}, self.url)
+            stage = self._staging / uuid.uuid4().hex
+            stage.mkdir(parents=True)
+            for i, (p, src) in enumerate(sorted(adds.items())):
+                files[p] = self._stage_object(src, stage / str(i))
+                removed.discard(p)
+            _fsync_dir(self._objects)
+            revision = int(doc.get("revision", 0)) + 1
+            rev_id = _revision_id(revision, files)
+            log = list(doc.get("log", []))[-(_LOG_KEEP - 1):]
+            log.append({"revision": revision, "revision_id": rev_id, "message": message, "time": _now(),
+                        "added": sorted(adds), "deleted": sorted(deletes)})
+            self._publish({"format": MANIFEST_FORMAT, "revision": revision, "revision_id": rev_id,
+                           "files": files, "log": log})
+            # Published. Everything below only tidies the visible tree and the object pool.
+            self._sync_visible(files)
+            self._gc_objects(files)
+            shutil.rmtree(self._staging, ignore_errors=True)
+            return rev_id
+
+    def _stage_object(self, src: Path, staged: Path) -> dict:
+        """Copy ``src`` to ``staged`` (hashing on the way, fsync), then move it to objects/<sha256>."""
+        h, size = hashlib.sha256(), 0
+        with open(src, "rb") as fin, open(staged, "wb") as fout:
+            while chunk := fin.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        digest = h.hexdigest()
+        # Same name = same content, so replacing an existing object cannot change what any commit reads
+        # (and it heals an object that rotted on disk).
+        os.replace(staged, self._objects / digest)
+        return {"size": size, "sha256": digest}
+
+    def _sync_visible(self, files: dict[str, dict]) -> None:
+        # First remove what is on disk but not in the commit (deleted paths, strays, a killed commit's
+        # temps), so a path that changes between file and folder has room; then place the commit's files.
+        for dirpath, _dirnames, filenames in os.walk(self.dir, topdown=False):
+            d = Path(dirpath)
+            if d == self._meta or self._meta in d.parents:
+                continue
+            for name in filenames:
+                rel = (d / name).relative_to(self.dir).as_posix()
+                if rel not in files:
+                    (d / name).unlink(missing_ok=True)
+            if d != self.dir and not any(d.iterdir()):
+                d.rmdir()
+        for p, entry in files.items():
+            obj, visible = self._objects / entry["sha256"], self.dir / p
+            if visible.is_file() and os.path.samefile(visible, obj):
+                continue
+            visible.parent.mkdir(parents=True, exist_ok=True)
+            tmp = visible.with_name(f".{visible.name}.specprobe-tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(obj, tmp)
+            except OSError:          # filesystems without hard links get a copy
+                shutil.copyfile(obj, tmp)
+            os.replace(tmp, visible)
+
+    def _gc_objects(self, files: dict[str, dict]) -> None:
+        live = {e["sha256"] for e in files.values()}
+        for obj in self._objects.iterdir():
+            if obj.name not in live:
+                obj.unlink(missing_ok=True)
+
+    def delete_repo(self) -> None:
+        if not self.dir.is_dir():
+            raise RepoMissing(f"cannot delete {redact_url(self.url)}: it does not exist")
+        # Rename first so a reader never sees a half-deleted repo; then remove at leisure.
+        trash = self.dir.with_name(f".{self.dir.name}.deleting-{uuid.uuid4().hex[:8]}")
+        os.replace(self.dir, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _apply_deletes(files: dict[str, dict], deletes: Sequence[str], url: str) -> set[str]:
+    removed: set[str] = set()
+    for d in deletes:
+        hits = [p for p in files if p.startswith(d)] if d.endswith("/") else ([d] if d in files else [])
+        if not hits:
+            raise EntryMissing(f"cannot delete {d} from {redact_url(url)}: it is not in the repo")
+        for p in hits:
+            files.pop(p)
+            removed.add(p)
+    return removed
+
+
+def _check_no_file_folder_clash(paths: Mapping[str, object], url: str) -> None:
+    """A path cannot be a file and a folder at once (checked before publishing, like the Hub does)."""
+    folders = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    clash = sorted(folders & set(paths))
+    if clash:
+        raise StoreError(f"commit to {redact_url(url)} would make {clash[0]} both a file and a folder")
+
+
+def _revision_id(revision: int, files: dict[str, dict]) -> str:
+    blob = json.dumps([revision, files], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:40]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,831 @@
+"""Resumable Llama-style trainer with store-backed checkpoints (the system specprobe checks).
+
+Manual
+------
+One process (CPU or one GPU)::
+
+    python -m trainer.train --root MIX_ROOT --out RUN_DIR --hub-repo file:///abs/store/owner/name \\
+        --model tiny --seq-len 32 --micro-batch 2 --accum 2 --tokens 1024 --lr 6e-4 \\
+        --push-every-steps 4 --val-tokens 256 --log-every 1 --resume auto --stop-after-steps 0
+
+Several processes on one host (DDP: NCCL on cuda, gloo on cpu)::
+
+    torchrun --nproc_per_node=2 -m trainer.train --root MIX_ROOT --out RUN_DIR --hub-repo owner/name \\
+        --prune --seq-len 1024 --attn eager --no-grad-ckpt --micro-batch 4 --accum 32 \\
+        --tokens 5242880 --lr 6e-4 --push-every-steps 10 --val-tokens 200000 --log-every 5 \\
+        --resume auto --stop-after-steps 10
+
+Step arithmetic: tokens_per_step = world_size * micro_batch * accum * seq_len and the horizon is
+tokens / tokens_per_step steps (steps are 1-based). ``--stop-after-steps N`` is an ABSOLUTE step: the
+session ends at step N (0 = run to the horizon). The learning-rate schedule always spans the horizon,
+so a segmented run follows the same curve as an uninterrupted one.
+
+Checkpoints (store URL forms: ``file:///ROOT/owner/name``, ``hf://owner/name``, bare ``owner/name``;
+HF_TOKEN is read from the environment and never printed) are pushed at every multiple of
+``--push-every-steps``, at the ``--stop-after-steps`` step EVEN WHEN it is not such a multiple (a segment
+always ends on a verified checkpoint, so the next session resumes exactly there), and at the horizon,
+which is pushed twice: as ``ckpt/checkpoint-H`` like every push step, then as ``final/`` with a
+terminal pointer (the Hub stores identical blobs once, so the second upload costs little). A session that
+died between those two pushes resumes from the non-terminal pointer at the horizon and only completes the
+final push. Rank 0 snapshots the state to host memory on the training
+thread, then writes the checkpoint dir and runs push -> verify -> move ``latest.json`` -> prune on one
+background thread; the next checkpoint first waits for the previous push. A segment stops only after its
+last push was verified and the pointer moved.
+
+Resume: ``--resume auto`` resumes from the store's pointer (fresh start when the repo or pointer is
+missing; refused on a terminal or stale pointer, a config change, missing files or a hash mismatch);
+``--resume never`` refuses when the store already has a pointer; ``--resume PATH`` loads a local
+checkpoint directory. Weights, optimizer, scheduler, grad scaler and every rank's RNG are restored, and
+batches are a pure function of (seed, step, rank, micro), so a resumed run is bitwise identical on CPU.
+
+Exit codes (the same on every rank, so torchrun never leaves a rank waiting in a collective):
+    0  done (segment boundary or horizon)
+    1  unexpected error (traceback)
+    2  bad command line, detected before any work (the message names the flag)
+    3  refused precondition: resume refused, bad data mix, store unusable at start
+    4  a checkpoint push failed (the pointer was not moved past the last verified checkpoint)
+Under torchrun the launcher itself exits 1 when a worker fails and lists each worker's exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PUSH_FAILED = 0, 1, 2, 3, 4
+MODEL_CHOICES = ("ounce100m-22l", "tiny")
+CKPT_FILES = 5  # model.safetensors, config.json, trainer_state.json, optimizer.pt, rng.pt
+
+
+class UsageError(Exception):
+    """A command-line combination that cannot work; raised before any work is done."""
+
+
+class Refused(Exception):
+    """A precondition the run refuses to proceed without (exit code 3)."""
+
+
+class PushFailed(Exception):
+    """A background checkpoint push failed (exit code 4)."""
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    p.add_argument("--root", type=Path, required=True, help="data mix root (manifest.json + shards)")
+    p.add_argument("--out", type=Path, required=True, help="local run directory (checkpoint staging)")
+    p.add_argument("--hub-repo", required=True, help="checkpoint store URL")
+    p.add_argument("--prune", action="store_true",
+                   help="prune superseded optimizer states in the store and old checkpoint dirs locally")
+    p.add_argument("--model", choices=MODEL_CHOICES, default="ounce100m-22l")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--attn", choices=("eager", "sdpa"), default="sdpa")
+    # Two independent flags instead of BooleanOptionalAction: giving both must be an error, not
+    # argparse's silent last-one-wins.
+    p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing on")
+    p.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off (default)")
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--tokens", type=int, required=True, help="total training tokens (the horizon)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--min-lr", type=float, default=None, help="final lr (default lr/10)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="default: min(100, horizon//10)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
+    p.add_argument("--schedule", choices=("cosine", "linear"), default="cosine")
+    p.add_argument("--push-every-steps", type=int, default=100)
+    p.add_argument("--keep-optimizer-states", type=int, default=1)
+    p.add_argument("--val-tokens", type=int, default=0, help="0 skips validation")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--resume", default="auto", help="auto | never | PATH of a local checkpoint dir")
+    p.add_argument("--stop-after-steps", type=int, default=0, help="absolute stop step; 0 = horizon")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    return p
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything derived from the command line and the world size, checked before any work."""
+    world_size: int
+    tokens_per_step: int
+    total_steps: int
+    stop_step: int          # the step this session ends at (== total_steps on the horizon leg)
+    warmup_steps: int
+    min_lr: float
+    grad_ckpt: bool
+    resume_mode: str        # "auto" | "never" | "path"
+    resume_path: Path | None
+
+    @property
+    def horizon_leg(self) -> bool:
+        return self.stop_step == self.total_steps
+
+
+def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_len: int) -> RunPlan:
+    """Checks every flag combination; raises UsageError naming the flag. Pure except for a path check."""
+    for flag in ("seq_len", "micro_batch", "accum", "tokens", "push_every_steps", "log_every",
+                 "keep_optimizer_states"):
+        if getattr(args, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    for flag in ("val_tokens", "stop_after_steps", "weight_decay", "grad_clip"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be positive, got {args.lr}")
+    if args.min_lr is not None and not 0 <= args.min_lr <= args.lr:
+        raise UsageError(f"--min-lr must be within [0, --lr {args.lr}], got {args.min_lr}")
+    if world_size <= 0:
+        raise UsageError(f"WORLD_SIZE must be positive, got {world_size}")
+    if args.grad_ckpt and args.no_grad_ckpt:
+        raise UsageError("--grad-ckpt and --no-grad-ckpt both given: ambiguous, pass exactly one")
+    if args.seq_len > model_max_seq_len:
+        raise UsageError(f"--seq-len {args.seq_len} exceeds --model {args.model}'s max_seq_len "
+                         f"{model_max_seq_len}")
+    tps = world_size * args.micro_batch * args.accum * args.seq_len
+    if args.tokens % tps:
+        raise UsageError(
+            f"--tokens {args.tokens} is not a multiple of tokens_per_step {tps} (world_size {world_size}"
+            f" x --micro-batch {args.micro_batch} x --accum {args.accum} x --seq-len {args.seq_len});"
+            f" nearest: {args.tokens // tps * tps} or {(args.tokens // tps + 1) * tps}")
+    total = args.tokens // tps
+    if args.stop_after_steps > total:
+        raise UsageError(f"--stop-after-steps {args.stop_after_steps} is beyond the horizon of {total} "
+                         f"steps (--tokens {args.tokens} / tokens_per_step {tps})")
+    warmup = args.warmup_steps if args.warmup_steps is not None else min(100, total // 10)
+    if not 0 <= warmup <= total:
+        raise UsageError(f"--warmup-steps must be within [0, {total}], got {warmup}")
+    if args.resume in ("auto", "never"):
+        mode, path = args.resume, None
+    else:
+        path = Path(args.resume)
+        if not path.is_dir():
+            raise UsageError(f"--resume {args.resume}: no such checkpoint directory (use auto, never or "
+                             "an existing local checkpoint dir)")
+        mode = "path"
+    return RunPlan(world_size=world_size, tokens_per_step=tps, total_steps=total,
+                   stop_step=args.stop_after_steps or total, warmup_steps=warmup,
+                   min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
+                   grad_ckpt=bool(args.grad_ckpt), resume_mode=mode, resume_path=path)
+
+
+def checkpoint_steps(start_step: int, stop_step: int, push_every: int) -> list[int]:
+    """Steps in (start_step, stop_step] that push: every multiple of push_every, plus the stop step."""
+    steps = [s for s in range(start_step + 1, stop_step + 1) if s % push_every == 0]
+    if stop_step > start_step and (not steps or steps[-1] != stop_step):
+        steps.append(stop_step)
+    return steps
+
+
+# ------------------------------------------------------------------------------ precision, schedule
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str               # "bf16" | "fp16" | "fp32"
+    reason: str             # why, for the `precision:` line
+    use_scaler: bool        # fp16 needs a GradScaler; bf16 and fp32 do not
+
+    def line(self) -> str:
+        return f"precision: {self.name} ({self.reason})"
+
+
+def choose_precision(requested: str, device_type: str,
+                     capability: tuple[int, int] | None = None) -> Precision:
+    """auto: bf16 on cuda capability >= 8.0, fp16 + GradScaler below (T4 is 7.5), fp32 on CPU."""
+    if device_type == "cpu":
+        if requested in ("auto", "fp32"):
+            return Precision("fp32", "cpu" if requested == "auto" else "requested", False)
+        raise UsageError(f"--precision {requested} needs --device cuda; the CPU path trains in fp32")
+    cap = capability or (0, 0)
+    cap_s = f"cuda capability {cap[0]}.{cap[1]}"
+    if requested == "auto":
+        if cap >= (8, 0):
+            return Precision("bf16", f"auto: {cap_s}", False)
+        return Precision("fp16", f"auto: {cap_s} has no bf16, GradScaler on", True)
+    if requested == "bf16" and cap < (8, 0):
+        raise UsageError(f"--precision bf16 needs cuda capability >= 8.0, this GPU has {cap_s}")
+    return Precision(requested, f"requested, {cap_s}", requested == "fp16")
+
+
+def lr_at(step: int, *, total: int, warmup: int, lr: float, min_lr: float, schedule: str) -> float:
+    """Learning rate of 1-based `step`: linear warmup to lr, then cosine or linear decay to min_lr."""
+    if not 1 <= step <= total:
+        raise ValueError(f"step {step} outside 1..{total}")
+    if step <= warmup:
+        return lr * step / warmup
+    decay_steps = total - warmup
+    frac = (step - warmup) / decay_steps  # in (0, 1]; reaches min_lr exactly at the horizon
+    if schedule == "cosine":
+        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * frac))
+    if schedule == "linear":
+        return lr + (min_lr - lr) * frac
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def _lr_factor(done: int, *, total: int, warmup: int, lr: float, min_lr: float, schedule: str) -> float:
+    # LambdaLR counts completed steps from 0; our steps are 1-based. A module-level function (not a
+    # lambda) keeps the scheduler picklable.
+    return lr_at(min(done + 1, total), total=total, warmup=warmup, lr=lr, min_lr=min_lr,
+                 schedule=schedule) / lr
+
+
+def run_config(args: argparse.Namespace, plan: RunPlan, precision: Precision) -> dict[str, Any]:
+    """What defines the run; a change in any of these refuses a resume (config_hash)."""
+    return {"model": args.model, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+            "accum": args.accum, "world_size": plan.world_size, "tokens": args.tokens,
+            "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps, "lr": args.lr,
+            "min_lr": plan.min_lr, "warmup_steps": plan.warmup_steps, "weight_decay": args.weight_decay,
+            "grad_clip": args.grad_clip, "schedule": args.schedule, "seed": args.seed,
+            "precision": precision.name}
+
+
+# ------------------------------------------------------------------------------------ small helpers
+
+_print_lock = threading.Lock()
+
+
+def _emit(line: str, stream=None) -> None:
+    # One write per line, under a lock: the push thread logs while the training thread prints.
+    with _print_lock:
+        s = stream or sys.stdout
+        s.write(line + "\n")
+        s.flush()
+
+
+def to_host(obj: Any) -> Any:
+    """Deep copy of a (nested) state dict with every tensor copied to CPU memory."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj
+
+
+def tensor_bytes(obj: Any) -> int:
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def rng_state(device_type: str) -> dict[str, Any]:
+    """This rank's RNG state, as tensors and plain ints so torch.load(weights_only=True) can read it."""
+    import numpy as np
+    import torch
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None,
+            "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                      "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+            "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]}}
+
+
+def set_rng_state(state: dict[str, Any], device_type: str) -> None:
+    import numpy as np
+    import torch
+    torch.set_rng_state(state["torch"])
+    if device_type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    env_rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+
+    def usage(msg: str) -> int:
+        if env_rank == 0:
+            _emit(f"python -m trainer.train: error: {msg}", sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        from trainer.model import GEOMETRIES
+        plan = validate_args(args, world_size=world_size,
+                             model_max_seq_len=GEOMETRIES[args.model].max_seq_len)
+        import torch
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available on this machine")
+        device_type = "cuda" if args.device == "cuda" or (args.device == "auto"
+                                                          and torch.cuda.is_available()) else "cpu"
+        capability = torch.cuda.get_device_capability() if device_type == "cuda" else None
+        precision = choose_precision(args.precision, device_type, capability)
+    except UsageError as e:
+        return usage(str(e))
+    return Trainer(args, plan, precision, device_type).run()
+
+
+class Trainer:
+    """One training session: setup, resume, the loop, checkpoints, validation, RUN_JSON."""
+
+    def __init__(self, args: argparse.Namespace, plan: RunPlan, precision: Precision, device_type: str):
+        self.args, self.plan, self.precision, self.device_type = args, plan, precision, device_type
+        self.t_start = time.time()
+        self.pusher: ThreadPoolExecutor | None = None
+        self.pending: tuple[int, Future] | None = None
+        self.push_steps: list[int] = []
+        self.shadow = None  # rank 0's host copy of the model, reused by every snapshot
+
+    # -- distribution ---------------------------------------------------------------------------
+    def setup_distributed(self) -> None:
+        import torch
+        import torch.distributed as dist
+        self.ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun?
+        if self.ddp:
+            self.rank = int(os.environ["RANK"])
+            self.local_rank = int(os.environ["LOCAL_RANK"])
+            self.world_size = int(os.environ["WORLD_SIZE"])
+            if self.device_type == "cuda":
+                torch.cuda.set_device(self.local_rank)
+                self.device = torch.device("cuda", self.local_rank)
+            else:
+                self.device = torch.device("cpu")
+            # Long timeout: ranks 1.. wait in a collective while rank 0 pushes a checkpoint to the Hub.
+            dist.init_process_group(backend="nccl" if self.device_type == "cuda" else "gloo",
+                                    timeout=datetime.timedelta(minutes=60))
+        else:
+            self.rank, self.local_rank, self.world_size = 0, 0, 1
+            self.device = torch.device("cuda", 0) if self.device_type == "cuda" else torch.device("cpu")
+        self.master = self.rank == 0
+
+    def log(self, msg: str) -> None:
+        if self.master:
+            _emit(msg)
+
+    def agree(self, err: str | None) -> str | None:
+        """Every rank learns the first error any rank hit (None if none), so all exit together."""
+        return next((e for e in self.gather(err) if e), None)
+
+    def gather(self, obj: Any) -> list[Any]:
+        if not self.ddp:
+            return [obj]
+        import torch.distributed as dist
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def from_master(self, obj: Any) -> Any:
+        if not self.ddp:
+            return obj
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.ddp:
+            import torch.distributed as dist
+            dist.barrier()
+
+    # -- the session ------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.setup_distributed()
+        code = EXIT_ERROR
+        try:
+            code = self._session()
+        except Refused as e:
+            if self.master:
+                _emit(f"refused: {e}", sys.stderr)
+            code = EXIT_REFUSED
+        except PushFailed as e:
+            if self.master:
+                _emit(f"CKPT FAILED: {e}", sys.stderr)
+            code = EXIT_PUSH_FAILED
+        finally:
+            if self.pusher is not None:
+                self.pusher.shutdown(wait=True)
+            if self.ddp:
+                import torch.distributed as dist
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+        return code
+
+    def _session(self) -> int:
+        import torch
+        from trainer.checkpoint import Checkpointer, ResumeRefused, config_hash
+        from trainer.data import DataError, load_mix
+        from trainer.model import GEOMETRIES, Llama, count_params
+        from trainer.store import StoreError, open_store, redact_url
+
+        args, plan = self.args, self.plan
+        self.log(self.precision.line())
+        cfg = GEOMETRIES[args.model]
+        self.cfg = cfg
+        self.run_cfg = run_config(args, plan, self.precision)
+        self.cfg_hash = config_hash(self.run_cfg)
+
+        # Data: every rank loads the manifest, rank 0 verifies shard hashes; all agree on the outcome.
+        err, mix = None, None
+        try:
+            mix = load_mix(args.root, seq_len=args.seq_len, model_vocab=cfg.vocab_size,
+                           need_samples=plan.total_steps * args.micro_batch * args.accum * plan.world_size,
+                           verify=self.master)
+        except DataError as e:
+            err = f"data mix {args.root}: {e}"
+        if (err := self.agree(err)):
+            raise Refused(err)
+        self.mix = mix
+        n_shards = mix.manifest.get("n_shards", len(mix.manifest.get("shards", [])))
+        self.log(f"mix: {args.root} shards={n_shards} total_tokens={mix.total_tokens} "
+                 f"vocab={mix.vocab_size}")
+
+        # Model: the same seed on every rank for the init (DDP also broadcasts rank 0's weights).
+        torch.manual_seed(args.seed)
+        raw_model = Llama(cfg, attn=args.attn, grad_ckpt=plan.grad_ckpt)
+        self.raw_model = raw_model
+        self.params = count_params(raw_model)
+        self.log(f"params: {self.params} model={args.model}")
+
+        # Store + resume decision: rank 0 alone talks to the store; the decision is broadcast.
+        token = os.environ.get("HF_TOKEN") or None
+        self.hub_url = redact_url(args.hub_repo)
+        self.log(f"checkpoint hub target: {self.hub_url}")
+        self.checkpointer = None
+        decision: dict[str, Any] = {"error": None, "pointer": None}
+        if self.master:
+            try:
+                store = open_store(args.hub_repo, token=token)
+                self.checkpointer = Checkpointer(store, log=_emit, prune=args.prune,
+                                                 keep_optimizer_states=args.keep_optimizer_states)
+                decision["pointer"] = self._resume_decision(store)
+            except (ResumeRefused, StoreError, Refused) as e:
+                decision["error"] = str(e)
+        decision = self.from_master(decision)
+        if decision["error"]:
+            raise Refused(decision["error"])
+        pointer = decision["pointer"]
+
+        ckpt_dir: Path | None = plan.resume_path
+        if pointer is not None:
+            # Each host's local rank 0 downloads and verifies the pointer's files into --out.
+            err = None
+            if self.local_rank == 0:
+                try:
+                    ck = self.checkpointer or Checkpointer(open_store(args.hub_repo, token=token), log=_emit)
+                    ckpt_dir = ck.fetch(pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
+                except StoreError as e:
+                    err = f"fetching {pointer.path_in_repo} from {self.hub_url}: {e}"
+            if (err := self.agree(err)):
+                raise Refused(err)
+            # Every rank reads the directory its host's local rank 0 fetched into (torchrun numbers
+            # the ranks of one host contiguously).
+            paths = self.gather(str(ckpt_dir) if self.local_rank == 0 else None)
+            ckpt_dir = Path(paths[self.rank - self.local_rank])
+
+        start_step, resumed_from, loaded = 0, None, None
+        if ckpt_dir is not None:
+            err = None
+            try:
+                loaded = self._load_checkpoint(Path(ckpt_dir))
+            except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
+                err = f"resume from {ckpt_dir}: {e}"
+            if (err := self.agree(err)):
+                raise Refused(err)
+            start_step = resumed_from = loaded["step"]
+            where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
+            self.log(f"resume from step {start_step} ({where}) tokens={loaded['tokens']}")
+        # A pointer AT the horizon that is not terminal: the session that trained to the horizon died
+        # between its ckpt/ push and its final/ push. Resuming finishes that push, with no training.
+        finishing = start_step == plan.total_steps == plan.stop_step
+        if start_step >= plan.stop_step and not finishing:
+            raise Refused(f"nothing to train: resumed at step {start_step} but this session stops at "
+                          f"step {plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale "
+                          f"stop step would overwrite newer checkpoints")
+
+        return self._train(start_step, resumed_from, loaded)
+
+    def _resume_decision(self, store) -> Any:
+        from trainer.checkpoint import read_pointer
+        from trainer.store import RepoMissing
+        plan = self.plan
+        if plan.resume_mode == "auto":
+            return self.checkpointer.resume_decision(config_hash=self.cfg_hash,
+                                                     horizon_step=plan.total_steps)
+        # never / PATH: the store must be usable for the pushes to come; `never` also insists that it
+        # holds no run yet, so a fresh start cannot silently fork an existing one.
+        try:
+            ptr = read_pointer(store)
+        except RepoMissing:
+            store.create()
+            ptr = None
+        if not store.exists():
+            store.create()
+        if plan.resume_mode == "never" and ptr is not None:
+            raise Refused(f"--resume never but {self.hub_url} already has a pointer at step {ptr.step} "
+                          f"({ptr.path_in_repo}); use --resume auto or a fresh repo")
+        return None
+
+    def _load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
+        """Loads weights, optimizer/scheduler/scaler and this rank's RNG from a checkpoint dir."""
+        import torch
+        from safetensors.torch import load_file
+        from trainer.model import load_hf_state_dict
+        state_path = ckpt_dir / "trainer_state.json"
+        if not state_path.is_file():
+            raise Refused(f"{state_path} is missing")
+        state = json.loads(state_path.read_text())
+        if state.get("config_hash") != self.cfg_hash:
+            changed = sorted(k for k in set(self.run_cfg) | set(state.get("run_config", {}))
+                             if state.get("run_config", {}).get(k) != self.run_cfg.get(k))
+            raise Refused(f"config changed since the checkpoint (config_hash {state.get('config_hash')} "
+                          f"!= {self.cfg_hash}; differing: {', '.join(changed) or 'unknown'})")
+        for name in ("model.safetensors", "optimizer.pt", "rng.pt"):
+            if not (ckpt_dir / name).is_file():
+                raise Refused(f"{ckpt_dir / name} is missing")
+        load_hf_state_dict(self.raw_model, load_file(str(ckpt_dir / "model.safetensors")))
+        opt_state = torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True)
+        rngs = torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True)
+        if len(rngs) != self.world_size:
+            raise Refused(f"rng.pt holds {len(rngs)} ranks, this run has {self.world_size}")
+        return {"step": int(state["step"]), "tokens": int(state["tokens_consumed"]),
+                "opt": opt_state, "rng": rngs[self.rank]}
+
+    # -- training ---------------------------------------------------------------------------------
+    def _train(self, start_step: int, resumed_from: int | None, loaded: dict | None) -> int:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from trainer.data import train_batch
+
+        args, plan, prec = self.args, self.plan, self.precision
+        raw_model = self.raw_model.to(self.device)
+        model = raw_model
+        if args.compile:
+            model = torch.compile(model)
+        if self.ddp:
+            model = DDP(model, device_ids=[self.local_rank] if self.device_type == "cuda" else None)
+
+        # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
+        params = [p for p in raw_model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                                fused=self.device_type == "cuda")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(
+            _lr_factor, total=plan.total_steps, warmup=plan.warmup_steps, lr=args.lr,
+            min_lr=plan.min_lr, schedule=args.schedule))
+        scaler = torch.amp.GradScaler(self.device_type, enabled=prec.use_scaler)
+        if loaded is not None:
+            opt.load_state_dict(loaded["opt"]["optimizer"])
+            sched.load_state_dict(loaded["opt"]["scheduler"])
+            scaler.load_state_dict(loaded["opt"]["scaler"])
+            set_rng_state(loaded["rng"], self.device_type)
+        else:
+            torch.manual_seed(args.seed + self.rank)  # per-rank stream for anything stochastic
+        self.model, self.opt, self.sched, self.scaler = model, opt, sched, scaler
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[prec.name]
+        autocast = partial(torch.autocast, device_type=self.device_type, dtype=dtype,
+                           enabled=prec.name != "fp32")
+        push_at = set(checkpoint_steps(start_step, plan.stop_step, args.push_every_steps))
+        if start_step == plan.total_steps:  # resumed at the horizon: only the final push is left
+            self._checkpoint(start_step, push_ckpt=False, final=True)
+        losses: dict[str, float] = {}
+        pending_losses: list[tuple[int, torch.Tensor]] = []
+        t_train = time.time()
+        t_log, steps_since_log = time.time(), 0
+        train_seconds = 0.0
+
+        def flush_losses() -> None:
+            # One reduction per log interval instead of a host sync every step.
+            if not pending_losses:
+                return
+            stacked = torch.stack([t for _, t in pending_losses])
+            if self.ddp:
+                import torch.distributed as dist
+                dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+            vals = (stacked / self.world_size).tolist()
+            for (s, _), v in zip(pending_losses, vals):
+                losses[str(s)] = v
+            pending_losses.clear()
+
+        model.train()
+        for step in range(start_step + 1, plan.stop_step + 1):
+            t_step = time.time()
+            lr_now = opt.param_groups[0]["lr"]
+            step_loss = torch.zeros((), device=self.device)
+            for micro in range(args.accum):
+                x, y = train_batch(self.mix, seed=args.seed, step=step, rank=self.rank, micro=micro,
+                                   world_size=self.world_size, accum=args.accum, batch=args.micro_batch)
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                # Gradients are all-reduced only on the last micro-step.
+                sync = not self.ddp or micro == args.accum - 1
+                with (contextlib.nullcontext() if sync else model.no_sync()):
+                    with autocast():
+                        _, loss = model(x, y)
+                        loss = loss / args.accum
+                    scaler.scale(loss).backward()
+                step_loss += loss.detach().float()
+            if args.grad_clip > 0:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            pending_losses.append((step, step_loss))
+            steps_since_log += 1
+            if step == start_step + 1 or step % args.log_every == 0 or step == plan.stop_step:
+                flush_losses()
+                now = time.time()
+                tok_s = steps_since_log * plan.tokens_per_step / max(now - t_log, 1e-9)
+                self.log(f"step {step}/{plan.total_steps} loss {losses[str(step)]:.4f} lr {lr_now:.1e} "
+                         f"tok/s {tok_s:.0f}")
+                t_log, steps_since_log = now, 0
+            train_seconds += time.time() - t_step
+            if step in push_at:
+                flush_losses()
+                self._checkpoint(step, push_ckpt=True, final=step == plan.total_steps)
+        flush_losses()
+        final_step = plan.stop_step
+        trained_steps = final_step - start_step
+
+        val = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": True}
+        if plan.horizon_leg:
+            val = self._validate(autocast)      # overlaps the final push running in the background
+            self._wait_push(final_step, announce=False)
+            self.log(f"TRAIN DONE step={final_step} tokens={final_step * plan.tokens_per_step} "
+                     f"seconds={time.time() - self.t_start:.1f}")
+        else:
+            self._wait_push(final_step, announce=False)
+            self.log(f"segment boundary at step {final_step} (--stop-after-steps "
+                     f"{args.stop_after_steps}): stopping")
+            self.log("validation skipped (segment leg)")
+
+        peaks = self._peak_stats()
+        if self.master:
+            first = start_step + 1 if trained_steps else None
+            result = {
+                "final_step": final_step, "segment_stop": not plan.horizon_leg,
+                "resumed_from_step": resumed_from, "first_step": first,
+                "tokens_consumed": final_step * plan.tokens_per_step,
+                "tok_per_s": (round(trained_steps * plan.tokens_per_step / max(train_seconds, 1e-9), 1)
+                              if trained_steps else None),
+                "params": self.params, "grad_ckpt": plan.grad_ckpt, "precision": prec.name,
+                "world_size": self.world_size, "final_loss": losses.get(str(final_step)),
+                "losses": losses, **val, **peaks, "model": args.model, "seq_len": args.seq_len,
+                "micro_batch": args.micro_batch, "accum": args.accum,
+                "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
+                "push_steps": self.push_steps, "hub_repo": self.hub_url,
+                "seconds": round(time.time() - self.t_start, 1),
+            }
+            # Strict JSON: a diverged (non-finite) loss becomes null and is counted, never `NaN`.
+            bad = [k for k, v in losses.items() if not math.isfinite(v)]
+            result["losses"] = {k: (None if k in bad else v) for k, v in losses.items()}
+            if result["final_loss"] is not None and not math.isfinite(result["final_loss"]):
+                result["final_loss"] = None
+            result["nonfinite_losses"] = len(bad)
+            _emit("RUN_JSON " + json.dumps(result, allow_nan=False))
+        return EXIT_OK
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _checkpoint(self, step: int, *, push_ckpt: bool, final: bool) -> None:
+        """Snapshot on the training thread (all ranks: RNG gather), then write + push in background."""
+        import torch
+        self._wait_push(step, announce=True)
+        rng = rng_state(self.device_type)
+        rngs = self.gather(rng)
+        if push_ckpt:
+            self.push_steps.append(step)
+        if not self.master:
+            return
+        from trainer.model import Llama
+        if self.shadow is None:
+            with torch.random.fork_rng(devices=[]):  # its throwaway init must not advance rank 0's RNG
+                self.shadow = Llama(self.cfg, attn=self.args.attn)
+        self.shadow.load_state_dict(self.raw_model.state_dict())  # copies into host memory
+        opt_state = {"optimizer": to_host(self.opt.state_dict()), "scheduler": self.sched.state_dict(),
+                     "scaler": self.scaler.state_dict()}
+        tokens = step * self.plan.tokens_per_step
+        trainer_state = {"step": step, "tokens_consumed": tokens, "run_config": self.run_cfg,
+                         "config_hash": self.cfg_hash, "world_size": self.world_size,
+                         "final": final, "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        nbytes = tensor_bytes(opt_state) + tensor_bytes(rngs) + sum(
+            t.numel() * t.element_size() for t in self.shadow.state_dict().values())
+        if self.pusher is None:
+            self.pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-push")
+        job = partial(self._write_and_push, step, push_ckpt, final, trainer_state, opt_state, rngs, nbytes,
+                      tokens)
+        self.pending = (step, self.pusher.submit(job))
+
+    def _write_and_push(self, step: int, push_ckpt: bool, final: bool, trainer_state: dict,
+                        opt_state: dict, rngs: list, nbytes: int, tokens: int) -> None:
+        from trainer.checkpoint import prune_local, write_checkpoint_dir
+        out_dir = self.args.out / "ckpt" / f"checkpoint-{step}"
+        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes}")
+        files = write_checkpoint_dir(out_dir, model=self.shadow, cfg=self.cfg, trainer_state=trainer_state,
+                                     optimizer_state=opt_state, rng_states=rngs)
+        for to_final in ([False] if push_ckpt else []) + ([True] if final else []):
+            self.checkpointer.push(step, out_dir, files, tokens=tokens, config_hash=self.cfg_hash,
+                                   final=to_final)
+        if self.args.prune:
+            prune_local(self.args.out / "ckpt", keep=out_dir)
+
+    def _wait_push(self, step: int, *, announce: bool) -> None:
+        """Rank 0 waits for the running push; every rank learns whether it failed."""
+        err = None
+        if self.master and self.pending is not None:
+            prev_step, fut = self.pending
+            if not fut.done() and announce:
+                _emit(f"CKPT wait step={step}: push of step={prev_step} still running")
+            try:
+                fut.result()
+            except Exception as e:  # noqa: BLE001 - any failure of the push fails the run, with its cause
+                err = f"push of step={prev_step} to {self.hub_url} failed: {type(e).__name__}: {e}"
+            self.pending = None
+        if (err := self.from_master(err)):
+            raise PushFailed(err)
+
+    # -- validation and memory --------------------------------------------------------------------
+    def _validate(self, autocast: Callable) -> dict[str, Any]:
+        import torch
+        from trainer.data import val_batches
+        out = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": False}
+        if self.args.val_tokens == 0:
+            self.log("validation skipped (--val-tokens 0)")
+            return {**out, "val_skipped": True}
+        # No collective inside the try: a rank that fails must still reach the reduction below.
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        err = None
+        try:
+            self.raw_model.eval()
+            with torch.no_grad():
+                for x, y in val_batches(self.mix, tokens=self.args.val_tokens, batch=self.args.micro_batch,
+                                        rank=self.rank, world_size=self.world_size):
+                    x, y = x.to(self.device), y.to(self.device)
+                    with autocast():
+                        _, loss = self.raw_model(x, y)
+                    total[0] += loss.double() * y.numel()
+                    total[1] += y.numel()
+        except Exception as e:  # noqa: BLE001 - reported in RUN_JSON instead of crashing the leg
+            err = f"rank {self.rank}: {type(e).__name__}: {e}"
+        finally:
+            self.raw_model.train()
+        err = self.agree(err)
+        if self.ddp:
+            import torch.distributed as dist
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        if err:
+            self.log(f"validation failed: {err}")
+            return {**out, "val_error": err}
+        if total[1].item() == 0:
+            return {**out, "val_error": "validation produced no tokens"}
+        vloss = (total[0] / total[1]).item()
+        ppl = math.exp(vloss) if vloss < 700 else float("inf")
+        self.log(f"validation loss {vloss:.4f} ppl {ppl:.2f} tokens {int(total[1].item())}")
+        return {**out, "val_loss": vloss, "val_ppl": ppl}
+
+    def _peak_stats(self) -> dict[str, Any]:
+        import torch
+        if self.device_type != "cuda":
+            self.log("peak_stats: alloc_gb=null reserved_gb=null alloc_gb_max_rank=null "
+                     "reserved_gb_max_rank=null (cpu: no device memory stats)")
+            return {"peak_gpu_gb": None, "peak_gpu_gb_max_rank": None, "peak_reserved_gb_max_rank": None,
+                    "peak_note": "cpu: no device memory stats"}
+        gib = 2 ** 30
+        mine = torch.tensor([torch.cuda.max_memory_allocated(self.device) / gib,
+                             torch.cuda.max_memory_reserved(self.device) / gib],
+                            dtype=torch.float64, device=self.device)
+        peak = mine.clone()
+        if self.ddp:
+            import torch.distributed as dist
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        a, r, am, rm = (round(v, 3) for v in (*mine.tolist(), *peak.tolist()))
+        self.log(f"peak_stats: alloc_gb={a} reserved_gb={r} alloc_gb_max_rank={am} reserved_gb_max_rank={rm}")
+        return {"peak_gpu_gb": a, "peak_gpu_gb_max_rank": am, "peak_reserved_gb_max_rank": rm}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
