@@ -69,7 +69,10 @@ class Side:
 
 
 def _git(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    except FileNotFoundError:
+        raise DiffError("--base needs git, and no `git` is on PATH") from None
 
 
 def repo_root(start: Path) -> Path:
@@ -133,7 +136,8 @@ def _relabel(text: str, tmp: Path | None, prefix: str) -> str:
     """Errors in a materialised revision name `REV:path`, not a temp directory."""
     if tmp is None:
         return text
-    for form in {str(tmp), str(tmp.resolve())}:
+    # load_spec shows paths relative to the cwd when below it, else absolute: undo every form.
+    for form in sorted({str(tmp), str(tmp.resolve()), os.path.relpath(tmp)}, key=len, reverse=True):
         text = text.replace(form + os.sep, prefix)
     return text
 
@@ -170,7 +174,7 @@ def _validate(spec: Any) -> list[Any]:
 @dataclass
 class Change:
     """One semantic difference. `old`/`new` are ABSENT when the thing exists on one side only."""
-    section: str  # spec | modes | values | steps | checks
+    section: str  # spec | values | steps | checks
     op: str  # added | removed | changed | reordered
     subject: str  # the value / step / check / spec key concerned
     field: str = ""  # for a changed step or check: which field ("run.argv", "expr", ...)
@@ -624,6 +628,7 @@ class StepStates:
     blocking: dict[str, str]  # step -> why the run no longer describes it
     harvest: dict[str, str]  # step -> its output rules changed (its harvest is stale)
     notes: list[str]  # changes that do not matter to what ran (time limits it stayed within)
+    removed: dict[str, list[str]] = dc_field(default_factory=dict)  # ran, now gone -> steps after it
 
 
 def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: Any, new_plan: Any
@@ -644,6 +649,9 @@ def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: An
     for step in current.steps:
         name = step["name"]
         fp_run = ev_fp.get(name)
+        did_run = (ev_steps.get(name) or {}).get("status") not in (None, "skipped", "not_run")
+        if not step.get("enabled", True) and not did_run:
+            continue  # skipped in this mode by the new spec and not run then either: nothing differs
         if name not in ev_steps and fp_run is None:
             states.blocking[name] = f"leg `{name}` is new: the run has no record of it"
             continue
@@ -674,6 +682,13 @@ def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: An
                 states.harvest[name] = (
                     f"leg `{name}`'s output rules changed ({fields}): the saved harvest was made with "
                     f"the old rules (`engine replay` re-harvests the raw log)")
+    # A leg that ran and is gone changes everything after it (a wipe that no longer happens).
+    names = {s["name"] for s in current.steps}
+    order = list(ev_steps)
+    for name, rec in ev_steps.items():
+        if name not in names and rec.get("kind", "run") in ("run", "remove") and \
+                rec.get("status") not in (None, "skipped", "not_run"):
+            states.removed[name] = order[order.index(name) + 1:]
     return states
 
 
@@ -750,7 +765,9 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
         direct = [blocking[s] for s in order[:last + 1] if s in blocking and s in read_steps]
         upstream = [f"{blocking[s]}, and it ran before what this check reads" for s in order[:last + 1]
                     if s in blocking and s not in read_steps and s in changing_kinds]
-        return list(dict.fromkeys(out + (direct or upstream)))
+        gone = [f"leg `{r}` ran before what this check reads and is gone from the new spec"
+                for r, after in states.removed.items() if any(s in after for s in read_steps)]
+        return list(dict.fromkeys(out + (direct or upstream) + gone))
 
     def run(check: Mapping[str, Any] | None) -> dict | None:
         return evaluate([dict(check)], ev, OPTIONS)[0] if check else None
@@ -1065,7 +1082,7 @@ def render(report: Report, markdown: bool = False) -> str:
         if md.budget is not None:
             if out.md:
                 out.blank()
-            out.lines.append(f"budget: {_budget_line(md.budget)}" if out.md
+            out.lines.append(f"**budget**: {_budget_line(md.budget)}" if out.md
                              else f"  budget: {_budget_line(md.budget)}")
     if unchanged and report.changed:
         out.blank()

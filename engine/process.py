@@ -45,6 +45,8 @@ POLL_S = 0.1
 # Orphans are reaped by init, asynchronously; waiting this long for that keeps "nothing of the
 # leg outlives it" observable when run_command returns.
 GROUP_GONE_S = 5.0
+# How often the leg's process tree is re-read from /proc (cheap: one listdir and a few reads).
+TREE_REFRESH_S = 0.5
 
 
 class Block:
@@ -257,6 +259,82 @@ def group_alive(pgid: int) -> bool:
     return kill_group(pgid, 0)
 
 
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, start time) for every process, from /proc (empty where there is none)."""
+    table: dict[int, tuple[int, int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # comm may hold spaces and parentheses: the fields we need come after the LAST ')'.
+        rest = stat[stat.rfind(b")") + 2:].split()
+        try:
+            table[int(name)] = (int(rest[1]), int(rest[19]))
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+class ProcessTree:
+    """Every process a leg started, even those that left its process group.
+
+    A process group is not enough: torchrun starts each worker with start_new_session, so a kill
+    of the leader's group leaves the ranks training (and pushing checkpoints) after the leg "ended".
+    So the tree under the leader is snapshotted while it runs, each pid with its start time (a pid
+    reused by an unrelated process is never signalled), and every kill goes to the group AND to
+    every process of the snapshot that is still the same process.
+    """
+
+    def __init__(self, leader: int) -> None:
+        self.leader = leader
+        self.known: dict[int, int] = {}
+
+    def refresh(self) -> None:
+        table = _proc_table()
+        if self.leader in table:
+            self.known.setdefault(self.leader, table[self.leader][1])
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        stack = [pid for pid in self.known if pid in table]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in self.known:
+                    self.known[child] = table[child][1]
+                    stack.append(child)
+
+    def alive(self) -> list[int]:
+        table = _proc_table()
+        return [pid for pid, start in self.known.items()
+                if pid in table and table[pid][1] == start and not _is_zombie(pid)]
+
+    def signal(self, pgid: int, sig: int) -> None:
+        self.refresh()
+        kill_group(pgid, sig)
+        for pid in self.alive():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] == b"Z"
+
+
 class _Reader:
     """Reader thread: pipe -> lines -> log + signal rules + callback."""
 
@@ -395,6 +473,8 @@ def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
                scrub: Callable[[str], str] | None, notify: Callable[[str], None],
                drain_s: float) -> ProcessResult:
     pgid = proc.pid  # start_new_session: the leader's pid is the group id
+    tree = ProcessTree(proc.pid)
+    tree.refresh()
     result = ProcessResult(rc=None, seconds=0.0)
     lock = threading.Lock()
     timers: list[threading.Timer] = []
@@ -403,7 +483,7 @@ def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
         rule = rules[idx]
         if proc.poll() is not None:
             return
-        kill_group(pgid, rule.signal)
+        tree.signal(pgid, rule.signal)
         with lock:
             result.signals_sent.append({"signal": rule.signal.name, "line": lineno,
                                         "at_s": round(time.monotonic() - start, 3)})
@@ -424,6 +504,7 @@ def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
     reader.thread.start()
     deadline = start + timeout_s if timeout_s else None
     interrupted = False
+    next_refresh = start + TREE_REFRESH_S
     try:
         try:
             while True:
@@ -433,13 +514,16 @@ def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
                 except subprocess.TimeoutExpired:
                     pass
                 now = time.monotonic()
+                if now >= next_refresh:
+                    tree.refresh()
+                    next_refresh = now + TREE_REFRESH_S
                 if on_tick is not None:
                     on_tick(now - start)
                 if deadline is not None and now >= deadline:
                     result.timed_out, result.terminated_by = True, "timeout"
                     notify(f"timeout after {timeout_s:g} s: SIGTERM to the process group, "
                            f"SIGKILL in {grace_s:g} s if it is still there")
-                    _terminate(proc, pgid, grace_s, notify)
+                    _terminate(proc, tree, grace_s, notify)
                     break
         except KeyboardInterrupt:
             interrupted = True
@@ -447,19 +531,19 @@ def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
             try:
                 notify(f"interrupted: SIGTERM to the process group, SIGKILL in {grace_s:g} s "
                        f"(Ctrl-C again to kill it now)")
-                _terminate(proc, pgid, grace_s, notify)
+                _terminate(proc, tree, grace_s, notify)
             except KeyboardInterrupt:
                 # A second Ctrl-C while waiting out the grace period: no more patience.
-                kill_group(pgid, signal.SIGKILL)
+                tree.signal(pgid, signal.SIGKILL)
                 proc.wait()
     finally:
         for timer in timers:
             timer.cancel()
-        # The leader is gone; whatever it left behind in its group goes with it.
-        kill_group(pgid, signal.SIGKILL)
+        # The leader is gone; whatever it left behind, in its group or not, goes with it.
+        tree.signal(pgid, signal.SIGKILL)
         if proc.returncode is None:
             proc.wait()
-        _await_group_gone(pgid, GROUP_GONE_S)
+        _await_gone(pgid, tree, GROUP_GONE_S)
         reader.thread.join(drain_s)
         reader.stop.set()
         reader.thread.join()
@@ -489,24 +573,25 @@ def _enlarge_pipe(fd: int) -> None:
             continue
 
 
-def _await_group_gone(pgid: int, timeout_s: float) -> bool:
-    """Wait until orphans killed above are reaped (by init, not us), so that on return nothing of
-    the group is left; True when it is gone."""
+def _await_gone(pgid: int, tree: ProcessTree, timeout_s: float) -> bool:
+    """Wait until what was killed above is reaped (by init, not us), so that on return nothing of
+    the leg is left; True when it is gone."""
     deadline = time.monotonic() + timeout_s
-    while group_alive(pgid):
+    while group_alive(pgid) or tree.alive():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.005)
     return True
 
 
-def _terminate(proc: subprocess.Popen[bytes], pgid: int, grace_s: float,
+def _terminate(proc: subprocess.Popen[bytes], tree: ProcessTree, grace_s: float,
                notify: Callable[[str], None]) -> None:
-    """SIGTERM the group, wait `grace_s` for the leader, then SIGKILL the group."""
-    kill_group(pgid, signal.SIGTERM)
+    """SIGTERM the leg's processes, wait `grace_s` for the leader, then SIGKILL them all."""
+    pgid = tree.leader
+    tree.signal(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=max(grace_s, 0.0))
     except subprocess.TimeoutExpired:
         notify(f"still running {grace_s:g} s after SIGTERM: SIGKILL to the process group")
-        kill_group(pgid, signal.SIGKILL)
+        tree.signal(pgid, signal.SIGKILL)
         proc.wait()

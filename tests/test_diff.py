@@ -370,6 +370,32 @@ def test_a_run_of_another_spec_version_is_not_guessed_about(runs: dict[str, Path
     assert by_name["leg1_stopped_at_stop"].new["outcome"] == "PASS"  # leg1 still matches
 
 
+def test_a_leg_added_or_removed_upstream_voids_the_checks_downstream(runs: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    base = (FIXTURES / "base.yaml").read_text()
+    steps_at = base.index("  - name: leg2\n")
+    new = tmp_path / "new.yaml"
+    # A wipe between the legs (runs) and a preflight for a mode that does not exist here (skipped).
+    new.write_text(base[:steps_at] + "  - name: wipe\n    remove: \"${run_dir}/train\"\n"
+                   "  - name: preflight\n    when: \"mode == 'real'\"\n    run:\n"
+                   "      argv: [\"${python}\", \"-c\", \"pass\"]\n      timeout_s: 5\n" + base[steps_at:])
+    report = diff.build_report(str(FIXTURES / "base.yaml"), str(new), None, str(runs["smoke"]))
+    blocked = {r.name: r.blockers for r in report.evidence.checks}
+    assert blocked == {name: ["leg `wipe` is new: the run has no record of it, and it ran before what "
+                              "this check reads"] for name in ("leg2_finished", "leg2_exit_clean")}
+    # The other way round: the run had a wipe between the legs that the spec no longer has.
+    run_dir = tmp_path / "with_wipe"
+    shutil.copytree(runs["smoke"], run_dir)
+    doc = json.loads((run_dir / "evidence.json").read_text())
+    steps = doc["steps"]
+    doc["steps"] = {"leg1": steps["leg1"], "wipe": {"kind": "remove", "status": "ok"}, "leg2": steps["leg2"]}
+    (run_dir / "evidence.json").write_text(json.dumps(doc))
+    report = diff.build_report(str(FIXTURES / "base.yaml"), str(FIXTURES / "base.yaml"), None, str(run_dir))
+    blocked = {r.name: r.blockers for r in report.evidence.checks}
+    assert blocked == {name: ["leg `wipe` ran before what this check reads and is gone from the new spec"]
+                       for name in ("leg2_finished", "leg2_exit_clean")}
+
+
 def test_the_issue_example_on_the_real_soak_spec(tmp_path: Path) -> None:
     """specs/p4_soak.yaml gains `leg2_resumed_from_stop`; a saved soak run (an evidence document
     built from the real plan, legs reporting what the trainer's RUN_JSON says) answers it."""
@@ -414,6 +440,15 @@ def test_add_diff_parser_registers_the_subcommand() -> None:
     assert (args.old, args.new, args.base, args.evidence, args.markdown, args.mode) == \
         ("specs/p4_soak.yaml", None, "origin/main", "evidence/p4_soak", True, None)
     assert args.func is diff.diff_main
+
+
+def test_markdown_given_a_path_writes_it_and_prints_text(in_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pr" / "diff.md"
+    rc, text, _ = run_diff("tests/specs/diff/budget/old.yaml", "tests/specs/diff/budget/new.yaml",
+                           markdown=str(out))  # the `--markdown FILE` form of `engine run`/`check`
+    assert rc == 1
+    assert text == (GOLDEN / "budget.txt").read_text()
+    assert out.read_text() == (GOLDEN / "budget.md").read_text()
 
 
 def test_module_entry_point_runs_the_diff(in_root: Path, capsys: pytest.CaptureFixture) -> None:

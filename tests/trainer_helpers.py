@@ -59,7 +59,7 @@ def trainer_args(*, root: Path, out: Path, repo: str, steps: int, push_every: in
 
 
 def torchrun_cmd(args: Sequence[str], *, nproc: int = NPROC, log_dir: Path | None = None) -> list[str]:
-    cmd = [TORCHRUN, f"--nproc_per_node={nproc}", "--master_port=0"]
+    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
     if log_dir is not None:
         cmd += ["--redirects", "3", "--tee", "3", "--log-dir", str(log_dir)]
     return [*cmd, "-m", "trainer.train", *args]
@@ -94,11 +94,43 @@ class Run:
         return [line for line in self.lines if line.startswith(prefix)]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of pid, from /proc (torchrun starts each worker in its OWN session, so
+    killing torchrun's process group alone would leave the ranks running)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL pid's process group and every descendant's group: a crash of the whole job at once."""
+    pids = [pid, *_descendants(pid)]
+    for q in pids:
+        for kill in (lambda: os.killpg(os.getpgid(q), signal.SIGKILL), lambda: os.kill(q, signal.SIGKILL)):
+            try:
+                kill()
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
-    kill_on: a regex; at the first output line matching it the whole group gets SIGKILL (a real crash
-    at that phase: no handler, no flush, no cleanup)."""
+    kill_on: a regex; at the first output line matching it torchrun and every rank get SIGKILL (a real
+    crash at that phase: no handler, no flush, no cleanup)."""
     t0 = time.time()
     p = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
@@ -113,18 +145,22 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
             lines.append(line)
             if pat is not None and killed_at is None and pat.search(line):
                 killed_at = line
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_tree(p.pid)
             if time.time() > deadline:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_tree(p.pid)
                 raise TimeoutError(f"{cmd} ran past {timeout}s; last lines:\n" + "\n".join(lines[-30:]))
         rc = p.wait(timeout=max(1.0, deadline - time.time()))
     except BaseException:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(p.pid)
         p.wait()
         raise
+    if killed_at is not None:
+        # Reap the whole tree before the caller touches the store: no rank may still be writing.
+        for _ in range(100):
+            if not _descendants(p.pid):
+                break
+            kill_tree(p.pid)
+            time.sleep(0.05)
     run = Run(rc=rc, lines=lines, seconds=time.time() - t0, killed_at=killed_at)
     for line in reversed(lines):
         if line.startswith("RUN_JSON "):
@@ -177,3 +213,41 @@ def losses(run: Run) -> dict[str, float]:
 
 def explain(run: Run) -> str:
     return f"rc={run.rc} after {run.seconds:.1f}s; last lines:\n" + "\n".join(run.lines[-40:])
+
+
+_SHARED: dict[str, object] = {}
+
+
+def shared(key: str, tmp_path_factory, build):
+    """Build an expensive artifact once per pytest session, whichever test module asks first."""
+    if key not in _SHARED:
+        _SHARED[key] = build(tmp_path_factory.mktemp(key))
+    return _SHARED[key]
+
+
+def tiny_mix(tmp_path_factory) -> Path:
+    return shared("mix", tmp_path_factory, lambda d: build_tiny_mix(d / "mix"))
+
+
+BASELINE_STEPS, BASELINE_PUSH_EVERY = 6, 2
+
+
+@dataclass
+class Baseline:
+    mix: Path
+    repo: str
+    run: Run
+    final_sha: str
+
+
+def baseline(tmp_path_factory) -> Baseline:
+    """The uninterrupted reference run: 6 steps, push every 2, one session to the horizon."""
+    mix = tiny_mix(tmp_path_factory)
+
+    def build(d: Path) -> Baseline:
+        repo = store_url(d / "store")
+        r = run_trainer(torchrun_cmd(trainer_args(root=mix, out=d / "out", repo=repo, steps=BASELINE_STEPS,
+                                                  push_every=BASELINE_PUSH_EVERY)))
+        assert r.rc == 0 and r.run_json is not None, explain(r)
+        return Baseline(mix=mix, repo=repo, run=r, final_sha=weights_sha256(repo))
+    return shared("baseline", tmp_path_factory, build)

@@ -1,0 +1,81 @@
+"""A run split into segments (stop, wipe the local disk, cold-resume from the store) is bitwise the same
+run as an uninterrupted one: the same per-step losses and the same final weights.
+
+Real torchrun with 2 gloo ranks on CPU, the tiny geometry and a local file:// store. The two-stop case
+matters because a data position restored once but not re-saved shows up only on the SECOND resume.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, TOKENS_PER_STEP, baseline, explain,
+                             pointer, repo_files, run_trainer, store_url, torchrun_cmd, trainer_args,
+                             weights_sha256)
+
+pytestmark = pytest.mark.slow
+
+
+def _segmented(tmp_path, mix, stops: list[int]):
+    """Run to each stop in turn (wiping --out before every session), then to the horizon."""
+    repo, out = store_url(tmp_path / "store"), tmp_path / "out"
+    runs = []
+    for stop in [*stops, 0]:
+        shutil.rmtree(out, ignore_errors=True)   # cold resume: only the store survives a session
+        r = run_trainer(torchrun_cmd(trainer_args(root=mix, out=out, repo=repo, steps=BASELINE_STEPS,
+                                                  push_every=BASELINE_PUSH_EVERY, stop=stop)))
+        assert r.rc == 0, explain(r)
+        runs.append(r)
+    return repo, runs
+
+
+def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
+    base = baseline(tmp_path_factory)
+    rj = base.run.run_json
+    assert rj["final_step"] == BASELINE_STEPS and rj["segment_stop"] is False
+    assert rj["resumed_from_step"] is None and rj["first_step"] == 1
+    assert rj["tokens_consumed"] == BASELINE_STEPS * TOKENS_PER_STEP == rj["tokens_per_step"] * 6
+    assert rj["world_size"] == 2 and rj["precision"] == "fp32" and rj["grad_ckpt"] is False
+    assert list(rj["losses"]) == [str(s) for s in range(1, 7)]
+    assert rj["losses"]["6"] < rj["losses"]["1"]           # it learns
+    assert rj["val_skipped"] is False and rj["val_error"] is None and rj["val_ppl"] > 1
+    assert rj["push_steps"] == [2, 4, 6]
+    assert rj["peak_gpu_gb_max_rank"] is None and rj["peak_note"] == "cpu: no device memory stats"
+    assert pointer(base.repo)["terminal"] is True and pointer(base.repo)["path_in_repo"] == "final"
+    files = repo_files(base.repo)
+    for step in (2, 4, 6):
+        assert f"ckpt/checkpoint-{step}/model.safetensors" in files
+    assert "final/optimizer.pt" in files
+    # pruned: only the newest ckpt keeps its optimizer state
+    assert "ckpt/checkpoint-2/optimizer.pt" not in files and "ckpt/checkpoint-6/optimizer.pt" in files
+    assert base.run.starting("TRAIN DONE step=6 tokens=1536")
+
+
+def test_one_stop_and_cold_resume_is_bitwise_identical(tmp_path, tmp_path_factory):
+    base = baseline(tmp_path_factory)
+    # stop at 3: not a multiple of --push-every-steps 2, so the stop step itself is pushed
+    repo, (leg1, leg2) = _segmented(tmp_path, base.mix, [3])
+    assert leg1.run_json["final_step"] == 3 and leg1.run_json["segment_stop"] is True
+    assert leg1.run_json["push_steps"] == [2, 3]
+    assert leg1.run_json["val_skipped"] is True and leg1.run_json["val_ppl"] is None
+    assert leg1.starting("segment boundary at step 3 (--stop-after-steps 3): stopping")
+    assert leg1.starting("validation skipped (segment leg)")
+    assert not leg1.starting("TRAIN DONE")
+    assert leg2.starting("auto-resume: pointer step=3 path=ckpt/checkpoint-3")
+    assert leg2.starting("resume from step 3 (ckpt/checkpoint-3) tokens=768")
+    assert leg2.run_json["resumed_from_step"] == 3 and leg2.run_json["first_step"] == 4
+    merged = {**leg1.run_json["losses"], **leg2.run_json["losses"]}
+    assert merged == base.run.run_json["losses"]          # exact float equality, every step
+    assert weights_sha256(repo) == base.final_sha
+    assert leg2.run_json["val_loss"] == base.run.run_json["val_loss"]
+
+
+def test_two_stops_are_bitwise_identical(tmp_path, tmp_path_factory):
+    base = baseline(tmp_path_factory)
+    repo, legs = _segmented(tmp_path, base.mix, [2, 5])
+    assert [leg.run_json["final_step"] for leg in legs] == [2, 5, 6]
+    assert [leg.run_json["resumed_from_step"] for leg in legs] == [None, 2, 5]
+    merged = {k: v for leg in legs for k, v in leg.run_json["losses"].items()}
+    assert merged == base.run.run_json["losses"]
+    assert weights_sha256(repo) == base.final_sha
