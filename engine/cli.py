@@ -239,8 +239,20 @@ def _judge(plan: Any, evidence: Mapping[str, Any]) -> tuple[list[dict], dict]:
         from engine.functions import OPTIONS
     except ImportError:  # pragma: no cover - functions.py is part of the engine
         OPTIONS = None
-    results = evaluate(plan.checks, evidence, OPTIONS)
+    blocked = (evidence.get("precondition_failed") or {}).get("step")
+    if blocked:
+        # Nothing after the precondition ran: every check would read missing data, and twenty
+        # NO_DATA traces would bury the one line that matters (what could not be prepared).
+        results = [{**_check_fields(check), "outcome": "SKIPPED", "value": None, "missing": [],
+                    "explain": [], "reason": f"not evaluated: precondition step {blocked} failed"}
+                   for check in plan.checks]
+    else:
+        results = evaluate(plan.checks, evidence, OPTIONS)
     return results, verdict(evidence, results, _preconditions(plan))
+
+
+def _check_fields(check: Mapping[str, Any]) -> dict:
+    return {k: check.get(k) for k in ("name", "why", "expr", "severity", "file", "line")}
 
 
 def _emit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],

@@ -142,6 +142,26 @@ def test_grandchild_escaping_the_group_with_the_pipe_cannot_hang_the_drain(tmp_p
         os.kill(int(escaped.read_text()), signal.SIGKILL)
 
 
+def _launcher_code() -> str:
+    # What torchrun does: each worker in a session of its own, the launcher waiting on them.
+    return ("import subprocess, sys, time; "
+            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            "start_new_session=True); "
+            "open(sys.argv[1], 'w').write(str(w.pid)); print('workers up', flush=True); w.wait()")
+
+
+@pytest.mark.parametrize("how", ["timeout", "signal_rule"])
+def test_workers_in_their_own_session_die_with_the_leg(tmp_path: Path, how: str) -> None:
+    # A process-group kill alone left torchrun's ranks training (and pushing) after the leg ended.
+    worker = tmp_path / "worker"
+    kwargs = ({"timeout_s": 1.5, "grace_s": 1} if how == "timeout" else
+              {"timeout_s": 30, "signals": compile_signal_rules(
+                  [{"match": "^workers up", "signal": "SIGKILL", "after_s": 0.7}])})
+    result = run_command([sys.executable, "-c", _launcher_code(), str(worker)], **kwargs)
+    assert result.terminated_by == how
+    assert pid_gone(pid_in(worker)), "a worker outside the leg's process group survived the leg"
+
+
 def test_signal_rule_kills_the_leg_when_the_line_appears(tmp_path: Path) -> None:
     rules = compile_signal_rules([{"match": "^CKPT push step=10 ", "signal": "SIGKILL",
                                    "after_s": 0}])

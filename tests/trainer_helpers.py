@@ -251,3 +251,18 @@ def baseline(tmp_path_factory) -> Baseline:
         assert r.rc == 0 and r.run_json is not None, explain(r)
         return Baseline(mix=mix, repo=repo, run=r, final_sha=weights_sha256(repo))
     return shared("baseline", tmp_path_factory, build)
+
+
+def rank_exit_codes(run: Run) -> dict[int, int]:
+    """Each failed worker's exit code from torchrun's failure report (torchrun itself exits 1)."""
+    codes: dict[int, int] = {}
+    rank = None
+    for line in run.lines:
+        m = re.match(r"^\s*rank\s*:\s*(\d+)", line)
+        if m:
+            rank = int(m.group(1))
+        m = re.match(r"^\s*exitcode\s*:\s*(-?\d+)", line)
+        if m and rank is not None:
+            codes[rank] = int(m.group(1))
+            rank = None
+    return codes

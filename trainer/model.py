@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-# Rows of the flattened (B*T, d) hidden states turned into logits at a time by the loss. At vocab 49152 a
-# 1024-row chunk is 1024*49152*4 B = 201 MB of fp32 logits, plus as much again for their gradient in the
-# backward; the full micro-batch of 4x1024 tokens would be 805 MB each way, the largest single allocation
-# of the run on a 16 GB T4. Smaller chunks save little more and cost more kernel launches.
+# Rows of the flattened (B*T, d) hidden states turned into logits at a time by the loss. One chunk's
+# working set is ~6 bytes per logit (the bf16/fp16 logits, then their fp32 copy, turned in place into the
+# softmax gradient): at vocab 49152 a 1024-row chunk is ~300 MB, while the whole micro-batch of 32x1024
+# tokens at once would be ~10 GB. Bigger chunks buy nothing on the H200 (the chunk's matmul is already
+# 58 GFLOP); smaller ones only add launches.
 LOSS_CHUNK_ROWS = 1024
 INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embedding
 
@@ -221,8 +223,85 @@ class Block(nn.Module):
 
 
 def _ce_sum(h: Tensor, weight: Tensor, y: Tensor) -> Tensor:
-    """Summed cross-entropy of one chunk: h (n, d), weight (V, d), y (n,). Logits live only in here."""
+    """Summed cross-entropy of one chunk without gradients (evaluation): h (n, d), weight (V, d), y (n,)."""
     return F.cross_entropy(F.linear(h, weight).float(), y, reduction="sum")
+
+
+def _ce_grad_eager(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """(summed CE, d CE_sum / d logits) of one chunk of low-precision logits (n, V); softmax in fp32.
+
+    The gradient softmax - onehot is left unnormalised (entries in [-1, 1]): dividing by the token count
+    here would push most of an fp16 gradient into subnormals; the backward applies the scale in fp32.
+    """
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    loss = (lse - lf.gather(1, y[:, None]).squeeze(1)).sum()
+    g = lf.sub_(lse[:, None]).exp_()                                   # softmax, in place of the fp32 copy
+    g.scatter_add_(1, y[:, None], g.new_full((y.shape[0], 1), -1.0))   # minus the one-hot target
+    return loss, g.to(logits.dtype)
+
+
+_ce_grad_compiled: Any = None  # torch.compile(_ce_grad_eager), built on the first CUDA call
+
+
+def _ce_grad(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """On CUDA, the softmax/gradient pass fused by Triton: it reads the logits twice and writes the
+    gradient once (~6 bytes a logit) where the eager ops above move ~40; at micro-batch 32 that pass is
+    1.6 G logits a step. Falls back to eager where Triton cannot build (set SPECPROBE_FUSED_CE=0 to force)."""
+    global _ce_grad_compiled
+    if logits.device.type != "cuda" or os.environ.get("SPECPROBE_FUSED_CE", "1") == "0":
+        return _ce_grad_eager(logits, y)
+    if _ce_grad_compiled is None:
+        try:
+            fn = torch.compile(_ce_grad_eager, dynamic=False)
+            fn(logits[:1], y[:1])  # build it now, so a Triton failure falls back here and not mid-run
+            _ce_grad_compiled = fn
+        except Exception as e:  # noqa: BLE001 - any compiler failure: the eager path is correct, only slower
+            print(f"fused cross-entropy unavailable ({type(e).__name__}: {e}); using eager ops", flush=True)
+            _ce_grad_compiled = _ce_grad_eager
+    return _ce_grad_compiled(logits, y)
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Mean CE of (h @ weight.T) against y, LOSS_CHUNK_ROWS rows of logits at a time, gradients included.
+
+    The forward computes each chunk's gradients (d/dh, d/dweight) right after its loss, while its logits
+    are at hand, and keeps only those (N x d and V x d): no (N, V) tensor outlives its chunk, and the
+    logits matmul is not recomputed in the backward as a checkpointed chunk would (that recompute is
+    2*V*d FLOP a token, ~7 % of the frozen model's step). Matmuls run in the autocast dtype (bf16/fp16)
+    with fp32 accumulation of the weight gradient; the softmax runs in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, y: Tensor) -> Tensor:
+        dev = h.device.type
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        with torch.autocast(dev, enabled=False):
+            hc, wc = h.to(cdt), weight.to(cdt)
+            n, rows = h.shape[0], LOSS_CHUNK_ROWS
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device) if need_h else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None
+            for i in range(0, n, rows):
+                hs, ys = hc[i:i + rows], y[i:i + rows]
+                loss, g = _ce_grad(hs @ wc.t(), ys)
+                total += loss
+                if need_h:
+                    grad_h[i:i + rows] = g @ wc          # (rows, d), widened to fp32 on the copy
+                if need_w:
+                    grad_w += g.t() @ hs                 # (V, d): fp32 sum of the chunks' low-precision products
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.n, ctx.dtypes = n, (h.dtype, weight.dtype)
+        return total / n
+
+    @staticmethod
+    def backward(ctx, gout: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = gout.float() / ctx.n
+        gh = (grad_h * scale).to(ctx.dtypes[0]) if grad_h is not None else None
+        gw = (grad_w * scale).to(ctx.dtypes[1]) if grad_w is not None else None
+        return gh, gw, None
 
 
 class Llama(nn.Module):
@@ -260,19 +339,18 @@ class Llama(nn.Module):
             return F.linear(x, self.embed_tokens.weight), None                        # (B, T, V)
         return None, self.chunked_loss(x.reshape(b * t, -1), targets.reshape(b * t))
 
+    # Run eagerly even inside torch.compile(model): the chunk loop with its in-place accumulation is what
+    # dynamo traces worst, and its hot part (_ce_grad) is compiled on its own. The trunk before it still
+    # compiles as one graph and the graph break costs one launch boundary a micro-step.
+    @torch.compiler.disable
     def chunked_loss(self, h: Tensor, y: Tensor) -> Tensor:
-        """Mean CE over h (N, d) / y (N,), LOSS_CHUNK_ROWS rows of logits at a time.
-
-        Each chunk runs under checkpoint so its logits are freed after the forward and recomputed one
-        chunk at a time in the backward; without that autograd would keep every chunk's logits alive.
-        """
-        w, total = self.embed_tokens.weight, h.new_zeros((), dtype=torch.float32)
+        """Mean CE over h (N, d) / y (N,); at most LOSS_CHUNK_ROWS rows of logits exist at a time."""
+        w = self.embed_tokens.weight
+        if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
+            return LinearCrossEntropy.apply(h, w, y)
+        total = h.new_zeros((), dtype=torch.float32)
         for i in range(0, h.shape[0], LOSS_CHUNK_ROWS):
-            hs, ys = h[i:i + LOSS_CHUNK_ROWS], y[i:i + LOSS_CHUNK_ROWS]
-            if torch.is_grad_enabled():
-                total = total + checkpoint(_ce_sum, hs, w, ys, use_reentrant=False)
-            else:
-                total = total + _ce_sum(hs, w, ys)
+            total = total + _ce_sum(h[i:i + LOSS_CHUNK_ROWS], w, y[i:i + LOSS_CHUNK_ROWS])
         return total / y.numel()
 
 

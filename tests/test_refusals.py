@@ -1,0 +1,119 @@
+"""The trainer refuses, with one clear message and exit code 3 on EVERY rank, store states it must not
+resume from: a terminal pointer, a checkpoint with files missing, stored bytes that do not match their
+hash, a changed configuration, `--resume never` over an existing run, and a stale stop step.
+
+Real torchrun (2 gloo ranks) against copies of real stores. "No rank left hanging" = torchrun returns
+within the timeout and reports exit code 3 for the ranks (the launcher itself exits 1).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, copy_repo, explain, open_repo,
+                             pointer, rank_exit_codes, repo_dir, run_trainer, shared, single_cmd, store_url,
+                             torchrun_cmd, trainer_args)
+
+pytestmark = pytest.mark.slow
+
+
+def _segment_repo(tmp_path_factory) -> tuple[Path, str]:
+    """A store left by a session stopped at step 4 (pointer ckpt/checkpoint-4, not terminal)."""
+    base = baseline(tmp_path_factory)
+
+    def build(d: Path) -> tuple[Path, str]:
+        repo = store_url(d / "store")
+        r = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=d / "out", repo=repo, steps=BASELINE_STEPS,
+                                                  push_every=BASELINE_PUSH_EVERY, stop=4)))
+        assert r.rc == 0, explain(r)
+        return base.mix, repo
+    return shared("segment4", tmp_path_factory, build)
+
+
+def _refused(run: Run, *fragments: str) -> None:
+    assert run.rc != 0, explain(run)
+    # Every rank decides to exit 3 together; torchrun SIGTERMs whichever rank is still tearing down when
+    # the first one has exited, so a rank may be reported as -15 but never with another code.
+    codes = rank_exit_codes(run)
+    assert set(codes) == {0, 1} and 3 in codes.values() and set(codes.values()) <= {3, -15}, explain(run)
+    refusals = run.starting("refused: ")
+    assert len(refusals) == 1, explain(run)          # rank 0 alone says it, once
+    for f in fragments:
+        assert f in refusals[0], (f, refusals[0])
+    assert not run.starting("step ") and not run.starting("CKPT push"), "it trained or pushed anyway"
+
+
+def _train(mix: Path, repo: str, tmp_path: Path, **kw) -> Run:
+    kw.setdefault("steps", BASELINE_STEPS)
+    kw.setdefault("push_every", BASELINE_PUSH_EVERY)
+    return run_trainer(torchrun_cmd(trainer_args(root=mix, out=tmp_path / "out", repo=repo, **kw)), timeout=90)
+
+
+def test_terminal_pointer_refuses_to_train_further(tmp_path, tmp_path_factory):
+    base = baseline(tmp_path_factory)
+    repo = copy_repo(base.repo, tmp_path)
+    run = _train(base.mix, repo, tmp_path, steps=BASELINE_STEPS + 2)
+    _refused(run, "is terminal", "finished at step 6", "train further, to step 8")
+    assert pointer(repo)["terminal"] is True and pointer(repo)["step"] == 6
+
+
+def test_terminal_pointer_single_process_exit_code_is_3(tmp_path, tmp_path_factory):
+    base = baseline(tmp_path_factory)
+    repo = copy_repo(base.repo, tmp_path)
+    args = trainer_args(root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=2, nproc=1)
+    run = run_trainer(single_cmd(args), timeout=60)
+    assert run.rc == 3, explain(run)
+    assert "already finished at step 6" in run.text
+
+
+def test_missing_checkpoint_file_refuses(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    open_repo(repo).commit({}, delete=["ckpt/checkpoint-4/optimizer.pt"], message="lose a file")
+    _refused(_train(mix, repo, tmp_path), "ckpt/checkpoint-4/optimizer.pt is missing")
+
+
+def test_stored_bytes_not_matching_their_hash_refuse(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    # Bit rot in the stored weights: the listing still records the old hash, the bytes no longer have it.
+    want = pointer(repo)["files"]["model.safetensors"]
+    obj = repo_dir(repo) / ".specprobe" / "objects" / want
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 0xFF
+    obj.chmod(0o644)
+    obj.write_bytes(bytes(data))
+    _refused(_train(mix, repo, tmp_path), "ckpt/checkpoint-4/model.safetensors", "sha256")
+
+
+def test_pointer_hash_mismatch_refuses(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    doc = pointer(repo)
+    doc["files"]["rng.pt"] = "0" * 64
+    p = tmp_path / "latest.json"
+    p.write_text(json.dumps(doc))
+    open_repo(repo).commit({"latest.json": p}, message="a pointer that lies")
+    _refused(_train(mix, repo, tmp_path), "ckpt/checkpoint-4/rng.pt", "pointer says " + "0" * 64)
+
+
+def test_config_change_refuses(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    _refused(_train(mix, repo, tmp_path, lr=1e-3), "config_hash", "changed")
+    assert pointer(repo)["step"] == 4
+
+
+def test_resume_never_refuses_an_existing_run(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    _refused(_train(mix, repo, tmp_path, resume="never"), "--resume never", "pointer at step 4")
+
+
+def test_stale_stop_step_refuses(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    _refused(_train(mix, repo, tmp_path, stop=4), "nothing to train", "resumed at step 4", "stops at step 4")
