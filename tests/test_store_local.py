@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+import time
 
 import pytest
 
@@ -313,3 +314,18 @@ def test_a_path_cannot_become_both_file_and_folder(store, tmp_path):
     assert sorted(store.list_files()) == ["ckpt"]
     store.commit({"ckpt/checkpoint-1/a": f}, delete=["ckpt"])     # allowed once the file goes in the same commit
     assert sorted(store.list_files()) == ["ckpt/checkpoint-1/a"]
+
+
+def test_link_rate_makes_a_commit_last_as_long_as_its_upload(tmp_path: Path) -> None:
+    # p4_preempt kills a leg mid-push; a local commit of a tiny checkpoint is over in milliseconds,
+    # so the emulated link is what gives the kill a push to land in.
+    store = open_store(f"file://{tmp_path}/root/me/repo?link_mb_s=2")
+    store.create()
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(b"\0" * 1_000_000)
+    started = time.monotonic()
+    store.commit({"a/payload.bin": payload})
+    assert time.monotonic() - started >= 0.5          # 1 MB at 2 MB/s
+    assert store.list_files()["a/payload.bin"].size == 1_000_000
+    with pytest.raises(ValueError, match="link_mb_s"):
+        open_store(f"file://{tmp_path}/root/me/repo?link_mb_s=0")

@@ -322,8 +322,8 @@ class Llama(nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=INIT_STD)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
-        """idx (B, T) int64 -> (logits (B, T, V), None), or with targets (B, T) -> (None, mean CE loss)."""
+    def hidden(self, idx: Tensor) -> Tensor:
+        """idx (B, T) int64 -> the final-norm hidden states (B, T, d) that the tied head turns into logits."""
         b, t = idx.shape
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
@@ -334,10 +334,35 @@ class Llama(nn.Module):
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin)
-        x = self.norm(x)
+        return self.norm(x)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """idx (B, T) int64 -> (logits (B, T, V), None), or with targets (B, T) -> (None, mean CE loss)."""
+        x = self.hidden(idx)
         if targets is None:
             return F.linear(x, self.embed_tokens.weight), None                        # (B, T, V)
+        b, t = idx.shape
         return None, self.chunked_loss(x.reshape(b * t, -1), targets.reshape(b * t))
+
+    def compile_blocks(self, **kwargs: Any) -> None:
+        """Regional compilation: torch.compile each block (and the final norm) in place.
+
+        The 22 blocks share one code object and dynamo treats their parameters as inputs, so ONE graph is
+        traced and built and then reused by every block: compile takes seconds instead of the minute a
+        whole-model torch.compile spends inlining 22 copies, it fuses the same things (RMSNorm, RoPE,
+        SwiGLU, the residual adds), and the parameter names stay those of the plain module (no
+        `_orig_mod.` prefix), so checkpoints and DDP see an unchanged model.
+        """
+        import torch._dynamo
+        cfg = torch._dynamo.config
+        # Each block is a separate module instance; allow one cache entry per block in case guards on
+        # module identity are ever needed (the default limit of 8 would silently fall back to eager).
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), 2 * self.cfg.n_layer + 8))
+        for block in self.layers:
+            block.compile(**kwargs)
+        self.norm.compile(**kwargs)
 
     # Run eagerly even inside torch.compile(model): the chunk loop with its in-place accumulation is what
     # dynamo traces worst, and its hot part (_ce_grad) is compiled on its own. The trunk before it still

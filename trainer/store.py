@@ -10,6 +10,11 @@ URL forms accepted by :func:`open_store` (and :func:`parse_store_url`):
 - ``hf://models/owner/name``       Hub model repo
 - ``owner/name``                   bare repo id = Hub dataset repo
 
+A local URL may end in ``?link_mb_s=R``: every commit then takes as long as uploading its bytes at R MB/s
+would (the pause sits between staging and publishing, where a Hub upload's time goes). A local commit of
+a tiny checkpoint takes milliseconds, a Hub push seconds to minutes; a probe that kills a session
+mid-push (specs/p4_preempt.yaml) needs the push to last long enough for the kill to land inside it.
+
 Hub endpoint comes from ``HF_ENDPOINT``; the token from the ``token`` argument or ``HF_TOKEN``. The token is
 never printed: every URL that reaches a message goes through :func:`redact_url`.
 
@@ -121,6 +126,7 @@ class StoreUrl:
     repo_id: str            # owner/name
     root: Path | None = None        # file: the store root (absolute)
     repo_type: str = "dataset"      # hf: dataset | model
+    link_mb_s: float | None = None  # file: emulated upload rate (see the module docstring)
 
 
 def _valid_repo_id(owner: str, name: str) -> bool:
@@ -137,7 +143,8 @@ def parse_store_url(url: str) -> StoreUrl:
         raise _bad_url(str(url), "empty")
     url = url.strip()
     if url.startswith("file://"):
-        rest = url[len("file://"):]
+        rest, _, query = url[len("file://"):].partition("?")
+        link_mb_s = _parse_link(url, query)
         parts = [p for p in rest.split("/") if p]
         if len(parts) < 2:
             raise _bad_url(url, "a file:// URL needs at least owner/name after the root")
@@ -148,7 +155,7 @@ def parse_store_url(url: str) -> StoreUrl:
         if ".." in root_parts or _META in root_parts:
             raise _bad_url(url, "the root may not contain '..' or '.specprobe'")
         root = Path("/" + "/".join(root_parts)) if rest.startswith("/") else Path.cwd().joinpath(*root_parts)
-        return StoreUrl("file", f"{owner}/{name}", root=root)
+        return StoreUrl("file", f"{owner}/{name}", root=root, link_mb_s=link_mb_s)
     if url.startswith("hf://"):
         parts = url[len("hf://"):].strip("/").split("/")
         repo_type = "dataset"
@@ -164,6 +171,19 @@ def parse_store_url(url: str) -> StoreUrl:
     if len(parts) != 2 or not _valid_repo_id(*parts):
         raise _bad_url(url, "a bare repo id is exactly owner/name")
     return StoreUrl("hf", url, repo_type="dataset")
+
+
+def _parse_link(url: str, query: str) -> float | None:
+    if not query:
+        return None
+    key, _, value = query.partition("=")
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if key != "link_mb_s" or "&" in value or not rate > 0:
+        raise _bad_url(url, "the only query a file:// URL takes is ?link_mb_s=<positive MB/s>")
+    return rate
 
 
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
@@ -187,7 +207,7 @@ def open_store(url: str, token: str | None = None) -> Store:
     parsed = parse_store_url(url)
     if parsed.kind == "file":
         assert parsed.root is not None
-        return LocalStore(parsed.root, parsed.repo_id, url=url)
+        return LocalStore(parsed.root, parsed.repo_id, url=url, link_mb_s=parsed.link_mb_s)
     from trainer.hub import HubStore     # lazy: the local store must work without touching the network stack
     return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None,
                     token=token if token is not None else os.environ.get("HF_TOKEN"))
@@ -229,8 +249,10 @@ def normalize_repo_path(path: str, *, folder: bool = False) -> str:
 class LocalStore:
     """A directory repo with atomic multi-file commits (see the module docstring)."""
 
-    def __init__(self, root: Path, repo_id: str, *, url: str | None = None) -> None:
+    def __init__(self, root: Path, repo_id: str, *, url: str | None = None,
+                 link_mb_s: float | None = None) -> None:
         self.root = Path(root)
+        self.link_mb_s = link_mb_s
         self.repo_id = repo_id
         self.dir = self.root / repo_id
         self.url = url or f"file://{self.dir}"
@@ -369,6 +391,8 @@ class LocalStore:
                 files[p] = self._stage_object(src, stage / str(i))
                 removed.discard(p)
             _fsync_dir(self._objects)
+            if self.link_mb_s:
+                time.sleep(sum(files[p]["size"] for p in adds) / (self.link_mb_s * 1e6))
             revision = int(doc.get("revision", 0)) + 1
             rev_id = _revision_id(revision, files)
             log = list(doc.get("log", []))[-(_LOG_KEEP - 1):]
