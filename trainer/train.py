@@ -345,7 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         precision = choose_precision(args.precision, device_type, capability)
     except UsageError as e:
         return usage(str(e))
-    return Trainer(args, plan, precision, device_type).run()
+    trainer = Trainer(args, plan, precision, device_type)
+    _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
+    return trainer.run()
+
+
+_SESSIONS: list["Trainer"] = []
 
 
 class Trainer:
@@ -427,10 +432,9 @@ class Trainer:
         finally:
             if self.pusher is not None:
                 self.pusher.shutdown(wait=True)
-            if self.ddp:
-                import torch.distributed as dist
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+            # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
+            # waits for the GIL that the destructor holds while joining it). __main__ exits without
+            # running destructors instead; every push has finished and every collective has completed.
         return code
 
     def _session(self) -> int:
@@ -828,4 +832,10 @@ class Trainer:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Destroying DDP's reducer and the gloo process group at interpreter exit deadlocked a finished
+    # rank after its RUN_JSON (gloo's worker thread needs the GIL the destructor holds). The session is
+    # over: leave without running destructors.
+    os._exit(exit_code)

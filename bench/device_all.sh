@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Everything the GPU issues need from one device call on nvidia-h200-x2, each part under its own timeout
+# so a slow part cannot eat the call. Usage (repo root, on the device; $OUT collects the results):
+#
+#   bash bench/device_all.sh [PART...]      # parts: bench ddp a b  (default: all four, in that order)
+#
+#   bench  the side-by-side table on one GPU each: our trainer's model on GPU 0 while transformers'
+#          LlamaForCausalLM runs on GPU 1 (same card type, same call; they share only the host CPUs)
+#   ddp    2-rank scaling of the fast path (torchrun, NCCL) at the per-rank shapes the bench measured
+#   a      trainer/train.py on 2 ranks at the frozen shape (micro 4, accum 32, seq 1024, no grad ckpt):
+#          leg 1 stops at a push step, --out is wiped, leg 2 cold-resumes from the local store; bf16, then fp16
+#   b      SPECPROBE_TARGET=gpu engine run specs/p4_smoke.yaml (evidence.json comes back)
+#
+# Budgets (seconds) can be overridden: T_BENCH T_DDP T_A T_B. Outputs under $OUT (8 files at most come
+# back): summary.txt, bench.jsonl, evidence.json, logs.tgz (every log).
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG=/tmp/specprobe_logs
+mkdir -p "$LOG"
+PARTS=${*:-bench ddp a b}
+T_BENCH=${T_BENCH:-250}; T_DDP=${T_DDP:-100}; T_A=${T_A:-170}; T_B=${T_B:-330}
+PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
+# Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
+DEV=${DEV:-cuda}; MODEL=${MODEL:-ounce100m-22l}; SEQ=${SEQ:-1024}; BENCH_EXTRA=${BENCH_EXTRA:-}
+MICRO_A=${MICRO_A:-4}; ACCUM_A=${ACCUM_A:-32}; VOCAB_A=${VOCAB_A:-49152}
+export PYTHONUNBUFFERED=1 TORCH_CPP_LOG_LEVEL=WARNING OMP_NUM_THREADS=4
+# NVLink multicast stays off (KINDS.md: it can take the host's shared GPUs down); set them again here
+# so every child inherits them even if the image's profile did not.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+SUM="$OUT/summary.txt"
+say() { echo "$*" | tee -a "$SUM"; }
+T0=$(date +%s)
+say "device_all.sh parts=[$PARTS] start $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.sm,power.draw --format=csv,noheader | tee -a "$SUM"
+$PY -c 'import torch,sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' 2>&1 | tee -a "$SUM"
+$PY -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1 | tee -a "$SUM"
+
+# The engine's two pure-Python deps the image lacks travel as wheels in .whl (carry it); the package's
+# entry point (the `hub` collector plugin) needs a dist-info on the path, written here by hand because
+# nothing can be fetched to build the package there.
+if [ -d .whl ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl \
+    >"$LOG/pip.log" 2>&1 || say "pip install of .whl failed (see logs)"
+fi
+mkdir -p $SITE/specprobe-0.1.0.dist-info
+printf 'Metadata-Version: 2.1\nName: specprobe\nVersion: 0.1.0\n' >$SITE/specprobe-0.1.0.dist-info/METADATA
+printf '[console_scripts]\nengine = engine.cli:main\n\n[specprobe.collectors]\nhub = trainer.collector:collect\n' \
+  >$SITE/specprobe-0.1.0.dist-info/entry_points.txt
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+part_bench() {
+  # GPU 0: ours. Order = what the issue gates first, so a timeout costs the least important rows.
+  CUDA_VISIBLE_DEVICES=0 $PY bench/train_bench.py --jsonl "$LOG/bench_gpu0.jsonl" --verbose \
+    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
+    --config impl=ours,micro=32,compile=regional,steps=40,warmup=10 \
+    --config impl=ours,micro=4,compile=regional,steps=60,warmup=10 \
+    --config impl=ours,micro=4,accum=32,compile=regional,steps=4,warmup=2,stall=1 \
+    --config impl=ours,micro=32,compile=regional,prec=fp16,steps=60,warmup=20 \
+    --config task=check,micro=8,compile=regional,steps=50 \
+    --config impl=ours,micro=32,accum=4,compile=regional,steps=10,warmup=3 \
+    --config impl=ours,micro=4,compile=none,steps=40,warmup=5 \
+    --config impl=ours,micro=32,compile=none,steps=20,warmup=5 \
+    --config impl=ours,micro=4,attn=eager,compile=none,steps=20,warmup=5 \
+    --config task=drift,micro=32,compile=regional,warmup=10,windows=20/180/1000 \
+    >"$LOG/bench_gpu0.log" 2>&1 &
+  local p0=$!
+  # GPU 1: the baseline as a user would run it (torch.compile of the whole model), then eager rows.
+  CUDA_VISIBLE_DEVICES=1 $PY bench/train_bench.py --jsonl "$LOG/bench_gpu1.jsonl" --verbose \
+    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
+    --config impl=hf,micro=32,compile=full,steps=40,warmup=10 \
+    --config impl=hf,micro=4,compile=none,steps=40,warmup=5 \
+    --config impl=hf,micro=32,compile=none,steps=20,warmup=5 \
+    --config impl=hf,micro=4,compile=full,steps=60,warmup=10 \
+    --config impl=hf,micro=4,attn=eager,compile=none,steps=20,warmup=5 \
+    --config impl=hf,micro=32,compile=regional,steps=40,warmup=10 \
+    >"$LOG/bench_gpu1.log" 2>&1 &
+  local p1=$!
+  wait $p0 $p1
+}
+
+part_ddp() {
+  $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddp.jsonl" --verbose \
+    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
+    --config impl=ours,micro=32,accum=4,compile=regional,steps=10,warmup=3 \
+    --config impl=ours,micro=32,compile=regional,steps=40,warmup=10 \
+    >"$LOG/bench_ddp.log" 2>&1
+}
+
+# One stop-at-push + wipe + cold-resume pair of trainer/train.py legs. $1 = tag, $2 = precision.
+leg_pair() {
+  local tag=$1 prec=$2 store="$PWD/runs/store_a" out="/tmp/a_out_$1"
+  local tps=$((2 * MICRO_A * ACCUM_A * SEQ))
+  local common=(--model "$MODEL" --device "$DEV" --root "$PWD/runs/mix_a" --out "$out"
+                --hub-repo "file://$store/probe/a-$tag" --prune --seq-len "$SEQ" --attn sdpa --no-grad-ckpt
+                --micro-batch "$MICRO_A" --accum "$ACCUM_A" --tokens $((6 * tps)) --lr 6e-4 --push-every-steps 3
+                --val-tokens $tps --log-every 1 --resume auto --precision "$prec")
+  rm -rf "$out"
+  $PY -m torch.distributed.run --nproc_per_node=2 -m trainer.train "${common[@]}" --stop-after-steps 3 \
+    >"$LOG/a_${tag}_leg1.log" 2>&1; echo "a $tag leg1 rc=$?" | tee -a "$SUM"
+  rm -rf "$out"   # cold resume: nothing local survives, the store alone
+  $PY -m torch.distributed.run --nproc_per_node=2 -m trainer.train "${common[@]}" --stop-after-steps 0 \
+    >"$LOG/a_${tag}_leg2.log" 2>&1; echo "a $tag leg2 rc=$?" | tee -a "$SUM"
+  for l in 1 2; do
+    grep -hE '^(\[default0\]:)?(precision:|CKPT pushed|CKPT verify|CKPT wait|resume from|peak_stats|step [0-9]+/)' \
+      "$LOG/a_${tag}_leg$l.log" | sed "s/^/  [$tag leg$l] /" | tee -a "$SUM"
+    grep -h 'RUN_JSON' "$LOG/a_${tag}_leg$l.log" | sed 's/^.*RUN_JSON //' |
+      $PY -c 'import json,sys
+for line in sys.stdin:
+    r = json.loads(line); r.pop("losses", None)
+    print("  RUN", json.dumps({k: r.get(k) for k in ("final_step","resumed_from_step","tok_per_s","precision","world_size","peak_gpu_gb","peak_gpu_gb_max_rank","peak_reserved_gb_max_rank","final_loss","val_loss","push_steps","seconds","nonfinite_losses")}))' | tee -a "$SUM"
+  done
+}
+
+part_a() {
+  rm -rf "$PWD/runs/mix_a" "$PWD/runs/store_a"
+  $PY -m trainer.mix build --out "$PWD/runs/mix_a" --synthetic --tokens 7000000 --val-tokens 600000 \
+    --vocab "$VOCAB_A" >"$LOG/a_mix.log" 2>&1 || { say "a: mix build failed"; tail -5 "$LOG/a_mix.log"; return; }
+  for prec in ${PRECS_A:-bf16 fp16}; do leg_pair "$prec" "$prec"; done
+}
+
+part_b() {
+  local t=$(date +%s)
+  SPECPROBE_TARGET=gpu $PY -m engine.cli run specs/p4_smoke.yaml >"$LOG/b_engine.log" 2>&1
+  local rc=$?
+  say "b: engine run rc=$rc wall_s=$(( $(date +%s) - t ))"
+  tail -45 "$LOG/b_engine.log" | tee -a "$SUM"
+  local ev; ev=$(ls -td runs/p4_smoke-*/ 2>/dev/null | head -1)
+  [ -n "$ev" ] && cp "$ev/evidence.json" "$OUT/evidence.json" && cp -r "$ev/logs" "$LOG/b_logs" 2>/dev/null
+}
+
+for part in $PARTS; do
+  budget_var="T_${part^^}"; budget=${!budget_var:-200}
+  ts=$(date +%s)
+  say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
+  export -f part_$part leg_pair say 2>/dev/null
+  export LOG SUM PY T0 PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A
+  timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
+  rc=$?
+  [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
+  say "=== part $part rc=$rc took $(( $(date +%s) - ts ))s"
+  cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
+  [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
+  [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
+done
+tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
+say "device_all.sh done in $(( $(date +%s) - T0 ))s"

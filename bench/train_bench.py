@@ -1,0 +1,514 @@
+"""Trainer speed and memory, side by side with transformers' LlamaForCausalLM, in one process.
+
+    python bench/train_bench.py --device cuda                       # the default table (see DEFAULT_CONFIGS)
+    python bench/train_bench.py --device cpu --model tiny --seq-len 64 --steps 3   # a smoke test anywhere
+    python bench/train_bench.py --config impl=ours,micro=32,compile=regional --config impl=hf,micro=32,compile=full
+    torchrun --nproc_per_node=2 bench/train_bench.py --config impl=ours,micro=32,accum=4,compile=regional
+
+Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULTS):
+  impl     ours (trainer/model.py) | hf (transformers LlamaForCausalLM built from the same config.json)
+  task     speed (throughput + memory) | check (fast vs plain path losses over `steps`) | drift (tok/s and
+           reserved memory per window, windows at `windows`, e.g. 20/180/1000)
+  micro, accum, prec (bf16|fp16|fp32), attn (sdpa|eager), compile (none|regional|full),
+  steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
+  also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
+
+Every optimizer step is the trainer's: `accum` micro-steps of autocast forward + (scaled) backward, grad
+clipping at 1.0, fused AdamW (betas 0.9/0.95, wd 0.1 on matrices), zero_grad(set_to_none). Inputs are
+random tokens already on the device, rotated over 4 batches. Timing: synchronize, wall clock over the
+timed steps, synchronize; tok/s counts every rank's tokens. MFU uses the issue's convention:
+  FLOP/token = 6 * params + 12 * n_layer * d_model * seq_len, against --peak-tflops (790 by default, the
+  issue's H200 figure; the script also measures an 8192^3 bf16 matmul on the card and prints it).
+Memory: torch.cuda.max_memory_allocated / max_memory_reserved per rank over the whole config (warm-up
+included), in GiB (2^30 bytes, as trainer/train.py's peak_stats). Rows go to --jsonl as they finish, so a
+timeout loses only the row in progress.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
+
+GIB = 2 ** 30
+CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
+                                   "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
+                                   "windows": "20/180/1000", "lr": 6e-4}
+DEFAULT_CONFIGS = [
+    "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
+    "impl=hf,micro=32,compile=full,steps=40,warmup=10",
+    "impl=ours,micro=4,compile=regional,steps=60,warmup=10",
+    "impl=hf,micro=4,compile=full,steps=60,warmup=10",
+]
+
+
+def parse_config(text: str) -> dict[str, Any]:
+    cfg = dict(CONFIG_DEFAULTS)
+    for item in filter(None, text.split(",")):
+        key, _, val = item.partition("=")
+        if key not in CONFIG_DEFAULTS:
+            raise SystemExit(f"--config {text!r}: unknown key {key!r} (known: {', '.join(CONFIG_DEFAULTS)})")
+        cfg[key] = type(CONFIG_DEFAULTS[key])(val) if not isinstance(CONFIG_DEFAULTS[key], str) else val
+    return cfg
+
+
+def label(cfg: dict[str, Any]) -> str:
+    return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
+            f"compile={cfg['compile']}")
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    """(the module whose parameters the optimizer owns, loss_fn(x, y) -> scalar loss)."""
+    mcfg = GEOMETRIES[model_name]
+    torch.manual_seed(1234)
+    if cfg["impl"] == "ours":
+        raw = Llama(mcfg, attn=cfg["attn"]).to(device)
+        if cfg["compile"] == "regional":
+            raw.compile_blocks()
+        model = torch.compile(raw) if cfg["compile"] == "full" else raw
+        return raw, lambda x, y: model(x, y)[1]
+    if cfg["impl"] == "hf":
+        import transformers
+        hf_cfg = transformers.LlamaConfig(**{k: v for k, v in mcfg.to_hf_config().items()
+                                             if k not in ("architectures", "torch_dtype")})
+        hf_cfg.use_cache = False
+        # fp32 master weights like ours; autocast does the bf16/fp16 casts for both.
+        raw = transformers.LlamaForCausalLM._from_config(hf_cfg, attn_implementation=cfg["attn"]).to(device)
+        if cfg["compile"] == "regional":
+            for layer in raw.model.layers:
+                layer.compile()
+        model = torch.compile(raw) if cfg["compile"] == "full" else raw
+        # HF shifts labels by one inside; with random tokens that changes nothing measured.
+        return raw, lambda x, y: model(input_ids=x, labels=x).loss
+    raise SystemExit(f"unknown impl {cfg['impl']!r}")
+
+
+def make_optimizer(raw: torch.nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:
+    # The trainer's optimizer (trainer/train.py): decay matrices only, fused kernels on cuda.
+    params = [p for p in raw.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def learnable_batches(n: int, micro: int, seq: int, vocab: int, device: torch.device, seed: int):
+    """Sequences of an affine recurrence t -> (a*t + b) mod V with 10 % noise: a loss that falls fast."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.empty(micro, seq + 1, dtype=torch.long)
+        x[:, 0] = torch.randint(0, vocab, (micro,), generator=g)
+        for t in range(1, seq + 1):
+            x[:, t] = (x[:, t - 1] * 7 + 13) % vocab
+        noise = torch.rand(micro, seq + 1, generator=g) < 0.1
+        x[noise] = torch.randint(0, vocab, (int(noise.sum()),), generator=g)
+        out.append((x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)))
+    return out
+
+
+# --------------------------------------------------------------------------------------- the runner
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.ddp = int(os.environ.get("RANK", -1)) != -1
+        if self.ddp:
+            import torch.distributed as dist
+            self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            local = int(os.environ["LOCAL_RANK"])
+            if args.device == "cuda":
+                torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local) if args.device == "cuda" else torch.device("cpu")
+            dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        else:
+            self.rank, self.world = 0, 1
+            self.device = torch.device(args.device)
+        mcfg = GEOMETRIES[args.model]
+        with torch.device("meta"):
+            self.n_params = count_params(Llama(mcfg))
+        self.flop_per_token = 6 * self.n_params + 12 * mcfg.n_layer * mcfg.d_model * args.seq_len
+        self.vocab = mcfg.vocab_size
+
+    def log(self, msg: str) -> None:
+        if self.rank == 0:
+            print(msg, flush=True)
+
+    def reduce_max(self, vals: list[float]) -> list[float]:
+        if not self.ddp:
+            return vals
+        import torch.distributed as dist
+        t = torch.tensor(vals, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def fresh(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        import torch._dynamo
+        torch._dynamo.reset()
+
+    def setup(self, cfg: dict[str, Any]):
+        raw, loss_fn = build_model(cfg, self.args.model, self.device)
+        model = raw
+        if self.ddp:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(raw, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            inner = loss_fn
+            if cfg["impl"] == "ours":
+                loss_fn = lambda x, y: model(x, y)[1]  # noqa: E731 - the DDP wrapper must run the forward
+            else:
+                loss_fn = lambda x, y: model(input_ids=x, labels=x).loss  # noqa: E731
+            del inner
+        opt = make_optimizer(raw, self.device, cfg["lr"])
+        scaler = torch.amp.GradScaler(self.device.type, enabled=cfg["prec"] == "fp16")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cfg["prec"]]
+        autocast = lambda: torch.autocast(self.device.type, dtype=dtype, enabled=cfg["prec"] != "fp32")  # noqa: E731
+        return raw, model, loss_fn, opt, scaler, autocast
+
+    def make_step(self, cfg, raw, model, loss_fn, opt, scaler, autocast, batches, before_opt=None):
+        accum = cfg["accum"]
+        counter = [0]
+
+        def step() -> torch.Tensor:
+            total = torch.zeros((), device=self.device)
+            for a in range(accum):
+                x, y = batches[counter[0] % len(batches)]
+                counter[0] += 1
+                last = a == accum - 1
+                ctx = model.no_sync() if (self.ddp and not last) else contextlib.nullcontext()
+                with ctx:
+                    with autocast():
+                        loss = loss_fn(x, y) / accum
+                    scaler.scale(loss).backward()
+                total += loss.detach().float()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+            if before_opt is not None:
+                before_opt()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            return total
+        return step
+
+    # -- tasks --------------------------------------------------------------------------------------
+    def speed(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
+        g = torch.Generator().manual_seed(99 + self.rank)
+        batches = [(torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device),
+                    torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device))
+                   for _ in range(4)]
+        hook: dict[str, Any] = {}
+        step = self.make_step(cfg, raw, model, loss_fn, opt, scaler, autocast, batches,
+                              before_opt=lambda: hook["fn"]() if "fn" in hook else None)
+        t0 = time.time()
+        for _ in range(cfg["warmup"]):
+            step()
+        sync(self.device)
+        warm_s = time.time() - t0
+        scales = []
+        t0 = time.time()
+        losses = []
+        for _ in range(cfg["steps"]):
+            losses.append(step())
+            if scaler.is_enabled():
+                scales.append(scaler._scale.detach().clone())  # no sync: compared once at the end
+        sync(self.device)
+        dt = time.time() - t0
+        tokens = cfg["steps"] * cfg["accum"] * cfg["micro"] * self.args.seq_len * self.world
+        row = self.row(cfg, tok_s=tokens / dt, step_s=dt / cfg["steps"], warm_s=warm_s)
+        row["final_loss"] = float(losses[-1])
+        row["loss_finite"] = bool(all(math.isfinite(float(v)) for v in losses))
+        if scales:
+            s = [float(v) for v in scales]
+            row["scaler_overflow_steps"] = sum(1 for a, b in zip(s, s[1:]) if b < a)  # scale halves on a skip
+            row["scaler_final_scale"] = s[-1]
+        if cfg["stall"]:
+            row.update(self.stall(cfg, raw, opt, step, hook, row["step_s"]))
+        del raw, model, opt, batches
+        return row
+
+    def row(self, cfg, **kw) -> dict[str, Any]:
+        alloc = reserved = None
+        if self.device.type == "cuda":
+            alloc, reserved = self.reduce_max([torch.cuda.max_memory_allocated(self.device) / GIB,
+                                               torch.cuda.max_memory_reserved(self.device) / GIB])
+        tok_s = kw.get("tok_s")
+        per_gpu = tok_s / self.world if tok_s else None
+        return {"config": label(cfg), **cfg, "world": self.world, "seq_len": self.args.seq_len,
+                "card": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+                "torch": torch.__version__,
+                "tok_s": round(tok_s, 1) if tok_s else None,
+                "mfu_pct": round(100 * per_gpu * self.flop_per_token / (self.args.peak_tflops * 1e12), 2)
+                if per_gpu else None,
+                "peak_alloc_gib": round(alloc, 3) if alloc is not None else None,
+                "peak_reserved_gib": round(reserved, 3) if reserved is not None else None,
+                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in kw.items() if k != "tok_s"}}
+
+    def stall(self, cfg, raw, opt, step, hook, step_s: float) -> dict[str, Any]:
+        """Training-thread pause of one checkpoint snapshot, measured as (snapshot + step) - step.
+
+        sync: what trainer/train.py's _checkpoint does today: load_state_dict into a host-memory shadow
+              model plus to_host(optimizer.state_dict()), both blocking copies to pageable memory.
+        async: copy every parameter and optimizer state into preallocated pinned host buffers on a side
+              stream that first waits for the current stream; the training thread only enqueues, and the
+              next optimizer step waits (on the device, not the host) for the copies to finish, since it
+              overwrites what they read.
+        """
+        from trainer.train import to_host
+        out: dict[str, Any] = {}
+        if self.world != 1:  # the extra steps below would leave the other ranks waiting in a collective
+            return out
+        shadow = Llama(GEOMETRIES[self.args.model], attn=cfg["attn"])
+
+        def snap_sync():
+            shadow.load_state_dict(raw.state_dict())
+            to_host(opt.state_dict())
+
+        tensors = [p for p in raw.parameters()] + [t for st in opt.state.values() for t in st.values()
+                                                   if torch.is_tensor(t) and t.device.type != "cpu"]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if self.device.type == "cuda":
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            side = torch.cuda.Stream(self.device)
+
+            def snap_async():
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for h, t in zip(host, tensors):
+                        h.copy_(t, non_blocking=True)
+                ev = side.record_event()
+                hook["fn"] = lambda: (torch.cuda.current_stream(self.device).wait_event(ev), hook.pop("fn"))
+        else:
+            snap_async = None
+        for name, fn in (("sync", snap_sync), ("async", snap_async)):
+            if fn is None:
+                continue
+            pauses = []
+            for _ in range(3):
+                sync(self.device)
+                t0 = time.time()
+                step()
+                sync(self.device)
+                base = time.time() - t0
+                t0 = time.time()
+                fn()
+                step()
+                sync(self.device)
+                pauses.append(max(time.time() - t0 - base, 0.0))
+            p = statistics.median(pauses)
+            out[f"stall_{name}_s"] = round(p, 4)
+            out[f"stall_{name}_pct_of_step"] = round(100 * p / step_s, 2)
+        out["snapshot_bytes"] = nbytes
+        return out
+
+    def check(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Losses of the fast path (compile + fused chunked CE) vs the plain path (no compile, one full
+        logits tensor and F.cross_entropy) from the same init on the same learnable batches."""
+        curves = {}
+        batches = learnable_batches(8, cfg["micro"], self.args.seq_len, self.vocab, self.device, seed=5)
+        for path in ("plain", "fast"):
+            self.fresh()
+            c = dict(cfg, impl="ours", compile=cfg["compile"] if path == "fast" else "none")
+            raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
+            if path == "plain":
+                def loss_fn(x, y, raw=raw):  # noqa: E306 - the textbook loss
+                    h = raw.hidden(x)
+                    logits = F.linear(h, raw.embed_tokens.weight).float()
+                    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            step = self.make_step(c, raw, model, loss_fn, opt, scaler, autocast, batches)
+            curves[path] = [float(step()) for _ in range(cfg["steps"])]
+            del raw, model, opt
+        a, b = curves["plain"], curves["fast"]
+        diffs = [abs(x - y) for x, y in zip(a, b)]
+        rel = [d / abs(x) for d, x in zip(diffs, a)]
+        return {"config": label(cfg), **cfg, "world": self.world, "plain_first": a[0], "plain_last": a[-1],
+                "fast_first": b[0], "fast_last": b[-1], "max_abs_diff": max(diffs), "max_rel_diff": max(rel),
+                "mean_rel_diff": sum(rel) / len(rel),
+                # bf16 has 8 mantissa bits (2^-8 = 0.4 %); two paths that round differently drift apart
+                # slowly over steps, so the gate is 2 % relative at any step and 0.5 % on average.
+                "within_tolerance": max(rel) < 0.02 and sum(rel) / len(rel) < 0.005,
+                "curve_plain": [round(v, 4) for v in a[::5]], "curve_fast": [round(v, 4) for v in b[::5]]}
+
+    def drift(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
+        g = torch.Generator().manual_seed(7 + self.rank)
+        batches = [(torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device),
+                    torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device))
+                   for _ in range(4)]
+        step = self.make_step(cfg, raw, model, loss_fn, opt, scaler, autocast, batches)
+        for _ in range(cfg["warmup"]):
+            step()
+        sync(self.device)
+        ends = [int(w) for w in cfg["windows"].split("/")]
+        tok_step = cfg["accum"] * cfg["micro"] * self.args.seq_len * self.world
+        windows, done, t0 = [], 0, time.time()
+        for end in ends:
+            tw = time.time()
+            while done < end:
+                step()
+                done += 1
+            sync(self.device)
+            now = time.time()
+            reserved = (torch.cuda.memory_reserved(self.device) / GIB if self.device.type == "cuda" else None)
+            alloc_peak = (torch.cuda.max_memory_allocated(self.device) / GIB if self.device.type == "cuda" else None)
+            windows.append({"steps_to": end, "tok_s_window": round((end - (ends[ends.index(end) - 1] if ends.index(end) else 0)) * tok_step / (now - tw), 1),
+                            "tok_s_cumulative": round(end * tok_step / (now - t0), 1),
+                            "reserved_gib": round(reserved, 3) if reserved is not None else None,
+                            "peak_alloc_gib": round(alloc_peak, 3) if alloc_peak is not None else None})
+        row = self.row(cfg, tok_s=ends[-1] * tok_step / (time.time() - t0))
+        row["drift_windows"] = windows
+        return row
+
+    def run(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        self.fresh()
+        self.log(f"== {label(cfg)}")
+        t0 = time.time()
+        try:
+            row = getattr(self, cfg["task"])(cfg)
+        except Exception as e:  # noqa: BLE001 - one failing row (OOM, missing transformers) must not end the table
+            if self.args.verbose:
+                traceback.print_exc()
+            row = {"config": label(cfg), **cfg, "world": self.world, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        row["wall_s"] = round(time.time() - t0, 1)
+        row["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.log("ROW " + json.dumps(row))
+        if self.rank == 0 and self.args.jsonl:
+            with open(self.args.jsonl, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        self.fresh()
+        return row
+
+
+def matmul_tflops(device: torch.device) -> float | None:
+    """bf16 8192^3 matmul on random data: the card's practical ceiling (mean of 10 after 3 warm-ups)."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    t0 = time.time()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 2 * 8192 ** 3 * 10 / (time.time() - t0) / 1e12
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = f"{'config':<52} {'tok/s':>10} {'MFU%':>6} {'alloc':>7} {'resv':>7} {'stall ms':>9} {'notes'}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['config']:<52} ERROR {r['error'][:120]}")
+            continue
+        if r.get("task") == "check":
+            print(f"{r['config']:<52} check: plain {r['plain_first']:.3f}->{r['plain_last']:.3f} fast "
+                  f"{r['fast_first']:.3f}->{r['fast_last']:.3f} max rel {r['max_rel_diff']:.2e} "
+                  f"ok={r['within_tolerance']}")
+            continue
+        stall = (f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
+                 if "stall_sync_s" in r else "")
+        notes = []
+        if r.get("world", 1) > 1:
+            notes.append(f"world={r['world']}")
+        if "scaler_overflow_steps" in r:
+            notes.append(f"overflow_steps={r['scaler_overflow_steps']}")
+        if "warm_s" in r:
+            notes.append(f"warm={r['warm_s']:.0f}s")
+        if "drift_windows" in r:
+            notes.append(" ".join(f"{w['steps_to']}:{w['tok_s_window']:.0f}/{w['reserved_gib']}G" for w in r["drift_windows"]))
+        print(f"{r['config']:<52} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
+              f"{r['peak_alloc_gib'] if r['peak_alloc_gib'] is not None else '-':>7} "
+              f"{r['peak_reserved_gib'] if r['peak_reserved_gib'] is not None else '-':>7} {stall:>9} {' '.join(notes)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", default="ounce100m-22l", choices=sorted(GEOMETRIES))
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--config", action="append", help="key=value,... (repeatable; default: DEFAULT_CONFIGS)")
+    p.add_argument("--steps", type=int, default=None, help="override every config's steps (smoke tests)")
+    p.add_argument("--warmup", type=int, default=None, help="override every config's warmup")
+    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--jsonl", type=Path, default=None, help="append one JSON row per config")
+    p.add_argument("--verbose", action="store_true", help="print tracebacks of failing rows")
+    p.add_argument("--table", type=Path, nargs="+", help="only print the table of these --jsonl files")
+    args = p.parse_args(argv)
+    if args.table:
+        rows = [json.loads(line) for f in args.table if f.exists() for line in f.read_text().splitlines() if line]
+        for r in rows:
+            if "info" in r:
+                print("BENCH_INFO " + json.dumps(r["info"]))
+        print_table([r for r in rows if "info" not in r])
+        return 0
+    if args.device == "cuda":
+        # TF32 for any fp32 matmul left (the fp32 rows, optimizer-side math): same range, 10-bit mantissa.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    bench = Bench(args)
+    if bench.rank == 0:
+        info = {"card": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else "cpu",
+                "torch": torch.__version__, "world": bench.world, "params": bench.n_params,
+                "flop_per_token": bench.flop_per_token, "peak_tflops_assumed": args.peak_tflops}
+        try:
+            import transformers
+            info["transformers"] = transformers.__version__
+        except ImportError:
+            info["transformers"] = None
+        if bench.world == 1:
+            tf = matmul_tflops(bench.device)
+            info["matmul_bf16_tflops_measured"] = round(tf, 1) if tf else None
+        print("BENCH_INFO " + json.dumps(info), flush=True)
+        if args.jsonl:
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps({"info": info, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    rows = []
+    for text in args.config or DEFAULT_CONFIGS:
+        cfg = parse_config(text)
+        if args.steps is not None:
+            cfg["steps"] = args.steps
+            cfg["windows"] = "/".join(str(max(1, args.steps * k)) for k in (1, 2, 3))
+        if args.warmup is not None:
+            cfg["warmup"] = args.warmup
+        rows.append(bench.run(cfg))
+    if bench.rank == 0:
+        print_table(rows)
+    if bench.ddp:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
