@@ -10,6 +10,9 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
   task     speed (throughput + memory) | check (fast vs plain path losses over `steps`) | drift (tok/s and
            reserved memory per window, windows at `windows`, e.g. 20/180/1000)
   micro, accum, prec (bf16|fp16|fp32), attn (sdpa|eager), compile (none|regional|full),
+  fuse (ours: 1 = one matmul for q/k/v and one for gate/up, trainer/model.py FUSED_PROJ; 0 = separate),
+  ce (ours: fused = LinearCrossEntropy with the Triton softmax pass | fused_eager = same, eager softmax |
+      ckpt = the previous loss, a checkpointed F.cross_entropy per 1024-row chunk | plain = full logits),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
@@ -49,7 +52,7 @@ from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
 GIB = 2 ** 30
 CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
                                    "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
-                                   "windows": "20/180/1000", "lr": 6e-4}
+                                   "windows": "20/180/1000", "lr": 6e-4, "fuse": 1, "ce": "fused"}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -69,8 +72,11 @@ def parse_config(text: str) -> dict[str, Any]:
 
 
 def label(cfg: dict[str, Any]) -> str:
+    extra = ""
+    if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or not cfg["fuse"]):
+        extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
-            f"compile={cfg['compile']}")
+            f"compile={cfg['compile']}{extra}")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -81,11 +87,30 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
     mcfg = GEOMETRIES[model_name]
     torch.manual_seed(1234)
     if cfg["impl"] == "ours":
+        import trainer.model as M
+        M.FUSED_PROJ = bool(cfg["fuse"])
+        os.environ["SPECPROBE_FUSED_CE"] = "0" if cfg["ce"] == "fused_eager" else "1"
         raw = Llama(mcfg, attn=cfg["attn"]).to(device)
         if cfg["compile"] == "regional":
             raw.compile_blocks()
         model = torch.compile(raw) if cfg["compile"] == "full" else raw
-        return raw, lambda x, y: model(x, y)[1]
+        if cfg["ce"] in ("fused", "fused_eager"):
+            return raw, lambda x, y: model(x, y)[1]
+        if cfg["ce"] == "ckpt":
+            from torch.utils.checkpoint import checkpoint
+
+            def ckpt_loss(x, y):
+                h, yy = raw.hidden(x).flatten(0, 1), y.flatten()
+                total = h.new_zeros((), dtype=torch.float32)
+                for i in range(0, h.shape[0], 1024):
+                    total = total + checkpoint(M._ce_sum, h[i:i + 1024], raw.embed_tokens.weight, yy[i:i + 1024],
+                                               use_reentrant=False)
+                return total / yy.numel()
+            return raw, ckpt_loss
+        if cfg["ce"] == "plain":
+            return raw, lambda x, y: F.cross_entropy(
+                F.linear(raw.hidden(x), raw.embed_tokens.weight).float().flatten(0, 1), y.flatten())
+        raise SystemExit(f"unknown ce {cfg['ce']!r}")
     if cfg["impl"] == "hf":
         import transformers
         hf_cfg = transformers.LlamaConfig(**{k: v for k, v in mcfg.to_hf_config().items()
@@ -171,8 +196,8 @@ class Bench:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
-        import torch._dynamo
-        torch._dynamo.reset()
+        from torch import _dynamo  # `import torch._dynamo` here would make `torch` a local name of fresh()
+        _dynamo.reset()
 
     def setup(self, cfg: dict[str, Any]):
         raw, loss_fn = build_model(cfg, self.args.model, self.device)
@@ -424,15 +449,15 @@ def matmul_tflops(device: torch.device) -> float | None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = f"{'config':<52} {'tok/s':>10} {'MFU%':>6} {'alloc':>7} {'resv':>7} {'stall ms':>9} {'notes'}"
+    head = f"{'config':<60} {'tok/s':>10} {'MFU%':>6} {'alloc':>7} {'resv':>7} {'stall ms':>9} {'notes'}"
     print(head)
     print("-" * len(head))
     for r in rows:
         if r.get("error"):
-            print(f"{r['config']:<52} ERROR {r['error'][:120]}")
+            print(f"{r['config']:<60} ERROR {r['error'][:120]}")
             continue
         if r.get("task") == "check":
-            print(f"{r['config']:<52} check: plain {r['plain_first']:.3f}->{r['plain_last']:.3f} fast "
+            print(f"{r['config']:<60} check: plain {r['plain_first']:.3f}->{r['plain_last']:.3f} fast "
                   f"{r['fast_first']:.3f}->{r['fast_last']:.3f} max rel {r['max_rel_diff']:.2e} "
                   f"ok={r['within_tolerance']}")
             continue
@@ -447,7 +472,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             notes.append(f"warm={r['warm_s']:.0f}s")
         if "drift_windows" in r:
             notes.append(" ".join(f"{w['steps_to']}:{w['tok_s_window']:.0f}/{w['reserved_gib']}G" for w in r["drift_windows"]))
-        print(f"{r['config']:<52} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
+        print(f"{r['config']:<60} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
               f"{r['peak_alloc_gib'] if r['peak_alloc_gib'] is not None else '-':>7} "
               f"{r['peak_reserved_gib'] if r['peak_reserved_gib'] is not None else '-':>7} {stall:>9} {' '.join(notes)}")
 

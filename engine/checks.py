@@ -335,8 +335,11 @@ def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
     try:
         value = tracer.visit(parsed, document)
     except Exception as exc:
-        # What was computed before the failure is the best clue to it (a string operand...).
-        exc.explain = _pairs(tracer, watch, [])  # type: ignore[attr-defined]
+        # What was computed before the failure is the best clue to it (a string operand...), and an
+        # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error.
+        missing = [path_text(p) for p in tracer.missing]
+        exc.missing = missing  # type: ignore[attr-defined]
+        exc.explain = _pairs(tracer, watch, missing)  # type: ignore[attr-defined]
         raise
     missing = [path_text(p) for p in tracer.missing]
     return value, missing, _pairs(tracer, watch, missing)
@@ -386,6 +389,10 @@ def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
     try:
         value, missing, pairs = trace(check["expr"], document, options, paths=paths)
     except Exception as exc:  # noqa: BLE001 - a plugin function may raise anything
+        missing = getattr(exc, "missing", [])
+        if missing:
+            return {**result, "outcome": "NO_DATA", "reason": _no_data_reason(missing),
+                    "missing": missing, "explain": getattr(exc, "explain", [])}
         return {**result, "outcome": "ERROR", "reason": _error_text(exc),
                 "explain": getattr(exc, "explain", [])}
     result.update(value=value, missing=missing, explain=pairs)

@@ -238,3 +238,17 @@ def test_index_past_the_end_is_missing():
     r = _one("state.hub.checkpoints[5] == `null`")
     assert (r["outcome"], r["missing"]) == ("NO_DATA", ["state.hub.checkpoints[5]"])
     assert _one("state.hub.checkpoints[-1] == `20`")["outcome"] == "PASS"
+
+
+def test_absent_path_fed_to_a_typed_function_is_no_data_not_an_error():
+    # sub(null, 1) raises a type error inside jmespath; the null came from a missing path, so the
+    # outcome is the missing data, named, not an ERROR about types.
+    r = _one("sub(steps.leg2.harvest.run_json.final_loss, `1`) < `5`")
+    assert r["outcome"] == "NO_DATA"
+    assert r["missing"] == ["steps.leg2.harvest.run_json.final_loss"]
+    assert "steps.leg2.harvest.run_json.final_loss is missing" in r["reason"]
+
+
+def test_type_error_on_present_data_is_still_an_error():
+    r = _one("sub(steps.leg1.harvest.run_json.val_ppl, `1`) < `5`")
+    assert r["outcome"] == "ERROR" and "sub()" in r["reason"]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, copy_repo, explain, open_repo,
-                             pointer, rank_exit_codes, repo_dir, run_trainer, shared, single_cmd, store_url,
-                             torchrun_cmd, trainer_args)
+from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, build_tiny_mix, copy_repo,
+                             explain, open_repo, pointer, rank_exit_codes, repo_dir, run_trainer, shared,
+                             single_cmd, store_url, torchrun_cmd, trainer_args)
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,8 @@ def test_terminal_pointer_refuses_to_train_further(tmp_path, tmp_path_factory):
 def test_terminal_pointer_single_process_exit_code_is_3(tmp_path, tmp_path_factory):
     base = baseline(tmp_path_factory)
     repo = copy_repo(base.repo, tmp_path)
-    args = trainer_args(root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=2, nproc=1)
+    args = trainer_args(root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=2,
+                        nproc=1)
     run = run_trainer(single_cmd(args), timeout=60)
     assert run.rc == 3, explain(run)
     assert "already finished at step 6" in run.text
@@ -117,3 +118,44 @@ def test_stale_stop_step_refuses(tmp_path, tmp_path_factory):
     mix, seg = _segment_repo(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     _refused(_train(mix, repo, tmp_path, stop=4), "nothing to train", "resumed at step 4", "stops at step 4")
+
+
+def test_failed_background_push_fails_the_run(tmp_path, tmp_path_factory):
+    """The push of step 4 fails for real (the store's staging area becomes unusable once step 2 is
+    pointed at): the run must not go on as if it had a checkpoint. It stops at the next checkpoint
+    (step 6) with exit code 4 and the cause, and the pointer still names the last verified step."""
+    base = baseline(tmp_path_factory)
+    repo = store_url(tmp_path / "store")
+    staging = repo_dir(repo) / ".specprobe" / "staging"
+
+    def break_store(line: str) -> None:
+        if line.startswith("CKPT prune step=2 "):     # step 2 is durable; its prune commits nothing
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.write_text("not a directory")
+
+    run = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=tmp_path / "out", repo=repo,
+                                                steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)),
+                      on_line=break_store, timeout=90)
+    codes = rank_exit_codes(run)
+    assert 4 in codes.values() and set(codes.values()) <= {4, -15}, explain(run)
+    failed = run.starting("CKPT FAILED: push of step=4 to " + repo)
+    assert len(failed) == 1, explain(run)
+    assert not run.starting("TRAIN DONE") and run.run_json is None
+    assert not run.starting("latest.json -> step=4")
+    staging.unlink()
+    assert pointer(repo)["step"] == 2
+
+
+def test_validation_error_is_reported_not_fatal(tmp_path):
+    """A val split too small for even one window: validation raises inside the horizon leg; the run
+    still finishes (exit 0, final pushed) and RUN_JSON carries the error instead of a number."""
+    mix = build_tiny_mix(tmp_path / "mix", tokens=4_000, val_tokens=20)
+    repo = store_url(tmp_path / "store")
+    args = trainer_args(root=mix, out=tmp_path / "out", repo=repo, steps=2, push_every=2, nproc=1)
+    run = run_trainer(single_cmd(args), timeout=90)
+    assert run.rc == 0, explain(run)
+    rj = run.run_json
+    assert rj["val_skipped"] is False and rj["val_ppl"] is None and rj["val_loss"] is None
+    assert "DataError" in rj["val_error"] and "val" in rj["val_error"]
+    assert run.starting("validation failed: rank 0: DataError")
+    assert pointer(repo)["terminal"] is True

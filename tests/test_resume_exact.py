@@ -79,3 +79,30 @@ def test_two_stops_are_bitwise_identical(tmp_path, tmp_path_factory):
     merged = {k: v for leg in legs for k, v in leg.run_json["losses"].items()}
     assert merged == base.run.run_json["losses"]
     assert weights_sha256(repo) == base.final_sha
+
+
+def test_slow_store_overlaps_training_and_resume_from_a_local_path(tmp_path, tmp_path_factory):
+    """On a slow link (the file:// store's emulated 1 MB/s) the push of step 2 is still running when
+    step 4 wants to push: training went on meanwhile, and step 4 waits for it, saying so. The next
+    session resumes from the LOCAL checkpoint dir (--resume PATH) and still ends bitwise identical."""
+    base = baseline(tmp_path_factory)
+    repo, out = store_url(tmp_path / "store") + "?link_mb_s=1", tmp_path / "out"
+    leg1 = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=out, repo=repo, steps=BASELINE_STEPS,
+                                                 push_every=BASELINE_PUSH_EVERY, stop=4)))
+    assert leg1.rc == 0, explain(leg1)
+    assert leg1.starting("CKPT wait step=4: push of step=2 still running")
+    order = [line.split()[0] + " " + line.split()[1] for line in leg1.lines
+             if line.startswith(("step 3/", "latest.json -> step=2"))]
+    assert order[0] == "step 3/6", order                  # step 3 trained before step 2's pointer moved
+    local = out / "ckpt" / "checkpoint-4"
+    assert sorted(p.name for p in local.iterdir()) == ["config.json", "model.safetensors", "optimizer.pt",
+                                                       "rng.pt", "trainer_state.json"]
+    assert not (out / "ckpt" / "checkpoint-2").exists()    # --prune keeps only the newest locally
+
+    leg2 = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=tmp_path / "out2", repo=repo,
+                                                 steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY,
+                                                 resume=str(local))))
+    assert leg2.rc == 0, explain(leg2)
+    assert leg2.starting(f"resume from step 4 ({local}) tokens=1024")
+    assert {**leg1.run_json["losses"], **leg2.run_json["losses"]} == base.run.run_json["losses"]
+    assert weights_sha256(repo) == base.final_sha

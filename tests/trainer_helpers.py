@@ -14,10 +14,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -126,34 +127,56 @@ def kill_tree(pid: int) -> None:
                 pass
 
 
-def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180) -> Run:
+def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180,
+                on_line: Callable[[str], None] | None = None) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
     kill_on: a regex; at the first output line matching it torchrun and every rank get SIGKILL (a real
-    crash at that phase: no handler, no flush, no cleanup)."""
+    crash at that phase: no handler, no flush, no cleanup). on_line: called with every line as it
+    arrives (to change the world at a precise phase, e.g. break the store)."""
     t0 = time.time()
     p = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     lines: list[str] = []
     killed_at = None
     pat = re.compile(kill_on) if kill_on else None
-    deadline = t0 + timeout
+    # A watchdog, not a per-line check: a hung rank prints nothing, and then no line would ever come.
+    timed_out = threading.Event()
+
+    hung: list[str] = []
+
+    def _expire() -> None:
+        timed_out.set()
+        for q in [p.pid, *_descendants(p.pid)]:  # where each process sat, for the failure message
+            try:
+                cmdline = Path(f"/proc/{q}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+                hung.append(f"pid {q} wchan={Path(f'/proc/{q}/wchan').read_text()} {cmdline}")
+            except OSError:
+                pass
+        kill_tree(p.pid)
+    watchdog = threading.Timer(timeout, _expire)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         assert p.stdout is not None
         for raw in p.stdout:
             line = TEE.sub("", raw.rstrip("\n"), count=1)
             lines.append(line)
+            if on_line is not None:
+                on_line(line)
             if pat is not None and killed_at is None and pat.search(line):
                 killed_at = line
                 kill_tree(p.pid)
-            if time.time() > deadline:
-                kill_tree(p.pid)
-                raise TimeoutError(f"{cmd} ran past {timeout}s; last lines:\n" + "\n".join(lines[-30:]))
-        rc = p.wait(timeout=max(1.0, deadline - time.time()))
+        rc = p.wait()
     except BaseException:
         kill_tree(p.pid)
         p.wait()
         raise
+    finally:
+        watchdog.cancel()
+    if timed_out.is_set():
+        raise TimeoutError(f"{' '.join(cmd)} ran past {timeout}s (hung?); processes: {hung}; last lines:\n"
+                           + "\n".join(lines[-30:]))
     if killed_at is not None:
         # Reap the whole tree before the caller touches the store: no rank may still be writing.
         for _ in range(100):

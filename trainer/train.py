@@ -363,6 +363,7 @@ class Trainer:
         self.pending: tuple[int, Future] | None = None
         self.push_steps: list[int] = []
         self.shadow = None  # rank 0's host copy of the model, reused by every snapshot
+        self.ckpt_pause_s = 0.0  # longest pause of the training loop for a checkpoint snapshot (rank 0)
 
     # -- distribution ---------------------------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -485,7 +486,8 @@ class Trainer:
                 self.checkpointer = Checkpointer(store, log=_emit, prune=args.prune,
                                                  keep_optimizer_states=args.keep_optimizer_states)
                 decision["pointer"] = self._resume_decision(store)
-            except (ResumeRefused, StoreError, Refused) as e:
+            except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
+                # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
                 decision["error"] = str(e)
         decision = self.from_master(decision)
         if decision["error"]:
@@ -703,6 +705,7 @@ class Trainer:
                 "micro_batch": args.micro_batch, "accum": args.accum,
                 "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
                 "push_steps": self.push_steps, "hub_repo": self.hub_url,
+                "ckpt_pause_s_max": round(self.ckpt_pause_s, 4),
                 "seconds": round(time.time() - self.t_start, 1),
             }
             # Strict JSON: a diverged (non-finite) loss becomes null and is counted, never `NaN`.
@@ -719,6 +722,7 @@ class Trainer:
         """Snapshot on the training thread (all ranks: RNG gather), then write + push in background."""
         import torch
         self._wait_push(step, announce=True)
+        t0 = time.perf_counter()  # from here to the submit is the only pause training sees
         rng = rng_state(self.device_type)
         rngs = self.gather(rng)
         if push_ckpt:
@@ -740,15 +744,17 @@ class Trainer:
             t.numel() * t.element_size() for t in self.shadow.state_dict().values())
         if self.pusher is None:
             self.pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-push")
+        pause = time.perf_counter() - t0
+        self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
         job = partial(self._write_and_push, step, push_ckpt, final, trainer_state, opt_state, rngs, nbytes,
-                      tokens)
+                      tokens, pause)
         self.pending = (step, self.pusher.submit(job))
 
     def _write_and_push(self, step: int, push_ckpt: bool, final: bool, trainer_state: dict,
-                        opt_state: dict, rngs: list, nbytes: int, tokens: int) -> None:
+                        opt_state: dict, rngs: list, nbytes: int, tokens: int, pause: float) -> None:
         from trainer.checkpoint import prune_local, write_checkpoint_dir
         out_dir = self.args.out / "ckpt" / f"checkpoint-{step}"
-        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes}")
+        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes} snapshot_s={pause:.3f}")
         files = write_checkpoint_dir(out_dir, model=self.shadow, cfg=self.cfg, trainer_state=trainer_state,
                                      optimizer_state=opt_state, rng_states=rngs)
         for to_final in ([False] if push_ckpt else []) + ([True] if final else []):

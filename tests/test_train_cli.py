@@ -1,0 +1,174 @@
+"""The trainer's command line, precision choice and schedule: pure functions, and bad combinations
+rejected (exit 2, the flag named) before any work -- no torchrun, no model, no store.
+
+Also the preflight checker (exit 3 with one line per missing requirement, the token never printed).
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainer.preflight import check as preflight_check
+from trainer.train import (Precision, UsageError, build_parser, checkpoint_steps, choose_precision, lr_at,
+                           validate_args)
+from trainer_helpers import REPO_ROOT
+
+BASE = ["--root", "/nonexistent/mix", "--out", "/tmp/x", "--hub-repo", "file:///tmp/s/o/n", "--model", "tiny",
+        "--seq-len", "32", "--micro-batch", "2", "--accum", "2", "--tokens", "1536", "--push-every-steps", "2"]
+
+
+def plan_of(*extra: str, world_size: int = 2, max_seq: int = 2048):
+    return validate_args(build_parser().parse_args([*BASE, *extra]), world_size=world_size,
+                         model_max_seq_len=max_seq)
+
+
+def test_step_arithmetic():
+    plan = plan_of()
+    assert plan.tokens_per_step == 2 * 2 * 2 * 32 == 256
+    assert plan.total_steps == 6 and plan.stop_step == 6 and plan.horizon_leg
+    seg = plan_of("--stop-after-steps", "3")
+    assert seg.stop_step == 3 and not seg.horizon_leg
+    assert plan_of(world_size=1).total_steps == 12
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--tokens", "1000"], "--tokens 1000 is not a multiple of tokens_per_step 256"),
+    (["--stop-after-steps", "7"], "--stop-after-steps 7 is beyond the horizon of 6"),
+    (["--seq-len", "4096"], "--seq-len 4096 exceeds"),
+    (["--micro-batch", "0"], "--micro-batch must be positive"),
+    (["--accum", "-1"], "--accum must be positive"),
+    (["--push-every-steps", "0"], "--push-every-steps must be positive"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--grad-ckpt", "--no-grad-ckpt"], "--grad-ckpt and --no-grad-ckpt both given"),
+    (["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no such checkpoint directory"),
+    (["--val-tokens", "-5"], "--val-tokens must not be negative"),
+])
+def test_bad_combinations_name_the_flag(extra, flag):
+    with pytest.raises(UsageError, match="^" + flag.replace("(", r"\(")):
+        plan_of(*extra)
+
+
+def test_grad_ckpt_flags():
+    assert plan_of("--grad-ckpt").grad_ckpt is True
+    assert plan_of("--no-grad-ckpt").grad_ckpt is False
+    assert plan_of().grad_ckpt is False
+
+
+def test_resume_modes(tmp_path):
+    assert plan_of("--resume", "auto").resume_mode == "auto"
+    assert plan_of("--resume", "never").resume_mode == "never"
+    p = plan_of("--resume", str(tmp_path))
+    assert p.resume_mode == "path" and p.resume_path == tmp_path
+
+
+def test_cli_rejects_before_any_work_with_exit_2():
+    # The mix root does not exist: a rejection that happened after any work would say so instead.
+    r = subprocess.run([sys.executable, "-m", "trainer.train", *BASE, "--grad-ckpt", "--no-grad-ckpt"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("python -m trainer.train: error: --grad-ckpt and --no-grad-ckpt both given: "
+                                "ambiguous, pass exactly one")
+    assert r.stdout == ""
+    r = subprocess.run([sys.executable, "-m", "trainer.train", *BASE, "--tokens", "1000"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    # one process: world_size 1, tokens_per_step 128
+    assert r.returncode == 2 and "--tokens 1000 is not a multiple of tokens_per_step 128" in r.stderr
+    assert "nearest: 896 or 1024" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "trainer.train", *BASE, "--device", "cuda"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--device cuda: CUDA is not available" in r.stderr
+
+
+@pytest.mark.parametrize("stop, expect", [(0, [2, 4, 6]), (3, [2, 3]), (4, [2, 4]), (5, [2, 4, 5])])
+def test_checkpoint_steps_always_include_the_stop_step(stop, expect):
+    assert checkpoint_steps(0, stop or 6, 2) == expect
+
+
+def test_checkpoint_steps_after_resume():
+    assert checkpoint_steps(3, 6, 2) == [4, 6]
+    assert checkpoint_steps(6, 6, 2) == []
+
+
+@pytest.mark.parametrize("requested, device, cap, name, scaler", [
+    ("auto", "cpu", None, "fp32", False),
+    ("fp32", "cpu", None, "fp32", False),
+    ("auto", "cuda", (9, 0), "bf16", False),
+    ("auto", "cuda", (8, 0), "bf16", False),
+    ("auto", "cuda", (7, 5), "fp16", True),     # T4: no bf16 -> fp16 + GradScaler
+    ("fp16", "cuda", (9, 0), "fp16", True),
+    ("fp32", "cuda", (7, 5), "fp32", False),
+])
+def test_precision_choice(requested, device, cap, name, scaler):
+    p = choose_precision(requested, device, cap)
+    assert (p.name, p.use_scaler) == (name, scaler)
+    assert p.line().startswith(f"precision: {name} (")
+
+
+def test_precision_lines():
+    assert choose_precision("auto", "cpu").line() == "precision: fp32 (cpu)"
+    assert choose_precision("auto", "cuda", (9, 0)).line() == "precision: bf16 (auto: cuda capability 9.0)"
+
+
+@pytest.mark.parametrize("requested, device, cap", [("bf16", "cuda", (7, 5)), ("fp16", "cpu", None),
+                                                    ("bf16", "cpu", None)])
+def test_precision_refusals(requested, device, cap):
+    with pytest.raises(UsageError, match=f"--precision {requested}"):
+        choose_precision(requested, device, cap)
+
+
+def test_schedule_values():
+    kw = dict(total=10, warmup=2, lr=1.0, min_lr=0.1)
+    assert lr_at(1, schedule="cosine", **kw) == 0.5
+    assert lr_at(2, schedule="cosine", **kw) == 1.0
+    assert lr_at(10, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_at(6, schedule="cosine", **kw) == pytest.approx(0.55)      # the cosine midpoint
+    assert lr_at(6, schedule="linear", **kw) == pytest.approx(0.55)
+    assert lr_at(4, schedule="linear", **kw) == pytest.approx(1.0 - 0.9 * 2 / 8)
+    with pytest.raises(ValueError):
+        lr_at(11, schedule="cosine", **kw)
+
+
+@given(total=st.integers(1, 500), warm_frac=st.floats(0, 1), lr=st.floats(1e-5, 1.0),
+       min_frac=st.floats(0, 1), schedule=st.sampled_from(["cosine", "linear"]))
+def test_schedule_is_bounded_and_monotone_after_warmup(total, warm_frac, lr, min_frac, schedule):
+    warmup, min_lr = int(total * warm_frac), lr * min_frac
+    lrs = [lr_at(s, total=total, warmup=warmup, lr=lr, min_lr=min_lr, schedule=schedule)
+           for s in range(1, total + 1)]
+    assert all(0 < v <= lr + 1e-12 for v in lrs[:warmup])               # warmup rises from 0 to lr
+    assert all(min_lr - 1e-12 <= v <= lr + 1e-12 for v in lrs[warmup:])
+    decay = lrs[warmup:]
+    assert all(a >= b - 1e-12 for a, b in zip(decay, decay[1:]))
+    assert math.isclose(lrs[-1], min_lr if total > warmup else lr, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_preflight_reports_each_missing_requirement():
+    problems, _ = preflight_check(gpus=2, need_token=True, repo="hf://owner/name", environ={},
+                                  cuda=lambda: (True, 1, ["Tesla T4"]))
+    assert problems == ["1 GPU(s) visible, 2 required (Tesla T4)",
+                        "HF_TOKEN is not set in the environment (--need-token)"]
+    problems, summary = preflight_check(gpus=2, need_token=False, repo="owner/name",
+                                        environ={"HF_TOKEN": "hf_secretsecret123"},
+                                        cuda=lambda: (True, 2, ["Tesla T4", "Tesla T4"]))
+    assert problems == []
+    assert summary == "preflight ok: gpus=2 (Tesla T4) repo=owner/name (hub) HF_TOKEN=set"
+
+
+def test_preflight_cli_exit_3_without_printing_the_token():
+    env = {"PATH": "/usr/bin:/bin", "HF_TOKEN": ""}
+    r = subprocess.run([sys.executable, "-m", "trainer.preflight", "--gpus", "1", "--repo", "hf://o/n"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 3
+    assert r.stderr.splitlines() == [
+        "preflight: CUDA is not available (torch sees no GPU), 1 GPU(s) required",
+        "preflight: HF_TOKEN is not set in the environment (--repo hf://o/n is a Hub repo)"]
+    r = subprocess.run([sys.executable, "-m", "trainer.preflight", "--repo", "o/n"], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_topsecretvalue99"})
+    assert r.returncode == 0 and "hf_topsecretvalue99" not in r.stdout + r.stderr
+    assert r.stdout.strip() == "preflight ok: repo=o/n (hub) HF_TOKEN=set"

@@ -1,0 +1,86 @@
+"""python -m trainer.preflight [--gpus N] [--need-token] [--repo URL]: does this machine meet the real
+target's requirements, before a long session is spent finding out?
+
+Checks, each reported on its own line when it fails:
+  --gpus N        CUDA is available and at least N GPUs are visible (N=0 skips the GPU checks)
+  --need-token    HF_TOKEN is set (never printed; only whether it is there)
+  --repo URL      a store URL that parses; a Hub URL (hf://owner/name or owner/name) also needs HF_TOKEN
+
+Exit codes: 0 every requirement met (one summary line on stdout); 3 at least one missing (one line per
+missing requirement on stderr, each starting with "preflight: "); 2 bad command line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Mapping, Sequence
+
+EXIT_OK, EXIT_USAGE, EXIT_MISSING = 0, 2, 3
+
+
+def _cuda_probe() -> tuple[bool, int, list[str]]:
+    """(available, device count, device names) from the installed torch."""
+    import torch
+    if not torch.cuda.is_available():
+        return False, 0, []
+    n = torch.cuda.device_count()
+    return True, n, [torch.cuda.get_device_name(i) for i in range(n)]
+
+
+def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str, str],
+          cuda: Callable[[], tuple[bool, int, list[str]]] = _cuda_probe) -> tuple[list[str], str]:
+    """Returns (problems, summary). Pure apart from `cuda()`; the token's value is never used in output."""
+    problems: list[str] = []
+    parts: list[str] = []
+    if gpus > 0:
+        available, n, names = cuda()
+        if not available:
+            problems.append(f"CUDA is not available (torch sees no GPU), {gpus} GPU(s) required")
+        elif n < gpus:
+            problems.append(f"{n} GPU(s) visible, {gpus} required ({', '.join(names) or 'none'})")
+        else:
+            parts.append(f"gpus={n} ({', '.join(sorted(set(names)))})")
+    token_set = bool(environ.get("HF_TOKEN", "").strip())
+    hub_repo = False
+    if repo is not None:
+        from trainer.store import parse_store_url, redact_url
+        try:
+            url = parse_store_url(repo)
+        except ValueError as e:
+            problems.append(f"--repo {redact_url(repo)}: {e}")
+        else:
+            hub_repo = url.kind == "hf"
+            parts.append(f"repo={redact_url(repo)} ({'hub' if hub_repo else 'local'})")
+    if (need_token or hub_repo) and not token_set:
+        why = "--need-token" if need_token else f"--repo {redact_repo(repo)} is a Hub repo"
+        problems.append(f"HF_TOKEN is not set in the environment ({why})")
+    elif need_token or hub_repo:
+        parts.append("HF_TOKEN=set")
+    return problems, "preflight ok: " + (" ".join(parts) if parts else "nothing required")
+
+
+def redact_repo(repo: str | None) -> str:
+    from trainer.store import redact_url
+    return redact_url(repo or "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.preflight", description=__doc__.split("\n")[0])
+    p.add_argument("--gpus", type=int, default=0, help="GPUs required (0: no GPU check)")
+    p.add_argument("--need-token", action="store_true", help="HF_TOKEN must be set")
+    p.add_argument("--repo", help="checkpoint store URL the run will use")
+    a = p.parse_args(argv)
+    if a.gpus < 0:
+        p.error(f"--gpus must not be negative, got {a.gpus}")
+    problems, summary = check(gpus=a.gpus, need_token=a.need_token, repo=a.repo, environ=os.environ)
+    for line in problems:
+        print(f"preflight: {line}", file=sys.stderr, flush=True)
+    if problems:
+        return EXIT_MISSING
+    print(summary, flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
