@@ -82,9 +82,20 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         plain = timed([sys.executable, str(printer), str(lines)], work, repeat)
         # The engine's own stdout goes to /dev/null too, so both sides pay the same terminal cost.
         through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run")], work, repeat)
+        # The same run with a 1-line leg: the engine's fixed cost (imports, validation, evidence),
+        # paid once per run whatever the leg prints; what is left is the per-line cost.
+        spec.write_text(STREAM_SPEC.format(lines=1, printer=printer))
+        fixed = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run1")], work, repeat)
+        tiny = timed([sys.executable, str(printer), "1"], work, repeat)
+    fixed_cost = (fixed[0] - tiny[0], fixed[1] - tiny[1])
+    per_line = (through[0] - plain[0] - fixed_cost[0], through[1] - plain[1] - fixed_cost[1])
     return [(f"{lines:,} lines piped to /dev/null", *plain),
             (f"{lines:,} lines through engine run", *through),
-            ("  engine overhead", through[0] - plain[0], through[1] - plain[1], through[2])]
+            ("  engine overhead, all of it", through[0] - plain[0], through[1] - plain[1], through[2]),
+            ("  of which fixed per run (1-line leg)", *fixed_cost, fixed[2]),
+            ("  streaming overhead (the rest)", *per_line, through[2]),
+            ("  streaming overhead, % of the leg", 100 * per_line[0] / plain[0],
+             100 * per_line[1] / plain[1], through[2])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer.preflight import check as preflight_check
-from trainer.train import (Precision, UsageError, build_parser, checkpoint_steps, choose_precision, lr_at,
+from trainer.train import (UsageError, build_parser, checkpoint_steps, choose_precision, lr_at,
                            validate_args)
 from trainer_helpers import REPO_ROOT
 

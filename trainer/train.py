@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import math
@@ -411,11 +410,6 @@ class Trainer:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def barrier(self) -> None:
-        if self.ddp:
-            import torch.distributed as dist
-            dist.barrier()
-
     # -- the session ------------------------------------------------------------------------------
     def run(self) -> int:
         self.setup_distributed()
@@ -502,7 +496,7 @@ class Trainer:
                 try:
                     ck = self.checkpointer or Checkpointer(open_store(args.hub_repo, token=token), log=_emit)
                     ckpt_dir = ck.fetch(pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
-                except StoreError as e:
+                except (StoreError, OSError) as e:
                     err = f"fetching {pointer.path_in_repo} from {self.hub_url}: {e}"
             if (err := self.agree(err)):
                 raise Refused(err)
@@ -620,7 +614,6 @@ class Trainer:
             self._checkpoint(start_step, push_ckpt=False, final=True)
         losses: dict[str, float] = {}
         pending_losses: list[tuple[int, torch.Tensor]] = []
-        t_train = time.time()
         t_log, steps_since_log = time.time(), 0
         train_seconds = 0.0
 
