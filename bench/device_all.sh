@@ -59,7 +59,7 @@ part_bench() {
     --config impl=ours,micro=32,compile=regional,prec=fp16,steps=60,warmup=20 \
     --config task=check,micro=8,compile=regional,steps=50 \
     --config impl=ours,micro=32,accum=4,compile=regional,steps=10,warmup=3 \
-    --config impl=ours,micro=32,compile=regional,fuse=0,steps=30,warmup=8 \
+    --config impl=ours,micro=32,compile=regional,fuse=1,steps=30,warmup=8 \
     --config impl=ours,micro=32,compile=regional,ce=ckpt,steps=30,warmup=8 \
     --config impl=ours,micro=32,compile=regional,ce=fused_eager,steps=30,warmup=8 \
     --config impl=ours,micro=4,compile=none,steps=40,warmup=5 \

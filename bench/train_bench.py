@@ -4,13 +4,15 @@
     python bench/train_bench.py --device cpu --model tiny --seq-len 64 --steps 3   # a smoke test anywhere
     python bench/train_bench.py --config impl=ours,micro=32,compile=regional --config impl=hf,micro=32,compile=full
     torchrun --nproc_per_node=2 bench/train_bench.py --config impl=ours,micro=32,accum=4,compile=regional
+    python bench/train_bench.py --table rows.jsonl ...                # the table of saved --jsonl rows
 
 Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULTS):
   impl     ours (trainer/model.py) | hf (transformers LlamaForCausalLM built from the same config.json)
   task     speed (throughput + memory) | check (fast vs plain path losses over `steps`) | drift (tok/s and
            reserved memory per window, windows at `windows`, e.g. 20/180/1000)
   micro, accum, prec (bf16|fp16|fp32), attn (sdpa|eager), compile (none|regional|full),
-  fuse (ours: 1 = one matmul for q/k/v and one for gate/up, trainer/model.py FUSED_PROJ; 0 = separate),
+  fuse (ours: 1 = one matmul for q/k/v and one for gate/up, trainer/model.py FUSED_PROJ; 0 = separate,
+        the default since it measured faster),
   ce (ours: fused = LinearCrossEntropy with the Triton softmax pass | fused_eager = same, eager softmax |
       ckpt = the previous loss, a checkpointed F.cross_entropy per 1024-row chunk | plain = full logits),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
@@ -52,7 +54,7 @@ from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
 GIB = 2 ** 30
 CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
                                    "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
-                                   "windows": "20/180/1000", "lr": 6e-4, "fuse": 1, "ce": "fused"}
+                                   "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused"}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -73,7 +75,7 @@ def parse_config(text: str) -> dict[str, Any]:
 
 def label(cfg: dict[str, Any]) -> str:
     extra = ""
-    if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or not cfg["fuse"]):
+    if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
             f"compile={cfg['compile']}{extra}")

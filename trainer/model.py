@@ -31,10 +31,11 @@ from torch.utils.checkpoint import checkpoint
 # 58 GFLOP); smaller ones only add launches.
 LOSS_CHUNK_ROWS = 1024
 INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embedding
-# Run q/k/v as one matmul against the concatenated weights, and gate/up as another. The parameters (and
-# so checkpoints and HF names) stay separate; only the launch is shared. With d_model 576 every
-# projection has a short K, so one wider N uses the tensor cores better and reads the input once.
-FUSED_PROJ = True
+# Run q/k/v as one matmul against the concatenated weights, and gate/up as another (the parameters, so
+# checkpoints and HF names, stay separate). Off: measured SLOWER on the H200 under regional compile,
+# 424,601 tok/s separate vs 379,778 / 405,715 fused at micro-batch 32 (bench/RESULTS.md, 2026-11-29): the
+# per-step torch.cat of the weights and the split of their gradients cost more than the wider N saves.
+FUSED_PROJ = False
 
 
 @dataclass(frozen=True)
