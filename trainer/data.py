@@ -18,7 +18,6 @@ and no window is read twice before the horizon.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -30,20 +29,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trainer.store import sha256_file
+
 FORMAT = "specprobe-mix/1"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # explicit little-endian, on any host
 
 
 class DataError(Exception):
     """A mix that cannot be trained on; the message names the manifest field or the shard."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _entry(where: str, e: Any) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
                                    RepositoryNotFoundError, RevisionNotFoundError)
 
-from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError
+from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
 
 __all__ = ["HubStore", "RetryPolicy", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
@@ -170,14 +170,6 @@ def _transient(exc: BaseException) -> _Transient | None:
 
 def _git_blob_sha1(path: Path) -> str:
     h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
@@ -448,7 +440,7 @@ class HubStore:
 
     @staticmethod
     def _verify(local: Path, meta: Any) -> _Fetched:
-        sha = _sha256(local)
+        sha = sha256_file(local)
         etag = (meta.etag or "").strip('"').lower()
         size_ok = meta.size is None or local.stat().st_size == int(meta.size)
         if _HEX64.match(etag):

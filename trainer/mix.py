@@ -40,7 +40,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.data import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, sha256_file, verify_files
+from trainer.data import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, verify_files
+from trainer.store import sha256_file
 
 EOS_ID = 0            # the synthetic mix's end-of-document token
 DOC_LEN = 2048        # synthetic tokens per document, EOS included

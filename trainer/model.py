@@ -10,7 +10,6 @@ training state live in `trainer/train.py` and `trainer/checkpoint.py`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -427,14 +426,6 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, Tensor]) -> None:
     inner.load_state_dict(got, strict=True)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save_pretrained(model: nn.Module, cfg: ModelConfig, out_dir: Path) -> dict[str, str]:
     """Write config.json + model.safetensors loadable by `LlamaForCausalLM.from_pretrained(out_dir)`."""
     from safetensors.torch import save_file
@@ -445,5 +436,6 @@ def save_pretrained(model: nn.Module, cfg: ModelConfig, out_dir: Path) -> dict[s
     dtype = str(next(iter(sd.values())).dtype).removeprefix("torch.")
     (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_config(dtype=dtype), indent=2) + "\n")
     save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})  # HF requires format=pt
-    return {name: _sha256_file(out_dir / name) for name in ("config.json", "model.safetensors")}
+    from trainer.store import sha256_file   # here, not at import: the model itself does no I/O
+    return {name: sha256_file(out_dir / name) for name in ("config.json", "model.safetensors")}
 
