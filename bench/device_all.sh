@@ -2,7 +2,8 @@
 # Everything the GPU issues need from one device call on nvidia-h200-x2, each part under its own timeout
 # so a slow part cannot eat the call. Usage (repo root, on the device; $OUT collects the results):
 #
-#   bash bench/device_all.sh [PART...]      # parts: bench ddp a b  (default: all four, in that order)
+#   bash bench/device_all.sh [PART...]      # parts: bench ddp a b pause check nocomp
+#                                           # (default: bench ddp a b, in that order)
 #
 #   bench  the side-by-side table on one GPU each: our trainer's model on GPU 0 while transformers'
 #          LlamaForCausalLM runs on GPU 1 (same card type, same call; they share only the host CPUs)
@@ -10,6 +11,12 @@
 #   a      trainer/train.py on 2 ranks at the frozen shape (micro 4, accum 32, seq 1024, no grad ckpt):
 #          leg 1 stops at a push step, --out is wiped, leg 2 cold-resumes from the local store; bf16, then fp16
 #   b      SPECPROBE_TARGET=gpu engine run specs/p4_smoke.yaml (evidence.json comes back)
+#   pause  trainer/train.py, 2 ranks, the reference shape (micro 4, accum 32, seq 1024, frozen model, bf16,
+#          compile at its default), 8 steps, a push every 2: ckpt_pause_s_max vs one step (async snapshot)
+#   check  the same at accum 4 with SPECPROBE_SNAPSHOT_CHECK=1: the side stream sleeps 1 s before its copies,
+#          so the next optimizer step must wait on the device; every snapshot is compared bitwise with a
+#          blocking copy of the step's state (a torn copy would show as MISMATCH and exit 4)
+#   nocomp the `pause` run with --no-compile (tok/s with vs without compile)
 #
 # Budgets (seconds) can be overridden: T_BENCH T_DDP T_A T_B. Outputs under $OUT (8 files at most come
 # back): summary.txt, bench.jsonl, evidence.json, logs.tgz (every log).
@@ -20,10 +27,12 @@ LOG=/tmp/specprobe_logs
 mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
+T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
 DEV=${DEV:-cuda}; MODEL=${MODEL:-ounce100m-22l}; SEQ=${SEQ:-1024}; BENCH_EXTRA=${BENCH_EXTRA:-}
 MICRO_A=${MICRO_A:-4}; ACCUM_A=${ACCUM_A:-32}; VOCAB_A=${VOCAB_A:-49152}
+PREC_R=${PREC_R:-bf16}; STEPS_R=${STEPS_R:-8}; ACCUM_CHECK=${ACCUM_CHECK:-4}
 export PYTHONUNBUFFERED=1 TORCH_CPP_LOG_LEVEL=WARNING OMP_NUM_THREADS=4
 # NVLink multicast stays off (KINDS.md: it can take the host's shared GPUs down); set them again here
 # so every child inherits them even if the image's profile did not.
@@ -149,12 +158,45 @@ part_b() {
   fi
 }
 
+# One 2-rank session of trainer/train.py at the reference shape, fresh store, to the horizon, a push every
+# 2 steps. $1 = tag, $2 = steps, $3 = accum, the rest = extra trainer flags.
+ref_leg() {
+  local tag=$1 steps=$2 accum=$3; shift 3
+  local tps=$((2 * MICRO_A * accum * SEQ)) out="/tmp/r_out_$1"
+  [ -f "$PWD/runs/mix_r/manifest.json" ] || $PY -m trainer.mix build --out "$PWD/runs/mix_r" --synthetic \
+    --tokens 3000000 --val-tokens 300000 --vocab "$VOCAB_A" >"$LOG/r_mix.log" 2>&1 || { say "mix build failed"; return; }
+  rm -rf "$out" "$PWD/runs/store_r/probe/r-$tag"
+  local t=$(date +%s)
+  $PY -m torch.distributed.run --nproc_per_node=2 -m trainer.train --model "$MODEL" --device "$DEV" \
+    --root "$PWD/runs/mix_r" --out "$out" --hub-repo "file://$PWD/runs/store_r/probe/r-$tag" --prune \
+    --seq-len "$SEQ" --attn sdpa --no-grad-ckpt --micro-batch "$MICRO_A" --accum "$accum" \
+    --tokens $((steps * tps)) --lr 6e-4 --push-every-steps 2 --val-tokens $tps --log-every 1 \
+    --resume never --precision "$PREC_R" "$@" >"$LOG/r_$tag.log" 2>&1
+  say "r $tag rc=$? wall_s=$(( $(date +%s) - t ))"
+  grep -hE '^(\[default0\]:)?(precision:|compile:|CKPT (save|wait|snapshot)|peak_stats|step [0-9]+/|fused)' \
+    "$LOG/r_$tag.log" | sed "s/^\[default0\]://; s/^/  [$tag] /" | tee -a "$SUM"
+  grep -hE 'Error|Traceback|MISMATCH' "$LOG/r_$tag.log" | head -8 | sed "s/^/  [$tag] ! /" | tee -a "$SUM"
+  grep -h 'RUN_JSON' "$LOG/r_$tag.log" | sed 's/^.*RUN_JSON //' | $PY -c 'import json,sys
+for line in sys.stdin:
+    r = json.loads(line)
+    step_s = r["tokens_per_step"] / r["tok_per_s"] if r.get("tok_per_s") else None
+    p = r.get("ckpt_pause_s_max")
+    print("  RUN", json.dumps({k: r.get(k) for k in ("final_step","tok_per_s","ckpt_pause_s_max","precision","peak_gpu_gb_max_rank","peak_reserved_gb_max_rank","final_loss","val_loss","push_steps","seconds","nonfinite_losses")}))
+    if step_s and p is not None:
+        tok = r["tok_per_s"]
+        print(f"  PAUSE max {p*1000:.1f} ms = {100*p/step_s:.2f} % of one step ({step_s:.3f} s at {tok:.0f} tok/s, step 1 excluded)")' | tee -a "$SUM"
+}
+
+part_pause() { ref_leg pause "$STEPS_R" "$ACCUM_A"; }
+part_check() { SPECPROBE_SNAPSHOT=async SPECPROBE_SNAPSHOT_CHECK=1 ref_leg check 6 "$ACCUM_CHECK" --no-compile; }
+part_nocomp() { ref_leg nocomp "$STEPS_R" "$ACCUM_A" --no-compile; }
+
 for part in $PARTS; do
   budget_var="T_${part^^}"; budget=${!budget_var:-200}
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
-  export -f part_$part leg_pair say 2>/dev/null
-  export LOG SUM PY T0 PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A
+  export -f part_$part leg_pair ref_leg say 2>/dev/null
+  export LOG SUM PY T0 PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"

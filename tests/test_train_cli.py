@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer.preflight import check as preflight_check
-from trainer.train import (UsageError, build_parser, checkpoint_steps, choose_precision, lr_at,
-                           validate_args)
+from trainer.train import (UsageError, build_parser, checkpoint_steps, choose_compile, choose_precision,
+                           lr_at, session_tok_per_s, snapshot_diff, snapshot_mode, validate_args)
 from trainer_helpers import REPO_ROOT
 
 BASE = ["--root", "/nonexistent/mix", "--out", "/tmp/x", "--hub-repo", "file:///tmp/s/o/n", "--model", "tiny",
@@ -45,6 +45,7 @@ def test_step_arithmetic():
     (["--push-every-steps", "0"], "--push-every-steps must be positive"),
     (["--lr", "0"], "--lr must be positive"),
     (["--grad-ckpt", "--no-grad-ckpt"], "--grad-ckpt and --no-grad-ckpt both given"),
+    (["--compile", "--no-compile"], "--compile and --no-compile both given"),
     (["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no such checkpoint directory"),
     (["--val-tokens", "-5"], "--val-tokens must not be negative"),
 ])
@@ -119,6 +120,76 @@ def test_precision_lines():
 def test_precision_refusals(requested, device, cap):
     with pytest.raises(UsageError, match=f"--precision {requested}"):
         choose_precision(requested, device, cap)
+
+
+@pytest.mark.parametrize("flags, device, cap, on, why", [
+    ((False, False), "cpu", None, False, "auto: cpu"),
+    ((False, False), "cuda", (9, 0), True, "auto: cuda capability 9.0"),   # H200: measured, it pays
+    ((False, False), "cuda", (8, 0), True, "auto: cuda capability 8.0"),
+    ((False, False), "cuda", (7, 5), False, "auto: cuda capability 7.5 < 8.0, not measured"),  # T4
+    ((True, False), "cpu", None, True, "requested"),
+    ((False, True), "cuda", (9, 0), False, "requested"),
+])
+def test_compile_choice(flags, device, cap, on, why):
+    assert choose_compile(*flags, device, cap) == (on, why)
+
+
+def test_compile_flags_conflict():
+    with pytest.raises(UsageError, match="--compile and --no-compile both given"):
+        choose_compile(True, True, "cuda", (9, 0))
+
+
+def test_tok_per_s_leaves_out_the_first_step():
+    assert session_tok_per_s([], 100) is None                      # trained nothing
+    assert session_tok_per_s([4.0], 100) == 25.0                   # the only step counts
+    assert session_tok_per_s([30.0, 1.0, 1.0, 2.0], 100) == 75.0   # 300 tokens in 4 s: warm-up left out
+
+
+def test_snapshot_mode_from_env():
+    assert snapshot_mode("cuda", {}) == ("async", None)
+    assert snapshot_mode("cpu", {}) == ("sync", None)
+    assert snapshot_mode("cpu", {"SPECPROBE_SNAPSHOT": "async", "SPECPROBE_SNAPSHOT_CHECK": "2"}) == ("async", 2.0)
+    for env in ({"SPECPROBE_SNAPSHOT": "fast"}, {"SPECPROBE_SNAPSHOT_CHECK": "1"},          # check needs async
+                {"SPECPROBE_SNAPSHOT": "async", "SPECPROBE_SNAPSHOT_CHECK": "x"}):
+        with pytest.raises(UsageError, match="SPECPROBE_SNAPSHOT"):
+            snapshot_mode("cpu", env)
+
+
+def test_snapshot_diff_is_bitwise():
+    import torch
+    a = {"w": torch.tensor([1.0, -0.0]), "s": {"0": {"step": torch.tensor(3.0)}}, "lr": 0.1}
+    assert snapshot_diff(a, {"w": torch.tensor([1.0, -0.0]), "s": {"0": {"step": torch.tensor(3.0)}},
+                             "lr": 0.1}) == "ok tensors=2"
+    assert snapshot_diff(a, {**a, "w": torch.tensor([1.0, 0.0])}) == "MISMATCH /w"    # -0.0 != 0.0 bitwise
+    assert snapshot_diff(a, {**a, "w": torch.tensor([1.0, -0.0], dtype=torch.float64)}) == "MISMATCH /w"
+    assert snapshot_diff(a, {**a, "lr": 0.2}) == "MISMATCH /lr"
+
+
+@pytest.mark.slow
+def test_async_snapshot_path_resumes_bitwise_on_cpu(tmp_path, tmp_path_factory, monkeypatch):
+    """The CUDA snapshot path (host buffers allocated once, copies enqueued, the optimizer step waiting
+    for them), forced on CPU with a blocking copy to compare at every snapshot: stop at 3, wipe, cold
+    resume; the same losses and final weights as the uninterrupted sync-path baseline."""
+    import shutil
+    from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, baseline, explain, run_trainer,
+                                 store_url, torchrun_cmd, trainer_args, weights_sha256)
+    base = baseline(tmp_path_factory)
+    monkeypatch.setenv("SPECPROBE_SNAPSHOT", "async")
+    monkeypatch.setenv("SPECPROBE_SNAPSHOT_CHECK", "0")
+    repo, out, runs = store_url(tmp_path / "store"), tmp_path / "out", []
+    for stop in (3, 0):
+        shutil.rmtree(out, ignore_errors=True)
+        r = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=out, repo=repo, steps=BASELINE_STEPS,
+                                                  push_every=BASELINE_PUSH_EVERY, stop=stop)))
+        assert r.rc == 0, explain(r)
+        checks = r.starting("CKPT snapshot-check ")
+        assert checks and all(" ok tensors=" in line for line in checks), checks
+        buffers = r.starting("CKPT snapshot buffers: ")
+        assert len(buffers) == 1 and "more bytes" not in buffers[0], buffers   # allocated once, up front
+        assert all(" device_wait_s=0.000" in line for line in r.starting("CKPT save "))
+        runs.append(r)
+    assert {**runs[0].run_json["losses"], **runs[1].run_json["losses"]} == base.run.run_json["losses"]
+    assert weights_sha256(repo) == base.final_sha
 
 
 def test_schedule_values():

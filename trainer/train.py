@@ -27,10 +27,28 @@ always ends on a verified checkpoint, so the next session resumes exactly there)
 which is pushed twice: as ``ckpt/checkpoint-H`` like every push step, then as ``final/`` with a
 terminal pointer (the Hub stores identical blobs once, so the second upload costs little). A session that
 died between those two pushes resumes from the non-terminal pointer at the horizon and only completes the
-final push. Rank 0 snapshots the state to host memory on the training
-thread, then writes the checkpoint dir and runs push -> verify -> move ``latest.json`` -> prune on one
-background thread; the next checkpoint first waits for the previous push. A segment stops only after its
-last push was verified and the pointer moved.
+final push. Rank 0 snapshots the state to host memory, then writes the checkpoint dir and runs
+push -> verify -> move ``latest.json`` -> prune on one background thread; the next checkpoint first waits
+for the previous push. A segment stops only after its last push was verified and the pointer moved.
+The snapshot on CPU is a blocking copy on the training thread. On CUDA it is asynchronous: pinned host
+buffers for the weights and the optimizer state are allocated once before the first step; a checkpoint
+only enqueues their copies on a side stream (which first waits for the step that produced the state) and
+records an event; the next optimizer step waits for that event on the device (it would overwrite what is
+being copied) and the push thread waits for it before reading the buffers. ``snapshot_s=`` on the
+``CKPT save`` line and RUN_JSON ``ckpt_pause_s_max`` count the training thread's time in the snapshot
+plus the time the training stream waited for the copies (``device_wait_s=``). H200, frozen model,
+micro 4 x accum 32: 812 ms blocking vs ~21 ms asynchronous (bench/RESULTS.md).
+
+Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
+override, the default is auto and the choice is printed as ``compile: blocks|off (why)``):
+    cuda capability >= 8.0 (A100, H100/H200): bf16 autocast, regional compile ON
+        (``Llama.compile_blocks()``: one Inductor graph shared by every block, parameter names unchanged):
+        1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager, 1-18 s warm-up, 15.5 vs 21.5 GiB at micro 32
+    cuda capability < 8.0 (T4): fp16 + GradScaler, compile OFF by default (Inductor/Triton on sm_75 not
+        measured here; ``--compile`` to try it)
+    cpu: fp32, compile off (the tests; bitwise-exact resume)
+The fused chunked cross-entropy is on everywhere (its Triton softmax pass only on CUDA). Compile is not
+part of config_hash: a run may resume with it on or off.
 
 Resume: ``--resume auto`` resumes from the store's pointer (fresh start when the repo or pointer is
 missing; refused on a terminal or stale pointer, a config change, missing files or a hash mismatch);
@@ -116,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action="store_true",
+                   help="regional compile (each block via Llama.compile_blocks); default: auto, see --no-compile")
+    p.add_argument("--no-compile", action="store_true",
+                   help="no compile; default auto = compile on cuda capability >= 8.0, off on CPU and below 8.0")
     return p
 
 
@@ -155,6 +176,8 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
         raise UsageError(f"WORLD_SIZE must be positive, got {world_size}")
     if args.grad_ckpt and args.no_grad_ckpt:
         raise UsageError("--grad-ckpt and --no-grad-ckpt both given: ambiguous, pass exactly one")
+    if args.compile and args.no_compile:
+        raise UsageError("--compile and --no-compile both given: ambiguous, pass at most one")
     if args.seq_len > model_max_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} exceeds --model {args.model}'s max_seq_len "
                          f"{model_max_seq_len}")
@@ -222,6 +245,55 @@ def choose_precision(requested: str, device_type: str,
     if requested == "bf16" and cap < (8, 0):
         raise UsageError(f"--precision bf16 needs cuda capability >= 8.0, this GPU has {cap_s}")
     return Precision(requested, f"requested, {cap_s}", requested == "fp16")
+
+
+def choose_compile(compile_flag: bool, no_compile_flag: bool, device_type: str,
+                   capability: tuple[int, int] | None = None) -> tuple[bool, str]:
+    """(compile?, reason). auto: regional compile on cuda capability >= 8.0 (measured on H200: 1.7-1.9x
+    tok/s, less memory, 1-18 s warm-up; bench/RESULTS.md), off on CPU (tests) and below 8.0 (T4:
+    Inductor/Triton on sm_75 not measured here). --compile / --no-compile force it either way."""
+    if compile_flag and no_compile_flag:
+        raise UsageError("--compile and --no-compile both given: ambiguous, pass at most one")
+    if compile_flag:
+        return True, "requested"
+    if no_compile_flag:
+        return False, "requested"
+    if device_type != "cuda":
+        return False, "auto: cpu"
+    cap = capability or (0, 0)
+    cap_s = f"cuda capability {cap[0]}.{cap[1]}"
+    if cap >= (8, 0):
+        return True, f"auto: {cap_s}"
+    return False, f"auto: {cap_s} < 8.0, not measured"
+
+
+def snapshot_mode(device_type: str, environ: Any) -> tuple[str, float | None]:
+    """(path, check) of checkpoint snapshots. path "async" (cuda default): copies into pinned host buffers
+    on a side stream, waited for on the device by the next optimizer step; "sync" (cpu default): copies
+    on the training thread. SPECPROBE_SNAPSHOT=async|sync forces one (the tests run async on cpu).
+    SPECPROBE_SNAPSHOT_CHECK=SECONDS (async only, a diagnostic): also take a blocking copy and compare it
+    bitwise with the async one; on cuda the side stream first sleeps SECONDS, so the next optimizer step
+    reaches its wait before the copies ran (a torn-copy trap that also exercises the device-wait timing)."""
+    mode = environ.get("SPECPROBE_SNAPSHOT") or ("async" if device_type == "cuda" else "sync")
+    if mode not in ("async", "sync"):
+        raise UsageError(f"SPECPROBE_SNAPSHOT={mode!r}: use async or sync")
+    raw = environ.get("SPECPROBE_SNAPSHOT_CHECK")
+    try:
+        check = float(raw) if raw else None
+    except ValueError:
+        check = -1.0
+    if check is not None and (check < 0 or mode != "async"):
+        raise UsageError(f"SPECPROBE_SNAPSHOT_CHECK={raw!r}: seconds >= 0, with the async snapshot")
+    return mode, check
+
+
+def session_tok_per_s(step_seconds: Sequence[float], tokens_per_step: int) -> float | None:
+    """Tokens per second of a session, leaving out its first step (compile, cuBLAS/NCCL and allocator
+    warm-up); over that step alone when it is the only one; None when the session trained no step."""
+    if not step_seconds:
+        return None
+    timed = list(step_seconds[1:]) or list(step_seconds)
+    return round(len(timed) * tokens_per_step / max(sum(timed), 1e-9), 1)
 
 
 def lr_at(step: int, *, total: int, warmup: int, lr: float, min_lr: float, schedule: str) -> float:
@@ -292,6 +364,139 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
+class PendingCopy:
+    """Snapshot copies in flight on a side stream (cuda), or already done (cpu: `event` is None)."""
+
+    def __init__(self, event: Any = None, device: Any = None):
+        self.event, self.device = event, device
+        self.reached: Any = None  # timing event recorded where the training stream waits for `event`
+
+    def wait_on_current_stream(self) -> None:
+        """Training thread, just before the optimizer step: the device waits, this thread does not."""
+        if self.event is None:
+            return
+        import torch
+        reached = torch.cuda.Event(enable_timing=True)
+        reached.record()
+        torch.cuda.current_stream().wait_event(self.event)
+        self.reached = reached  # set only once recorded: the push thread may read it at any time
+
+    def finish(self) -> float:
+        """Push thread: blocks until the copies are done; returns the seconds the training stream spent
+        waiting for them (0 when it had not reached its optimizer step by then)."""
+        if self.event is None:
+            return 0.0
+        import torch
+        with torch.cuda.device(self.device):
+            self.event.synchronize()
+            reached = self.reached
+            # `reached` not recorded yet, or not yet reached by the device: the copies are done, so the
+            # stream will pass its wait without stopping. Reached: it stopped from then to the copies' end.
+            if reached is None or not reached.query():
+                return 0.0
+            return max(reached.elapsed_time(self.event), 0.0) / 1000
+
+
+class HostBuffers:
+    """Host buffers for snapshots, allocated once and reused (pinned on cuda, so copies are async DMA).
+
+    `start` enqueues a copy of every device tensor of the weights and of the optimizer state into them on
+    a side stream that first waits for the training stream (the step that produced the state), and
+    returns host-side state dicts that must not be read before `PendingCopy.finish()`."""
+
+    def __init__(self, device: Any):
+        import torch
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.pool: dict[tuple, list] = {}
+
+    def _new(self, key: tuple) -> Any:
+        import torch
+        return torch.empty(key[0], dtype=key[1], pin_memory=self.cuda)
+
+    def reserve(self, specs: Sequence[tuple]) -> int:
+        """Ensure buffers for every (shape, dtype) in specs (a multiset); returns the bytes allocated."""
+        from collections import Counter
+        added = 0
+        for key, n in Counter(specs).items():
+            have = self.pool.setdefault(key, [])
+            while len(have) < n:
+                have.append(self._new(key))
+                added += have[-1].numel() * have[-1].element_size()
+        return added
+
+    def start(self, weights: dict, opt_sd: dict, *, delay_s: float = 0.0) -> tuple[dict, dict, PendingCopy, int]:
+        import contextlib as _cl
+        import torch
+        used: dict[tuple, int] = {}
+        added = 0
+
+        def host(t: Any) -> Any:
+            nonlocal added
+            if not torch.is_tensor(t):
+                return t
+            if t.device.type != self.device.type:  # e.g. a CPU scalar next to cuda tensors: tiny, copy now
+                return t.detach().to("cpu", copy=True)
+            key = (tuple(t.shape), t.dtype)
+            bufs = self.pool.setdefault(key, [])
+            i = used[key] = used.get(key, -1) + 1
+            if i == len(bufs):
+                bufs.append(self._new(key))
+                added += bufs[-1].numel() * bufs[-1].element_size()
+            buf = bufs[i]
+            if self.cuda:
+                t.record_stream(self.stream)  # never reuse its memory before the copy has read it
+            buf.copy_(t.detach(), non_blocking=self.cuda)
+            return buf
+
+        if self.cuda:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            ctx = torch.cuda.stream(self.stream)
+        else:
+            ctx = _cl.nullcontext()
+        with ctx:
+            if self.cuda and delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
+                torch.cuda._sleep(int(delay_s * 2e9))
+            w = {k: host(v) for k, v in weights.items()}
+            state = {k: {n: host(v) for n, v in st.items()} for k, st in opt_sd["state"].items()}
+        rest = {k: to_host(v) for k, v in opt_sd.items() if k != "state"}
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self.stream)
+        return w, {"state": state, **rest}, PendingCopy(event, self.device), added
+
+
+def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
+    """'ok tensors=N' when every tensor of `got` equals `want` bitwise (same dtype/shape/bytes), else
+    'MISMATCH <first differing path>'. For SPECPROBE_SNAPSHOT_CHECK."""
+    import torch
+    count = 0
+
+    def walk(a: Any, b: Any, p: str) -> str | None:
+        nonlocal count
+        if torch.is_tensor(a) or torch.is_tensor(b):
+            if not (torch.is_tensor(a) and torch.is_tensor(b)) or a.dtype != b.dtype or a.shape != b.shape:
+                return p
+            count += 1
+            same = torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) \
+                if a.numel() else True
+            return None if same else p
+        if isinstance(a, dict) and isinstance(b, dict):
+            if set(a) != set(b):
+                return p + "{keys}"
+            return next((r for k in a if (r := walk(a[k], b[k], f"{p}/{k}"))), None)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            if len(a) != len(b):
+                return p + "[len]"
+            return next((r for i, (x, y) in enumerate(zip(a, b)) if (r := walk(x, y, f"{p}[{i}]"))), None)
+        return None if a == b else p
+
+    bad = walk(got, want, path)
+    return f"MISMATCH {bad}" if bad is not None else f"ok tensors={count}"
+
+
 def rng_state(device_type: str) -> dict[str, Any]:
     """This rank's RNG state, as tensors and plain ints so torch.load(weights_only=True) can read it."""
     import numpy as np
@@ -342,9 +547,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           and torch.cuda.is_available()) else "cpu"
         capability = torch.cuda.get_device_capability() if device_type == "cuda" else None
         precision = choose_precision(args.precision, device_type, capability)
+        compile_on, compile_why = choose_compile(args.compile, args.no_compile, device_type, capability)
+        snapshot_mode(device_type, os.environ)  # a bad SPECPROBE_SNAPSHOT* is a usage error, before any work
     except UsageError as e:
         return usage(str(e))
     trainer = Trainer(args, plan, precision, device_type)
+    trainer.compile_on, trainer.compile_why = compile_on, compile_why
     _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
     return trainer.run()
 
@@ -363,6 +571,10 @@ class Trainer:
         self.push_steps: list[int] = []
         self.shadow = None  # rank 0's host copy of the model, reused by every snapshot
         self.ckpt_pause_s = 0.0  # longest pause of the training loop for a checkpoint snapshot (rank 0)
+        self.compile_on, self.compile_why = False, "off"
+        self.snapshot_mode, self.snapshot_check = snapshot_mode(device_type, os.environ)
+        self.host_buffers: HostBuffers | None = None  # rank 0, async path: buffers allocated once
+        self.snap_wait: PendingCopy | None = None  # copies the next optimizer step must wait for
 
     # -- distribution ---------------------------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -582,8 +794,11 @@ class Trainer:
         args, plan, prec = self.args, self.plan, self.precision
         raw_model = self.raw_model.to(self.device)
         model = raw_model
-        if args.compile:
-            model = torch.compile(model)
+        self.log(f"compile: {'blocks' if self.compile_on else 'off'} ({self.compile_why})")
+        if self.compile_on:
+            # Regional: one Inductor graph shared by the 22 blocks, parameter names unchanged (no
+            # `_orig_mod.`), so DDP, checkpoints and the shadow model see the plain module.
+            raw_model.compile_blocks()
         if self.ddp:
             model = DDP(model, device_ids=[self.local_rank] if self.device_type == "cuda" else None)
 
@@ -610,12 +825,14 @@ class Trainer:
         autocast = partial(torch.autocast, device_type=self.device_type, dtype=dtype,
                            enabled=prec.name != "fp32")
         push_at = set(checkpoint_steps(start_step, plan.stop_step, args.push_every_steps))
+        if self.master and self.snapshot_mode == "async" and (push_at or start_step == plan.total_steps):
+            self._prepare_async_snapshot()  # before the first step: allocation is not a training pause
         if start_step == plan.total_steps:  # resumed at the horizon: only the final push is left
             self._checkpoint(start_step, push_ckpt=False, final=True)
         losses: dict[str, float] = {}
         pending_losses: list[tuple[int, torch.Tensor]] = []
         t_log, steps_since_log = time.time(), 0
-        train_seconds = 0.0
+        step_seconds: list[float] = []  # host time of each step (the first one is left out of tok_per_s)
 
         def flush_losses() -> None:
             # One reduction per log interval instead of a host sync every step.
@@ -650,6 +867,11 @@ class Trainer:
             if args.grad_clip > 0:
                 scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
+            if self.snap_wait is not None:
+                # The optimizer step overwrites the weights and moments a checkpoint snapshot is still
+                # copying to host memory: the device (not this thread) waits for those copies.
+                self.snap_wait.wait_on_current_stream()
+                self.snap_wait = None
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
@@ -663,7 +885,7 @@ class Trainer:
                 self.log(f"step {step}/{plan.total_steps} loss {losses[str(step)]:.4f} lr {lr_now:.1e} "
                          f"tok/s {tok_s:.0f}")
                 t_log, steps_since_log = now, 0
-            train_seconds += time.time() - t_step
+            step_seconds.append(time.time() - t_step)
             if step in push_at:
                 flush_losses()
                 self._checkpoint(step, push_ckpt=True, final=step == plan.total_steps)
@@ -690,8 +912,7 @@ class Trainer:
                 "final_step": final_step, "segment_stop": not plan.horizon_leg,
                 "resumed_from_step": resumed_from, "first_step": first,
                 "tokens_consumed": final_step * plan.tokens_per_step,
-                "tok_per_s": (round(trained_steps * plan.tokens_per_step / max(train_seconds, 1e-9), 1)
-                              if trained_steps else None),
+                "tok_per_s": session_tok_per_s(step_seconds, plan.tokens_per_step),
                 "params": self.params, "grad_ckpt": plan.grad_ckpt, "precision": prec.name,
                 "world_size": self.world_size, "final_loss": losses.get(str(final_step)),
                 "losses": losses, **val, **peaks, "model": args.model, "seq_len": args.seq_len,
@@ -711,8 +932,37 @@ class Trainer:
         return EXIT_OK
 
     # -- checkpoints ------------------------------------------------------------------------------
+    def _prepare_async_snapshot(self) -> None:
+        """Rank 0, async path: the shadow model and the pinned host buffers, once, before the first step.
+
+        The buffers are sized for the weights and for AdamW's state (two moments like each parameter and
+        a scalar step); the optimizer state does not exist yet on a fresh start. A layout that differs
+        after all gets its missing buffers at the first snapshot, inside the measured pause."""
+        import torch
+        from trainer.model import Llama
+        with torch.random.fork_rng(devices=[]):  # its throwaway init must not advance rank 0's RNG
+            self.shadow = Llama(self.cfg, attn=self.args.attn)
+        self.host_buffers = HostBuffers(self.device)
+        specs = [(tuple(t.shape), t.dtype) for t in self.raw_model.state_dict().values()]
+        if self.opt.state:
+            specs += [(tuple(t.shape), t.dtype) for st in self.opt.state.values() for t in st.values()
+                      if torch.is_tensor(t) and t.device.type == self.device.type]
+        else:  # AdamW (fused on cuda): exp_avg and exp_avg_sq like the parameter, `step` an fp32 scalar
+            for g in self.opt.param_groups:
+                for prm in g["params"]:
+                    specs += [(tuple(prm.shape), prm.dtype)] * 2 + [((), torch.float32)]
+        t0 = time.perf_counter()
+        nbytes = self.host_buffers.reserve(specs)
+        self.log(f"CKPT snapshot buffers: {nbytes} bytes {'pinned ' if self.device.type == 'cuda' else ''}"
+                 f"host memory in {time.perf_counter() - t0:.2f}s (async snapshot)")
+
     def _checkpoint(self, step: int, *, push_ckpt: bool, final: bool) -> None:
-        """Snapshot on the training thread (all ranks: RNG gather), then write + push in background."""
+        """Snapshot on the training thread (all ranks: RNG gather), then write + push in background.
+
+        sync path (cpu): blocking copies into the shadow model and a host copy of the optimizer state.
+        async path (cuda): the copies are only enqueued on a side stream into pinned buffers; the next
+        optimizer step waits for them on the device, the push thread before it reads them. The pause
+        reported (`snapshot_s=`, ckpt_pause_s_max) is this thread's time here plus that device wait."""
         import torch
         self._wait_push(step, announce=True)
         t0 = time.perf_counter()  # from here to the submit is the only pause training sees
@@ -722,32 +972,66 @@ class Trainer:
             self.push_steps.append(step)
         if not self.master:
             return
-        from trainer.model import Llama
-        if self.shadow is None:
-            with torch.random.fork_rng(devices=[]):  # its throwaway init must not advance rank 0's RNG
-                self.shadow = Llama(self.cfg, attn=self.args.attn)
-        self.shadow.load_state_dict(self.raw_model.state_dict())  # copies into host memory
-        opt_state = {"optimizer": to_host(self.opt.state_dict()), "scheduler": self.sched.state_dict(),
-                     "scaler": self.scaler.state_dict()}
+        pending, check = None, None
+        if self.snapshot_mode == "async":
+            if self.host_buffers is None:
+                self._prepare_async_snapshot()
+            weights, opt_sd, pending, new_bytes = self.host_buffers.start(
+                self.raw_model.state_dict(), self.opt.state_dict(),
+                delay_s=self.snapshot_check or 0.0)
+            if new_bytes:
+                _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
+            self.snap_wait = pending
+            if self.snapshot_check is not None:  # the step's state, copied the blocking way, to compare
+                check = (to_host(self.raw_model.state_dict()), to_host(self.opt.state_dict()))
+            opt_state = {"optimizer": opt_sd, "scheduler": self.sched.state_dict(),
+                         "scaler": self.scaler.state_dict()}
+            nbytes = tensor_bytes(opt_sd) + tensor_bytes(rngs) + tensor_bytes(weights)
+        else:
+            from trainer.model import Llama
+            if self.shadow is None:
+                with torch.random.fork_rng(devices=[]):  # its throwaway init must not advance rank 0's RNG
+                    self.shadow = Llama(self.cfg, attn=self.args.attn)
+            self.shadow.load_state_dict(self.raw_model.state_dict())  # copies into host memory
+            weights = None
+            opt_state = {"optimizer": to_host(self.opt.state_dict()), "scheduler": self.sched.state_dict(),
+                         "scaler": self.scaler.state_dict()}
+            nbytes = tensor_bytes(opt_state) + tensor_bytes(rngs) + sum(
+                t.numel() * t.element_size() for t in self.shadow.state_dict().values())
         tokens = step * self.plan.tokens_per_step
         trainer_state = {"step": step, "tokens_consumed": tokens, "run_config": self.run_cfg,
                          "config_hash": self.cfg_hash, "world_size": self.world_size,
                          "final": final, "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        nbytes = tensor_bytes(opt_state) + tensor_bytes(rngs) + sum(
-            t.numel() * t.element_size() for t in self.shadow.state_dict().values())
         if self.pusher is None:
             self.pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-push")
         pause = time.perf_counter() - t0
-        self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
+        if pending is None:
+            self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
         job = partial(self._write_and_push, step, push_ckpt, final, trainer_state, opt_state, rngs, nbytes,
-                      tokens, pause)
+                      tokens, pause, weights, pending, check)
         self.pending = (step, self.pusher.submit(job))
 
     def _write_and_push(self, step: int, push_ckpt: bool, final: bool, trainer_state: dict,
-                        opt_state: dict, rngs: list, nbytes: int, tokens: int, pause: float) -> None:
+                        opt_state: dict, rngs: list, nbytes: int, tokens: int, pause: float,
+                        weights: dict | None = None, pending: "PendingCopy | None" = None,
+                        check: tuple | None = None) -> None:
         from trainer.checkpoint import prune_local, write_checkpoint_dir
         out_dir = self.args.out / "ckpt" / f"checkpoint-{step}"
-        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes} snapshot_s={pause:.3f}")
+        wait = ""
+        if pending is not None:
+            # The copies must have landed before anything reads the buffers; the device wait they cost
+            # the training stream (if it reached the optimizer step first) is part of the pause.
+            device_wait = pending.finish()
+            pause += device_wait
+            self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
+            wait = f" device_wait_s={device_wait:.3f}"
+            self.shadow.load_state_dict(weights)
+            if check is not None:
+                verdict = snapshot_diff((weights, opt_state["optimizer"]), check)
+                _emit(f"CKPT snapshot-check step={step} {verdict}")
+                if not verdict.startswith("ok"):
+                    raise RuntimeError(f"async snapshot of step {step} differs from the step's state: {verdict}")
+        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes} snapshot_s={pause:.3f}{wait}")
         files = write_checkpoint_dir(out_dir, model=self.shadow, cfg=self.cfg, trainer_state=trainer_state,
                                      optimizer_state=opt_state, rng_states=rngs)
         for to_final in ([False] if push_ckpt else []) + ([True] if final else []):
