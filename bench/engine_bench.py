@@ -80,6 +80,10 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         spec = work / "bench_stream.yaml"
         spec.write_text(STREAM_SPEC.format(lines=lines, printer=printer))
         plain = timed([sys.executable, str(printer), str(lines)], work, repeat)
+        # The same command with its output through a pipe (to `cat`, then /dev/null): what any
+        # reader of a leg's output costs the leg, before the engine does anything with the lines.
+        piped = timed(["bash", "-c", f'"{sys.executable}" "{printer}" {lines} | cat > /dev/null'],
+                      work, repeat)
         # The engine's own stdout goes to /dev/null too, so both sides pay the same terminal cost.
         through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run")], work, repeat)
         # The same run with a 1-line leg: the engine's fixed cost (imports, validation, evidence),
@@ -89,13 +93,17 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         tiny = timed([sys.executable, str(printer), "1"], work, repeat)
     fixed_cost = (fixed[0] - tiny[0], fixed[1] - tiny[1])
     per_line = (through[0] - plain[0] - fixed_cost[0], through[1] - plain[1] - fixed_cost[1])
-    return [(f"{lines:,} lines piped to /dev/null", *plain),
+    return [(f"{lines:,} lines redirected to /dev/null", *plain),
+            (f"{lines:,} lines piped through cat to /dev/null", *piped),
             (f"{lines:,} lines through engine run", *through),
             ("  engine overhead, all of it", through[0] - plain[0], through[1] - plain[1], through[2]),
             ("  of which fixed per run (1-line leg)", *fixed_cost, fixed[2]),
             ("  streaming overhead (the rest)", *per_line, through[2]),
             ("  streaming overhead, % of the leg", 100 * per_line[0] / plain[0],
-             100 * per_line[1] / plain[1], through[2])]
+             100 * per_line[1] / plain[1], through[2]),
+            ("  engine vs the piped leg, % (fixed cost excluded)",
+             100 * (through[0] - fixed_cost[0] - piped[0]) / piped[0],
+             100 * (through[1] - fixed_cost[1] - piped[1]) / piped[1], through[2])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
