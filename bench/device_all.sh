@@ -181,7 +181,7 @@ for line in sys.stdin:
     r = json.loads(line)
     step_s = r["tokens_per_step"] / r["tok_per_s"] if r.get("tok_per_s") else None
     p = r.get("ckpt_pause_s_max")
-    print("  RUN", json.dumps({k: r.get(k) for k in ("final_step","tok_per_s","ckpt_pause_s_max","precision","peak_gpu_gb_max_rank","peak_reserved_gb_max_rank","final_loss","val_loss","push_steps","seconds","nonfinite_losses")}))
+    print("  RUN", json.dumps({k: r.get(k) for k in ("final_step","tok_per_s","ckpt_pause_s_max","ckpt_wait_s_max","precision","peak_gpu_gb_max_rank","peak_reserved_gb_max_rank","final_loss","val_loss","push_steps","seconds","nonfinite_losses")}))
     if step_s and p is not None:
         tok = r["tok_per_s"]
         print(f"  PAUSE max {p*1000:.1f} ms = {100*p/step_s:.2f} % of one step ({step_s:.3f} s at {tok:.0f} tok/s, step 1 excluded)")' | tee -a "$SUM"

@@ -187,6 +187,7 @@ def test_async_snapshot_path_resumes_bitwise_on_cpu(tmp_path, tmp_path_factory, 
         buffers = r.starting("CKPT snapshot buffers: ")
         assert len(buffers) == 1 and "more bytes" not in buffers[0], buffers   # allocated once, up front
         assert all(" device_wait_s=0.000" in line for line in r.starting("CKPT save "))
+        assert r.run_json["ckpt_wait_s_max"] >= 0 and r.run_json["ckpt_pause_s_max"] > 0
         runs.append(r)
     assert {**runs[0].run_json["losses"], **runs[1].run_json["losses"]} == base.run.run_json["losses"]
     assert weights_sha256(repo) == base.final_sha

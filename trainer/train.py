@@ -571,6 +571,7 @@ class Trainer:
         self.push_steps: list[int] = []
         self.shadow = None  # rank 0's host copy of the model, reused by every snapshot
         self.ckpt_pause_s = 0.0  # longest pause of the training loop for a checkpoint snapshot (rank 0)
+        self.ckpt_wait_s = 0.0  # longest wait of the training loop for the previous push (rank 0)
         self.compile_on, self.compile_why = False, "off"
         self.snapshot_mode, self.snapshot_check = snapshot_mode(device_type, os.environ)
         self.host_buffers: HostBuffers | None = None  # rank 0, async path: buffers allocated once
@@ -920,6 +921,7 @@ class Trainer:
                 "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
                 "push_steps": self.push_steps, "hub_repo": self.hub_url,
                 "ckpt_pause_s_max": round(self.ckpt_pause_s, 4),
+                "ckpt_wait_s_max": round(self.ckpt_wait_s, 4),
                 "seconds": round(time.time() - self.t_start, 1),
             }
             # Strict JSON: a diverged (non-finite) loss becomes null and is counted, never `NaN`.
@@ -964,8 +966,12 @@ class Trainer:
         optimizer step waits for them on the device, the push thread before it reads them. The pause
         reported (`snapshot_s=`, ckpt_pause_s_max) is this thread's time here plus that device wait."""
         import torch
+        t_wait = time.perf_counter()
         self._wait_push(step, announce=True)
-        t0 = time.perf_counter()  # from here to the submit is the only pause training sees
+        t0 = time.perf_counter()  # from here to the submit is the snapshot's pause
+        # A push still running when the next checkpoint comes (pushes more often than a push lasts)
+        # stalls the loop too; reported on its own as ckpt_wait_s_max.
+        self.ckpt_wait_s = max(self.ckpt_wait_s, t0 - t_wait)
         rng = rng_state(self.device_type)
         rngs = self.gather(rng)
         if push_ckpt:
