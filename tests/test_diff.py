@@ -424,6 +424,24 @@ def test_the_issue_example_on_the_real_soak_spec(tmp_path: Path) -> None:
            "resumed_from_step = 120, stop1 = 120\n" in text
 
 
+def test_new_check_is_evaluated_on_the_committed_real_run(tmp_path: Path, in_root: Path) -> None:
+    """evidence/p4_soak is a real `engine run specs/p4_soak.yaml` (the bundle the spec-PR workflow
+    re-checks): a check added in a PR is answered from it, with the values it read."""
+    new = tmp_path / "specs" / "p4_soak.yaml"
+    shutil.copytree(ROOT / "specs", new.parent)
+    new.write_text(new.read_text() + """
+  - name: leg2_trained_each_step_once
+    why: A resume one step early trains a step twice; one step late skips one.
+    expr: "sort(map(&to_number(@), keys(steps.leg2.harvest.run_json.losses))) == range(add(values.stop1, `1`), add(values.steps, `1`))"
+""")
+    saved = json.loads((ROOT / "evidence" / "p4_soak" / "evidence.json").read_text())
+    rc, text, err = run_diff("specs/p4_soak.yaml", new, evidence="evidence/p4_soak")
+    assert (rc, err) == (1, "")
+    stamp = saved["started_at"][:16]
+    assert f"+ new check leg2_trained_each_step_once would PASS on run {stamp} (soak): " in text
+    assert "stop1 = 120, steps = 180" in text
+
+
 def test_unreadable_evidence_exits_2(tmp_path: Path, in_root: Path) -> None:
     rc, _, err = run_diff("tests/specs/diff/base.yaml", "tests/specs/diff/base.yaml", evidence=tmp_path)
     assert rc == 2 and "no evidence document" in err
