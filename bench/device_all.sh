@@ -17,6 +17,13 @@
 #          so the next optimizer step must wait on the device; every snapshot is compared bitwise with a
 #          blocking copy of the step's state (a torn copy would show as MISMATCH and exit 4)
 #   nocomp the `pause` run with --no-compile (tok/s with vs without compile)
+#   speed  (one GPU is enough: nvidia-h200) micro-32 speed levers side by side on GPU 0, alone: the default,
+#          sdpa enable_gqa, loss chunks of 1024/8192 rows, the cuDNN sdpa backend, combinations, CUDA
+#          graphs (reduce-overhead), a profile of the default, the default again (run-to-run spread), and
+#          the 50-step fast-vs-plain check with the bf16 noise floor (plain fuse=1, plain fp32)
+#   full   the same micro-32 row with torch.compile of the whole model instead of regional
+#   autotune  regional compile with mode max-autotune-no-cudagraphs (its own budget: the autotuning)
+#   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
 # Budgets (seconds) can be overridden: T_BENCH T_DDP T_A T_B. Outputs under $OUT (8 files at most come
 # back): summary.txt, bench.jsonl, evidence.json, logs.tgz (every log).
@@ -28,6 +35,8 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
+T_SPEED=${T_SPEED:-160}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
 DEV=${DEV:-cuda}; MODEL=${MODEL:-ounce100m-22l}; SEQ=${SEQ:-1024}; BENCH_EXTRA=${BENCH_EXTRA:-}
@@ -187,6 +196,40 @@ for line in sys.stdin:
         print(f"  PAUSE max {p*1000:.1f} ms = {100*p/step_s:.2f} % of one step ({step_s:.3f} s at {tok:.0f} tok/s, step 1 excluded)")' | tee -a "$SUM"
 }
 
+# One GPU, one process per part, rows in order of what they decide (a timeout loses the last ones).
+S=steps=30,warmup=8
+bench0() {
+  local tag=$1; shift
+  local args=()
+  for c in "$@"; do args+=(--config "$c"); done
+  CUDA_VISIBLE_DEVICES=0 $PY bench/train_bench.py --jsonl "$LOG/bench_$tag.jsonl" --verbose \
+    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA "${args[@]}" >"$LOG/bench_$tag.log" 2>&1
+}
+# Run 4 ran these rows when the loss default was 1024-row chunks; since then the default (ce_rows=0) is
+# 4096 rows at micro 32, so the rows below compare against ce_rows=1024 explicitly.
+part_speed() {
+  bench0 speed \
+    micro=32,compile=regional,$S,prof=1 \
+    micro=32,compile=regional,$S,gqa=1 \
+    micro=32,compile=regional,$S,ce_rows=1024 \
+    micro=32,compile=regional,$S,ce_rows=8192 \
+    micro=32,compile=regional,$S,gqa=1,ce_rows=1024 \
+    micro=32,compile=regional,$S,sdpa=cudnn \
+    micro=32,compile=regional,$S,gqa=1 \
+    micro=32,compile=regional,$S \
+    task=check,micro=8,compile=regional,steps=50,noise=1 \
+    micro=32,compile=regional,$S,cmode=reduce-overhead
+}
+part_full() { bench0 full micro=32,compile=full,steps=20,warmup=3; }
+part_autotune() { bench0 autotune micro=32,compile=regional,steps=20,warmup=3,cmode=max-autotune-no-cudagraphs; }
+part_ckpt() {
+  $PY bench/ckpt_bench.py --layers $CKPT_LAYERS --repeat 1 --dir /tmp/ckpt_bench --jsonl "$LOG/ckpt.jsonl" \
+    >"$LOG/ckpt.log" 2>&1
+  say "ckpt rc=$?"
+  grep -hE '^CKPT_|^ *[-0-9]+ ' "$LOG/ckpt.log" | tee -a "$SUM"
+  grep -hE 'Error|Traceback' "$LOG/ckpt.log" | head -5 | tee -a "$SUM"
+}
+
 part_pause() { ref_leg pause "$STEPS_R" "$ACCUM_A"; }
 part_check() { SPECPROBE_SNAPSHOT=async SPECPROBE_SNAPSHOT_CHECK=1 ref_leg check 6 "$ACCUM_CHECK" --no-compile; }
 part_nocomp() { ref_leg nocomp "$STEPS_R" "$ACCUM_A" --no-compile; }
@@ -195,8 +238,8 @@ for part in $PARTS; do
   budget_var="T_${part^^}"; budget=${!budget_var:-200}
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
-  export -f part_$part leg_pair ref_leg say 2>/dev/null
-  export LOG SUM PY T0 PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
+  export -f part_$part leg_pair ref_leg say bench0 2>/dev/null
+  export LOG SUM PY T0 S CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
@@ -204,6 +247,10 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
+  case $part in speed|full|autotune)
+    [ -f "$LOG/bench_$part.jsonl" ] && $PY bench/train_bench.py --table "$LOG/bench_$part.jsonl" 2>&1 | tee -a "$SUM"
+    grep -hE 'Error|Traceback|error:' "$LOG/bench_$part.log" 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM";;
+  esac
 done
 tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
 say "device_all.sh done in $(( $(date +%s) - T0 ))s"

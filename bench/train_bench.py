@@ -15,6 +15,15 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         the default since it measured faster),
   ce (ours: fused = LinearCrossEntropy with the Triton softmax pass | fused_eager = same, eager softmax |
       ckpt = the previous loss, a checkpointed F.cross_entropy per 1024-row chunk | plain = full logits),
+  gqa (ours: 1 = sdpa enable_gqa=True, no K/V expansion; trainer/model.py SDPA_GQA),
+  ce_rows (ours: rows of logits per loss chunk, trainer/model.py LOSS_CHUNK_ROWS; 0 = the model's rule,
+           n/8 clamped to [1024, 4096]: 4096 at micro 32, 1024 at micro <= 8; run 4 used 1024 as its default),
+  cmode (torch.compile mode for compile=regional|full: default | max-autotune-no-cudagraphs |
+         reduce-overhead (CUDA graphs) | max-autotune),
+  sdpa (cuda only: auto = torch's choice | flash | efficient | cudnn | math: only that backend enabled),
+  prof (speed: 1 = also profile 3 steps and keep the 20 kernels with the most device time),
+  noise (check: 1 = also run plain with fuse=1 (same maths, other GEMM shapes and reduction order) and
+         plain in fp32 without TF32, and compare every pair: the bf16 noise floor),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
@@ -54,7 +63,9 @@ from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
 GIB = 2 ** 30
 CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
                                    "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
-                                   "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused"}
+                                   "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused",
+                                   "gqa": 0, "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
+                                   "noise": 0}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -77,6 +88,9 @@ def label(cfg: dict[str, Any]) -> str:
     extra = ""
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
+    for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise"):
+        if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
+            extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
             f"compile={cfg['compile']}{extra}")
 
@@ -88,14 +102,18 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
     """(the module whose parameters the optimizer owns, loss_fn(x, y) -> scalar loss)."""
     mcfg = GEOMETRIES[model_name]
     torch.manual_seed(1234)
+    set_sdpa_backend(cfg["sdpa"], device)
+    ckw = {} if cfg["cmode"] == "default" else {"mode": cfg["cmode"]}
     if cfg["impl"] == "ours":
         import trainer.model as M
         M.FUSED_PROJ = bool(cfg["fuse"])
+        M.SDPA_GQA = bool(cfg["gqa"])
+        M.LOSS_CHUNK_ROWS = int(cfg["ce_rows"])
         os.environ["SPECPROBE_FUSED_CE"] = "0" if cfg["ce"] == "fused_eager" else "1"
         raw = Llama(mcfg, attn=cfg["attn"]).to(device)
         if cfg["compile"] == "regional":
-            raw.compile_blocks()
-        model = torch.compile(raw) if cfg["compile"] == "full" else raw
+            raw.compile_blocks(**ckw)
+        model = torch.compile(raw, **ckw) if cfg["compile"] == "full" else raw
         if cfg["ce"] in ("fused", "fused_eager"):
             return raw, lambda x, y: model(x, y)[1]
         if cfg["ce"] == "ckpt":
@@ -122,11 +140,28 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
         raw = transformers.LlamaForCausalLM._from_config(hf_cfg, attn_implementation=cfg["attn"]).to(device)
         if cfg["compile"] == "regional":
             for layer in raw.model.layers:
-                layer.compile()
-        model = torch.compile(raw) if cfg["compile"] == "full" else raw
+                layer.compile(**ckw)
+        model = torch.compile(raw, **ckw) if cfg["compile"] == "full" else raw
         # HF shifts labels by one inside; with random tokens that changes nothing measured.
         return raw, lambda x, y: model(input_ids=x, labels=x).loss
     raise SystemExit(f"unknown impl {cfg['impl']!r}")
+
+
+_SDPA_FLAGS = ("flash", "mem_efficient", "math", "cudnn")
+
+
+def set_sdpa_backend(which: str, device: torch.device) -> None:
+    """Enable every sdpa backend (auto) or only one. Global flags, read when sdpa dispatches (and when
+    dynamo traces it), so they are set before the model is built and compiled; cuda only."""
+    if which not in ("auto", "flash", "efficient", "cudnn", "math"):
+        raise SystemExit(f"unknown sdpa backend {which!r}")
+    if device.type != "cuda":
+        return
+    want = {"efficient": "mem_efficient"}.get(which, which)
+    for name in _SDPA_FLAGS:
+        fn = getattr(torch.backends.cuda, f"enable_{name}_sdp", None)
+        if fn is not None:
+            fn(which == "auto" or name == want)
 
 
 def make_optimizer(raw: torch.nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:
@@ -277,10 +312,35 @@ class Bench:
             s = [float(v) for v in scales]
             row["scaler_overflow_steps"] = sum(1 for a, b in zip(s, s[1:]) if b < a)  # scale halves on a skip
             row["scaler_final_scale"] = s[-1]
+        if cfg["prof"]:
+            row["prof_top"] = self.profile(step, n=3)
         if cfg["stall"]:
             row.update(self.stall(cfg, raw, opt, step, hook, row["step_s"]))
         del raw, model, opt, batches
         return row
+
+    def profile(self, step, n: int) -> list[list[Any]]:
+        """[kernel/op name, ms per step, % of the profiled device time] for the 20 heaviest, over n steps."""
+        from torch.profiler import ProfilerActivity, profile
+        cuda = self.device.type == "cuda"
+        acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+        sync(self.device)
+        with profile(activities=acts) as prof:
+            for _ in range(n):
+                step()
+            sync(self.device)
+        ev = prof.key_averages()
+
+        def self_t(e):  # microseconds of device (or, on cpu, host) self time
+            for name in (("self_device_time_total", "self_cuda_time_total") if cuda else ("self_cpu_time_total",)):
+                if hasattr(e, name):
+                    return float(getattr(e, name))
+            return 0.0
+        rows = sorted(((e.key, self_t(e)) for e in ev), key=lambda r: -r[1])
+        total = sum(t for _, t in rows) or 1.0
+        out = [["TOTAL", round(total / 1000 / n, 3), 100.0]]
+        out += [[k[:90], round(t / 1000 / n, 3), round(100 * t / total, 1)] for k, t in rows[:20]]
+        return out
 
     def row(self, cfg, **kw) -> dict[str, Any]:
         alloc = reserved = None
@@ -361,19 +421,44 @@ class Bench:
         logits tensor and F.cross_entropy) from the same init on the same learnable batches."""
         curves = {}
         batches = learnable_batches(8, cfg["micro"], self.args.seq_len, self.vocab, self.device, seed=5)
-        for path in ("plain", "fast"):
+        paths = ("plain", "fast") + (("plain_fuse", "plain_fp32") if cfg["noise"] else ())
+        tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        for path in paths:
             self.fresh()
             c = dict(cfg, impl="ours", compile=cfg["compile"] if path == "fast" else "none")
+            if path == "plain_fuse":   # the same maths with q/k/v and gate/up as one GEMM each
+                c["fuse"] = 1 - int(cfg["fuse"])
+            if path == "plain_fp32":   # fp32 everywhere, TF32 off: the reference the bf16 paths round away from
+                c["prec"] = "fp32"
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
             raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
-            if path == "plain":
+            if path.startswith("plain"):
                 def loss_fn(x, y, raw=raw):  # noqa: E306 - the textbook loss
                     h = raw.hidden(x)
                     logits = F.linear(h, raw.embed_tokens.weight).float()
                     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             step = self.make_step(c, raw, model, loss_fn, opt, scaler, autocast, batches)
             curves[path] = [float(step()) for _ in range(cfg["steps"])]
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             del raw, model, opt
         a, b = curves["plain"], curves["fast"]
+        pairs = {}
+        for x, y in (("plain", "plain_fuse"), ("plain", "fast"), ("plain_fp32", "plain"),
+                     ("plain_fp32", "plain_fuse"), ("plain_fp32", "fast")):
+            if x in curves and y in curves:
+                d = [abs(u - v) for u, v in zip(curves[x], curves[y])]
+                r = [e / abs(u) for e, u in zip(d, curves[x])]
+                pairs[f"{y}_vs_{x}"] = {"max_abs": round(max(d), 5), "max_rel": round(max(r), 5),
+                                        "mean_rel": round(sum(r) / len(r), 5), "final_rel": round(r[-1], 5),
+                                        "argmax_step": 1 + d.index(max(d))}
+        extra = {f"curve_{k}": [round(v, 4) for v in curves[k][::5]] + [round(curves[k][-1], 4)]
+                 for k in curves if k not in ("plain", "fast")}
+        if "fast_vs_plain_fp32" in pairs:
+            # The noise-floor gate (added after run 4): the fast path is no further from the fp32 reference
+            # than the two bf16 plain paths are (max and mean relative distance over the steps).
+            f, ref = pairs["fast_vs_plain_fp32"], [pairs["plain_vs_plain_fp32"], pairs["plain_fuse_vs_plain_fp32"]]
+            extra["within_noise_floor"] = (f["max_rel"] <= max(r["max_rel"] for r in ref)
+                                           and f["mean_rel"] <= max(r["mean_rel"] for r in ref))
         diffs = [abs(x - y) for x, y in zip(a, b)]
         rel = [d / abs(x) for d, x in zip(diffs, a)]
         return {"config": label(cfg), **cfg, "world": self.world, "plain_first": a[0], "plain_last": a[-1],
@@ -382,7 +467,8 @@ class Bench:
                 # bf16 has 8 mantissa bits (2^-8 = 0.4 %); two paths that round differently drift apart
                 # slowly over steps, so the gate is 2 % relative at any step and 0.5 % on average.
                 "within_tolerance": max(rel) < 0.02 and sum(rel) / len(rel) < 0.005,
-                "curve_plain": [round(v, 4) for v in a[::5]], "curve_fast": [round(v, 4) for v in b[::5]]}
+                "curve_plain": [round(v, 4) for v in a[::5]], "curve_fast": [round(v, 4) for v in b[::5]],
+                "pairs": pairs, **extra}
 
     def drift(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
@@ -461,7 +547,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         if r.get("task") == "check":
             print(f"{r['config']:<60} check: plain {r['plain_first']:.3f}->{r['plain_last']:.3f} fast "
                   f"{r['fast_first']:.3f}->{r['fast_last']:.3f} max rel {r['max_rel_diff']:.2e} "
-                  f"ok={r['within_tolerance']}")
+                  f"ok={r['within_tolerance']}" + (f" within_noise_floor={r['within_noise_floor']}"
+                                                   if "within_noise_floor" in r else ""))
+            for k, v in (r.get("pairs") or {}).items():
+                print(f"    {k:<26} max_abs {v['max_abs']:.4f} (step {v['argmax_step']}) max_rel {v['max_rel']:.2e} "
+                      f"mean_rel {v['mean_rel']:.2e} final_rel {v['final_rel']:.2e}")
             continue
         stall = (f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
                  if "stall_sync_s" in r else "")
@@ -477,6 +567,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{r['config']:<60} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
               f"{r['peak_alloc_gib'] if r['peak_alloc_gib'] is not None else '-':>7} "
               f"{r['peak_reserved_gib'] if r['peak_reserved_gib'] is not None else '-':>7} {stall:>9} {' '.join(notes)}")
+        for name, ms, pct in r.get("prof_top") or []:
+            print(f"    {ms:>9.3f} ms/step {pct:>5.1f} %  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -246,6 +246,27 @@ def test_fused_projections_compute_the_same_function(monkeypatch):
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-6)
 
 
+def test_sdpa_enable_gqa_computes_the_same_function_and_gradients(monkeypatch):
+    x, y = batch()
+    out = []
+    for gqa in (False, True):
+        monkeypatch.setattr(M, "SDPA_GQA", gqa)
+        m = tiny(seed=3)
+        logits, _ = m(x)
+        _, loss = m(x, y)
+        loss.backward()
+        out.append((logits.detach(), m.layers[0].self_attn.k_proj.weight.grad.clone()))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-5, atol=1e-6)
+
+
+def test_loss_chunk_rule_is_1024_for_small_micro_batches_and_4096_at_micro_32(monkeypatch):
+    monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 0)
+    assert [M.loss_chunk_rows(n) for n in (48, 4096, 8192, 16384, 32768, 65536)] == [1024, 1024, 1024, 2048, 4096, 4096]
+    monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 7)
+    assert M.loss_chunk_rows(32768) == 7
+
+
 def test_compile_blocks_keeps_the_parameter_names():
     m = tiny()
     before = list(hf_state_dict(m))

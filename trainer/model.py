@@ -26,15 +26,34 @@ from torch.utils.checkpoint import checkpoint
 # Rows of the flattened (B*T, d) hidden states turned into logits at a time by the loss. One chunk's
 # working set is ~6 bytes per logit (the bf16/fp16 logits, then their fp32 copy, turned in place into the
 # softmax gradient): at vocab 49152 a 1024-row chunk is ~300 MB, while the whole micro-batch of 32x1024
-# tokens at once would be ~10 GB. Bigger chunks buy nothing on the H200 (the chunk's matmul is already
-# 58 GFLOP); smaller ones only add launches.
-LOSS_CHUNK_ROWS = 1024
+# tokens at once would be ~10 GB. 0 = loss_chunk_rows()'s rule: n/8 rows, clamped to [1024, 4096]. At
+# micro-batch 32 (n = 32768) that is 4096: measured +3.4 % tok/s over 1024-row chunks on the H200 (432,383
+# vs 418,342; the fp32 `grad_w +=` of every chunk was 3.3 ms of a 74 ms step at 1024) for +1.4 GiB peak
+# (16.87 vs 15.46 GiB); 8192 was no faster (418,534, 18.75 GiB). Micro-batches of 8192 tokens or fewer
+# keep 1024-row chunks, whose memory (3.74 GiB at micro 4) was measured (bench/RESULTS.md, run 4).
+# A positive value fixes the chunk size (tests, the bench's ce_rows).
+LOSS_CHUNK_ROWS = 0
+
+
+def loss_chunk_rows(n: int) -> int:
+    """Rows per loss chunk for n rows of hidden states (see LOSS_CHUNK_ROWS)."""
+    if LOSS_CHUNK_ROWS > 0:
+        return LOSS_CHUNK_ROWS
+    return min(4096, max(1024, n // 8))
+
+
 INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embedding
 # Run q/k/v as one matmul against the concatenated weights, and gate/up as another (the parameters, so
 # checkpoints and HF names, stay separate). Off: measured SLOWER on the H200 under regional compile,
 # 424,601 tok/s separate vs 379,778 / 405,715 fused at micro-batch 32 (bench/RESULTS.md, 2026-11-29): the
 # per-step torch.cat of the weights and the split of their gradients cost more than the wider N saves.
 FUSED_PROJ = False
+# sdpa with enable_gqa=True (the kernel reads each K/V head for its n_rep query heads) instead of expanding
+# K/V into n_head copies first. Off by default: the explicit expansion keeps the memory-efficient kernel
+# usable on Turing (T4), where flash is not, and on the H200 at micro-batch 32 it saved 1.0 GiB but its
+# speed was not shown (-11 % / +2.6 % in two rows, inside that run's spread; bench/RESULTS.md run 4).
+# SPECPROBE_SDPA_GQA=1 (or setting this) switches it on.
+SDPA_GQA = os.environ.get("SPECPROBE_SDPA_GQA", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -194,6 +213,9 @@ class Attention(nn.Module):
         k = k.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         v = v.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.attn == "sdpa" and SDPA_GQA and self.n_head != self.n_kv_head:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
         # Expanding K/V explicitly (rather than sdpa's enable_gqa) keeps the memory-efficient kernel
         # available on Turing (T4), where flash attention is not; the copies are 1/3 of the query size.
         k, v = repeat_kv(k, self.n_head // self.n_kv_head), repeat_kv(v, self.n_head // self.n_kv_head)
@@ -277,7 +299,7 @@ def _ce_grad(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Mean CE of (h @ weight.T) against y, LOSS_CHUNK_ROWS rows of logits at a time, gradients included.
+    """Mean CE of (h @ weight.T) against y, loss_chunk_rows() rows of logits at a time, gradients included.
 
     The forward computes each chunk's gradients (d/dh, d/dweight) right after its loss, while its logits
     are at hand, and keeps only those (N x d and V x d): no (N, V) tensor outlives its chunk, and the
@@ -293,7 +315,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         with torch.autocast(dev, enabled=False):
             hc, wc = h.to(cdt), weight.to(cdt)
-            n, rows = h.shape[0], LOSS_CHUNK_ROWS
+            n = h.shape[0]
+            rows = loss_chunk_rows(n)
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device) if need_h else None
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None
@@ -382,13 +405,14 @@ class Llama(nn.Module):
     # compiles as one graph and the graph break costs one launch boundary a micro-step.
     @torch.compiler.disable
     def chunked_loss(self, h: Tensor, y: Tensor) -> Tensor:
-        """Mean CE over h (N, d) / y (N,); at most LOSS_CHUNK_ROWS rows of logits exist at a time."""
+        """Mean CE over h (N, d) / y (N,); at most loss_chunk_rows(N) rows of logits exist at a time."""
         w = self.embed_tokens.weight
         if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
             return LinearCrossEntropy.apply(h, w, y)
         total = h.new_zeros((), dtype=torch.float32)
-        for i in range(0, h.shape[0], LOSS_CHUNK_ROWS):
-            total = total + _ce_sum(h[i:i + LOSS_CHUNK_ROWS], w, y[i:i + LOSS_CHUNK_ROWS])
+        rows = loss_chunk_rows(h.shape[0])
+        for i in range(0, h.shape[0], rows):
+            total = total + _ce_sum(h[i:i + rows], w, y[i:i + rows])
         return total / y.numel()
 
 
