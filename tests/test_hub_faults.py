@@ -17,19 +17,9 @@ from hubserver import HubServer
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
 from trainer.hub import COMMIT_MARKER, HubStore
 from trainer.store import StoreError
+from blobs import sha, write
 
 COMMIT = r"/commit/main$"
-
-
-def write(tmp: Path, name: str, data: bytes) -> Path:
-    p = tmp / name
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data)
-    return p
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def ready(hub_store, name: str) -> HubStore:

@@ -3,7 +3,6 @@ HTTP against tests/hubserver.py, on the regular path (small files, Xet left enab
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,19 +14,9 @@ from conftest import HUB_TOKEN
 from hubserver import HubServer
 from trainer.hub import COMMIT_MARKER, HubStore, RetryPolicy
 from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError, open_store
+from blobs import sha, write
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def write(tmp: Path, name: str, data: bytes) -> Path:
-    p = tmp / name
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data)
-    return p
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def test_regular_path_with_xet_enabled(hub_server: HubServer, hub_store, tmp_path: Path,
