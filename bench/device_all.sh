@@ -23,6 +23,19 @@
 #          the 50-step fast-vs-plain check with the bf16 noise floor (plain fuse=1, plain fp32)
 #   full   the same micro-32 row with torch.compile of the whole model instead of regional
 #   autotune  regional compile with mode max-autotune-no-cudagraphs (its own budget: the autotuning)
+#   speed5 (nvidia-h200) run 5: each micro-32 row in its own process, HF+compile / new / old / gqa
+#          interleaved and repeated, then one lever off at a time and a profile (nvidia-smi dmon runs
+#          alongside every part: clocks and power per second in dmon.log)
+#   m4     micro 4: memory and speed of the new defaults, the old ones, enable_gqa
+#   check5 50-step fast vs plain vs plain fp32 losses with the new defaults
+#   speed6 (nvidia-h200) run 6: HF+compile, then the defaults after run 5 (gqa auto) and one lever each:
+#          sdpa=flash, 8192/16384-row loss chunks, coordinate-descent tuning, whole-model compile
+#   m4b    micro 4 x accum 32 (the trainer's shape: gradients live across micro-steps) and micro 4
+#   autotune6  the defaults with mode max-autotune-no-cudagraphs (its own budget)
+#   lean   (x2, GPU 0 alone) run 7: LEAN_ACTIVATIONS on vs off at micro 32 and micro 4 x accum 32, HF+compile,
+#          and the 1-rank row of ddp7's shape
+#   ddp7   2 ranks at micro 32 x accum 4 and micro 4 x accum 32 (gradients as bucket views)
+#   pauselean0  the `pause` trainer run with SPECPROBE_LEAN_ACTIVATIONS=0
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
 # Budgets (seconds) can be overridden: T_BENCH T_DDP T_A T_B. Outputs under $OUT (8 files at most come
@@ -35,7 +48,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -49,6 +62,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 SUM="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUM"; }
 T0=$(date +%s)
+command -v nvidia-smi >/dev/null && { nvidia-smi dmon -s pc -d 1 >"$LOG/dmon.log" 2>&1 & }
 say "device_all.sh parts=[$PARTS] start $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.sm,power.draw --format=csv,noheader | tee -a "$SUM"
 $PY -c 'import torch,sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' 2>&1 | tee -a "$SUM"
@@ -203,7 +217,7 @@ bench0() {
   local args=()
   for c in "$@"; do args+=(--config "$c"); done
   CUDA_VISIBLE_DEVICES=0 $PY bench/train_bench.py --jsonl "$LOG/bench_$tag.jsonl" --verbose \
-    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA "${args[@]}" >"$LOG/bench_$tag.log" 2>&1
+    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA "${args[@]}" >>"$LOG/bench_$tag.log" 2>&1
 }
 # Run 4 ran these rows when the loss default was 1024-row chunks; since then the default (ce_rows=0) is
 # 4096 rows at micro 32, so the rows below compare against ce_rows=1024 explicitly.
@@ -220,6 +234,63 @@ part_speed() {
     task=check,micro=8,compile=regional,steps=50,noise=1 \
     micro=32,compile=regional,$S,cmode=reduce-overhead
 }
+# Run 5: one process per row (no dynamo.reset between configs in one process), the rows interleaved and
+# repeated, HF+compile in the same order, so "ours vs HF" is a ratio of neighbours, not of one lucky row.
+# new = the defaults after run 5's changes; old = the defaults of run 4 (fp32 residual, in-place loss pass
+# compiled as it was, separate fp32 add of the loss's weight gradient); then one lever off at a time.
+M32=micro=32,compile=regional,steps=40,warmup=10
+OLD=res=0,cefuse=inplace,wacc=0,gqa=0
+part_speed5() {
+  local rep c
+  for rep in 1 2; do
+    bench0 speed5 impl=hf,micro=32,compile=full,steps=40,warmup=10
+    bench0 speed5 $M32
+    bench0 speed5 $M32,$OLD
+    bench0 speed5 $M32,gqa=1
+    if [ $rep = 1 ]; then
+      for c in res=0 cefuse=inplace wacc=0; do bench0 speed5 $M32,$c; done
+    fi
+  done
+  bench0 speed5 $M32,gqa=1,prof=1
+}
+# Micro 4 (the reference shape): memory and speed, new vs old defaults, and with enable_gqa.
+part_m4() {
+  bench0 m4 micro=4,compile=regional,steps=40,warmup=10 micro=4,compile=regional,steps=40,warmup=10,$OLD \
+    micro=4,compile=regional,steps=40,warmup=10,gqa=1 micro=4,accum=32,compile=regional,steps=3,warmup=2,gqa=1
+}
+# The fast path (new defaults: bf16 residual among them) against plain bf16 and plain fp32, 50 steps.
+part_check5() { bench0 check5 task=check,micro=8,compile=regional,steps=50,noise=1; }
+# Run 6: levers on top of run 5's defaults (gqa now auto = on), HF+compile first in the same call.
+part_speed6() {
+  bench0 speed6 impl=hf,micro=32,compile=full,steps=40,warmup=10
+  bench0 speed6 $M32
+  bench0 speed6 $M32,sdpa=flash
+  bench0 speed6 $M32,ce_rows=8192
+  bench0 speed6 $M32,ce_rows=16384
+  bench0 speed6 $M32,ctune=1
+  bench0 speed6 micro=32,compile=full,steps=40,warmup=10
+  bench0 speed6 $M32
+}
+part_m4b() {
+  bench0 m4b micro=4,accum=32,compile=regional,steps=3,warmup=2 micro=4,compile=regional,steps=40,warmup=10
+}
+part_autotune6() { bench0 autotune6 $M32,cmode=max-autotune-no-cudagraphs; }
+# Run 7 (nvidia-h200-x2): LEAN_ACTIVATIONS on (new default) vs off, on GPU 0 alone; HF+compile in the same
+# call; the 1-rank and 2-rank rows of the same per-rank shape; then the trainer at the reference shape.
+part_lean() {
+  bench0 lean $M32
+  bench0 lean $M32,lean=0
+  bench0 lean impl=hf,micro=32,compile=full,steps=40,warmup=10
+  bench0 lean micro=4,accum=32,compile=regional,steps=3,warmup=2 micro=4,accum=32,compile=regional,steps=3,warmup=2,lean=0
+  bench0 lean micro=32,accum=4,compile=regional,steps=10,warmup=3
+}
+part_ddp7() {
+  $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddp7.jsonl" --verbose \
+    --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
+    --config impl=ours,micro=32,accum=4,compile=regional,steps=10,warmup=3 \
+    --config impl=ours,micro=4,accum=32,compile=regional,steps=3,warmup=2 >>"$LOG/bench_ddp7.log" 2>&1
+}
+part_pauselean0() { SPECPROBE_LEAN_ACTIVATIONS=0 ref_leg pauselean0 "$STEPS_R" "$ACCUM_A"; }
 part_full() { bench0 full micro=32,compile=full,steps=20,warmup=3; }
 part_autotune() { bench0 autotune micro=32,compile=regional,steps=20,warmup=3,cmode=max-autotune-no-cudagraphs; }
 part_ckpt() {
@@ -239,7 +310,7 @@ for part in $PARTS; do
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
   export -f part_$part leg_pair ref_leg say bench0 2>/dev/null
-  export LOG SUM PY T0 S CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
+  export LOG SUM PY T0 S M32 OLD CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
@@ -247,7 +318,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7)
     [ -f "$LOG/bench_$part.jsonl" ] && $PY bench/train_bench.py --table "$LOG/bench_$part.jsonl" 2>&1 | tee -a "$SUM"
     grep -hE 'Error|Traceback|error:' "$LOG/bench_$part.log" 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM";;
   esac

@@ -15,12 +15,22 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         the default since it measured faster),
   ce (ours: fused = LinearCrossEntropy with the Triton softmax pass | fused_eager = same, eager softmax |
       ckpt = the previous loss, a checkpointed F.cross_entropy per 1024-row chunk | plain = full logits),
-  gqa (ours: 1 = sdpa enable_gqa=True, no K/V expansion; trainer/model.py SDPA_GQA),
+  gqa (ours: auto = trainer/model.py sdpa_gqa() (on for cuda capability >= 8.0) | 1 = sdpa enable_gqa=True,
+       no K/V expansion | 0 = K/V expanded; trainer/model.py SDPA_GQA),
   ce_rows (ours: rows of logits per loss chunk, trainer/model.py LOSS_CHUNK_ROWS; 0 = the model's rule,
            n/8 clamped to [1024, 4096]: 4096 at micro 32, 1024 at micro <= 8; run 4 used 1024 as its default),
   cmode (torch.compile mode for compile=regional|full: default | max-autotune-no-cudagraphs |
          reduce-overhead (CUDA graphs) | max-autotune),
   sdpa (cuda only: auto = torch's choice | flash | efficient | cudnn | math: only that backend enabled),
+  res (ours: 1 = residual stream in bf16 under bf16 autocast, trainer/model.py BF16_RESIDUAL; 0 = fp32),
+  cefuse (ours, ce=fused: pointwise = the loss's softmax-minus-one-hot pass compiled from
+          _ce_grad_pointwise (one fused kernel); inplace = compiled from the in-place eager form, the
+          default before run 5 (it wrote the fp32 softmax to memory and cast it in a second kernel)),
+  wacc (ours: 1 = the loss's weight gradient accumulated by addmm into fp32 on CUDA; 0 = bf16 product
+        then a separate fp32 add, the default before run 5),
+  lean (ours, compiled: 1 = trainer/model.py LEAN_ACTIVATIONS, the partitioner recomputes pointwise inputs of
+        backward matmuls (weight casts, norm outputs, silu*up) instead of saving them; 0 = torch's default),
+  ctune (1 = Inductor's coordinate_descent_tuning: each Triton kernel's launch config tuned by timing),
   prof (speed: 1 = also profile 3 steps and keep the 20 kernels with the most device time),
   noise (check: 1 = also run plain with fuse=1 (same maths, other GEMM shapes and reduction order) and
          plain in fp32 without TF32, and compare every pair: the bf16 noise floor),
@@ -64,8 +74,8 @@ GIB = 2 ** 30
 CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
                                    "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
                                    "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused",
-                                   "gqa": 0, "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
-                                   "noise": 0}
+                                   "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
+                                   "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 1}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -88,7 +98,7 @@ def label(cfg: dict[str, Any]) -> str:
     extra = ""
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
-    for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise"):
+    for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -104,11 +114,22 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
     torch.manual_seed(1234)
     set_sdpa_backend(cfg["sdpa"], device)
     ckw = {} if cfg["cmode"] == "default" else {"mode": cfg["cmode"]}
+    from torch._inductor import config as inductor_config
+    inductor_config.coordinate_descent_tuning = bool(cfg["ctune"])
     if cfg["impl"] == "ours":
         import trainer.model as M
         M.FUSED_PROJ = bool(cfg["fuse"])
-        M.SDPA_GQA = bool(cfg["gqa"])
+        M.SDPA_GQA = {"auto": None, "1": True, "0": False}[cfg["gqa"]]
         M.LOSS_CHUNK_ROWS = int(cfg["ce_rows"])
+        M.BF16_RESIDUAL = bool(cfg["res"])
+        M.LEAN_ACTIVATIONS = bool(cfg["lean"])
+        from torch._functorch import config as partitioner
+        partitioner.ban_recompute_materialized_backward = True   # torch's default; compile_blocks may lift it
+        M._addmm_fp32_ok = None if cfg["wacc"] else False
+        if cfg["cefuse"] not in ("pointwise", "inplace"):
+            raise SystemExit(f"unknown cefuse {cfg['cefuse']!r}")
+        M._ce_grad_compiled = (torch.compile(M._ce_grad_eager, dynamic=False)
+                               if cfg["cefuse"] == "inplace" and device.type == "cuda" else None)
         os.environ["SPECPROBE_FUSED_CE"] = "0" if cfg["ce"] == "fused_eager" else "1"
         raw = Llama(mcfg, attn=cfg["attn"]).to(device)
         if cfg["compile"] == "regional":
@@ -241,7 +262,10 @@ class Bench:
         model = raw
         if self.ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(raw, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            # gradient_as_bucket_view: the .grad tensors are views into DDP's all-reduce buckets, not a second
+            # copy of every gradient (as trainer/train.py does).
+            model = DDP(raw, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                        gradient_as_bucket_view=True)
             inner = loss_fn
             if cfg["impl"] == "ours":
                 loss_fn = lambda x, y: model(x, y)[1]  # noqa: E731 - the DDP wrapper must run the forward
@@ -276,7 +300,9 @@ class Bench:
                 before_opt()
             scaler.step(opt)
             scaler.update()
-            opt.zero_grad(set_to_none=True)
+            # As trainer/train.py: under DDP the grads are bucket views, zeroed in place; set to None, the
+            # next step's first (no_sync) micro-step would allocate a second full copy of the gradients.
+            opt.zero_grad(set_to_none=not self.ddp)
             return total
         return step
 
@@ -296,16 +322,31 @@ class Bench:
         sync(self.device)
         warm_s = time.time() - t0
         scales = []
+        cuda = self.device.type == "cuda"
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(cfg["steps"] + 1)] if cuda else []
         t0 = time.time()
         losses = []
-        for _ in range(cfg["steps"]):
+        for i in range(cfg["steps"]):
+            if cuda:
+                marks[i].record()
             losses.append(step())
             if scaler.is_enabled():
                 scales.append(scaler._scale.detach().clone())  # no sync: compared once at the end
+        if cuda:
+            marks[-1].record()
         sync(self.device)
         dt = time.time() - t0
         tokens = cfg["steps"] * cfg["accum"] * cfg["micro"] * self.args.seq_len * self.world
         row = self.row(cfg, tok_s=tokens / dt, step_s=dt / cfg["steps"], warm_s=warm_s)
+        if cuda:
+            # Device time per step (event to event): its spread tells a uniformly slow row (clock, kernel
+            # choice) from one with a few stalled steps; tok_s_median is the row's figure without outliers.
+            ms = sorted(a.elapsed_time(b) for a, b in zip(marks, marks[1:]))
+            q = lambda f: ms[min(len(ms) - 1, int(f * len(ms)))]  # noqa: E731
+            row.update(step_ms_min=round(ms[0], 2), step_ms_p50=round(q(0.5), 2), step_ms_p90=round(q(0.9), 2),
+                       step_ms_max=round(ms[-1], 2),
+                       tok_s_median=round(tokens / cfg["steps"] / (q(0.5) / 1000), 1))
+        row["addmm_fp32"] = getattr(sys.modules.get("trainer.model"), "_addmm_fp32_ok", None)
         row["final_loss"] = float(losses[-1])
         row["loss_finite"] = bool(all(math.isfinite(float(v)) for v in losses))
         if scales:
@@ -428,6 +469,8 @@ class Bench:
             c = dict(cfg, impl="ours", compile=cfg["compile"] if path == "fast" else "none")
             if path == "plain_fuse":   # the same maths with q/k/v and gate/up as one GEMM each
                 c["fuse"] = 1 - int(cfg["fuse"])
+            if path.startswith("plain"):  # the textbook model: fp32 residual stream as HF's autocast path
+                c["res"] = 0
             if path == "plain_fp32":   # fp32 everywhere, TF32 off: the reference the bf16 paths round away from
                 c["prec"] = "fp32"
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -562,6 +605,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             notes.append(f"overflow_steps={r['scaler_overflow_steps']}")
         if "warm_s" in r:
             notes.append(f"warm={r['warm_s']:.0f}s")
+        if "tok_s_median" in r:
+            notes.append(f"median={r['tok_s_median']:.0f} step_ms p50/p90/max={r['step_ms_p50']}/{r['step_ms_p90']}"
+                         f"/{r['step_ms_max']}")
+        if r.get("addmm_fp32") is not None and r.get("impl") == "ours":
+            notes.append(f"addmm_fp32={r['addmm_fp32']}")
         if "drift_windows" in r:
             notes.append(" ".join(f"{w['steps_to']}:{w['tok_s_window']:.0f}/{w['reserved_gib']}G" for w in r["drift_windows"]))
         print(f"{r['config']:<60} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "

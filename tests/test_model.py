@@ -260,9 +260,9 @@ def test_sdpa_enable_gqa_computes_the_same_function_and_gradients(monkeypatch):
     torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-5, atol=1e-6)
 
 
-def test_loss_chunk_rule_is_1024_for_small_micro_batches_and_4096_at_micro_32(monkeypatch):
+def test_loss_chunk_rule_is_eight_chunks_per_micro_batch_between_512_and_4096_rows(monkeypatch):
     monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 0)
-    assert [M.loss_chunk_rows(n) for n in (48, 4096, 8192, 16384, 32768, 65536)] == [1024, 1024, 1024, 2048, 4096, 4096]
+    assert [M.loss_chunk_rows(n) for n in (48, 4096, 8192, 16384, 32768, 65536)] == [512, 512, 1024, 2048, 4096, 4096]
     monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 7)
     assert M.loss_chunk_rows(32768) == 7
 
@@ -272,3 +272,98 @@ def test_compile_blocks_keeps_the_parameter_names():
     before = list(hf_state_dict(m))
     m.compile_blocks()  # compiles lazily: nothing runs until the first forward
     assert list(hf_state_dict(m)) == before and count_params(m) == 119_104
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_pointwise_softmax_gradient_pass_equals_the_in_place_one(compiled):
+    # _ce_grad_pointwise is what CUDA compiles; it must be _ce_grad_eager's function, eagerly and as
+    # Inductor builds it (here its CPU backend), including a target in the first and the last column.
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(37, 300, generator=g) * 4).to(torch.bfloat16)
+    y = torch.randint(0, 300, (37,), generator=g)
+    y[0], y[-1] = 0, 299
+    fn = torch.compile(M._ce_grad_pointwise, dynamic=False) if compiled else M._ce_grad_pointwise
+    loss, grad = fn(logits, y)
+    ref_loss, ref_grad = M._ce_grad_eager(logits.clone(), y)
+    assert grad.dtype == torch.bfloat16 and grad.shape == (37, 300)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=0, atol=2 ** -8)
+    assert torch.allclose(grad.float().sum(1), torch.zeros(37), atol=0.05)  # softmax - one-hot sums to 0
+
+
+def _residual_dtype(monkeypatch, lowp: bool, dtype: torch.dtype | None) -> torch.dtype:
+    monkeypatch.setattr(M, "BF16_RESIDUAL", lowp)
+    m = tiny(seed=4)
+    seen = []
+    m.layers[1].register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    x, y = batch()
+    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        m(x, y)
+    return seen[0]
+
+
+def test_residual_stream_is_bf16_only_under_bf16_autocast_with_the_switch_on(monkeypatch):
+    assert _residual_dtype(monkeypatch, True, torch.bfloat16) == torch.bfloat16
+    assert _residual_dtype(monkeypatch, False, torch.bfloat16) == torch.float32
+    assert _residual_dtype(monkeypatch, True, torch.float16) == torch.float32  # fp16's range: kept fp32
+    assert _residual_dtype(monkeypatch, True, None) == torch.float32
+
+
+def test_bf16_residual_stream_changes_the_loss_and_gradients_only_by_bf16_rounding(monkeypatch):
+    x, y = batch(b=2, t=40)
+    out = []
+    for lowp in (False, True):
+        monkeypatch.setattr(M, "BF16_RESIDUAL", lowp)
+        m = tiny(seed=6)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = m(x, y)
+        loss.backward()
+        out.append((loss.detach(), [p.grad for p in m.parameters()]))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-2, atol=1e-2)
+    for a, b in zip(out[1][1], out[0][1]):
+        assert ((a - b).norm() / b.norm()).item() < 3e-2
+
+
+def test_sdpa_gqa_is_on_from_cuda_capability_8_and_off_below_and_on_cpu(monkeypatch):
+    monkeypatch.setattr(M, "SDPA_GQA", None)
+    caps = {"t4": (7, 5), "a100": (8, 0), "h200": (9, 0)}
+    for card, cap in caps.items():
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        assert M.sdpa_gqa(torch.device("cuda", 0)) is (cap >= (8, 0)), card
+    assert M.sdpa_gqa(torch.device("cpu")) is False
+    for forced in (True, False):
+        monkeypatch.setattr(M, "SDPA_GQA", forced)
+        assert M.sdpa_gqa(torch.device("cpu")) is forced
+
+
+def _saved_by_compiled_block(monkeypatch, lean: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    from torch._functorch import config as partitioner
+    monkeypatch.setattr(partitioner, "ban_recompute_materialized_backward", True)  # torch's default
+    monkeypatch.setattr(M, "LEAN_ACTIVATIONS", lean)
+    m = tiny(seed=8)
+    m.compile_blocks()
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+    x, y = batch()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x, y)
+    return saved
+
+
+def test_lean_activations_make_compiled_blocks_save_the_weights_not_their_bf16_copies(monkeypatch):
+    # A bf16 copy of each block matrix kept for the backward is memory the parameters already hold in fp32.
+    torch._dynamo.reset()
+    shapes = {tuple(p.shape) for n, p in tiny().layers[0].named_parameters() if p.dim() == 2}
+    default = _saved_by_compiled_block(monkeypatch, lean=False)
+    torch._dynamo.reset()
+    lean = _saved_by_compiled_block(monkeypatch, lean=True)
+    torch._dynamo.reset()
+    bf16_weights = lambda saved: [s for s, dt in saved if s in shapes and dt == torch.bfloat16]  # noqa: E731
+    assert len(bf16_weights(default)) >= 7 * TINY.n_layer     # q, k, v, o, gate, up, down per block
+    assert bf16_weights(lean) == []
+    activation_bytes = lambda saved: sum(torch.Size(s).numel() * (2 if dt == torch.bfloat16 else 4)  # noqa: E731
+                                         for s, dt in saved if s not in shapes)
+    assert activation_bytes(lean) < activation_bytes(default)

@@ -24,14 +24,12 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 # Rows of the flattened (B*T, d) hidden states turned into logits at a time by the loss. One chunk's
-# working set is ~6 bytes per logit (the bf16/fp16 logits, then their fp32 copy, turned in place into the
-# softmax gradient): at vocab 49152 a 1024-row chunk is ~300 MB, while the whole micro-batch of 32x1024
-# tokens at once would be ~10 GB. 0 = loss_chunk_rows()'s rule: n/8 rows, clamped to [1024, 4096]. At
-# micro-batch 32 (n = 32768) that is 4096: measured +3.4 % tok/s over 1024-row chunks on the H200 (432,383
-# vs 418,342; the fp32 `grad_w +=` of every chunk was 3.3 ms of a 74 ms step at 1024) for +1.4 GiB peak
-# (16.87 vs 15.46 GiB); 8192 was no faster (418,534, 18.75 GiB). Micro-batches of 8192 tokens or fewer
-# keep 1024-row chunks, whose memory (3.74 GiB at micro 4) was measured (bench/RESULTS.md, run 4).
-# A positive value fixes the chunk size (tests, the bench's ce_rows).
+# working set is ~4 bytes per logit (the bf16/fp16 logits, then the gradient in the same dtype): at vocab
+# 49152 a 1024-row chunk is ~200 MB, while the whole micro-batch of 32x1024 tokens at once would be ~6 GB.
+# 0 = loss_chunk_rows()'s rule, eight chunks per micro-batch: n/8 rows clamped to [512, 4096]. At
+# micro-batch 32 that is 4096 (run 4: +3.4 % tok/s over 1024 for +1.4 GiB; 8192 and 16384 measured within
+# 1 % of it in run 6 for +1.1 / +3.4 GiB); at micro-batch 4 it is 512, which keeps the 2-rank trainer at
+# the reference shape under 4.0 GB a rank (3.579 GiB, bench/RESULTS.md run 8). A positive value fixes it.
 LOSS_CHUNK_ROWS = 0
 
 
@@ -39,7 +37,7 @@ def loss_chunk_rows(n: int) -> int:
     """Rows per loss chunk for n rows of hidden states (see LOSS_CHUNK_ROWS)."""
     if LOSS_CHUNK_ROWS > 0:
         return LOSS_CHUNK_ROWS
-    return min(4096, max(1024, n // 8))
+    return min(4096, max(512, n // 8))
 
 
 INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embedding
@@ -49,11 +47,36 @@ INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embe
 # per-step torch.cat of the weights and the split of their gradients cost more than the wider N saves.
 FUSED_PROJ = False
 # sdpa with enable_gqa=True (the kernel reads each K/V head for its n_rep query heads) instead of expanding
-# K/V into n_head copies first. Off by default: the explicit expansion keeps the memory-efficient kernel
-# usable on Turing (T4), where flash is not, and on the H200 at micro-batch 32 it saved 1.0 GiB but its
-# speed was not shown (-11 % / +2.6 % in two rows, inside that run's spread; bench/RESULTS.md run 4).
-# SPECPROBE_SDPA_GQA=1 (or setting this) switches it on.
-SDPA_GQA = os.environ.get("SPECPROBE_SDPA_GQA", "0") == "1"
+# K/V into n_head copies first. None = auto (sdpa_gqa()): on for CUDA capability >= 8.0, where flash and
+# cuDNN attention take grouped heads (H200, micro-batch 32: +1.0 % tok/s and -1.0 GiB, bench/RESULTS.md
+# run 5); off on Turing (T4), whose memory-efficient kernel has no GQA (sdpa would fall back to the math
+# kernel), and on CPU. SPECPROBE_SDPA_GQA=1 / =0 (or setting this) forces it either way.
+SDPA_GQA: bool | None = {"1": True, "0": False}.get(os.environ.get("SPECPROBE_SDPA_GQA", ""))
+
+
+def sdpa_gqa(device: torch.device) -> bool:
+    """Whether attention on this device uses sdpa's enable_gqa (see SDPA_GQA)."""
+    if SDPA_GQA is not None:
+        return SDPA_GQA
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+# Under bf16 autocast, carry the residual stream (embedding output, block outputs) in bf16 instead of
+# fp32: every norm, residual add and saved activation of it moves half the bytes. bf16 has fp32's range,
+# so only rounding changes; fp16 (T4) keeps the fp32 stream, whose range fp16 could overflow.
+# Measured on the H200 at micro-batch 32: +4.1 % tok/s, -0.8 GiB (bench/RESULTS.md run 5); the fast path's
+# losses stay within the bf16 noise floor. SPECPROBE_BF16_RESIDUAL=0 keeps it fp32 as HF's autocast does.
+BF16_RESIDUAL = os.environ.get("SPECPROBE_BF16_RESIDUAL", "1") == "1"
+
+
+# Opt-in: compile_blocks() lets Inductor's partitioner recompute in the backward the pointwise results that
+# feed a matmul there (the bf16 casts of the weights, the norm outputs, silu(gate) * up) instead of saving
+# them; the backward then reads the fp32 weights (free to keep: they are the parameters). No matmul is
+# recomputed (this is not gradient checkpointing). Measured on the H200 (run 7): micro-batch 32 peak
+# 14.30 -> 10.53 GiB for -1.9 % tok/s, micro-batch 4 x accum 32 3.74 -> 3.13 GiB for about -25 % (that
+# shape is launch-bound, and the recompute adds kernels). Off: speed is the lab's cost, and the defaults
+# already fit the memory targets. SPECPROBE_LEAN_ACTIVATIONS=1 (or setting this) turns it on.
+LEAN_ACTIVATIONS = os.environ.get("SPECPROBE_LEAN_ACTIVATIONS", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -201,7 +224,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, gqa: bool = False) -> Tensor:
         b, t, _ = x.shape
         if FUSED_PROJ:
             w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
@@ -213,7 +236,7 @@ class Attention(nn.Module):
         k = k.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         v = v.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.attn == "sdpa" and SDPA_GQA and self.n_head != self.n_kv_head:
+        if self.attn == "sdpa" and gqa and self.n_head != self.n_kv_head:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
         # Expanding K/V explicitly (rather than sdpa's enable_gqa) keeps the memory-efficient kernel
@@ -253,8 +276,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, gqa: bool = False) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, gqa)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -277,25 +300,70 @@ def _ce_grad_eager(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return loss, g.to(logits.dtype)
 
 
-_ce_grad_compiled: Any = None  # torch.compile(_ce_grad_eager), built on the first CUDA call
+def _ce_grad_pointwise(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """_ce_grad_eager's maths written for Inductor: the one-hot is a comparison, not an indexed write.
+
+    An indexed write (scatter_add_) cannot join a fused kernel, so compiling the in-place form above
+    writes the whole fp32 softmax to memory, scatters into it, and casts it in a third kernel (~18 bytes a
+    logit). Here the softmax-minus-one-hot and its cast are one pointwise pass after the row reduction:
+    the logits are read twice and the gradient written once, in the logits' dtype. Eagerly this form
+    would allocate several fp32 copies, hence two spellings of one function.
+    """
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    loss = (lse - lf.gather(1, y[:, None]).squeeze(1)).sum()
+    hit = torch.arange(lf.shape[1], device=lf.device)[None, :] == y[:, None]
+    g = (lf - lse[:, None]).exp() - hit.to(lf.dtype)
+    return loss, g.to(logits.dtype)
+
+
+_ce_grad_compiled: Any = None  # torch.compile(_ce_grad_pointwise), built on the first CUDA call
 
 
 def _ce_grad(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """On CUDA, the softmax/gradient pass fused by Triton: it reads the logits twice and writes the
-    gradient once (~6 bytes a logit) where the eager ops above move ~40; at micro-batch 32 that pass is
-    1.6 G logits a step. Falls back to eager where Triton cannot build (set SPECPROBE_FUSED_CE=0 to force)."""
+    gradient once (~6 bytes a logit) where the eager ops move ~40; at micro-batch 32 that pass is 1.6 G
+    logits a step. Falls back to eager where Triton cannot build (set SPECPROBE_FUSED_CE=0 to force)."""
     global _ce_grad_compiled
     if logits.device.type != "cuda" or os.environ.get("SPECPROBE_FUSED_CE", "1") == "0":
         return _ce_grad_eager(logits, y)
     if _ce_grad_compiled is None:
         try:
-            fn = torch.compile(_ce_grad_eager, dynamic=False)
+            fn = torch.compile(_ce_grad_pointwise, dynamic=False)
             fn(logits[:1], y[:1])  # build it now, so a Triton failure falls back here and not mid-run
             _ce_grad_compiled = fn
         except Exception as e:  # noqa: BLE001 - any compiler failure: the eager path is correct, only slower
             print(f"fused cross-entropy unavailable ({type(e).__name__}: {e}); using eager ops", flush=True)
             _ce_grad_compiled = _ce_grad_eager
     return _ce_grad_compiled(logits, y)
+
+
+_addmm_fp32_ok: bool | None = None  # does this build's CUDA addmm take bf16/fp16 inputs into an fp32 out?
+
+
+def _accumulate_mm(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc (fp32) += a @ b for low-precision a, b. On CUDA one GEMM does it (cuBLAS with an fp32 C and
+    beta = 1: `addmm(..., out_dtype=float32)`, torch >= 2.9) instead of a low-precision product followed
+    by a separate fp32 add over acc (at vocab 49152, 113 MB read and written again per loss chunk).
+    Its first use is checked against the two-step sum, so a build that lacks it, or aliases `out` and
+    `input` wrongly, falls back (with a line saying so) instead of training on a wrong gradient."""
+    global _addmm_fp32_ok
+    if acc.device.type != "cuda" or a.dtype == acc.dtype or _addmm_fp32_ok is False:
+        acc += a @ b
+    elif _addmm_fp32_ok:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:  # first use: try it on acc itself (the same aliasing as later) and keep the two-step result
+        ref = acc + (a @ b).float()
+        try:
+            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+            err = ((acc - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            why = "" if err < 1e-2 else f"disagrees with the two-step sum (rel err {err:.2e})"
+        except (TypeError, RuntimeError, NotImplementedError) as e:
+            why = f"unavailable ({type(e).__name__}: {str(e)[:120]})"
+        _addmm_fp32_ok = not why
+        if why:
+            print(f"addmm into fp32 {why}; adding separately", flush=True)
+        acc.copy_(ref)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -327,7 +395,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 if need_h:
                     grad_h[i:i + rows] = g @ wc          # (rows, d), widened to fp32 on the copy
                 if need_w:
-                    grad_w += g.t() @ hs                 # (V, d): fp32 sum of the chunks' low-precision products
+                    _accumulate_mm(grad_w, g.t(), hs)    # (V, d): fp32 sum of the chunks' products
         ctx.save_for_backward(grad_h, grad_w)
         ctx.n, ctx.dtypes = n, (h.dtype, weight.dtype)
         return total / n
@@ -336,8 +404,10 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, gout: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         scale = gout.float() / ctx.n
-        gh = (grad_h * scale).to(ctx.dtypes[0]) if grad_h is not None else None
-        gw = (grad_w * scale).to(ctx.dtypes[1]) if grad_w is not None else None
+        # In place: the saved buffers die with this call, and a scaled copy of the (V, d) fp32 weight
+        # gradient would be one more 113 MB block live at the start of the backward, the peak.
+        gh = grad_h.mul_(scale).to(ctx.dtypes[0]) if grad_h is not None else None
+        gw = grad_w.mul_(scale).to(ctx.dtypes[1]) if grad_w is not None else None
         return gh, gw, None
 
 
@@ -365,12 +435,16 @@ class Llama(nn.Module):
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
         x = self.embed_tokens(idx)                                                     # (B, T, d)
+        dev = x.device.type
+        if BF16_RESIDUAL and torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16:
+            x = x.to(torch.bfloat16)
         cos, sin = self.rope_cos[:t].to(x.dtype), self.rope_sin[:t].to(x.dtype)
+        gqa = sdpa_gqa(x.device)
         for block in self.layers:
             if self.grad_ckpt and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = checkpoint(block, x, cos, sin, gqa, use_reentrant=False)
             else:
-                x = block(x, cos, sin)
+                x = block(x, cos, sin, gqa)
         return self.norm(x)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
@@ -391,6 +465,10 @@ class Llama(nn.Module):
         `_orig_mod.` prefix), so checkpoints and DDP see an unchanged model.
         """
         from torch._dynamo import config as cfg
+        from torch._functorch import config as partitioner
+        if LEAN_ACTIVATIONS:
+            # Global and read when each graph is built (lazily, at the first forward); see LEAN_ACTIVATIONS.
+            partitioner.ban_recompute_materialized_backward = False
         # Each block is a separate module instance; allow one cache entry per block in case guards on
         # module identity are ever needed (the default limit of 8 would silently fall back to eager).
         for name in ("recompile_limit", "cache_size_limit"):
