@@ -579,11 +579,29 @@ def matmul_tflops(device: torch.device) -> float | None:
     return 2 * 8192 ** 3 * 10 / (time.time() - t0) / 1e12
 
 
+def shape_key(r: dict[str, Any]) -> tuple:
+    """Rows with the same key train the same tokens per step the same way: comparable tok/s."""
+    return (r.get("micro"), r.get("accum"), r.get("prec"), r.get("world", 1), r.get("seq_len"), r.get("card"))
+
+
+def vs_baseline(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """{index of a row of ours: its tok/s over the mean tok/s of the HF + torch.compile(model) rows of the same
+    shape among `rows`}: the issue's ratio, only ever against a baseline measured in the same table."""
+    base: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r.get("impl") == "hf" and r.get("compile") == "full" and r.get("task") == "speed" and r.get("tok_s"):
+            base.setdefault(shape_key(r), []).append(r["tok_s"])
+    return {i: r["tok_s"] / (sum(base[shape_key(r)]) / len(base[shape_key(r)]))
+            for i, r in enumerate(rows)
+            if r.get("impl") == "ours" and r.get("task") == "speed" and r.get("tok_s") and shape_key(r) in base}
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
+    ratios = vs_baseline(rows)
     head = f"{'config':<60} {'tok/s':>10} {'MFU%':>6} {'alloc':>7} {'resv':>7} {'stall ms':>9} {'notes'}"
     print(head)
     print("-" * len(head))
-    for r in rows:
+    for i, r in enumerate(rows):
         if r.get("error"):
             print(f"{r['config']:<60} ERROR {r['error'][:120]}")
             continue
@@ -598,7 +616,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             continue
         stall = (f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
                  if "stall_sync_s" in r else "")
-        notes = []
+        notes = [f"vs_hf_compile={ratios[i]:.2f}x"] if i in ratios else []
         if r.get("world", 1) > 1:
             notes.append(f"world={r['world']}")
         if "scaler_overflow_steps" in r:

@@ -367,3 +367,14 @@ def test_lean_activations_make_compiled_blocks_save_the_weights_not_their_bf16_c
     activation_bytes = lambda saved: sum(torch.Size(s).numel() * (2 if dt == torch.bfloat16 else 4)  # noqa: E731
                                          for s, dt in saved if s not in shapes)
     assert activation_bytes(lean) < activation_bytes(default)
+
+
+def test_a_second_backward_through_the_loss_is_refused_not_scaled_twice():
+    # The loss scales its saved gradients in place; autograd's version check must turn a retained-graph
+    # second backward into an error instead of a silently doubled scale.
+    m = tiny()
+    x, y = batch()
+    _, loss = m(x, y)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

@@ -1,0 +1,48 @@
+"""bench/train_bench.py: every task runs end to end on CPU, and the table's ratio uses the same call's HF rows."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("train_bench", ROOT / "bench" / "train_bench.py")
+train_bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train_bench)
+
+
+def _row(impl: str, tok_s: float, micro: int = 32, compile: str = "full", **kw) -> dict:
+    return {"impl": impl, "task": "speed", "tok_s": tok_s, "micro": micro, "accum": 1, "prec": "bf16",
+            "world": 1, "seq_len": 1024, "card": "H200", "compile": compile, **kw}
+
+
+def test_ratio_is_against_the_mean_of_hf_compile_rows_of_the_same_shape_only():
+    rows = [_row("hf", 300.0), _row("hf", 500.0), _row("ours", 520.0, compile="regional"),
+            _row("hf", 100.0, compile="none"),                      # not the baseline: HF without compile
+            _row("ours", 90.0, micro=4, compile="regional"),        # no HF row of its shape: no ratio
+            _row("ours", 400.0, compile="regional", card="A100")]   # another card: never compared
+    assert train_bench.vs_baseline(rows) == {2: 1.3}
+
+
+def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
+    jsonl = tmp_path / "rows.jsonl"
+    configs = ["micro=2,steps=2,warmup=1", "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0",
+               "impl=hf,micro=2,steps=2,warmup=1", "task=check,micro=2,steps=3,noise=1",
+               "task=drift,micro=2,warmup=1,windows=1/2/3"]
+    cmd = [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--device", "cpu", "--model", "tiny",
+           "--seq-len", "32", "--jsonl", str(jsonl), "--verbose"]
+    for c in configs:
+        cmd += ["--config", c]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert "info" in rows[0] and rows[0]["info"]["params"] == 119_104
+    rows = rows[1:]
+    assert [r.get("error") for r in rows] == [None] * 5, [r.get("error") for r in rows]
+    assert all(r["tok_s"] > 0 for r in rows if r["task"] in ("speed", "drift"))
+    check = rows[3]
+    assert set(check["pairs"]) == {"plain_fuse_vs_plain", "fast_vs_plain", "plain_vs_plain_fp32",
+                                   "plain_fuse_vs_plain_fp32", "fast_vs_plain_fp32"}
+    assert abs(check["fast_first"] - check["plain_first"]) < 1e-4   # same init, same first batch (CPU fp32)
+    assert [w["steps_to"] for w in rows[4]["drift_windows"]] == [1, 2, 3]
+    assert "tok/s" in out.stdout and "check: plain" in out.stdout       # the table was printed
