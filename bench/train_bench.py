@@ -306,13 +306,17 @@ class Bench:
             return total
         return step
 
+    def random_batches(self, micro: int, seed: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """n (inputs, targets) pairs of uniform random tokens, already on the device (no loader in the timing)."""
+        g = torch.Generator().manual_seed(seed)
+        shape = (micro, self.args.seq_len)
+        return [(torch.randint(0, self.vocab, shape, generator=g).to(self.device),
+                 torch.randint(0, self.vocab, shape, generator=g).to(self.device)) for _ in range(n)]
+
     # -- tasks --------------------------------------------------------------------------------------
     def speed(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
-        g = torch.Generator().manual_seed(99 + self.rank)
-        batches = [(torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device),
-                    torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device))
-                   for _ in range(4)]
+        batches = self.random_batches(cfg["micro"], seed=99 + self.rank)
         hook: dict[str, Any] = {}
         step = self.make_step(cfg, raw, model, loss_fn, opt, scaler, autocast, batches,
                               before_opt=lambda: hook["fn"]() if "fn" in hook else None)
@@ -515,10 +519,7 @@ class Bench:
 
     def drift(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
-        g = torch.Generator().manual_seed(7 + self.rank)
-        batches = [(torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device),
-                    torch.randint(0, self.vocab, (cfg["micro"], self.args.seq_len), generator=g).to(self.device))
-                   for _ in range(4)]
+        batches = self.random_batches(cfg["micro"], seed=7 + self.rank)
         step = self.make_step(cfg, raw, model, loss_fn, opt, scaler, autocast, batches)
         for _ in range(cfg["warmup"]):
             step()
