@@ -36,6 +36,13 @@
 #          and the 1-rank row of ddp7's shape
 #   ddp7   2 ranks at micro 32 x accum 4 and micro 4 x accum 32 (gradients as bucket views)
 #   pauselean0  the `pause` trainer run with SPECPROBE_LEAN_ACTIVATIONS=0
+#   speed9 (nvidia-h200-x2) run 9: two lanes at once (GPU 0: fused q/k/v and gate/up; GPU 1: whole-model
+#          compile with coordinate-descent tuning, with CUDA graphs, combo kernels),
+#          each lane opened and closed by HF+compile and holding the defaults
+#   speed10 (nvidia-h200-x2) run 10: GPU 0 the whole-model compile with kernel tuning (the new cuda default),
+#          + CUDA graphs, + combo kernels; GPU 1 fp16 vs bf16, drift and fast-vs-plain at the new default
+#   check10 the fast-vs-plain check at the new default again (after part pause in run 11)
+#   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
 # Budgets (seconds) can be overridden: T_BENCH T_DDP T_A T_B. Outputs under $OUT (8 files at most come
@@ -48,7 +55,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -216,7 +223,7 @@ bench0() {
   local tag=$1; shift
   local args=()
   for c in "$@"; do args+=(--config "$c"); done
-  CUDA_VISIBLE_DEVICES=0 $PY bench/train_bench.py --jsonl "$LOG/bench_$tag.jsonl" --verbose \
+  CUDA_VISIBLE_DEVICES=${GPU:-0} $PY bench/train_bench.py --jsonl "$LOG/bench_$tag.jsonl" --verbose \
     --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA "${args[@]}" >>"$LOG/bench_$tag.log" 2>&1
 }
 # Run 4 ran these rows when the loss default was 1024-row chunks; since then the default (ce_rows=0) is
@@ -290,6 +297,39 @@ part_ddp7() {
     --config impl=ours,micro=32,accum=4,compile=regional,steps=10,warmup=3 \
     --config impl=ours,micro=4,accum=32,compile=regional,steps=3,warmup=2 >>"$LOG/bench_ddp7.log" 2>&1
 }
+# Run 9 (nvidia-h200-x2): two lanes of one-process rows at once, one a GPU, each opened and closed by the
+# HF+compile row and holding the defaults, so every lever is a ratio to neighbours on its own card.
+HF32=impl=hf,micro=32,compile=full,steps=40,warmup=10
+F32=micro=32,compile=full,steps=40,warmup=10
+part_speed9() {
+  ( export GPU=0
+    # run 9 also ran cefuse=triton rows here: a one-read loss kernel, measured slower and removed since
+    bench0 speed9a $HF32; bench0 speed9a $M32; bench0 speed9a $M32,fuse=1; bench0 speed9a $HF32 ) &
+  ( export GPU=1
+    bench0 speed9b $HF32; bench0 speed9b $M32; bench0 speed9b $F32,ctune=1; bench0 speed9b $F32,cmode=reduce-overhead
+    bench0 speed9b $M32,ind=combo_kernels:True; bench0 speed9b $HF32 ) &
+  wait
+}
+# Run 10 (nvidia-h200-x2): the whole-model compile with kernel tuning (F32C, the trainer's new cuda
+# default) and what may add to it (CUDA graphs, combo kernels) on GPU 0; on GPU 1 fp16 vs bf16, and the
+# drift and fast-vs-plain checks at the new default. Both lanes open and close with HF+compile.
+F32C=$F32,ctune=1
+F8C=micro=8,compile=full,ctune=1
+part_speed10() {
+  ( export GPU=0
+    bench0 speed10a $HF32; bench0 speed10a $F32C; bench0 speed10a $F32C,cmode=reduce-overhead
+    bench0 speed10a $F32C,ind=combo_kernels:True; bench0 speed10a $HF32 ) &
+  ( export GPU=1
+    bench0 speed10b $HF32; bench0 speed10b $M32; bench0 speed10b $M32,prec=fp16,warmup=20
+    bench0 speed10b task=drift,$F8C,warmup=10,windows=20/180/1000
+    bench0 speed10b task=check,$F8C,steps=50,noise=1; bench0 speed10b $HF32 ) &
+  wait
+}
+# Run 11: a second sample of the fast-vs-plain check at the new default (run 10's one sample sat above
+# its noise floor), after the 2-rank trainer run (part pause) with it.
+part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
+# Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
+part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }
 part_pauselean0() { SPECPROBE_LEAN_ACTIVATIONS=0 ref_leg pauselean0 "$STEPS_R" "$ACCUM_A"; }
 part_full() { bench0 full micro=32,compile=full,steps=20,warmup=3; }
 part_autotune() { bench0 autotune micro=32,compile=regional,steps=20,warmup=3,cmode=max-autotune-no-cudagraphs; }
@@ -310,7 +350,7 @@ for part in $PARTS; do
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
   export -f part_$part leg_pair ref_leg say bench0 2>/dev/null
-  export LOG SUM PY T0 S M32 OLD CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
+  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
@@ -318,9 +358,11 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7)
-    [ -f "$LOG/bench_$part.jsonl" ] && $PY bench/train_bench.py --table "$LOG/bench_$part.jsonl" 2>&1 | tee -a "$SUM"
-    grep -hE 'Error|Traceback|error:' "$LOG/bench_$part.log" 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM";;
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10)
+    for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[ab].jsonl; do   # [ab]: a part's lanes, one table each
+      [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
+    done
+    grep -hE 'Error|Traceback|error:' "$LOG/bench_$part"*.log 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM";;
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("train_bench", ROOT / "bench" / "train_bench.py")
 train_bench = importlib.util.module_from_spec(spec)
@@ -46,3 +48,17 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     assert abs(check["fast_first"] - check["plain_first"]) < 1e-4   # same init, same first batch (CPU fp32)
     assert [w["steps_to"] for w in rows[4]["drift_windows"]] == [1, 2, 3]
     assert "tok/s" in out.stdout and "check: plain" in out.stdout       # the table was printed
+
+
+def test_inductor_flags_are_set_by_dotted_name_with_typed_values_and_unknown_names_refused():
+    from torch._inductor import config as inductor
+    before = inductor.combo_kernels
+    with inductor.patch({"combo_kernels": False, "coordinate_descent_search_radius": 1,
+                         "triton.unique_kernel_names": False}):
+        train_bench.set_inductor_flags("combo_kernels:True+coordinate_descent_search_radius:3"
+                                       "+triton.unique_kernel_names:True")
+        assert inductor.combo_kernels is True and inductor.coordinate_descent_search_radius == 3
+        assert inductor.triton.unique_kernel_names is True
+    assert inductor.combo_kernels == before                 # the patch restored them: nothing leaks
+    with pytest.raises(SystemExit, match="no 'no_such_flag'"):
+        train_bench.set_inductor_flags("no_such_flag:1")

@@ -338,18 +338,19 @@ def test_sdpa_gqa_is_on_from_cuda_capability_8_and_off_below_and_on_cpu(monkeypa
 
 def _saved_by_compiled_block(monkeypatch, lean: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
     from torch._functorch import config as partitioner
-    monkeypatch.setattr(partitioner, "ban_recompute_materialized_backward", True)  # torch's default
     monkeypatch.setattr(M, "LEAN_ACTIVATIONS", lean)
-    m = tiny(seed=8)
-    m.compile_blocks()
     saved = []
 
     def pack(t):
         saved.append((tuple(t.shape), t.dtype))
         return t
-    x, y = batch()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
-        m(x, y)
+    # The config module's own patch(): monkeypatch's undo would delete a config attribute, not restore it.
+    with partitioner.patch(ban_recompute_materialized_backward=True):   # torch's default
+        m = tiny(seed=8)
+        m.compile_blocks()
+        x, y = batch()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x, y)
     return saved
 
 
@@ -378,3 +379,32 @@ def test_a_second_backward_through_the_loss_is_refused_not_scaled_twice():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch):
+    from torch._inductor import config as inductor
+    monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
+    torch._dynamo.reset()
+    ref, m = tiny(seed=9), tiny(seed=9)
+    before = list(hf_state_dict(m))
+    x, y = batch()
+    with inductor.patch(coordinate_descent_tuning=False):
+        m.compile_model()
+        assert inductor.coordinate_descent_tuning is True        # the kernel tuning comes with the scope
+        loss = m(x, y)[1]
+        loss.backward()
+    torch._dynamo.reset()
+    assert list(hf_state_dict(m)) == before and count_params(m) == 119_104
+    loss_ref = ref(x, y)[1]
+    loss_ref.backward()
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_compile_model_leaves_the_tuning_to_inductors_own_switch_when_it_is_set(monkeypatch):
+    from torch._inductor import config as inductor
+    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0")
+    with inductor.patch(coordinate_descent_tuning=False):
+        tiny().compile_model()          # lazy: nothing is built before the first forward
+        assert inductor.coordinate_descent_tuning is False

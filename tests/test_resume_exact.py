@@ -37,6 +37,7 @@ def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
     assert rj["resumed_from_step"] is None and rj["first_step"] == 1
     assert rj["tokens_consumed"] == BASELINE_STEPS * TOKENS_PER_STEP == rj["tokens_per_step"] * 6
     assert rj["world_size"] == 2 and rj["precision"] == "fp32" and rj["grad_ckpt"] is False
+    assert rj["compile"] == "off"   # cpu: auto is off (bitwise-exact resume)
     assert list(rj["losses"]) == [str(s) for s in range(1, 7)]
     assert rj["losses"]["6"] < rj["losses"]["1"]           # it learns
     assert rj["val_skipped"] is False and rj["val_error"] is None and rj["val_ppl"] > 1

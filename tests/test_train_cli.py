@@ -122,16 +122,25 @@ def test_precision_refusals(requested, device, cap):
         choose_precision(requested, device, cap)
 
 
-@pytest.mark.parametrize("flags, device, cap, on, why", [
-    ((False, False), "cpu", None, False, "auto: cpu"),
-    ((False, False), "cuda", (9, 0), True, "auto: cuda capability 9.0"),   # H200: measured, it pays
-    ((False, False), "cuda", (8, 0), True, "auto: cuda capability 8.0"),
-    ((False, False), "cuda", (7, 5), False, "auto: cuda capability 7.5 < 8.0, not measured"),  # T4
-    ((True, False), "cpu", None, True, "requested"),
-    ((False, True), "cuda", (9, 0), False, "requested"),
+@pytest.mark.parametrize("flags, device, cap, scope, mode, why", [
+    ((False, False), "cpu", None, "auto", "off", "auto: cpu"),
+    ((False, False), "cuda", (9, 0), "auto", "model", "auto: cuda capability 9.0"),   # H200: measured, it pays
+    ((False, False), "cuda", (8, 0), "auto", "model", "auto: cuda capability 8.0"),
+    ((False, False), "cuda", (9, 0), "blocks", "blocks", "auto: cuda capability 9.0, scope requested"),
+    ((False, False), "cuda", (7, 5), "auto", "off", "auto: cuda capability 7.5 < 8.0, not measured"),  # T4
+    ((False, False), "cuda", (7, 5), "model", "off", "auto: cuda capability 7.5 < 8.0, not measured"),
+    ((True, False), "cpu", None, "auto", "blocks", "requested"),          # cpu: blocks build in seconds
+    ((True, False), "cpu", None, "model", "model", "requested, scope requested"),
+    ((True, False), "cuda", (7, 5), "auto", "model", "requested"),
+    ((False, True), "cuda", (9, 0), "auto", "off", "requested"),
 ])
-def test_compile_choice(flags, device, cap, on, why):
-    assert choose_compile(*flags, device, cap) == (on, why)
+def test_compile_choice(flags, device, cap, scope, mode, why):
+    assert choose_compile(*flags, device, cap, scope) == (mode, why)
+
+
+def test_compile_scope_with_no_compile_is_refused():
+    with pytest.raises(UsageError, match="--compile-scope model with --no-compile"):
+        plan_of("--no-compile", "--compile-scope", "model")
 
 
 def test_compile_flags_conflict():

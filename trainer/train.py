@@ -40,12 +40,16 @@ plus the time the training stream waited for the copies (``device_wait_s=``). H2
 micro 4 x accum 32: 812 ms blocking vs ~21 ms asynchronous (bench/RESULTS.md).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
-override, the default is auto and the choice is printed as ``compile: blocks|off (why)``):
-    cuda capability >= 8.0 (A100, H100/H200): bf16 autocast, regional compile ON
-        (``Llama.compile_blocks()``: one Inductor graph shared by every block, parameter names unchanged):
-        1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager, 1-18 s warm-up, 15.5 vs 21.5 GiB at micro 32;
-        residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()):
-        with the one-pass loss gradient, 1.30x transformers+torch.compile at micro 32 (run 5-7)
+override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
+``compile: model|blocks|off (why)``):
+    cuda capability >= 8.0 (A100, H100/H200): bf16 autocast, compile ON, scope ``model``
+        (``Llama.compile_model()``: the whole model in one Inductor graph, in place, with Inductor's
+        coordinate-descent kernel tuning: +3.8 % tok/s over ``blocks`` at micro 32, run 9; about three
+        minutes of warm-up in a fresh process, seconds once Inductor's on-disk cache holds the kernels;
+        ``--compile-scope blocks`` for short runs: ``Llama.compile_blocks()``, one graph shared by every
+        block, 1-18 s). Regional compile alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
+        Residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()),
+        the one-pass loss gradient: 1.30x transformers+torch.compile at micro 32 with blocks (runs 5-7)
     cuda capability < 8.0 (T4): fp16 + GradScaler, compile OFF by default (Inductor/Triton on sm_75 not
         measured here; ``--compile`` to try it); fp32 residual stream, K/V expanded for the
         memory-efficient attention kernel
@@ -140,9 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto")
     p.add_argument("--compile", action="store_true",
-                   help="regional compile (each block via Llama.compile_blocks); default: auto, see --no-compile")
+                   help="compile, at --compile-scope; default: auto, see --no-compile")
     p.add_argument("--no-compile", action="store_true",
                    help="no compile; default auto = compile on cuda capability >= 8.0, off on CPU and below 8.0")
+    p.add_argument("--compile-scope", choices=("auto", "model", "blocks"), default="auto",
+                   help="model = the whole model in one graph with Inductor's kernel tuning (fastest; minutes "
+                        "of warm-up in a fresh process); blocks = each block, one shared graph (seconds); "
+                        "auto = model on cuda, blocks on cpu")
     return p
 
 
@@ -183,6 +191,8 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
         raise UsageError("--grad-ckpt and --no-grad-ckpt both given: ambiguous, pass exactly one")
     if args.compile and args.no_compile:
         raise UsageError("--compile and --no-compile both given: ambiguous, pass at most one")
+    if args.no_compile and args.compile_scope != "auto":
+        raise UsageError(f"--compile-scope {args.compile_scope} with --no-compile: ambiguous, pass at most one")
     if args.seq_len > model_max_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} exceeds --model {args.model}'s max_seq_len "
                          f"{model_max_seq_len}")
@@ -253,23 +263,28 @@ def choose_precision(requested: str, device_type: str,
 
 
 def choose_compile(compile_flag: bool, no_compile_flag: bool, device_type: str,
-                   capability: tuple[int, int] | None = None) -> tuple[bool, str]:
-    """(compile?, reason). auto: regional compile on cuda capability >= 8.0 (measured on H200: 1.7-1.9x
-    tok/s, less memory, 1-18 s warm-up; bench/RESULTS.md), off on CPU (tests) and below 8.0 (T4:
-    Inductor/Triton on sm_75 not measured here). --compile / --no-compile force it either way."""
+                   capability: tuple[int, int] | None = None, scope: str = "auto") -> tuple[str, str]:
+    """(mode, reason), mode "model" | "blocks" | "off". Auto: compile on cuda capability >= 8.0, off on
+    CPU (tests) and below 8.0 (T4: Inductor/Triton on sm_75 not measured here); --compile / --no-compile
+    force it either way. Scope auto: the whole model on cuda (Llama.compile_model with kernel tuning:
+    H200, micro 32, +3.8 % over blocks, bench/RESULTS.md run 9), blocks on cpu (seconds to build)."""
     if compile_flag and no_compile_flag:
         raise UsageError("--compile and --no-compile both given: ambiguous, pass at most one")
-    if compile_flag:
-        return True, "requested"
-    if no_compile_flag:
-        return False, "requested"
-    if device_type != "cuda":
-        return False, "auto: cpu"
     cap = capability or (0, 0)
     cap_s = f"cuda capability {cap[0]}.{cap[1]}"
-    if cap >= (8, 0):
-        return True, f"auto: {cap_s}"
-    return False, f"auto: {cap_s} < 8.0, not measured"
+    if no_compile_flag:
+        return "off", "requested"
+    if compile_flag:
+        on, why = True, "requested"
+    elif device_type != "cuda":
+        return "off", "auto: cpu"
+    elif cap >= (8, 0):
+        on, why = True, f"auto: {cap_s}"
+    else:
+        return "off", f"auto: {cap_s} < 8.0, not measured"
+    if scope != "auto":
+        return scope, f"{why}, scope requested"
+    return ("model" if device_type == "cuda" else "blocks"), why
 
 
 def snapshot_mode(device_type: str, environ: Any) -> tuple[str, float | None]:
@@ -552,12 +567,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           and torch.cuda.is_available()) else "cpu"
         capability = torch.cuda.get_device_capability() if device_type == "cuda" else None
         precision = choose_precision(args.precision, device_type, capability)
-        compile_on, compile_why = choose_compile(args.compile, args.no_compile, device_type, capability)
+        compile_mode, compile_why = choose_compile(args.compile, args.no_compile, device_type, capability,
+                                                   args.compile_scope)
         snapshot_mode(device_type, os.environ)  # a bad SPECPROBE_SNAPSHOT* is a usage error, before any work
     except UsageError as e:
         return usage(str(e))
     trainer = Trainer(args, plan, precision, device_type)
-    trainer.compile_on, trainer.compile_why = compile_on, compile_why
+    trainer.compile_mode, trainer.compile_why = compile_mode, compile_why
     _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
     return trainer.run()
 
@@ -577,7 +593,7 @@ class Trainer:
         self.shadow = None  # rank 0's host copy of the model, reused by every snapshot
         self.ckpt_pause_s = 0.0  # longest pause of the training loop for a checkpoint snapshot (rank 0)
         self.ckpt_wait_s = 0.0  # longest wait of the training loop for the previous push (rank 0)
-        self.compile_on, self.compile_why = False, "off"
+        self.compile_mode, self.compile_why = "off", "off"
         self.snapshot_mode, self.snapshot_check = snapshot_mode(device_type, os.environ)
         self.host_buffers: HostBuffers | None = None  # rank 0, async path: buffers allocated once
         self.snap_wait: PendingCopy | None = None  # copies the next optimizer step must wait for
@@ -800,10 +816,13 @@ class Trainer:
         args, plan, prec = self.args, self.plan, self.precision
         raw_model = self.raw_model.to(self.device)
         model = raw_model
-        self.log(f"compile: {'blocks' if self.compile_on else 'off'} ({self.compile_why})")
-        if self.compile_on:
-            # Regional: one Inductor graph shared by the 22 blocks, parameter names unchanged (no
-            # `_orig_mod.`), so DDP, checkpoints and the shadow model see the plain module.
+        self.log(f"compile: {self.compile_mode} ({self.compile_why})")
+        # Both in place: parameter names unchanged (no `_orig_mod.`), so DDP, checkpoints and the shadow
+        # model see the plain module. DDP wraps the compiled module, so its all-reduce hooks stay outside
+        # the graph; with the whole model in one graph the buckets reduce after its backward, not during.
+        if self.compile_mode == "model":
+            raw_model.compile_model()
+        elif self.compile_mode == "blocks":
             raw_model.compile_blocks()
         if self.ddp:
             # gradient_as_bucket_view: each .grad is a view into DDP's all-reduce buckets instead of a second
@@ -923,6 +942,7 @@ class Trainer:
                 "tokens_consumed": final_step * plan.tokens_per_step,
                 "tok_per_s": session_tok_per_s(step_seconds, plan.tokens_per_step),
                 "params": self.params, "grad_ckpt": plan.grad_ckpt, "precision": prec.name,
+                "compile": self.compile_mode,
                 "world_size": self.world_size, "final_loss": losses.get(str(final_step)),
                 "losses": losses, **val, **peaks, "model": args.model, "seq_len": args.seq_len,
                 "micro_batch": args.micro_batch, "accum": args.accum,
