@@ -42,6 +42,8 @@
 #   speed10 (nvidia-h200-x2) run 10: GPU 0 the whole-model compile with kernel tuning (the new cuda default),
 #          + CUDA graphs, + combo kernels; GPU 1 fp16 vs bf16, drift and fast-vs-plain at the new default
 #   check10 the fast-vs-plain check at the new default again (after part pause in run 11)
+#   speed12 (nvidia-h200-x2, next) combo kernels on the whole model; CUDA graphs at micro 32 and at the
+#          trainer's micro 4 x accum 32
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
@@ -55,7 +57,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_SPEED12=${T_SPEED12:-540}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -328,6 +330,17 @@ part_speed10() {
 # Run 11: a second sample of the fast-vs-plain check at the new default (run 10's one sample sat above
 # its noise floor), after the 2-rank trainer run (part pause) with it.
 part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
+# Next (nvidia-h200-x2, not run yet): the row run 10 lost (combo kernels on the whole model, where they could
+# merge the ~300 weight casts of a step) and CUDA graphs on top of the default, each lane its own HF rows.
+part_speed12() {
+  ( export GPU=0
+    bench0 speed12a $HF32; bench0 speed12a $F32C; bench0 speed12a $F32C,ind=combo_kernels:True; bench0 speed12a $HF32 ) &
+  ( export GPU=1
+    bench0 speed12b $HF32; bench0 speed12b $F32C,cmode=reduce-overhead
+    bench0 speed12b micro=4,accum=32,compile=full,ctune=1,steps=3,warmup=2
+    bench0 speed12b micro=4,accum=32,compile=full,ctune=1,cmode=reduce-overhead,steps=3,warmup=2; bench0 speed12b $HF32 ) &
+  wait
+}
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
 part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }
 part_pauselean0() { SPECPROBE_LEAN_ACTIVATIONS=0 ref_leg pauselean0 "$STEPS_R" "$ACCUM_A"; }
@@ -358,7 +371,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[ab].jsonl; do   # [ab]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done

@@ -107,3 +107,21 @@ def test_slow_store_overlaps_training_and_resume_from_a_local_path(tmp_path, tmp
     assert leg2.starting(f"resume from step 4 ({local}) tokens=1024")
     assert {**leg1.run_json["losses"], **leg2.run_json["losses"]} == base.run.run_json["losses"]
     assert weights_sha256(repo) == base.final_sha
+
+
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_compiled_trainer_under_ddp_trains_the_eager_runs_losses(tmp_path, tmp_path_factory, scope):
+    # The GPU default (whole model, in place, then wrapped by DDP) and the regional scope, run here by
+    # Inductor's CPU backend under 2 gloo ranks: the same batches, steps and pushes as the eager baseline.
+    base = baseline(tmp_path_factory)
+    repo = store_url(tmp_path / "store")
+    r = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS,
+                                              push_every=BASELINE_PUSH_EVERY,
+                                              extra=["--compile", "--compile-scope", scope])), timeout=420)
+    assert r.rc == 0 and r.run_json is not None, explain(r)
+    assert r.starting(f"compile: {scope} (requested, scope requested)")
+    assert r.run_json["compile"] == scope and r.run_json["push_steps"] == base.run.run_json["push_steps"]
+    want = base.run.run_json["losses"]
+    assert list(r.run_json["losses"]) == list(want)
+    for step, loss in r.run_json["losses"].items():   # fused kernels reorder fp32 sums: rounding, no more
+        assert loss == pytest.approx(want[step], rel=1e-4), f"step {step}: {loss} vs eager {want[step]}"
