@@ -477,8 +477,9 @@ class Llama(nn.Module):
 
         Against compile_blocks() it fuses across block boundaries and issues fewer launches, and with
         `tune` Inductor's coordinate-descent search times each Triton kernel's launch config: on the H200
-        at micro-batch 32 +3.8 % tok/s together (bench/RESULTS.md run 9), for a warm-up of ~3 minutes in a
-        fresh process (seconds once Inductor's on-disk cache holds the kernels). In place, so parameter
+        +3.8 % tok/s together at micro-batch 32 (bench/RESULTS.md run 9) and +19 % in the 2-rank trainer at
+        micro-batch 4 (run 11, launch-bound there), for a warm-up of ~3.5 minutes in a fresh process
+        (seconds once Inductor's on-disk cache holds the kernels). In place, so parameter
         names stay those of the plain module, as they do for compile_blocks().
         TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, decides the tuning instead of `tune`.
         """
