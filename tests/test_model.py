@@ -390,6 +390,7 @@ def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(
     x, y = batch()
     with inductor.patch(coordinate_descent_tuning=False):
         m.compile_model()
+        assert m._compiled_call_impl is not None                 # compiled in place, not wrapped
         assert inductor.coordinate_descent_tuning is True        # the kernel tuning comes with the scope
         loss = m(x, y)[1]
         loss.backward()

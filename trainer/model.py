@@ -486,7 +486,7 @@ class Llama(nn.Module):
         from torch._inductor import config as inductor
         if tune and "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
             inductor.coordinate_descent_tuning = True
-        _compile_setup(recompile_limit=16)
+        _compile_setup()    # one graph (and its no-grad twin for validation): dynamo's default limit fits
         self.compile(**kwargs)
 
     # Run eagerly even inside torch.compile(model): the chunk loop with its in-place accumulation is what
@@ -505,9 +505,9 @@ class Llama(nn.Module):
         return total / y.numel()
 
 
-def _compile_setup(recompile_limit: int) -> None:
+def _compile_setup(recompile_limit: int = 0) -> None:
     """Global compiler settings both compile scopes need; read when each graph is built (lazily, at the
-    first forward)."""
+    first forward). recompile_limit raises dynamo's cache limit to at least that many entries."""
     from torch._dynamo import config as cfg
     from torch._functorch import config as partitioner
     if LEAN_ACTIVATIONS:
