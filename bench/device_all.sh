@@ -42,8 +42,12 @@
 #   speed10 (nvidia-h200-x2) run 10: GPU 0 the whole-model compile with kernel tuning (the new cuda default),
 #          + CUDA graphs, + combo kernels; GPU 1 fp16 vs bf16, drift and fast-vs-plain at the new default
 #   check10 the fast-vs-plain check at the new default again (after part pause in run 11)
-#   speed12 (nvidia-h200-x2, next) combo kernels on the whole model; CUDA graphs at micro 32 and at the
-#          trainer's micro 4 x accum 32
+#   speed12 (nvidia-h200-x2) run 12: combo kernels on the whole model (GPU 0, with a profile of the
+#          default), CUDA graphs on it with and without combo kernels (GPU 1)
+#   speed13 (nvidia-h200-x2) run 13: the projections' backward modes (pbwd=fp32|grouped) with combo kernels,
+#          with and without CUDA graphs, each beside its baseline; the fast-vs-plain check of the combination
+#   speed14 (nvidia-h200-x2) run 14: the new default beside run 12's, + CUDA graphs, at micro 4 x accum 32,
+#          and its fast-vs-plain check
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
@@ -57,7 +61,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_SPEED12=${T_SPEED12:-540}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -89,6 +93,14 @@ printf 'Metadata-Version: 2.1\nName: specprobe\nVersion: 0.1.0\n' >$SITE/specpro
 printf '[console_scripts]\nengine = engine.cli:main\n\n[specprobe.collectors]\nhub = trainer.collector:collect\n' \
   >$SITE/specprobe-0.1.0.dist-info/entry_points.txt
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+# A carried Inductor cache from an earlier call (.ind_cache/ind_cache.tgz.*, what INDUCTOR_CACHE_OUT=1
+# left in $OUT): same card and software there, so its compiled kernels and tuned configs are valid here.
+IND_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(whoami)}
+if ls .ind_cache/ind_cache.tgz.* >/dev/null 2>&1; then
+  mkdir -p "$IND_DIR" && cat .ind_cache/ind_cache.tgz.* | tar -xzf - -C "$IND_DIR" \
+    && say "inductor cache restored: $(du -sh "$IND_DIR" | cut -f1)" || say "inductor cache restore failed"
+fi
 
 part_bench() {
   # GPU 0: ours. Order = what the issue gates first, so a timeout costs the least important rows.
@@ -334,11 +346,37 @@ part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
 # merge the ~300 weight casts of a step) and CUDA graphs on top of the default, each lane its own HF rows.
 part_speed12() {
   ( export GPU=0
-    bench0 speed12a $HF32; bench0 speed12a $F32C; bench0 speed12a $F32C,ind=combo_kernels:True; bench0 speed12a $HF32 ) &
+    bench0 speed12a $HF32; bench0 speed12a $F32C,prof=1; bench0 speed12a $F32C,ind=combo_kernels:True; bench0 speed12a $HF32 ) &
   ( export GPU=1
     bench0 speed12b $HF32; bench0 speed12b $F32C,cmode=reduce-overhead
-    bench0 speed12b micro=4,accum=32,compile=full,ctune=1,steps=3,warmup=2
-    bench0 speed12b micro=4,accum=32,compile=full,ctune=1,cmode=reduce-overhead,steps=3,warmup=2; bench0 speed12b $HF32 ) &
+    bench0 speed12b $F32C,cmode=reduce-overhead,ind=combo_kernels:True; bench0 speed12b $HF32 ) &
+  wait
+}
+# Run 13: the projections' backward (pbwd) on the whole model with combo kernels, each next to its own
+# baseline on its card; then the fast-vs-plain check of the combination (an Inductor cache carried from
+# run 12 makes the repeated configs' compiles seconds).
+CK=ind=combo_kernels:True
+part_speed13() {
+  ( export GPU=0
+    bench0 speed13a $HF32; bench0 speed13a $F32C,$CK; bench0 speed13a $F32C,$CK,pbwd=fp32
+    bench0 speed13a $F32C,$CK,pbwd=grouped,prof=1; bench0 speed13a $HF32 ) &
+  ( export GPU=1
+    bench0 speed13b $HF32; bench0 speed13b $F32C,$CK,cmode=reduce-overhead
+    bench0 speed13b $F32C,$CK,cmode=reduce-overhead,pbwd=grouped
+    bench0 speed13b task=check,micro=8,compile=full,ctune=1,$CK,pbwd=grouped,steps=50,noise=1; bench0 speed13b $HF32 ) &
+  wait
+}
+# Run 14: the new cuda default (whole model + tuning + combo kernels + fp32 weight gradients) beside run 12's
+# default on one card, with CUDA graphs and at the trainer's micro 4 x accum 32 on the other, and its
+# fast-vs-plain check.
+OLDD=$F32C,combo=0,pbwd=autograd
+part_speed14() {
+  ( export GPU=0
+    bench0 speed14a $HF32; bench0 speed14a $OLDD; bench0 speed14a $F32C
+    bench0 speed14a task=check,micro=8,compile=full,ctune=1,steps=50,noise=1; bench0 speed14a $HF32 ) &
+  ( export GPU=1
+    bench0 speed14b $HF32; bench0 speed14b $F32C,cmode=reduce-overhead
+    bench0 speed14b micro=4,accum=32,compile=full,ctune=1,steps=3,warmup=2; bench0 speed14b $HF32 ) &
   wait
 }
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
@@ -363,7 +401,7 @@ for part in $PARTS; do
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
   export -f part_$part leg_pair ref_leg say bench0 2>/dev/null
-  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
+  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CK OLDD CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
@@ -371,7 +409,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[ab].jsonl; do   # [ab]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done
@@ -379,4 +417,12 @@ for part in $PARTS; do
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
+# Inductor's on-disk cache (compiled graphs, Triton kernels, their tuned configs), for a later call to carry
+# back as .ind_cache/ (see the top) so its rows skip minutes of compile and tuning. 16 MiB a file come back.
+if [ -n "${INDUCTOR_CACHE_OUT:-}" ] && [ -d "$IND_DIR" ]; then
+  tar -czf /tmp/ind_cache.tgz -C "$IND_DIR" .
+  n=$(( ($(stat -c %s /tmp/ind_cache.tgz) + 15728639) / 15728640 ))
+  if [ "$n" -le 4 ]; then split -b 15M -a 1 /tmp/ind_cache.tgz "$OUT/ind_cache.tgz."; fi
+  say "inductor cache: $(du -sh "$IND_DIR" | cut -f1), $n part(s) of 15 MiB compressed$([ "$n" -le 4 ] || echo ': too big, left behind')"
+fi
 say "device_all.sh done in $(( $(date +%s) - T0 ))s"

@@ -32,9 +32,15 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         then a separate fp32 add, the default before run 5),
   lean (ours, compiled: 1 = trainer/model.py LEAN_ACTIVATIONS, the partitioner recomputes pointwise inputs of
         backward matmuls (weight casts, norm outputs, silu*up) instead of saving them; 0 = torch's default, the trainer's),
+  pbwd (ours: the projections' backward: fp32 = weight gradients straight out of their GEMMs in fp32,
+        trainer/model.py FP32_WGRAD, the default since run 14 | autograd = nn.Linear's (bf16 product, cast);
+        run 13 also measured `grouped`, one input-gradient GEMM for q/k/v and for gate/up, since removed),
+  combo (ours, compile=full: 1 = Inductor's combo kernels, as Llama.compile_model() sets by default since
+         run 14; 0 = off, the default before),
   ctune (1 = Inductor's coordinate_descent_tuning: each Triton kernel's launch config tuned by timing),
   ind (Inductor flags, name:value joined by '+', e.g. ind=combo_kernels:True+triton.unique_kernel_names:1),
-  prof (speed: 1 = also profile 3 steps and keep the 20 kernels with the most device time),
+  prof (speed: 1 = also profile 3 steps: device time, launches a step, time per kernel family, and the
+        PROF_TOP kernels with the most device time),
   noise (check: 1 = also run plain with fuse=1 (same maths, other GEMM shapes and reduction order) and
          plain in fp32 without TF32, and compare every pair: the bf16 noise floor),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
@@ -58,6 +64,7 @@ import gc
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -74,12 +81,18 @@ import torch.nn.functional as F  # noqa: E402
 from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
 
 GIB = 2 ** 30
+PROF_TOP = 40
+# Kernel families of a profile, by name (cuBLAS/nvjet GEMMs, cuDNN/flash attention, Inductor's Triton
+# kernels, ATen's elementwise/reduction kernels, the fused optimizer).
+PROF_FAMILIES = [("gemm", r"nvjet|gemm|cutlass|sm90_xmma|ampere_"), ("attention", r"sdpa|flash|fmha|cudnn"),
+                 ("triton", r"^triton_"), ("aten_elementwise", r"elementwise|vectorized|reduce_kernel"),
+                 ("optimizer", r"multi_tensor|fused_adam|FusedAdam")]
 CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
                                    "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
                                    "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused",
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
-                                   "ind": ""}
+                                   "pbwd": "fp32", "combo": 1, "ind": ""}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -103,7 +116,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean",
-                "ind"):
+                "ind", "pbwd", "combo"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -121,6 +134,7 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
     ckw = {} if cfg["cmode"] == "default" else {"mode": cfg["cmode"]}
     from torch._inductor import config as inductor_config
     inductor_config.coordinate_descent_tuning = bool(cfg["ctune"])
+    inductor_config.combo_kernels = False   # compile_model(combo=...) or ind= may turn it on
     set_inductor_flags(cfg["ind"])
     if cfg["impl"] == "ours":
         import trainer.model as M
@@ -129,6 +143,9 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
         M.LOSS_CHUNK_ROWS = int(cfg["ce_rows"])
         M.BF16_RESIDUAL = bool(cfg["res"])
         M.LEAN_ACTIVATIONS = bool(cfg["lean"])
+        if cfg["pbwd"] not in ("fp32", "autograd"):
+            raise SystemExit(f"unknown pbwd {cfg['pbwd']!r} (fp32 | autograd)")
+        M.FP32_WGRAD = cfg["pbwd"] == "fp32"
         from torch._functorch import config as partitioner
         partitioner.ban_recompute_materialized_backward = True   # torch's default; compile_blocks may lift it
         M._addmm_fp32_ok = None if cfg["wacc"] else False
@@ -141,7 +158,7 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
         if cfg["compile"] == "regional":
             raw.compile_blocks(**ckw)
         if cfg["compile"] == "full":   # in place, as trainer/train.py does: DDP(raw) then runs it compiled
-            raw.compile_model(tune=bool(cfg["ctune"]), **ckw)
+            raw.compile_model(tune=bool(cfg["ctune"]), combo=bool(cfg["combo"]), **ckw)
         model = raw
         if cfg["ce"] in ("fused", "fused_eager"):
             return raw, lambda x, y: model(x, y)[1]
@@ -393,7 +410,8 @@ class Bench:
         return row
 
     def profile(self, step, n: int) -> list[list[Any]]:
-        """[kernel/op name, ms per step, % of the profiled device time] for the 20 heaviest, over n steps."""
+        """[kernel/op name, ms per step, % of the profiled device time] for the PROF_TOP heaviest over n
+        steps, after the total, the launches per step and the time per PROF_FAMILIES family."""
         from torch.profiler import ProfilerActivity, profile
         cuda = self.device.type == "cuda"
         acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
@@ -409,10 +427,15 @@ class Bench:
                 if hasattr(e, name):
                     return float(getattr(e, name))
             return 0.0
-        rows = sorted(((e.key, self_t(e)) for e in ev), key=lambda r: -r[1])
-        total = sum(t for _, t in rows) or 1.0
+        rows = sorted(((e.key, self_t(e), e.count) for e in ev), key=lambda r: -r[1])
+        total = sum(t for _, t, _ in rows) or 1.0
         out = [["TOTAL", round(total / 1000 / n, 3), 100.0]]
-        out += [[k[:90], round(t / 1000 / n, 3), round(100 * t / total, 1)] for k, t in rows[:20]]
+        # Launches a step and device time by family: what fewer kernels (CUDA graphs, fusion) can still buy.
+        out.append(["LAUNCHES", round(sum(c for _, t, c in rows if t > 0) / n, 1), None])
+        for fam, pat in PROF_FAMILIES:
+            t = sum(t for k, t, _ in rows if re.search(pat, k))
+            out.append([f"FAMILY {fam}", round(t / 1000 / n, 3), round(100 * t / total, 1)])
+        out += [[k[:90], round(t / 1000 / n, 3), round(100 * t / total, 1)] for k, t, _ in rows[:PROF_TOP]]
         return out
 
     def row(self, cfg, **kw) -> dict[str, Any]:
@@ -501,8 +524,8 @@ class Bench:
             c = dict(cfg, impl="ours", compile=cfg["compile"] if path == "fast" else "none")
             if path == "plain_fuse":   # the same maths with q/k/v and gate/up as one GEMM each
                 c["fuse"] = 1 - int(cfg["fuse"])
-            if path.startswith("plain"):  # the textbook model: fp32 residual stream as HF's autocast path
-                c["res"] = 0
+            if path.startswith("plain"):  # the textbook model: fp32 residual stream as HF's autocast path,
+                c["res"], c["pbwd"] = 0, "autograd"   # nn.Linear's own backward
             if path == "plain_fp32":   # fp32 everywhere, TF32 off: the reference the bf16 paths round away from
                 c["prec"] = "fp32"
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -664,8 +687,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{r['config']:<60} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
               f"{r['peak_alloc_gib'] if r['peak_alloc_gib'] is not None else '-':>7} "
               f"{r['peak_reserved_gib'] if r['peak_reserved_gib'] is not None else '-':>7} {stall:>9} {' '.join(notes)}")
-        for name, ms, pct in r.get("prof_top") or []:
-            print(f"    {ms:>9.3f} ms/step {pct:>5.1f} %  {name}")
+        for name, v, pct in r.get("prof_top") or []:
+            if name == "LAUNCHES":
+                print(f"    {v:>9.1f} launches/step")
+            else:
+                print(f"    {v:>9.3f} ms/step {pct:>5.1f} %  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:

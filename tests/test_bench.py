@@ -28,7 +28,7 @@ def test_ratio_is_against_the_mean_of_hf_compile_rows_of_the_same_shape_only():
 
 def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     jsonl = tmp_path / "rows.jsonl"
-    configs = ["micro=2,steps=2,warmup=1", "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0",
+    configs = ["micro=2,steps=2,warmup=1,prof=1,pbwd=autograd", "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0",
                "impl=hf,micro=2,steps=2,warmup=1", "task=check,micro=2,steps=3,noise=1",
                "task=drift,micro=2,warmup=1,windows=1/2/3"]
     cmd = [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--device", "cpu", "--model", "tiny",
@@ -42,6 +42,10 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     rows = rows[1:]
     assert [r.get("error") for r in rows] == [None] * 5, [r.get("error") for r in rows]
     assert all(r["tok_s"] > 0 for r in rows if r["task"] in ("speed", "drift"))
+    prof = {name: (v, pct) for name, v, pct in rows[0]["prof_top"]}
+    assert prof["TOTAL"][0] > 0 and prof["LAUNCHES"][0] >= 1        # time and launches per step
+    assert {f"FAMILY {fam}" for fam, _ in train_bench.PROF_FAMILIES} <= prof.keys()
+    assert len(rows[0]["prof_top"]) <= 2 + len(train_bench.PROF_FAMILIES) + train_bench.PROF_TOP
     check = rows[3]
     assert set(check["pairs"]) == {"plain_fuse_vs_plain", "fast_vs_plain", "plain_vs_plain_fp32",
                                    "plain_fuse_vs_plain_fp32", "fast_vs_plain_fp32"}

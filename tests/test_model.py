@@ -384,14 +384,16 @@ def test_a_second_backward_through_the_loss_is_refused_not_scaled_twice():
 def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch):
     from torch._inductor import config as inductor
     monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_COMBO_KERNELS", raising=False)
     torch._dynamo.reset()
     ref, m = tiny(seed=9), tiny(seed=9)
     before = list(hf_state_dict(m))
     x, y = batch()
-    with inductor.patch(coordinate_descent_tuning=False):
+    with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
         m.compile_model()
         assert m._compiled_call_impl is not None                 # compiled in place, not wrapped
         assert inductor.coordinate_descent_tuning is True        # the kernel tuning comes with the scope
+        assert inductor.combo_kernels is True                    # and so do the combo kernels
         loss = m(x, y)[1]
         loss.backward()
     torch._dynamo.reset()
@@ -403,9 +405,57 @@ def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_compile_model_leaves_the_tuning_to_inductors_own_switch_when_it_is_set(monkeypatch):
+def test_compile_model_leaves_tuning_and_combo_kernels_to_inductors_own_switches_when_set(monkeypatch):
     from torch._inductor import config as inductor
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0")
-    with inductor.patch(coordinate_descent_tuning=False):
+    monkeypatch.setenv("TORCHINDUCTOR_COMBO_KERNELS", "0")
+    with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
         tiny().compile_model()          # lazy: nothing is built before the first forward
-        assert inductor.coordinate_descent_tuning is False
+        assert inductor.coordinate_descent_tuning is False and inductor.combo_kernels is False
+
+
+def grads_of(m: Llama, x, y, autocast: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        _, loss = m(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+
+def test_fp32_weight_gradients_equal_nn_linear_in_fp32(monkeypatch):
+    x, y = batch()
+    monkeypatch.setattr(M, "FP32_WGRAD", False)
+    ref_loss, ref = grads_of(tiny(seed=4), x, y, autocast=False)
+    monkeypatch.setattr(M, "FP32_WGRAD", True)
+    loss, got = grads_of(tiny(seed=4), x, y, autocast=False)
+    assert loss == ref_loss and got.keys() == ref.keys()   # the same matmuls in the same order
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-8, msg=name)
+
+
+def test_fp32_weight_gradients_under_bf16_autocast_are_fp32_and_differ_from_nn_linear_by_rounding_only(monkeypatch):
+    x, y = batch()
+    monkeypatch.setattr(M, "FP32_WGRAD", False)
+    ref_loss, ref = grads_of(tiny(seed=4), x, y, autocast=True)
+    monkeypatch.setattr(M, "FP32_WGRAD", True)
+    loss, got = grads_of(tiny(seed=4), x, y, autocast=True)
+    assert loss == ref_loss
+    for name in ref:
+        assert got[name].dtype == torch.float32
+        rel = ((got[name] - ref[name]).norm() / ref[name].norm()).item()
+        assert rel < 0.02, f"{name}: relative difference {rel:.3g}"
+
+
+def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    w = torch.randn(6, 8, requires_grad=True)
+    out = M.LinearFp32Grad.apply(x, w)
+    torch.testing.assert_close(out, x @ w.t())
+    g = torch.randn_like(out)
+    out.backward(g)
+    torch.testing.assert_close(x.grad, g @ w)
+    torch.testing.assert_close(w.grad, g.reshape(-1, 6).t() @ x.reshape(-1, 8))
+    w.requires_grad_(False)
+    x.grad = w.grad = None
+    M.LinearFp32Grad.apply(x, w).backward(g)                  # a frozen weight gets no gradient computed
+    assert w.grad is None and x.grad is not None

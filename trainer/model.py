@@ -44,8 +44,17 @@ INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embe
 # Run q/k/v as one matmul against the concatenated weights, and gate/up as another (the parameters, so
 # checkpoints and HF names, stay separate). Off: measured SLOWER on the H200 under regional compile,
 # 424,601 tok/s separate vs 379,778 / 405,715 fused at micro-batch 32 (bench/RESULTS.md, 2026-11-29): the
-# per-step torch.cat of the weights and the split of their gradients cost more than the wider N saves.
+# per-step torch.cat of the weights and the split of their gradients cost more than the wider N saves
+# (-5 % again in run 9; run 13's profile of a backward-only grouping located it: the concatenated q/k/v
+# gradient is written through RoPE's transposed layout, 5.7 ms a step instead of 0.7).
 FUSED_PROJ = False
+# The projections' weight gradients straight out of their GEMMs in fp32 (cuBLAS writes the fp32 result:
+# `mm(..., out_dtype=float32)`, torch >= 2.9 on cuda) instead of nn.Linear's bf16 product and a cast kernel
+# per weight, 7 a block: no bf16 rounding of dW, ~150 fewer kernels a micro-step. On the H200 at micro-batch
+# 32 with the whole-model compile: +0.6 % tok/s (bench/RESULTS.md run 13). CPU has no mixed-dtype GEMM and
+# rounds first, as nn.Linear does.
+# SPECPROBE_FP32_WGRAD=0 restores nn.Linear's backward.
+FP32_WGRAD = os.environ.get("SPECPROBE_FP32_WGRAD", "1") == "1"
 # sdpa with enable_gqa=True (the kernel reads each K/V head for its n_rep query heads) instead of expanding
 # K/V into n_head copies first. None = auto (sdpa_gqa()): on for CUDA capability >= 8.0, where flash and
 # cuDNN attention take grouped heads (H200, micro-batch 32: +1.0 % tok/s and -1.0 GiB, bench/RESULTS.md
@@ -187,6 +196,46 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+_MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()   # mm(..., out_dtype=): torch >= 2.9
+
+
+class LinearFp32Grad(torch.autograd.Function):
+    """x @ weight.T in the autocast dtype, as nn.Linear computes it under autocast, with a backward whose
+    weight gradient is written in fp32 by the GEMM itself on cuda (see FP32_WGRAD)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:
+        dev = x.device.type
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        with torch.autocast(dev, enabled=False):
+            xc, wc = x.to(cdt), weight.to(cdt)
+            out = F.linear(xc, wc)
+        ctx.save_for_backward(xc, wc)
+        ctx.dtypes = (x.dtype, weight.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        xc, wc = ctx.saved_tensors
+        g = g.to(wc.dtype)
+        dx = (g @ wc).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            g2, x2 = g.reshape(-1, g.shape[-1]).t(), xc.reshape(-1, xc.shape[-1])
+            if wc.dtype == ctx.dtypes[1]:
+                dw = g2 @ x2
+            elif g.is_cuda and _MM_OUT_DTYPE:
+                dw = torch.mm(g2, x2, out_dtype=ctx.dtypes[1])
+            else:
+                dw = (g2 @ x2).to(ctx.dtypes[1])
+        return dx, dw
+
+
+def linear(x: Tensor, lin: nn.Linear) -> Tensor:
+    """x through the bias-free Linear `lin`, with the fp32 weight-gradient backward when FP32_WGRAD."""
+    return LinearFp32Grad.apply(x, lin.weight) if FP32_WGRAD else lin(x)
+
+
 def rope_cos_sin(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
     """cos and sin tables, (max_seq_len, head_dim), with each frequency repeated in both halves (HF layout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -231,14 +280,14 @@ class Attention(nn.Module):
             nq, nkv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
             q, k, v = F.linear(x, w).split((nq, nkv, nkv), dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = linear(x, self.q_proj), linear(x, self.k_proj), linear(x, self.v_proj)
         q = q.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
         k = k.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         v = v.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.attn == "sdpa" and gqa and self.n_head != self.n_kv_head:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+            return linear(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim), self.o_proj)
         # Expanding K/V explicitly (rather than sdpa's enable_gqa) keeps the memory-efficient kernel
         # available on Turing (T4), where flash attention is not; the copies are 1/3 of the query size.
         k, v = repeat_kv(k, self.n_head // self.n_kv_head), repeat_kv(v, self.n_head // self.n_kv_head)
@@ -250,7 +299,7 @@ class Attention(nn.Module):
             att = att.masked_fill(~causal, float("-inf"))
             # softmax in fp32 like HF's eager path: fp16 scores over a long row lose the small weights
             y = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype) @ v            # (B, h, T, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+        return linear(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -264,8 +313,8 @@ class MLP(nn.Module):
         if FUSED_PROJ:
             gate, up = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU
+            gate, up = linear(x, self.gate_proj), linear(x, self.up_proj)
+        return linear(F.silu(gate) * up, self.down_proj)  # SwiGLU
 
 
 class Block(nn.Module):
@@ -471,7 +520,7 @@ class Llama(nn.Module):
             block.compile(**kwargs)
         self.norm.compile(**kwargs)
 
-    def compile_model(self, tune: bool = True, **kwargs: Any) -> None:
+    def compile_model(self, tune: bool = True, combo: bool = True, **kwargs: Any) -> None:
         """Whole-model compilation in place (`nn.Module.compile`): the embedding, the 22 blocks and the
         final norm as one Inductor graph; the loss stays outside it (chunked_loss is compiler-disabled).
 
@@ -481,11 +530,15 @@ class Llama(nn.Module):
         micro-batch 4 (run 11, launch-bound there), for a warm-up of ~3.5 minutes in a fresh process
         (seconds once Inductor's on-disk cache holds the kernels). In place, so parameter
         names stay those of the plain module, as they do for compile_blocks().
-        TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, decides the tuning instead of `tune`.
+        With `combo`, Inductor's combo kernels run independent small kernels (the weights' casts, the
+        norms' weight-gradient reductions) as one launch: +1.0 % and +0.7 % at micro-batch 32 (run 12).
+        TORCHINDUCTOR_COORDINATE_DESCENT_TUNING / TORCHINDUCTOR_COMBO_KERNELS, when set, decide instead.
         """
         from torch._inductor import config as inductor
         if tune and "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
             inductor.coordinate_descent_tuning = True
+        if combo and "TORCHINDUCTOR_COMBO_KERNELS" not in os.environ:
+            inductor.combo_kernels = True
         _compile_setup()    # one graph (and its no-grad twin for validation): dynamo's default limit fits
         self.compile(**kwargs)
 
