@@ -342,8 +342,8 @@ part_speed10() {
 # Run 11: a second sample of the fast-vs-plain check at the new default (run 10's one sample sat above
 # its noise floor), after the 2-rank trainer run (part pause) with it.
 part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
-# Next (nvidia-h200-x2, not run yet): the row run 10 lost (combo kernels on the whole model, where they could
-# merge the ~300 weight casts of a step) and CUDA graphs on top of the default, each lane its own HF rows.
+# Run 12: the row run 10 lost (combo kernels on the whole model, where they could merge the ~300 weight
+# casts of a step) and CUDA graphs on top of the default, each lane its own HF rows.
 part_speed12() {
   ( export GPU=0
     bench0 speed12a $HF32; bench0 speed12a $F32C,prof=1; bench0 speed12a $F32C,ind=combo_kernels:True; bench0 speed12a $HF32 ) &

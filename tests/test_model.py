@@ -414,30 +414,33 @@ def test_compile_model_leaves_tuning_and_combo_kernels_to_inductors_own_switches
         assert inductor.coordinate_descent_tuning is False and inductor.combo_kernels is False
 
 
-def grads_of(m: Llama, x, y, autocast: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        _, loss = m(x, y)
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+def nn_linear_vs_fp32_wgrad(monkeypatch, autocast: bool):
+    """(loss, grads) of the same model and batch with nn.Linear's backward, then with FP32_WGRAD's."""
+    x, y = batch()
+    out = []
+    for fp32_wgrad in (False, True):
+        monkeypatch.setattr(M, "FP32_WGRAD", fp32_wgrad)
+        m = tiny(seed=4)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _, loss = m(x, y)
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    return out
 
 
 def test_fp32_weight_gradients_equal_nn_linear_in_fp32(monkeypatch):
-    x, y = batch()
-    monkeypatch.setattr(M, "FP32_WGRAD", False)
-    ref_loss, ref = grads_of(tiny(seed=4), x, y, autocast=False)
-    monkeypatch.setattr(M, "FP32_WGRAD", True)
-    loss, got = grads_of(tiny(seed=4), x, y, autocast=False)
+    calls = []
+    apply = M.LinearFp32Grad.apply
+    monkeypatch.setattr(M.LinearFp32Grad, "apply", lambda *a: calls.append(a[1].shape) or apply(*a))
+    (ref_loss, ref), (loss, got) = nn_linear_vs_fp32_wgrad(monkeypatch, autocast=False)
+    assert len(calls) == 7 * TINY.n_layer          # every projection of every block went through it, once
     assert loss == ref_loss and got.keys() == ref.keys()   # the same matmuls in the same order
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-8, msg=name)
 
 
 def test_fp32_weight_gradients_under_bf16_autocast_are_fp32_and_differ_from_nn_linear_by_rounding_only(monkeypatch):
-    x, y = batch()
-    monkeypatch.setattr(M, "FP32_WGRAD", False)
-    ref_loss, ref = grads_of(tiny(seed=4), x, y, autocast=True)
-    monkeypatch.setattr(M, "FP32_WGRAD", True)
-    loss, got = grads_of(tiny(seed=4), x, y, autocast=True)
+    (ref_loss, ref), (loss, got) = nn_linear_vs_fp32_wgrad(monkeypatch, autocast=True)
     assert loss == ref_loss
     for name in ref:
         assert got[name].dtype == torch.float32
