@@ -48,6 +48,8 @@
 #          with and without CUDA graphs, each beside its baseline; the fast-vs-plain check of the combination
 #   speed14 (nvidia-h200-x2) run 14: the new default beside run 12's, + CUDA graphs, at micro 4 x accum 32,
 #          and its fast-vs-plain check
+#   speed15 (nvidia-h200-x2, next) Inductor's fusion knobs on the run-14 default (aggressive fusion, wider
+#          combo kernels, max-autotune's GEMM templates)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
@@ -61,7 +63,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -379,6 +381,18 @@ part_speed14() {
     bench0 speed14b micro=4,accum=32,compile=full,ctune=1,steps=3,warmup=2; bench0 speed14b $HF32 ) &
   wait
 }
+# Next (nvidia-h200-x2, not run yet): Inductor's fusion knobs on the run-14 default, each lane opened and
+# closed by HF+compile: wider combo kernels and aggressive fusion (fewer of the ~1,700 launches a step), and
+# max-autotune's Triton GEMM templates (their epilogues could take RoPE and the casts). Then, in the same
+# call, parts check10 and pause (the default's 50-step check and the 2-rank trainer).
+part_speed15() {
+  ( export GPU=0
+    bench0 speed15a $HF32; bench0 speed15a $F32C; bench0 speed15a $F32C,ind=aggressive_fusion:True
+    bench0 speed15a $F32C,ind=combo_kernel_max_num_nodes:16+combo_kernel_allow_mixed_sizes:2; bench0 speed15a $HF32 ) &
+  ( export GPU=1
+    bench0 speed15b $HF32; bench0 speed15b $F32C,cmode=max-autotune-no-cudagraphs; bench0 speed15b $HF32 ) &
+  wait
+}
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
 part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }
 part_pauselean0() { SPECPROBE_LEAN_ACTIVATIONS=0 ref_leg pauselean0 "$STEPS_R" "$ACCUM_A"; }
@@ -409,7 +423,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[ab].jsonl; do   # [ab]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done
