@@ -44,8 +44,8 @@
 #   check10 the fast-vs-plain check at the new default again (after part pause in run 11)
 #   speed12 (nvidia-h200-x2) run 12: combo kernels on the whole model (GPU 0, with a profile of the
 #          default), CUDA graphs on it with and without combo kernels (GPU 1)
-#   speed13 (nvidia-h200-x2) run 13: the projections' backward modes (pbwd=fp32|grouped) with combo kernels,
-#          with and without CUDA graphs, each beside its baseline; the fast-vs-plain check of the combination
+#   speed13 (nvidia-h200-x2) run 13: fp32 weight gradients (pbwd=fp32) with combo kernels, beside its
+#          baseline; combo kernels with CUDA graphs (its grouped rows and check: see the part)
 #   speed14 (nvidia-h200-x2) run 14: the new default beside run 12's, + CUDA graphs, at micro 4 x accum 32,
 #          and its fast-vs-plain check
 #   speed15 (nvidia-h200-x2, next) Inductor's fusion knobs on the run-14 default (aggressive fusion, wider
@@ -345,7 +345,8 @@ part_speed10() {
 # its noise floor), after the 2-rank trainer run (part pause) with it.
 part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
 # Run 12: the row run 10 lost (combo kernels on the whole model, where they could merge the ~300 weight
-# casts of a step) and CUDA graphs on top of the default, each lane its own HF rows.
+# casts of a step) and CUDA graphs on top of the default, each lane its own HF rows. Since run 14 the bench's
+# defaults follow the trainer's (combo=1, pbwd=fp32), so $F32C here is run 14's default; run 12's was $OLDD.
 part_speed12() {
   ( export GPU=0
     bench0 speed12a $HF32; bench0 speed12a $F32C,prof=1; bench0 speed12a $F32C,ind=combo_kernels:True; bench0 speed12a $HF32 ) &
@@ -358,14 +359,14 @@ part_speed12() {
 # baseline on its card; then the fast-vs-plain check of the combination (an Inductor cache carried from
 # run 12 makes the repeated configs' compiles seconds).
 CK=ind=combo_kernels:True
+# Run 13 also ran pbwd=grouped rows here (after the pbwd=fp32 row in lane a; with CUDA graphs and in the
+# check in lane b): one input-gradient GEMM for q/k/v and gate/up, measured -5 % and removed since.
 part_speed13() {
   ( export GPU=0
-    bench0 speed13a $HF32; bench0 speed13a $F32C,$CK; bench0 speed13a $F32C,$CK,pbwd=fp32
-    bench0 speed13a $F32C,$CK,pbwd=grouped,prof=1; bench0 speed13a $HF32 ) &
+    bench0 speed13a $HF32; bench0 speed13a $F32C,$CK,pbwd=autograd; bench0 speed13a $F32C,$CK,pbwd=fp32
+    bench0 speed13a $HF32 ) &
   ( export GPU=1
-    bench0 speed13b $HF32; bench0 speed13b $F32C,$CK,cmode=reduce-overhead
-    bench0 speed13b $F32C,$CK,cmode=reduce-overhead,pbwd=grouped
-    bench0 speed13b task=check,micro=8,compile=full,ctune=1,$CK,pbwd=grouped,steps=50,noise=1; bench0 speed13b $HF32 ) &
+    bench0 speed13b $HF32; bench0 speed13b $F32C,$CK,cmode=reduce-overhead,pbwd=autograd; bench0 speed13b $HF32 ) &
   wait
 }
 # Run 14: the new cuda default (whole model + tuning + combo kernels + fp32 weight gradients) beside run 12's

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer import model as M
 from trainer.model import GEOMETRIES, Llama, ModelConfig, count_params, hf_state_dict, load_hf_state_dict, save_pretrained
@@ -460,5 +461,20 @@ def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
     torch.testing.assert_close(w.grad, g.reshape(-1, 6).t() @ x.reshape(-1, 8))
     w.requires_grad_(False)
     x.grad = w.grad = None
-    M.LinearFp32Grad.apply(x, w).backward(g)                  # a frozen weight gets no gradient computed
-    assert w.grad is None and x.grad is not None
+    out = M.LinearFp32Grad.apply(x, w)
+    with MatmulCounter() as mm:
+        out.backward(g)                                        # a frozen weight gets no gradient computed
+    assert mm.calls == 1 and w.grad is None and x.grad is not None
+
+
+class MatmulCounter(TorchDispatchMode):
+    """Counts the matrix products (aten mm/bmm/addmm) run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm):
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
