@@ -48,8 +48,11 @@
 #          baseline; combo kernels with CUDA graphs (its grouped rows and check: see the part)
 #   speed14 (nvidia-h200-x2) run 14: the new default beside run 12's, + CUDA graphs, at micro 4 x accum 32,
 #          and its fast-vs-plain check
-#   speed15 (nvidia-h200-x2, next) Inductor's fusion knobs on the run-14 default (aggressive fusion, wider
-#          combo kernels, max-autotune's GEMM templates)
+#   speed15 (nvidia-h200-x2) run 15: Programmatic Dependent Launch (Inductor's triton.enable_pdl) on the
+#          run-14 default, alone (profiled) and with CUDA graphs; Inductor's fusion knobs
+#   checkbisect (next) the 50-step check of the run-14 default beside the same without combo kernels and
+#          without the fp32 weight-gradient Function (the default's check did not finish in runs 16-17)
+#   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
@@ -62,8 +65,8 @@ LOG=/tmp/specprobe_logs
 mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
-T_PAUSE=${T_PAUSE:-100}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-150}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -76,7 +79,7 @@ export PYTHONUNBUFFERED=1 TORCH_CPP_LOG_LEVEL=WARNING OMP_NUM_THREADS=4
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 SUM="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUM"; }
-T0=$(date +%s)
+T0=$(date +%s); touch "$LOG/.t0"   # what Inductor writes after this is this call's (see the end)
 command -v nvidia-smi >/dev/null && { nvidia-smi dmon -s pc -d 1 >"$LOG/dmon.log" 2>&1 & }
 say "device_all.sh parts=[$PARTS] start $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.sm,power.draw --format=csv,noheader | tee -a "$SUM"
@@ -344,6 +347,17 @@ part_speed10() {
 # Run 11: a second sample of the fast-vs-plain check at the new default (run 10's one sample sat above
 # its noise floor), after the 2-rank trainer run (part pause) with it.
 part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
+# Runs 16 and 17: with the run-14 default that check did not finish in 270 s nor in 545 s (GPU idle at
+# ~118 W throughout: the host compiling), where run 11's default finished it in 131 s. Which of the two
+# changes since then does it (combo kernels, or the fp32 weight-gradient Function)? One lane each, on two
+# GPUs (CHECK_GPU_B=0 puts both on one: a loss check, not a speed row); a row its budget kills now logs
+# its progress and every thread's stack (bench/train_bench.py registers faulthandler on SIGTERM).
+part_checkbisect() {
+  ( export GPU=0; bench0 checkbisect task=check,$F8C,steps=50,noise=1 ) &
+  ( export GPU=${CHECK_GPU_B:-1}; bench0 checkbisectb task=check,$F8C,steps=50,noise=1,combo=0 ) &
+  ( export GPU=${CHECK_GPU_B:-1}; bench0 checkbisectc task=check,$F8C,steps=50,noise=1,pbwd=autograd ) &
+  wait
+}
 # Run 12: the row run 10 lost (combo kernels on the whole model, where they could merge the ~300 weight
 # casts of a step) and CUDA graphs on top of the default, each lane its own HF rows. Since run 14 the bench's
 # defaults follow the trainer's (combo=1, pbwd=fp32), so $F32C here is run 14's default; run 12's was $OLDD.
@@ -382,17 +396,28 @@ part_speed14() {
     bench0 speed14b micro=4,accum=32,compile=full,ctune=1,steps=3,warmup=2; bench0 speed14b $HF32 ) &
   wait
 }
-# Next (nvidia-h200-x2, not run yet): Inductor's fusion knobs on the run-14 default, each lane opened and
-# closed by HF+compile: wider combo kernels and aggressive fusion (fewer of the ~1,700 launches a step), and
-# max-autotune's Triton GEMM templates (their epilogues could take RoPE and the casts). Then, in the same
-# call, parts check10 and pause (the default's 50-step check and the 2-rank trainer).
+# Run 15 (nvidia-h200-x2): what could cut the ~4 ms a step spent between 1,760 kernels (run 12), each lane
+# opened and closed by HF+compile. GPU 0: Programmatic Dependent Launch (Hopper: a Triton kernel starts while
+# its predecessor drains; Inductor's triton.enable_pdl), profiled, beside the default. GPU 1: PDL with CUDA
+# graphs, and Inductor's fusion knobs (aggressive fusion, wider combo kernels).
+PDL=ind=triton.enable_pdl:True
 part_speed15() {
   ( export GPU=0
-    bench0 speed15a $HF32; bench0 speed15a $F32C; bench0 speed15a $F32C,ind=aggressive_fusion:True
-    bench0 speed15a $F32C,ind=combo_kernel_max_num_nodes:16+combo_kernel_allow_mixed_sizes:2; bench0 speed15a $HF32 ) &
+    bench0 speed15a $HF32; bench0 speed15a $F32C,$PDL,prof=1; bench0 speed15a $F32C; bench0 speed15a $HF32 ) &
   ( export GPU=1
-    bench0 speed15b $HF32; bench0 speed15b $F32C,cmode=max-autotune-no-cudagraphs; bench0 speed15b $HF32 ) &
+    bench0 speed15b $HF32; bench0 speed15b $F32C,cmode=reduce-overhead,$PDL
+    bench0 speed15b $F32C,ind=aggressive_fusion:True+combo_kernel_max_num_nodes:16+combo_kernel_allow_mixed_sizes:2
+    bench0 speed15b $HF32 ) &
   wait
+}
+# 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + combo
+# kernels + fp32 weight gradients); runs 2 and 7 measured the scaling with regional compile only. Under DDP
+# dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
+part_ddpfull() {
+  GPU=0 bench0 ddpfull micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3
+  $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddpfull.jsonl" \
+    --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
+    --config micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3 >>"$LOG/bench_ddpfull.log" 2>&1
 }
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
 part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }
@@ -416,7 +441,7 @@ for part in $PARTS; do
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
   export -f part_$part leg_pair ref_leg say bench0 2>/dev/null
-  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CK OLDD CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
+  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CK OLDD PDL CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
@@ -424,11 +449,14 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15)
-    for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[ab].jsonl; do   # [ab]: a part's lanes, one table each
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect)
+    for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abc].jsonl; do   # [abc]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done
-    grep -hE 'Error|Traceback|error:' "$LOG/bench_$part"*.log 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM";;
+    grep -hE 'Error|Traceback|error:' "$LOG/bench_$part"*.log 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM"
+    grep -H '^check: path' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | tee -a "$SUM"
+    # a row its budget killed: where its main thread was (faulthandler's dump on SIGTERM)
+    grep -H -A14 '^Current thread' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | head -60 | tee -a "$SUM";;
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
@@ -436,8 +464,12 @@ tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
 # back as .ind_cache/ (see the top) so its rows skip minutes of compile and tuning. 16 MiB a file come back.
 if [ -n "${INDUCTOR_CACHE_OUT:-}" ] && [ -d "$IND_DIR" ]; then
   tar -czf /tmp/ind_cache.tgz -C "$IND_DIR" .
-  n=$(( ($(stat -c %s /tmp/ind_cache.tgz) + 15728639) / 15728640 ))
+  n=$(( ($(stat -c %s /tmp/ind_cache.tgz) + 15728639) / 15728640 )); what=all
+  if [ "$n" -gt 4 ]; then   # too big with what was carried in: only what this call compiled
+    (cd "$IND_DIR" && find . -type f -newer "$LOG/.t0" -print0 | tar -czf /tmp/ind_cache.tgz --null -T -)
+    n=$(( ($(stat -c %s /tmp/ind_cache.tgz) + 15728639) / 15728640 )); what="this call's"
+  fi
   if [ "$n" -le 4 ]; then split -b 15M -a 1 /tmp/ind_cache.tgz "$OUT/ind_cache.tgz."; fi
-  say "inductor cache: $(du -sh "$IND_DIR" | cut -f1), $n part(s) of 15 MiB compressed$([ "$n" -le 4 ] || echo ': too big, left behind')"
+  say "inductor cache: $(du -sh "$IND_DIR" | cut -f1), $what entries in $n part(s) of 15 MiB compressed$([ "$n" -le 4 ] || echo ': too big, left behind')"
 fi
 say "device_all.sh done in $(( $(date +%s) - T0 ))s"

@@ -60,11 +60,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import gc
 import json
 import math
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -521,6 +523,7 @@ class Bench:
         tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         for path in paths:
             self.fresh()
+            t0 = time.perf_counter()
             c = dict(cfg, impl="ours", compile=cfg["compile"] if path == "fast" else "none")
             if path == "plain_fuse":   # the same maths with q/k/v and gate/up as one GEMM each
                 c["fuse"] = 1 - int(cfg["fuse"])
@@ -536,7 +539,15 @@ class Bench:
                     logits = F.linear(h, raw.embed_tokens.weight).float()
                     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             step = self.make_step(c, raw, model, loss_fn, opt, scaler, autocast, batches)
-            curves[path] = [float(step()) for _ in range(cfg["steps"])]
+            # Progress on the log as it happens: a check killed by its budget still says how far it got
+            # (runs 14, 16 and 17 lost theirs inside the fast path's first step without a trace).
+            t1 = time.perf_counter()
+            self.log(f"check: path {path} built in {t1 - t0:.1f} s")
+            curves[path] = [float(step())]
+            t2 = time.perf_counter()
+            self.log(f"check: path {path} first step (compile, if any) {t2 - t1:.1f} s")
+            curves[path] += [float(step()) for _ in range(cfg["steps"] - 1)]
+            self.log(f"check: path {path} {cfg['steps'] - 1} more steps in {time.perf_counter() - t2:.1f} s")
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             del raw, model, opt
         a, b = curves["plain"], curves["fast"]
@@ -707,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing rows")
     p.add_argument("--table", type=Path, nargs="+", help="only print the table of these --jsonl files")
     args = p.parse_args(argv)
+    # A row killed by its part's budget (device_all.sh: timeout sends SIGTERM) first writes every thread's
+    # stack to stderr, which the part's log keeps: where it was stuck, not only that it was.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     if args.table:
         rows = [json.loads(line) for f in args.table if f.exists() for line in f.read_text().splitlines() if line]
         for r in rows:

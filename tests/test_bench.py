@@ -1,6 +1,7 @@
 """bench/train_bench.py: every task runs end to end on CPU, and the table's ratio uses the same call's HF rows."""
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,25 @@ def test_inductor_flags_are_set_by_dotted_name_with_typed_values_and_unknown_nam
     assert inductor.combo_kernels == before                 # the patch restored them: nothing leaks
     with pytest.raises(SystemExit, match="no 'no_such_flag'"):
         train_bench.set_inductor_flags("no_such_flag:1")
+
+
+def test_check_killed_by_its_budget_logs_its_progress_and_every_threads_stack(tmp_path):
+    # What device_all.sh's part timeout does to a row that overruns: SIGTERM. The row must leave behind how
+    # far it got (the progress lines) and where it was (the stacks), then die of the signal as before.
+    cmd = [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--device", "cpu", "--model", "tiny",
+           "--seq-len", "32", "--config", "task=check,micro=2,steps=100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        seen = []
+        for line in proc.stdout:                      # wait until the plain path is training
+            seen.append(line)
+            if line.startswith("check: path plain first step"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM
+    assert any(line.startswith("check: path plain built in ") for line in seen), seen
+    assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
+    assert "train_bench.py" in err and "in check" in err, err[-2000:]

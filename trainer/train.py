@@ -47,10 +47,12 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
         coordinate-descent kernel tuning: +3.8 % tok/s over ``blocks`` at micro 32, run 9, and +19 % on
         2 ranks at micro 4 x accum 32, 3.56 GiB a rank, run 11; and its combo kernels, with the
         projections' weight gradients written in fp32 by their GEMMs (trainer/model.py FP32_WGRAD):
-        +0.9 % more, 1.36x transformers+torch.compile at micro 32, run 14; about 2-3.5 minutes of
-        warm-up in a fresh process, seconds once Inductor's on-disk cache holds the kernels;
-        ``--compile-scope blocks`` for short runs: ``Llama.compile_blocks()``, one graph shared by every
-        block, 1-18 s). Regional compile alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
+        +0.9 % more, 1.36x transformers+torch.compile at micro 32, run 14, and +17 % on 2 ranks at
+        micro 4 x accum 32, run 16; about 1.5-3 minutes of warm-up in a fresh process (163 s at
+        micro 4, run 16), seconds once Inductor's on-disk cache holds the kernels. One shape is open:
+        the bench's 50-step check at micro 8 compiled for 7.5 minutes without finishing (run 17);
+        ``--compile-scope blocks``, for short runs or if the first step's compile runs long:
+        ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
         Residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()),
         the one-pass loss gradient: 1.30x transformers+torch.compile at micro 32 with blocks (runs 5-7)
     cuda capability < 8.0 (T4): fp16 + GradScaler, compile OFF by default (Inductor/Triton on sm_75 not
