@@ -33,12 +33,16 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
   lean (ours, compiled: 1 = trainer/model.py LEAN_ACTIVATIONS, the partitioner recomputes pointwise inputs of
         backward matmuls (weight casts, norm outputs, silu*up) instead of saving them; 0 = torch's default, the trainer's),
   pbwd (ours: the projections' backward: fp32 = weight gradients straight out of their GEMMs in fp32,
-        trainer/model.py FP32_WGRAD, the default since run 14 | autograd = nn.Linear's (bf16 product, cast);
-        run 13 also measured `grouped`, one input-gradient GEMM for q/k/v and for gate/up, since removed),
+        trainer/model.py FP32_WGRAD, the default since run 14 | autograd = nn.Linear's (bf16 product, cast)
+        | grouped = fp32 with GROUPED_DGRAD: one input-gradient GEMM and one weight-gradient GEMM for q/k/v
+        and for gate/up, from their concatenated output gradients (run 13: -5 % with Inductor's pointwise
+        cat; pair it with ind=max_pointwise_cat_inputs:0 for the ConcatKernel lowering)),
+  rope (ours: cat = rotate_half by torch.cat, the default | roll = trainer/model.py ROPE_ROLL, no cat),
   combo (ours, compile=full: 1 = Inductor's combo kernels, as Llama.compile_model() sets by default since
          run 14; 0 = off, the default before),
   ctune (1 = Inductor's coordinate_descent_tuning: each Triton kernel's launch config tuned by timing),
-  ind (Inductor flags, name:value joined by '+', e.g. ind=combo_kernels:True+triton.unique_kernel_names:1),
+  ind (Inductor flags, name:value joined by '+', e.g. ind=combo_kernels:True+triton.unique_kernel_names:1;
+       name?:value sets it only where this torch has it, and says so when it does not),
   prof (speed: 1 = also profile 3 steps: device time, launches a step, time per kernel family, and the
         PROF_TOP kernels with the most device time),
   noise (check: 1 = also run plain with fuse=1 (same maths, other GEMM shapes and reduction order) and
@@ -94,7 +98,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused",
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
-                                   "pbwd": "fp32", "combo": 1, "ind": ""}
+                                   "pbwd": "fp32", "combo": 1, "ind": "", "rope": "cat"}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -118,7 +122,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo"):
+                "ind", "pbwd", "combo", "rope"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -145,9 +149,12 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
         M.LOSS_CHUNK_ROWS = int(cfg["ce_rows"])
         M.BF16_RESIDUAL = bool(cfg["res"])
         M.LEAN_ACTIVATIONS = bool(cfg["lean"])
-        if cfg["pbwd"] not in ("fp32", "autograd"):
-            raise SystemExit(f"unknown pbwd {cfg['pbwd']!r} (fp32 | autograd)")
-        M.FP32_WGRAD = cfg["pbwd"] == "fp32"
+        if cfg["pbwd"] not in ("fp32", "autograd", "grouped"):
+            raise SystemExit(f"unknown pbwd {cfg['pbwd']!r} (fp32 | autograd | grouped)")
+        M.FP32_WGRAD, M.GROUPED_DGRAD = cfg["pbwd"] != "autograd", cfg["pbwd"] == "grouped"
+        if cfg["rope"] not in ("cat", "roll"):
+            raise SystemExit(f"unknown rope {cfg['rope']!r} (cat | roll)")
+        M.ROPE_ROLL = cfg["rope"] == "roll"
         from torch._functorch import config as partitioner
         partitioner.ban_recompute_materialized_backward = True   # torch's default; compile_blocks may lift it
         M._addmm_fp32_ok = None if cfg["wacc"] else False
@@ -197,15 +204,21 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
 
 def set_inductor_flags(text: str) -> None:
     """ind=name:value+name:value: set torch._inductor.config attributes (dotted names reach sub-configs),
-    values parsed as int, float or True/False, else kept as text. An unknown name is an error."""
+    values parsed as int, float or True/False, else kept as text. An unknown name is an error, unless it ends
+    in '?' (name?:value: set where this torch has it)."""
     from torch._inductor import config as inductor_config
     for item in filter(None, text.split("+")):
         name, _, raw = item.partition(":")
+        optional = name.endswith("?")
+        name = name.rstrip("?")
         *path, attr = name.split(".")
         obj = inductor_config
         for part in path:
             obj = getattr(obj, part)
         if not hasattr(obj, attr):
+            if optional:   # a knob newer than this torch: the row still runs, and its log says so
+                print(f"ind: torch._inductor.config has no {name!r} (torch {torch.__version__}); not set", flush=True)
+                continue
             raise SystemExit(f"ind: torch._inductor.config has no {name!r}")
         val: Any = {"True": True, "False": False}.get(raw, raw)
         for conv in (int, float):
@@ -528,7 +541,7 @@ class Bench:
             if path == "plain_fuse":   # the same maths with q/k/v and gate/up as one GEMM each
                 c["fuse"] = 1 - int(cfg["fuse"])
             if path.startswith("plain"):  # the textbook model: fp32 residual stream as HF's autocast path,
-                c["res"], c["pbwd"] = 0, "autograd"   # nn.Linear's own backward
+                c["res"], c["pbwd"], c["rope"] = 0, "autograd", "cat"   # nn.Linear's own backward
             if path == "plain_fp32":   # fp32 everywhere, TF32 off: the reference the bf16 paths round away from
                 c["prec"] = "fp32"
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False

@@ -29,7 +29,8 @@ def test_ratio_is_against_the_mean_of_hf_compile_rows_of_the_same_shape_only():
 
 def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     jsonl = tmp_path / "rows.jsonl"
-    configs = ["micro=2,steps=2,warmup=1,prof=1,pbwd=autograd", "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0",
+    configs = ["micro=2,steps=2,warmup=1,prof=1,pbwd=autograd",
+               "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0,pbwd=grouped,rope=roll",
                "impl=hf,micro=2,steps=2,warmup=1", "task=check,micro=2,steps=3,noise=1",
                "task=drift,micro=2,warmup=1,windows=1/2/3"]
     cmd = [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--device", "cpu", "--model", "tiny",
@@ -67,6 +68,9 @@ def test_inductor_flags_are_set_by_dotted_name_with_typed_values_and_unknown_nam
     assert inductor.combo_kernels == before                 # the patch restored them: nothing leaks
     with pytest.raises(SystemExit, match="no 'no_such_flag'"):
         train_bench.set_inductor_flags("no_such_flag:1")
+    with inductor.patch({"max_pointwise_cat_inputs": 8}):   # '?': set where it exists, skipped where not
+        train_bench.set_inductor_flags("no_such_flag?:1+max_pointwise_cat_inputs?:0")
+        assert inductor.max_pointwise_cat_inputs == 0 and not hasattr(inductor, "no_such_flag")
 
 
 def test_check_killed_by_its_budget_logs_its_progress_and_every_threads_stack(tmp_path):

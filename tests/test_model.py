@@ -382,8 +382,11 @@ def test_a_second_backward_through_the_loss_is_refused_not_scaled_twice():
         loss.backward()
 
 
-def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch):
+@pytest.mark.parametrize("grouped_rolled", [False, True], ids=["default", "grouped_dgrad+rope_roll"])
+def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch, grouped_rolled):
     from torch._inductor import config as inductor
+    monkeypatch.setattr(M, "GROUPED_DGRAD", grouped_rolled)   # the opt-in paths, traced by dynamo too
+    monkeypatch.setattr(M, "ROPE_ROLL", grouped_rolled)
     monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_COMBO_KERNELS", raising=False)
     torch._dynamo.reset()
@@ -465,6 +468,58 @@ def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
     with MatmulCounter() as mm:
         out.backward(g)                                        # a frozen weight gets no gradient computed
     assert mm.calls == 1 and w.grad is None and x.grad is not None
+
+
+def test_grouped_backward_gives_the_separate_projections_loss_and_gradients(monkeypatch):
+    x, y = batch()
+    monkeypatch.setattr(M, "FP32_WGRAD", True)
+    apply, calls = M.LinearFp32Grad.apply, []
+    monkeypatch.setattr(M.LinearFp32Grad, "apply", lambda *a: calls.append(len(a) - 1) or apply(*a))
+    out = []
+    for grouped in (False, True):
+        monkeypatch.setattr(M, "GROUPED_DGRAD", grouped)
+        calls.clear()
+        m = tiny(seed=4)
+        loss = m(x, y)[1]
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}, sorted(calls)))
+    (ref_loss, ref, ref_calls), (loss, got, got_calls) = out
+    assert ref_calls == [1] * 7 * TINY.n_layer
+    assert got_calls == sorted([3, 1, 2, 1] * TINY.n_layer)   # q/k/v, o, gate/up, down: one call each
+    assert loss == ref_loss                                     # the forward's GEMMs are the same
+    for name in ref:                                            # the backward sums in another order
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_linear_fp32_grad_with_several_weights_runs_one_gemm_for_the_input_and_one_for_the_weights():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    ws = [torch.randn(n, 8, requires_grad=True) for n in (6, 2, 2)]
+    outs = M.LinearFp32Grad.apply(x, *ws)
+    for o, w in zip(outs, ws):
+        torch.testing.assert_close(o, x @ w.t())
+    gs = [torch.randn_like(o) for o in outs]
+    with MatmulCounter() as mm:
+        torch.autograd.backward(outs, gs)
+    assert mm.calls == 2
+    torch.testing.assert_close(x.grad, sum(g @ w for g, w in zip(gs, ws)))
+    for g, w in zip(gs, ws):
+        torch.testing.assert_close(w.grad, g.reshape(-1, w.shape[0]).t() @ x.reshape(-1, 8))
+    ws[1].requires_grad_(False)                 # a frozen weight among them: no gradient for it alone
+    for t in (x, *ws):
+        t.grad = None
+    torch.autograd.backward(M.LinearFp32Grad.apply(x, *ws), gs)
+    assert ws[1].grad is None and ws[0].grad is not None and ws[2].grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rolled_rope_is_bitwise_the_concatenated_rotation(monkeypatch, dtype):
+    cos, sin = (t.to(dtype) for t in M.rope_cos_sin(16, 24, 10000.0))
+    x = torch.randn(2, 3, 24, 16).to(dtype)
+    monkeypatch.setattr(M, "ROPE_ROLL", False)
+    ref = M.apply_rope(x, cos, sin)
+    monkeypatch.setattr(M, "ROPE_ROLL", True)
+    assert torch.equal(M.apply_rope(x, cos, sin), ref)
 
 
 class MatmulCounter(TorchDispatchMode):

@@ -55,6 +55,20 @@ FUSED_PROJ = False
 # rounds first, as nn.Linear does.
 # SPECPROBE_FP32_WGRAD=0 restores nn.Linear's backward.
 FP32_WGRAD = os.environ.get("SPECPROBE_FP32_WGRAD", "1") == "1"
+# Opt-in, with FP32_WGRAD: q/k/v (and gate/up), which read the same input, run as one LinearFp32Grad whose
+# backward concatenates their output gradients and runs ONE GEMM for the input's gradient (K = 960, not
+# three GEMMs of K = 576/192/192 and two adds) and one for the three weight gradients. Run 13 measured it
+# -5.2 % on the H200: the GEMMs saved 1.1 ms a step and ~300 launches, but Inductor lowered the
+# concatenation as one "pointwise cat" kernel that recomputes every input per element (the q/k/v
+# gradient through RoPE's transposed layout: 5.7 ms instead of 0.7). Inductor's other lowering
+# (ConcatKernel, `max_pointwise_cat_inputs=0`: each producer writes into its slice) is not yet measured
+# with it: bench key pbwd=grouped, part `grouped` of bench/device_all.sh. SPECPROBE_GROUPED_DGRAD=1 turns it on.
+GROUPED_DGRAD = os.environ.get("SPECPROBE_GROUPED_DGRAD", "0") == "1"
+# Opt-in: RoPE's rotate_half as a roll of the head dimension times a sign folded into sin, instead of a
+# torch.cat of the two negated/swapped halves: the same numbers exactly (a +-1 product and a permutation),
+# but no cat for Inductor to lower, so the cat lowering chosen for GROUPED_DGRAD cannot touch RoPE.
+# SPECPROBE_ROPE_ROLL=1 turns it on; not measured on a GPU yet (bench key rope=roll).
+ROPE_ROLL = os.environ.get("SPECPROBE_ROPE_ROLL", "0") == "1"
 # sdpa with enable_gqa=True (the kernel reads each K/V head for its n_rep query heads) instead of expanding
 # K/V into n_head copies first. None = auto (sdpa_gqa()): on for CUDA capability >= 8.0, where flash and
 # cuDNN attention take grouped heads (H200, micro-batch 32: +1.0 % tok/s and -1.0 GiB, bench/RESULTS.md
@@ -200,40 +214,53 @@ _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()   # mm(..., out_dtype=)
 
 
 class LinearFp32Grad(torch.autograd.Function):
-    """x @ weight.T in the autocast dtype, as nn.Linear computes it under autocast, with a backward whose
-    weight gradient is written in fp32 by the GEMM itself on cuda (see FP32_WGRAD)."""
+    """x @ W.T for one weight, or for several that share x (one output each), in the autocast dtype as
+    nn.Linear computes it under autocast, with a backward whose weight gradients are written in fp32 by the
+    GEMM itself on cuda (see FP32_WGRAD). With several weights the backward concatenates the output
+    gradients and runs one GEMM for x's gradient and one for all the weights' (see GROUPED_DGRAD)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:
+    def forward(ctx, x: Tensor, *weights: Tensor) -> Tensor | tuple[Tensor, ...]:
         dev = x.device.type
         cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         with torch.autocast(dev, enabled=False):
-            xc, wc = x.to(cdt), weight.to(cdt)
-            out = F.linear(xc, wc)
-        ctx.save_for_backward(xc, wc)
-        ctx.dtypes = (x.dtype, weight.dtype)
-        return out
+            xc, ws = x.to(cdt), [w.to(cdt) for w in weights]
+            outs = tuple(F.linear(xc, w) for w in ws)
+        ctx.save_for_backward(xc, *ws)
+        ctx.dtypes = (x.dtype, weights[0].dtype)
+        return outs[0] if len(outs) == 1 else outs
 
     @staticmethod
-    def backward(ctx, g: Tensor):
-        xc, wc = ctx.saved_tensors
-        g = g.to(wc.dtype)
-        dx = (g @ wc).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
-        dw = None
-        if ctx.needs_input_grad[1]:
+    def backward(ctx, *grads: Tensor):
+        xc, *ws = ctx.saved_tensors
+        g = torch.cat([g.to(xc.dtype) for g in grads], dim=-1) if len(grads) > 1 else grads[0].to(xc.dtype)
+        w = torch.cat(ws) if len(ws) > 1 else ws[0]
+        dx = (g @ w).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        dws: list[Tensor | None] = [None] * len(ws)
+        if any(ctx.needs_input_grad[1:]):   # several weights, some frozen: all computed, those dropped
             g2, x2 = g.reshape(-1, g.shape[-1]).t(), xc.reshape(-1, xc.shape[-1])
-            if wc.dtype == ctx.dtypes[1]:
+            if w.dtype == ctx.dtypes[1]:
                 dw = g2 @ x2
             elif g.is_cuda and _MM_OUT_DTYPE:
                 dw = torch.mm(g2, x2, out_dtype=ctx.dtypes[1])
             else:
                 dw = (g2 @ x2).to(ctx.dtypes[1])
-        return dx, dw
+            parts = dw.split([wi.shape[0] for wi in ws])
+            dws = [p if need else None for p, need in zip(parts, ctx.needs_input_grad[1:])]
+        return dx, *dws
 
 
 def linear(x: Tensor, lin: nn.Linear) -> Tensor:
     """x through the bias-free Linear `lin`, with the fp32 weight-gradient backward when FP32_WGRAD."""
     return LinearFp32Grad.apply(x, lin.weight) if FP32_WGRAD else lin(x)
+
+
+def linears(x: Tensor, *lins: nn.Linear) -> tuple[Tensor, ...]:
+    """x through several bias-free Linears: one grouped backward with FP32_WGRAD and GROUPED_DGRAD, else each
+    through linear()."""
+    if FP32_WGRAD and GROUPED_DGRAD:
+        return LinearFp32Grad.apply(x, *(lin.weight for lin in lins))
+    return tuple(linear(x, lin) for lin in lins)
 
 
 def rope_cos_sin(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -251,6 +278,10 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # x (B, h, T, hd); cos/sin (T, hd) broadcast over batch and heads
+    if ROPE_ROLL:   # rotate_half(x) = roll(x, hd/2) * (-1 on the first half, +1 on the second)
+        half = x.shape[-1] // 2
+        sign = (torch.arange(x.shape[-1], device=x.device) >= half).to(sin.dtype) * 2 - 1
+        return x * cos + x.roll(half, dims=-1) * (sin * sign)
     return x * cos + rotate_half(x) * sin
 
 
@@ -280,7 +311,7 @@ class Attention(nn.Module):
             nq, nkv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
             q, k, v = F.linear(x, w).split((nq, nkv, nkv), dim=-1)
         else:
-            q, k, v = linear(x, self.q_proj), linear(x, self.k_proj), linear(x, self.v_proj)
+            q, k, v = linears(x, self.q_proj, self.k_proj, self.v_proj)
         q = q.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
         k = k.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         v = v.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
@@ -313,7 +344,7 @@ class MLP(nn.Module):
         if FUSED_PROJ:
             gate, up = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
         else:
-            gate, up = linear(x, self.gate_proj), linear(x, self.up_proj)
+            gate, up = linears(x, self.gate_proj, self.up_proj)
         return linear(F.silu(gate) * up, self.down_proj)  # SwiGLU
 
 

@@ -52,7 +52,8 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
         micro 4, run 16), seconds once Inductor's on-disk cache holds the kernels. One shape is open:
         the bench's 50-step check at micro 8 compiled for 7.5 minutes without finishing (run 17);
         ``--compile-scope blocks``, for short runs or if the first step's compile runs long:
-        ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
+        ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile alone:
+        1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
         Residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()),
         the one-pass loss gradient: 1.30x transformers+torch.compile at micro 32 with blocks (runs 5-7)
     cuda capability < 8.0 (T4): fp16 + GradScaler, compile OFF by default (Inductor/Triton on sm_75 not
