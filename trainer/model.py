@@ -245,7 +245,7 @@ class LinearFp32Grad(torch.autograd.Function):
                 dw = torch.mm(g2, x2, out_dtype=ctx.dtypes[1])
             else:
                 dw = (g2 @ x2).to(ctx.dtypes[1])
-            parts = dw.split([wi.shape[0] for wi in ws])
+            parts = dw.split([wi.shape[0] for wi in ws]) if len(ws) > 1 else (dw,)
             dws = [p if need else None for p, need in zip(parts, ctx.needs_input_grad[1:])]
         return dx, *dws
 
