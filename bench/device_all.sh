@@ -416,7 +416,8 @@ part_speed15() {
 # step, but -5 % overall from Inductor's pointwise cat, 5.7 ms), now with the ConcatKernel lowering (each
 # gradient producer writes its slice) and RoPE without a cat of its own (rope=roll), so the lowering knob
 # touches only the gradients' concatenations. GPU 0: the default, then the candidate, profiled. GPU 1: RoPE's
-# roll alone, and the grouped backward with the pointwise cat (the lowering's own effect).
+# roll alone, the grouped backward with the pointwise cat (the lowering's own effect), then the candidate
+# with CUDA graphs (the rows before it are what a budget overrun must not cost).
 CATK=ind=max_pointwise_cat_inputs:0+max_complex_pointwise_cat_inputs?:0
 part_grouped() {
   ( export GPU=0
@@ -424,7 +425,7 @@ part_grouped() {
     bench0 groupeda $HF32 ) &
   ( export GPU=1
     bench0 groupedb $HF32; bench0 groupedb $F32C,rope=roll; bench0 groupedb $F32C,pbwd=grouped,rope=roll
-    bench0 groupedb $HF32 ) &
+    bench0 groupedb $F32C,pbwd=grouped,rope=roll,$CATK,cmode=reduce-overhead; bench0 groupedb $HF32 ) &
   wait
 }
 # 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + combo
