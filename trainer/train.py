@@ -36,8 +36,9 @@ only enqueues their copies on a side stream (which first waits for the step that
 records an event; the next optimizer step waits for that event on the device (it would overwrite what is
 being copied) and the push thread waits for it before reading the buffers. ``snapshot_s=`` on the
 ``CKPT save`` line and RUN_JSON ``ckpt_pause_s_max`` count the training thread's time in the snapshot
-plus the time the training stream waited for the copies (``device_wait_s=``). H200, frozen model,
-micro 4 x accum 32: 812 ms blocking vs ~21 ms asynchronous (bench/RESULTS.md).
+plus the time the training stream waited for the copies (``device_wait_s=``); ``snapshot_parts_s=``
+splits the thread's time into the RNG gather, the two state_dict() calls and enqueuing the copies. H200,
+frozen model, micro 4 x accum 32: 812 ms blocking vs 18-26 ms asynchronous (bench/RESULTS.md runs 3, 16).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -1008,17 +1009,22 @@ class Trainer:
         self.ckpt_wait_s = max(self.ckpt_wait_s, t0 - t_wait)
         rng = rng_state(self.device_type)
         rngs = self.gather(rng)
+        t_rng = time.perf_counter()
         if push_ckpt:
             self.push_steps.append(step)
         if not self.master:
             return
-        pending, check = None, None
+        pending, check, parts = None, None, ""
         if self.snapshot_mode == "async":
             if self.host_buffers is None:
                 self._prepare_async_snapshot()
+            model_sd, dev_opt_sd = self.raw_model.state_dict(), self.opt.state_dict()
+            t_sd = time.perf_counter()
             weights, opt_sd, pending, new_bytes = self.host_buffers.start(
-                self.raw_model.state_dict(), self.opt.state_dict(),
-                delay_s=self.snapshot_check or 0.0)
+                model_sd, dev_opt_sd, delay_s=self.snapshot_check or 0.0)
+            # Where the training thread's pause goes (the next lever on it depends on which part is big).
+            parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
+                     f"/copies:{time.perf_counter() - t_sd:.4f}")
             if new_bytes:
                 _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
             self.snap_wait = pending
@@ -1048,13 +1054,13 @@ class Trainer:
         if pending is None:
             self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
         job = partial(self._write_and_push, step, push_ckpt, final, trainer_state, opt_state, rngs, nbytes,
-                      tokens, pause, weights, pending, check)
+                      tokens, pause, weights, pending, check, parts)
         self.pending = (step, self.pusher.submit(job))
 
     def _write_and_push(self, step: int, push_ckpt: bool, final: bool, trainer_state: dict,
                         opt_state: dict, rngs: list, nbytes: int, tokens: int, pause: float,
                         weights: dict | None = None, pending: "PendingCopy | None" = None,
-                        check: tuple | None = None) -> None:
+                        check: tuple | None = None, parts: str = "") -> None:
         from trainer.checkpoint import prune_local, write_checkpoint_dir
         out_dir = self.args.out / "ckpt" / f"checkpoint-{step}"
         wait = ""
@@ -1071,7 +1077,7 @@ class Trainer:
                 _emit(f"CKPT snapshot-check step={step} {verdict}")
                 if not verdict.startswith("ok"):
                     raise RuntimeError(f"async snapshot of step {step} differs from the step's state: {verdict}")
-        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes} snapshot_s={pause:.3f}{wait}")
+        _emit(f"CKPT save step={step} files={CKPT_FILES} bytes={nbytes} snapshot_s={pause:.3f}{wait}{parts}")
         files = write_checkpoint_dir(out_dir, model=self.shadow, cfg=self.cfg, trainer_state=trainer_state,
                                      optimizer_state=opt_state, rng_states=rngs)
         for to_final in ([False] if push_ckpt else []) + ([True] if final else []):
