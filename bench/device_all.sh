@@ -5,8 +5,9 @@
 #   bash bench/device_all.sh [PART...]      # parts: bench ddp a b pause check nocomp
 #                                           # (default: bench ddp a b, in that order)
 #
-#   bench  the side-by-side table on one GPU each: our trainer's model on GPU 0 while transformers'
-#          LlamaForCausalLM runs on GPU 1 (same card type, same call; they share only the host CPUs)
+#   bench  the side-by-side table on one GPU each: our trainer's model on GPU 0 (its cuda default first,
+#          then regional-compile and eager rows) while transformers' LlamaForCausalLM runs on GPU 1 (same card
+#          type, same call; they share only the host CPUs). ~8 minutes: give it a call of its own
 #   ddp    2-rank scaling of the fast path (torchrun, NCCL) at the per-rank shapes the bench measured
 #   a      trainer/train.py on 2 ranks at the frozen shape (micro 4, accum 32, seq 1024, no grad ckpt):
 #          leg 1 stops at a push step, --out is wiped, leg 2 cold-resumes from the local store; bf16, then fp16
@@ -66,7 +67,7 @@ mkdir -p "$OUT"
 LOG=/tmp/specprobe_logs
 mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
-T_BENCH=${T_BENCH:-200}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
+T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
 T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_GROUPED=${T_GROUPED:-540}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
@@ -110,12 +111,16 @@ if ls .ind_cache/ind_cache.tgz.* >/dev/null 2>&1; then
 fi
 
 part_bench() {
-  # GPU 0: ours. Order = what the issue gates first, so a timeout costs the least important rows.
+  # GPU 0: ours. Order = what the issue gates first, so a timeout costs the least important rows. The first
+  # two rows are the trainer's cuda default (whole-model compile with kernel tuning; runs 9-15): the headline
+  # ratio at micro 32 and the reference shape's memory and checkpoint stall; ~2.5 minutes of compile each in
+  # a fresh process. The rest compile regionally (seconds), as the table had it before run 9.
   CUDA_VISIBLE_DEVICES=0 $PY bench/train_bench.py --jsonl "$LOG/bench_gpu0.jsonl" --verbose \
     --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
+    --config impl=ours,micro=32,compile=full,ctune=1,steps=40,warmup=10 \
+    --config impl=ours,micro=4,accum=32,compile=full,ctune=1,steps=4,warmup=2,stall=1 \
     --config impl=ours,micro=32,compile=regional,steps=40,warmup=10 \
     --config impl=ours,micro=4,compile=regional,steps=60,warmup=10 \
-    --config impl=ours,micro=4,accum=32,compile=regional,steps=4,warmup=2,stall=1 \
     --config impl=ours,micro=32,compile=regional,prec=fp16,steps=60,warmup=20 \
     --config task=check,micro=8,compile=regional,steps=50 \
     --config impl=ours,micro=32,accum=4,compile=regional,steps=10,warmup=3 \
