@@ -86,7 +86,7 @@ def test_check_killed_by_its_budget_logs_its_progress_and_every_threads_stack(tm
             if line.startswith("check: path plain first step"):
                 break
         proc.send_signal(signal.SIGTERM)
-        rest, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == -signal.SIGTERM

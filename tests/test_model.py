@@ -418,33 +418,34 @@ def test_compile_model_leaves_tuning_and_combo_kernels_to_inductors_own_switches
         assert inductor.coordinate_descent_tuning is False and inductor.combo_kernels is False
 
 
-def nn_linear_vs_fp32_wgrad(monkeypatch, autocast: bool):
-    """(loss, grads) of the same model and batch with nn.Linear's backward, then with FP32_WGRAD's."""
+def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):
+    """[(loss, grads, LinearFp32Grad calls as weight counts)] of one model and batch with trainer.model's
+    `switch` off, then on."""
     x, y = batch()
+    apply, calls = M.LinearFp32Grad.apply, []
+    monkeypatch.setattr(M.LinearFp32Grad, "apply", lambda *a: calls.append(len(a) - 1) or apply(*a))
     out = []
-    for fp32_wgrad in (False, True):
-        monkeypatch.setattr(M, "FP32_WGRAD", fp32_wgrad)
+    for on in (False, True):
+        monkeypatch.setattr(M, switch, on)
+        calls.clear()
         m = tiny(seed=4)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             _, loss = m(x, y)
         loss.backward()
-        out.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+        out.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}, sorted(calls)))
     return out
 
 
 def test_fp32_weight_gradients_equal_nn_linear_in_fp32(monkeypatch):
-    calls = []
-    apply = M.LinearFp32Grad.apply
-    monkeypatch.setattr(M.LinearFp32Grad, "apply", lambda *a: calls.append(a[1].shape) or apply(*a))
-    (ref_loss, ref), (loss, got) = nn_linear_vs_fp32_wgrad(monkeypatch, autocast=False)
-    assert len(calls) == 7 * TINY.n_layer          # every projection of every block went through it, once
+    (ref_loss, ref, ref_calls), (loss, got, calls) = switch_off_then_on(monkeypatch, "FP32_WGRAD")
+    assert ref_calls == [] and calls == [1] * 7 * TINY.n_layer   # every projection went through it, once
     assert loss == ref_loss and got.keys() == ref.keys()   # the same matmuls in the same order
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-8, msg=name)
 
 
 def test_fp32_weight_gradients_under_bf16_autocast_are_fp32_and_differ_from_nn_linear_by_rounding_only(monkeypatch):
-    (ref_loss, ref), (loss, got) = nn_linear_vs_fp32_wgrad(monkeypatch, autocast=True)
+    (ref_loss, ref, _), (loss, got, _) = switch_off_then_on(monkeypatch, "FP32_WGRAD", autocast=True)
     assert loss == ref_loss
     for name in ref:
         assert got[name].dtype == torch.float32
@@ -471,19 +472,8 @@ def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
 
 
 def test_grouped_backward_gives_the_separate_projections_loss_and_gradients(monkeypatch):
-    x, y = batch()
     monkeypatch.setattr(M, "FP32_WGRAD", True)
-    apply, calls = M.LinearFp32Grad.apply, []
-    monkeypatch.setattr(M.LinearFp32Grad, "apply", lambda *a: calls.append(len(a) - 1) or apply(*a))
-    out = []
-    for grouped in (False, True):
-        monkeypatch.setattr(M, "GROUPED_DGRAD", grouped)
-        calls.clear()
-        m = tiny(seed=4)
-        loss = m(x, y)[1]
-        loss.backward()
-        out.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}, sorted(calls)))
-    (ref_loss, ref, ref_calls), (loss, got, got_calls) = out
+    (ref_loss, ref, ref_calls), (loss, got, got_calls) = switch_off_then_on(monkeypatch, "GROUPED_DGRAD")
     assert ref_calls == [1] * 7 * TINY.n_layer
     assert got_calls == sorted([3, 1, 2, 1] * TINY.n_layer)   # q/k/v, o, gate/up, down: one call each
     assert loss == ref_loss                                     # the forward's GEMMs are the same
