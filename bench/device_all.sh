@@ -356,13 +356,15 @@ part_speed10() {
 part_check10() { bench0 check10 task=check,$F8C,steps=50,noise=1; }
 # Runs 16 and 17: with the run-14 default that check did not finish in 270 s nor in 545 s (GPU idle at
 # ~118 W throughout: the host compiling), where run 11's default finished it in 131 s. Which of the two
-# changes since then does it (combo kernels, or the fp32 weight-gradient Function)? One lane each, on two
-# GPUs (CHECK_GPU_B=0 puts both on one: a loss check, not a speed row); a row its budget kills now logs
-# its progress and every thread's stack (bench/train_bench.py registers faulthandler on SIGTERM).
+# changes since then does it (combo kernels, or the fp32 weight-gradient Function)? One lane each and a
+# control with neither, on two GPUs (CHECK_GPU_B=0 puts all on one: a loss check, not a speed row); a row
+# its budget kills now logs its progress and every thread's stack (bench/train_bench.py registers faulthandler on SIGTERM).
 part_checkbisect() {
   ( export GPU=0; bench0 checkbisect task=check,$F8C,steps=50,noise=1 ) &
   ( export GPU=${CHECK_GPU_B:-1}; bench0 checkbisectb task=check,$F8C,steps=50,noise=1,combo=0 ) &
   ( export GPU=${CHECK_GPU_B:-1}; bench0 checkbisectc task=check,$F8C,steps=50,noise=1,pbwd=autograd ) &
+  # the control: run 11's default (neither change), which finished this check in 131 s
+  ( export GPU=0; bench0 checkbisectd task=check,$F8C,steps=50,noise=1,combo=0,pbwd=autograd ) &
   wait
 }
 # Run 12: the row run 10 lost (combo kernels on the whole model, where they could merge the ~300 weight
@@ -473,7 +475,7 @@ for part in $PARTS; do
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
   case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|grouped)
-    for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abc].jsonl; do   # [abc]: a part's lanes, one table each
+    for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abcd].jsonl; do   # [abcd]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done
     grep -hE 'Error|Traceback|error:' "$LOG/bench_$part"*.log 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM"
