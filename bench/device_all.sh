@@ -55,6 +55,8 @@
 #          without the fp32 weight-gradient Function (the default's check did not finish in runs 16-17)
 #   grouped (next) one input-gradient GEMM for q/k/v and gate/up with Inductor's ConcatKernel lowering and a
 #          cat-free RoPE, beside the default, RoPE's roll alone, and the grouped backward with the pointwise cat
+#   speed19 (nvidia-h200-x2) run 19: the candidates without combo kernels (run 18: they stall the compile at
+#          micro 8): run 11's default, + fp32 weight gradients, + grouped input-gradient GEMMs; their checks
 #   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
@@ -69,7 +71,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_GROUPED=${T_GROUPED:-540}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_GROUPED=${T_GROUPED:-540}; T_SPEED19=${T_SPEED19:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -435,6 +437,26 @@ part_grouped() {
     bench0 groupedb $F32C,pbwd=grouped,rope=roll,$CATK,cmode=reduce-overhead; bench0 groupedb $HF32 ) &
   wait
 }
+# Run 19 (nvidia-h200-x2), after run 18 found the stall: with combo kernels, coordinate-descent tuning
+# compiles every candidate config of each combo kernel with ptxas, one after another, in the first backward
+# (minutes at micro 8); without them the check's compile took 65-67 s. So the candidates are measured
+# without combo kernels. GPU 0: run 11's default (D), D + fp32 weight gradients (B), B + the grouped
+# input-gradient GEMMs with the ConcatKernel lowering and the cat-free RoPE (G, profiled). GPU 1: the
+# 50-step checks of B (a second sample: run 18's sat above the floor on the mean) and of G, then the speed
+# rows again (a second sample on another card).
+NC=$F32C,combo=0
+G19=$NC,pbwd=grouped,rope=roll,$CATK
+part_speed19() {
+  ( export GPU=0
+    bench0 speed19a $HF32; bench0 speed19a $NC,pbwd=autograd; bench0 speed19a $NC; bench0 speed19a $G19,prof=1
+    bench0 speed19a $HF32 ) &
+  ( export GPU=1
+    bench0 speed19b task=check,$F8C,combo=0,steps=50,noise=1
+    bench0 speed19b task=check,$F8C,combo=0,pbwd=grouped,rope=roll,$CATK,steps=50,noise=1
+    bench0 speed19b $HF32; bench0 speed19b $NC,pbwd=autograd; bench0 speed19b $NC; bench0 speed19b $G19
+    bench0 speed19b $HF32 ) &
+  wait
+}
 # 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + combo
 # kernels + fp32 weight gradients); runs 2 and 7 measured the scaling with regional compile only. Under DDP
 # dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
@@ -466,7 +488,7 @@ for part in $PARTS; do
   ts=$(date +%s)
   say "=== part $part (budget ${budget}s) at +$((ts - T0))s"
   export -f part_$part leg_pair ref_leg say bench0 2>/dev/null
-  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CK OLDD PDL CATK CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
+  export LOG SUM PY T0 S M32 OLD HF32 F32 F32C F8C CK OLDD PDL CATK NC G19 CKPT_LAYERS PRECS_A DEV MODEL SEQ BENCH_EXTRA MICRO_A ACCUM_A VOCAB_A PREC_R STEPS_R ACCUM_CHECK
   timeout --signal=TERM --kill-after=10 "$budget" bash -c "part_$part"
   rc=$?
   [ $rc = 124 ] && say "part $part TIMED OUT after ${budget}s"
@@ -474,7 +496,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|grouped)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|grouped|speed19)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abcd].jsonl; do   # [abcd]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done
