@@ -371,7 +371,8 @@ part_checkbisect() {
 }
 # Run 12: the row run 10 lost (combo kernels on the whole model, where they could merge the ~300 weight
 # casts of a step) and CUDA graphs on top of the default, each lane its own HF rows. Since run 14 the bench's
-# defaults follow the trainer's (combo=1, pbwd=fp32), so $F32C here is run 14's default; run 12's was $OLDD.
+# defaults follow the trainer's (pbwd=fp32; combo=1 in runs 14-18, combo=0 since run 19), so $F32C was run
+# 14's default in runs 14-18 (add combo=1 to repeat those rows now); run 12's was $OLDD.
 part_speed12() {
   ( export GPU=0
     bench0 speed12a $HF32; bench0 speed12a $F32C,prof=1; bench0 speed12a $F32C,ind=combo_kernels:True; bench0 speed12a $HF32 ) &

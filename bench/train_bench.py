@@ -38,8 +38,8 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         and for gate/up, from their concatenated output gradients (run 13: -5 % with Inductor's pointwise
         cat; pair it with ind=max_pointwise_cat_inputs:0 for the ConcatKernel lowering)),
   rope (ours: cat = rotate_half by torch.cat, the default | roll = trainer/model.py ROPE_ROLL, no cat),
-  combo (ours, compile=full: 1 = Inductor's combo kernels, as Llama.compile_model() sets by default since
-         run 14; 0 = off, the default before),
+  combo (ours, compile=full: 1 = Inductor's combo kernels, Llama.compile_model()'s default in runs 14-17;
+         0 = off, the default since run 19: with ctune they stalled the compile at micro 8, run 18),
   ctune (1 = Inductor's coordinate_descent_tuning: each Triton kernel's launch config tuned by timing),
   ind (Inductor flags, name:value joined by '+', e.g. ind=combo_kernels:True+triton.unique_kernel_names:1;
        name?:value sets it only where this torch has it, and says so when it does not),
@@ -98,7 +98,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused",
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
-                                   "pbwd": "fp32", "combo": 1, "ind": "", "rope": "cat"}
+                                   "pbwd": "fp32", "combo": 0, "ind": "", "rope": "cat"}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",

@@ -551,18 +551,20 @@ class Llama(nn.Module):
             block.compile(**kwargs)
         self.norm.compile(**kwargs)
 
-    def compile_model(self, tune: bool = True, combo: bool = True, **kwargs: Any) -> None:
+    def compile_model(self, tune: bool = True, combo: bool = False, **kwargs: Any) -> None:
         """Whole-model compilation in place (`nn.Module.compile`): the embedding, the 22 blocks and the
         final norm as one Inductor graph; the loss stays outside it (chunked_loss is compiler-disabled).
 
         Against compile_blocks() it fuses across block boundaries and issues fewer launches, and with
         `tune` Inductor's coordinate-descent search times each Triton kernel's launch config: on the H200
         +3.8 % tok/s together at micro-batch 32 (bench/RESULTS.md run 9) and +19 % in the 2-rank trainer at
-        micro-batch 4 (run 11, launch-bound there), for a warm-up of ~3.5 minutes in a fresh process
+        micro-batch 4 (run 11, launch-bound there), for a warm-up of 1-3 minutes in a fresh process
         (seconds once Inductor's on-disk cache holds the kernels). In place, so parameter
         names stay those of the plain module, as they do for compile_blocks().
-        With `combo`, Inductor's combo kernels run independent small kernels (the weights' casts, the
-        norms' weight-gradient reductions) as one launch: +1.0 % and +0.7 % at micro-batch 32 (run 12).
+        `combo` (Inductor's combo kernels: independent small kernels run as one launch) is opt-in: +1.0 %
+        at micro-batch 32 (run 12), but with `tune` the first backward tunes each combo kernel by compiling
+        candidate configs one after another, and at micro-batch 8 that ran past 7.5 minutes where the
+        same compile without them takes 61-70 s (runs 17-19).
         TORCHINDUCTOR_COORDINATE_DESCENT_TUNING / TORCHINDUCTOR_COMBO_KERNELS, when set, decide instead.
         """
         from torch._inductor import config as inductor
