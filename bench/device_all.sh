@@ -461,11 +461,12 @@ part_speed19() {
 # 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + combo
 # kernels + fp32 weight gradients); runs 2 and 7 measured the scaling with regional compile only. Under DDP
 # dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
+# DDPFULL_CFG replaces the row (run 21: pbwd=autograd, whose 1-rank compile a carried cache already holds).
 part_ddpfull() {
-  GPU=0 bench0 ddpfull micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3
+  local cfg=${DDPFULL_CFG:-micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3}
+  GPU=0 bench0 ddpfull "$cfg"
   $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddpfull.jsonl" \
-    --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA \
-    --config micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3 >>"$LOG/bench_ddpfull.log" 2>&1
+    --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA --config "$cfg" >>"$LOG/bench_ddpfull.log" 2>&1
 }
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
 part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }

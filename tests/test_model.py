@@ -388,7 +388,7 @@ def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(
     monkeypatch.setattr(M, "GROUPED_DGRAD", grouped_rolled)   # the opt-in paths, traced by dynamo too
     monkeypatch.setattr(M, "ROPE_ROLL", grouped_rolled)
     monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
-    monkeypatch.delenv("TORCHINDUCTOR_COMBO_KERNELS", raising=False)
+    monkeypatch.setattr(M, "COMBO_KERNELS", False)
     torch._dynamo.reset()
     ref, m = tiny(seed=9), tiny(seed=9)
     before = list(hf_state_dict(m))
@@ -409,13 +409,22 @@ def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_compile_model_leaves_tuning_and_combo_kernels_to_inductors_own_switches_when_set(monkeypatch):
+def test_compile_model_leaves_tuning_to_inductors_own_switch_when_set(monkeypatch):
     from torch._inductor import config as inductor
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0")
-    monkeypatch.setenv("TORCHINDUCTOR_COMBO_KERNELS", "0")
     with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
         tiny().compile_model()          # lazy: nothing is built before the first forward
-        assert inductor.coordinate_descent_tuning is False and inductor.combo_kernels is False
+        assert inductor.coordinate_descent_tuning is False
+
+
+@pytest.mark.parametrize("switch, arg, expected", [(False, None, False), (True, None, True),
+                                                   (True, False, False), (False, True, True)])
+def test_combo_kernels_follow_the_switch_unless_the_caller_decides(monkeypatch, switch, arg, expected):
+    from torch._inductor import config as inductor
+    monkeypatch.setattr(M, "COMBO_KERNELS", switch)   # what SPECPROBE_COMBO_KERNELS=1 sets at import
+    with inductor.patch(combo_kernels=False):
+        tiny().compile_model(combo=arg)
+        assert inductor.combo_kernels is expected
 
 
 def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):

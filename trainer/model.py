@@ -60,14 +60,14 @@ FP32_WGRAD = os.environ.get("SPECPROBE_FP32_WGRAD", "1") == "1"
 # three GEMMs of K = 576/192/192 and two adds) and one for the three weight gradients. Run 13 measured it
 # -5.2 % on the H200: the GEMMs saved 1.1 ms a step and ~300 launches, but Inductor lowered the
 # concatenation as one "pointwise cat" kernel that recomputes every input per element (the q/k/v
-# gradient through RoPE's transposed layout: 5.7 ms instead of 0.7). Inductor's other lowering
-# (ConcatKernel, `max_pointwise_cat_inputs=0`: each producer writes into its slice) is not yet measured
-# with it: bench key pbwd=grouped, part `grouped` of bench/device_all.sh. SPECPROBE_GROUPED_DGRAD=1 turns it on.
+# gradient through RoPE's transposed layout: 5.7 ms instead of 0.7). With `max_pointwise_cat_inputs=0`
+# and ROPE_ROLL, run 19 measured it -4.8 to -5.5 %: on torch 2.11 the cat stayed a pointwise kernel.
+# Kept for a torch whose Inductor lets each producer write its slice. SPECPROBE_GROUPED_DGRAD=1 turns it on.
 GROUPED_DGRAD = os.environ.get("SPECPROBE_GROUPED_DGRAD", "0") == "1"
 # Opt-in: RoPE's rotate_half as a roll of the head dimension times a sign folded into sin, instead of a
 # torch.cat of the two negated/swapped halves: the same numbers exactly (a +-1 product and a permutation),
 # but no cat for Inductor to lower, so the cat lowering chosen for GROUPED_DGRAD cannot touch RoPE.
-# SPECPROBE_ROPE_ROLL=1 turns it on; not measured on a GPU yet (bench key rope=roll).
+# SPECPROBE_ROPE_ROLL=1 turns it on; on a GPU measured only together with GROUPED_DGRAD (run 19; bench key rope=roll).
 ROPE_ROLL = os.environ.get("SPECPROBE_ROPE_ROLL", "0") == "1"
 # sdpa with enable_gqa=True (the kernel reads each K/V head for its n_rep query heads) instead of expanding
 # K/V into n_head copies first. None = auto (sdpa_gqa()): on for CUDA capability >= 8.0, where flash and
@@ -100,6 +100,14 @@ BF16_RESIDUAL = os.environ.get("SPECPROBE_BF16_RESIDUAL", "1") == "1"
 # shape is launch-bound, and the recompute adds kernels). Off: speed is the lab's cost, and the defaults
 # already fit the memory targets. SPECPROBE_LEAN_ACTIVATIONS=1 (or setting this) turns it on.
 LEAN_ACTIVATIONS = os.environ.get("SPECPROBE_LEAN_ACTIVATIONS", "0") == "1"
+# Opt-in: Inductor's combo kernels in compile_model() (independent small kernels, such as the weights'
+# casts and the norms' weight-gradient reductions, run as one launch). Measured on the H200: +1.0 % at
+# micro-batch 32 (bench/RESULTS.md run 12) and +22 % in the 2-rank trainer at micro-batch 4 x accum 32
+# (launch-bound there; runs 16 and 20). Off, because with the coordinate-descent tuning the first backward
+# compiles each combo kernel's candidate configs one after another with ptxas: at micro-batch 8 that ran
+# past 7.5 minutes in every try (runs 13-18), where without them the compile takes 61-78 s (run 19).
+# SPECPROBE_COMBO_KERNELS=1 turns them on, for a shape whose compile is known to end (micro 4 and 32: 83-169 s).
+COMBO_KERNELS = os.environ.get("SPECPROBE_COMBO_KERNELS", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -551,7 +559,7 @@ class Llama(nn.Module):
             block.compile(**kwargs)
         self.norm.compile(**kwargs)
 
-    def compile_model(self, tune: bool = True, combo: bool = False, **kwargs: Any) -> None:
+    def compile_model(self, tune: bool = True, combo: bool | None = None, **kwargs: Any) -> None:
         """Whole-model compilation in place (`nn.Module.compile`): the embedding, the 22 blocks and the
         final norm as one Inductor graph; the loss stays outside it (chunked_loss is compiler-disabled).
 
@@ -561,16 +569,13 @@ class Llama(nn.Module):
         micro-batch 4 (run 11, launch-bound there), for a warm-up of 1-3 minutes in a fresh process
         (seconds once Inductor's on-disk cache holds the kernels). In place, so parameter
         names stay those of the plain module, as they do for compile_blocks().
-        `combo` (Inductor's combo kernels: independent small kernels run as one launch) is opt-in: +1.0 %
-        at micro-batch 32 (run 12), but with `tune` the first backward tunes each combo kernel by compiling
-        candidate configs one after another, and at micro-batch 8 that ran past 7.5 minutes where the
-        same compile without them takes 61-70 s (runs 17-19).
-        TORCHINDUCTOR_COORDINATE_DESCENT_TUNING / TORCHINDUCTOR_COMBO_KERNELS, when set, decide instead.
+        `combo` turns on Inductor's combo kernels (None: COMBO_KERNELS, off unless SPECPROBE_COMBO_KERNELS=1;
+        see there why). TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, decides the tuning instead.
         """
         from torch._inductor import config as inductor
         if tune and "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
             inductor.coordinate_descent_tuning = True
-        if combo and "TORCHINDUCTOR_COMBO_KERNELS" not in os.environ:
+        if COMBO_KERNELS if combo is None else combo:
             inductor.combo_kernels = True
         _compile_setup()    # one graph (and its no-grad twin for validation): dynamo's default limit fits
         self.compile(**kwargs)

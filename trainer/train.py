@@ -46,13 +46,13 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
     cuda capability >= 8.0 (A100, H100/H200): bf16 autocast, compile ON, scope ``model``
         (``Llama.compile_model()``: the whole model in one Inductor graph, in place, with Inductor's
         coordinate-descent kernel tuning: +3.8 % tok/s over ``blocks`` at micro 32, run 9, and +19 % on
-        2 ranks at micro 4 x accum 32, 3.56 GiB a rank, run 11; and its combo kernels, with the
-        projections' weight gradients written in fp32 by their GEMMs (trainer/model.py FP32_WGRAD):
-        +0.9 % more, 1.36x transformers+torch.compile at micro 32, run 14, and +17 % on 2 ranks at
-        micro 4 x accum 32, run 16; about 1.5-3 minutes of warm-up in a fresh process (163 s at
-        micro 4, run 16), seconds once Inductor's on-disk cache holds the kernels. One shape is open:
-        the bench's 50-step check at micro 8 compiled for 7.5 minutes without finishing (run 17);
-        ``--compile-scope blocks``, for short runs or if the first step's compile runs long:
+        2 ranks at micro 4 x accum 32, 3.56 GiB a rank, run 11; with the projections' weight gradients
+        written in fp32 by their GEMMs (trainer/model.py FP32_WGRAD): 1.35-1.36x transformers+
+        torch.compile at micro 32, run 19; about 1-2 minutes of warm-up in a fresh process (61-78 s
+        at micro 8 and 32, run 19), seconds once Inductor's on-disk cache holds the kernels. Inductor's
+        combo kernels are opt-in (SPECPROBE_COMBO_KERNELS=1): +1.0 % at micro 32 and +22 % at micro 4 x
+        accum 32 (runs 16, 20), but with the tuning their compile ran past 7.5 minutes at micro 8 (runs
+        13-18). ``--compile-scope blocks``, for short runs:
         ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile alone:
         1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
         Residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()),
