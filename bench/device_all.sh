@@ -458,8 +458,8 @@ part_speed19() {
     bench0 speed19b $HF32 ) &
   wait
 }
-# 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + combo
-# kernels + fp32 weight gradients); runs 2 and 7 measured the scaling with regional compile only. Under DDP
+# 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + fp32
+# weight gradients; combo kernels too before run 19); runs 2 and 7 measured the scaling with regional compile only. Under DDP
 # dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
 # DDPFULL_CFG replaces the row (run 21: pbwd=autograd, whose 1-rank compile a carried cache already holds).
 part_ddpfull() {

@@ -38,7 +38,7 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         and for gate/up, from their concatenated output gradients (run 13: -5 % with Inductor's pointwise
         cat; pair it with ind=max_pointwise_cat_inputs:0 for the ConcatKernel lowering)),
   rope (ours: cat = rotate_half by torch.cat, the default | roll = trainer/model.py ROPE_ROLL, no cat),
-  combo (ours, compile=full: 1 = Inductor's combo kernels, Llama.compile_model()'s default in runs 14-17;
+  combo (ours, compile=full: 1 = Inductor's combo kernels, Llama.compile_model()'s default in runs 14-18;
          0 = off, the default since run 19: with ctune they stalled the compile at micro 8, run 18),
   ctune (1 = Inductor's coordinate_descent_tuning: each Triton kernel's launch config tuned by timing),
   ind (Inductor flags, name:value joined by '+', e.g. ind=combo_kernels:True+triton.unique_kernel_names:1;

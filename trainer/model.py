@@ -51,8 +51,8 @@ FUSED_PROJ = False
 # The projections' weight gradients straight out of their GEMMs in fp32 (cuBLAS writes the fp32 result:
 # `mm(..., out_dtype=float32)`, torch >= 2.9 on cuda) instead of nn.Linear's bf16 product and a cast kernel
 # per weight, 7 a block: no bf16 rounding of dW, ~150 fewer kernels a micro-step. On the H200 at micro-batch
-# 32 with the whole-model compile: +0.6 % tok/s (bench/RESULTS.md run 13). CPU has no mixed-dtype GEMM and
-# rounds first, as nn.Linear does.
+# 32 with the whole-model compile: +0.6 % tok/s with combo kernels (bench/RESULTS.md run 13), 0 and +1.0 % on
+# two cards without them (run 19). CPU has no mixed-dtype GEMM and rounds first, as nn.Linear does.
 # SPECPROBE_FP32_WGRAD=0 restores nn.Linear's backward.
 FP32_WGRAD = os.environ.get("SPECPROBE_FP32_WGRAD", "1") == "1"
 # Opt-in, with FP32_WGRAD: q/k/v (and gate/up), which read the same input, run as one LinearFp32Grad whose

@@ -49,7 +49,7 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
         2 ranks at micro 4 x accum 32, 3.56 GiB a rank, run 11; with the projections' weight gradients
         written in fp32 by their GEMMs (trainer/model.py FP32_WGRAD): 1.35-1.36x transformers+
         torch.compile at micro 32, run 19; about 1-2 minutes of warm-up in a fresh process (61-78 s
-        at micro 8 and 32, run 19), seconds once Inductor's on-disk cache holds the kernels. Inductor's
+        at micro 8 and 32, run 19; 120 s on 2 ranks at micro 4, run 20), seconds once Inductor's on-disk cache holds the kernels. Inductor's
         combo kernels are opt-in (SPECPROBE_COMBO_KERNELS=1): +1.0 % at micro 32 and +22 % at micro 4 x
         accum 32 (runs 16, 20), but with the tuning their compile ran past 7.5 minutes at micro 8 (runs
         13-18). ``--compile-scope blocks``, for short runs:
