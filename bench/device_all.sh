@@ -57,6 +57,8 @@
 #          cat-free RoPE, beside the default, RoPE's roll alone, and the grouped backward with the pointwise cat
 #   speed19 (nvidia-h200-x2) run 19: the candidates without combo kernels (run 18: they stall the compile at
 #          micro 8): run 11's default, + fp32 weight gradients, + grouped input-gradient GEMMs; their checks
+#   combo8 (next, nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
+#          micro 8's alone?
 #   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
@@ -71,7 +73,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_GROUPED=${T_GROUPED:-540}; T_SPEED19=${T_SPEED19:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_GROUPED=${T_GROUPED:-540}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -461,6 +463,14 @@ part_speed19() {
 # 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + fp32
 # weight gradients; combo kernels too before run 19); runs 2 and 7 measured the scaling with regional compile only. Under DDP
 # dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
+# Next: is the combo-kernel stall (runs 13-18: every try at micro 8, all in the 50-step check) micro 8's
+# alone? Speed rows with combo kernels at micro 8 and micro 16, one lane each, with faulthandler's stacks if
+# their budget ends them; at micro 4 and 32 their compile ended in 83-169 s (runs 14-16).
+part_combo8() {
+  ( export GPU=0; bench0 combo8a micro=8,compile=full,ctune=1,combo=1,steps=20,warmup=3 ) &
+  ( export GPU=1; bench0 combo8b micro=16,compile=full,ctune=1,combo=1,steps=20,warmup=3 ) &
+  wait
+}
 # DDPFULL_CFG replaces the row (run 21: pbwd=autograd, whose 1-rank compile a carried cache already holds).
 part_ddpfull() {
   local cfg=${DDPFULL_CFG:-micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3}
@@ -498,14 +508,22 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|grouped|speed19)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|grouped|speed19|combo8)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abcd].jsonl; do   # [abcd]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done
     grep -hE 'Error|Traceback|error:' "$LOG/bench_$part"*.log 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM"
     grep -H '^check: path' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | tee -a "$SUM"
     # a row its budget killed: where its main thread was (faulthandler's dump on SIGTERM)
-    grep -H -A14 '^Current thread' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | head -60 | tee -a "$SUM";;
+    grep -H -A14 '^Current thread' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | head -60 | tee -a "$SUM"
+    # and any other thread caught inside Inductor or Triton (run 18: the autograd engine's device thread was
+    # the one tuning kernels, which the main thread's stack does not show), idle frames left out
+    for f in "$LOG/bench_$part"*.log; do
+      [ -f "$f" ] && awk -v f="${f#$LOG/}" '/^(Thread|Current thread) 0x/ {if (busy) exit; blk=""; main=/^Current/}
+        /^(Thread|Current thread) 0x/ || /^  File / {if ($0 !~ /threading.py/) blk=blk f ": " $0 "\n"}
+        /^  File .*(_inductor|triton)/ && !/subproc_pool/ && !main {busy=1}
+        END {if (busy) printf "%s", blk}' "$f" | head -30 | tee -a "$SUM"
+    done;;
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
