@@ -51,10 +51,8 @@
 #          and its fast-vs-plain check
 #   speed15 (nvidia-h200-x2) run 15: Programmatic Dependent Launch (Inductor's triton.enable_pdl) on the
 #          run-14 default, alone (profiled) and with CUDA graphs; Inductor's fusion knobs
-#   checkbisect (next) the 50-step check of the run-14 default beside the same without combo kernels and
+#   checkbisect run 18: the 50-step check of the run-14 default beside the same without combo kernels and
 #          without the fp32 weight-gradient Function (the default's check did not finish in runs 16-17)
-#   grouped (next) one input-gradient GEMM for q/k/v and gate/up with Inductor's ConcatKernel lowering and a
-#          cat-free RoPE, beside the default, RoPE's roll alone, and the grouped backward with the pointwise cat
 #   speed19 (nvidia-h200-x2) run 19: the candidates without combo kernels (run 18: they stall the compile at
 #          micro 8): run 11's default, + fp32 weight gradients, + grouped input-gradient GEMMs; their checks
 #   combo8 (next, nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
@@ -73,7 +71,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_GROUPED=${T_GROUPED:-540}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -424,22 +422,6 @@ part_speed15() {
     bench0 speed15b $HF32 ) &
   wait
 }
-# Next (nvidia-h200-x2): the grouped input-gradient GEMMs again (run 13: GEMMs -1.1 ms and ~300 launches a
-# step, but -5 % overall from Inductor's pointwise cat, 5.7 ms), now with the ConcatKernel lowering (each
-# gradient producer writes its slice) and RoPE without a cat of its own (rope=roll), so the lowering knob
-# touches only the gradients' concatenations. GPU 0: the default, then the candidate, profiled. GPU 1: RoPE's
-# roll alone, the grouped backward with the pointwise cat (the lowering's own effect), then the candidate
-# with CUDA graphs (the rows before it are what a budget overrun must not cost).
-CATK=ind=max_pointwise_cat_inputs:0+max_complex_pointwise_cat_inputs?:0
-part_grouped() {
-  ( export GPU=0
-    bench0 groupeda $HF32; bench0 groupeda $F32C; bench0 groupeda $F32C,pbwd=grouped,rope=roll,$CATK,prof=1
-    bench0 groupeda $HF32 ) &
-  ( export GPU=1
-    bench0 groupedb $HF32; bench0 groupedb $F32C,rope=roll; bench0 groupedb $F32C,pbwd=grouped,rope=roll
-    bench0 groupedb $F32C,pbwd=grouped,rope=roll,$CATK,cmode=reduce-overhead; bench0 groupedb $HF32 ) &
-  wait
-}
 # Run 19 (nvidia-h200-x2), after run 18 found the stall: with combo kernels, coordinate-descent tuning
 # compiles every candidate config of each combo kernel with ptxas, one after another, in the first backward
 # (minutes at micro 8); without them the check's compile took 65-67 s. So the candidates are measured
@@ -448,6 +430,8 @@ part_grouped() {
 # 50-step checks of B (a second sample: run 18's sat above the floor on the mean) and of G, then the speed
 # rows again (a second sample on another card).
 NC=$F32C,combo=0
+# Inductor's ConcatKernel lowering of a cat (each producer writes its slice; the second knob is newer than 2.11)
+CATK=ind=max_pointwise_cat_inputs:0+max_complex_pointwise_cat_inputs?:0
 G19=$NC,pbwd=grouped,rope=roll,$CATK
 part_speed19() {
   ( export GPU=0
@@ -508,7 +492,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|grouped|speed19|combo8)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|speed19|combo8)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abcd].jsonl; do   # [abcd]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done

@@ -38,7 +38,7 @@ being copied) and the push thread waits for it before reading the buffers. ``sna
 ``CKPT save`` line and RUN_JSON ``ckpt_pause_s_max`` count the training thread's time in the snapshot
 plus the time the training stream waited for the copies (``device_wait_s=``); ``snapshot_parts_s=``
 splits the thread's time into the RNG gather, the two state_dict() calls and enqueuing the copies. H200,
-frozen model, micro 4 x accum 32: 812 ms blocking vs 18-26 ms asynchronous (bench/RESULTS.md runs 3, 16).
+frozen model, micro 4 x accum 32: 812 ms blocking vs 17-26 ms asynchronous (bench/RESULTS.md runs 3, 16, 20).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -49,12 +49,12 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
         2 ranks at micro 4 x accum 32, 3.56 GiB a rank, run 11; with the projections' weight gradients
         written in fp32 by their GEMMs (trainer/model.py FP32_WGRAD): 1.35-1.36x transformers+
         torch.compile at micro 32, run 19; about 1-2 minutes of warm-up in a fresh process (61-78 s
-        at micro 8 and 32, run 19; 120 s on 2 ranks at micro 4, run 20), seconds once Inductor's on-disk cache holds the kernels. Inductor's
-        combo kernels are opt-in (SPECPROBE_COMBO_KERNELS=1): +1.0 % at micro 32 and +22 % at micro 4 x
-        accum 32 (runs 16, 20), but with the tuning their compile ran past 7.5 minutes at micro 8 (runs
-        13-18). ``--compile-scope blocks``, for short runs:
-        ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile alone:
-        1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
+        at micro 8 and 32, run 19; 120 s on 2 ranks at micro 4, run 20), seconds once Inductor's
+        on-disk cache holds the kernels. Inductor's combo kernels are opt-in (SPECPROBE_COMBO_KERNELS=1):
+        +1.0 % at micro 32 and +22 % at micro 4 x accum 32 (runs 16, 20), but with the tuning their
+        compile ran past 7.5 minutes at micro 8 (runs 13-18). ``--compile-scope blocks``, for short
+        runs: ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile
+        alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
         Residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()),
         the one-pass loss gradient: 1.30x transformers+torch.compile at micro 32 with blocks (runs 5-7)
     cuda capability < 8.0 (T4): fp16 + GradScaler, compile OFF by default (Inductor/Triton on sm_75 not
