@@ -56,7 +56,7 @@
 #   speed19 (nvidia-h200-x2) run 19: the candidates without combo kernels (run 18: they stall the compile at
 #          micro 8): run 11's default, + fp32 weight gradients, + grouped input-gradient GEMMs; their checks
 #   combo8 (next, nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
-#          micro 8's alone?
+#          micro 8's alone, and is it the coordinate-descent tuning or their own autotuning?
 #   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
@@ -447,12 +447,18 @@ part_speed19() {
 # 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + fp32
 # weight gradients; combo kernels too before run 19); runs 2 and 7 measured the scaling with regional compile only. Under DDP
 # dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
-# Next: is the combo-kernel stall (runs 13-18: every try at micro 8, all in the 50-step check) micro 8's
-# alone? Speed rows with combo kernels at micro 8 and micro 16, one lane each, with faulthandler's stacks if
-# their budget ends them; at micro 4 and 32 their compile ended in 83-169 s (runs 14-16).
+# Is the combo-kernel stall (runs 13-18: every try at micro 8, all in the 50-step check) micro 8's alone,
+# and which tuning makes it? Four rows at once, two a GPU, each with faulthandler's stacks if the budget
+# ends it (at micro 4 and 32 their compile ended in 83-169 s, runs 14-16): a speed row at micro 8 (a) and
+# at micro 16 (b) with combo kernels and coordinate-descent tuning; at micro 8 the same without the combo
+# kernels' own multi-config autotuning (c), and combo kernels without coordinate-descent tuning (d). The
+# question is whether and when each compile ends; two rows share a GPU, so their tok/s are not comparable.
 part_combo8() {
-  ( export GPU=0; bench0 combo8a micro=8,compile=full,ctune=1,combo=1,steps=20,warmup=3 ) &
-  ( export GPU=1; bench0 combo8b micro=16,compile=full,ctune=1,combo=1,steps=20,warmup=3 ) &
+  local c8=micro=8,compile=full,combo=1,steps=20,warmup=3
+  ( export GPU=0; bench0 combo8a $c8,ctune=1 ) &
+  ( export GPU=1; bench0 combo8b micro=16,compile=full,combo=1,steps=20,warmup=3,ctune=1 ) &
+  ( export GPU=0; bench0 combo8c $c8,ctune=1,ind=combo_kernels_autotune?:0 ) &
+  ( export GPU=1; bench0 combo8d $c8,ctune=0 ) &
   wait
 }
 # DDPFULL_CFG replaces the row (run 21: pbwd=autograd, whose 1-rank compile a carried cache already holds).
