@@ -56,7 +56,10 @@
 #   speed19 (nvidia-h200-x2) run 19: the candidates without combo kernels (run 18: they stall the compile at
 #          micro 8): run 11's default, + fp32 weight gradients, + grouped input-gradient GEMMs; their checks
 #   combo8 (next, nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
-#          micro 8's alone, and is it the coordinate-descent tuning or their own autotuning?
+#          micro 8's alone, and is it the coordinate-descent tuning or their own autotuning? (run 22)
+#   combo22 (nvidia-h200-x2) combo kernels instead of coordinate-descent tuning, at micro 32 and 4 (run 25)
+#   check26 (next, nvidia-h200-x2) what run 25's candidate default needs before it is one: its 50-step check,
+#          micro 4 with CUDA graphs and HF at micro 4, then the 2-rank trainer at the reference shape with it
 #   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
@@ -71,7 +74,7 @@ mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_COMBO22=${T_COMBO22:-360}; T_CHECK26=${T_CHECK26:-500}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -231,7 +234,7 @@ ref_leg() {
     --tokens $((steps * tps)) --lr 6e-4 --push-every-steps 2 --val-tokens $tps --log-every 1 \
     --resume never --precision "$PREC_R" "$@" >"$LOG/r_$tag.log" 2>&1
   say "r $tag rc=$? wall_s=$(( $(date +%s) - t ))"
-  grep -hE '^(\[default0\]:)?(precision:|compile:|CKPT (save|wait|snapshot)|peak_stats|step [0-9]+/|fused)' \
+  grep -hE '^(\[default0\]:)?(precision:|compile( kernels)?:|CKPT (save|wait|snapshot)|peak_stats|step [0-9]+/|fused)' \
     "$LOG/r_$tag.log" | sed "s/^\[default0\]://; s/^/  [$tag] /" | tee -a "$SUM"
   grep -hE 'Error|Traceback|MISMATCH' "$LOG/r_$tag.log" | head -8 | sed "s/^/  [$tag] ! /" | tee -a "$SUM"
   grep -h 'RUN_JSON' "$LOG/r_$tag.log" | sed 's/^.*RUN_JSON //' | $PY -c 'import json,sys
@@ -444,6 +447,31 @@ part_speed19() {
     bench0 speed19b $HF32 ) &
   wait
 }
+# Run 22 (combo8) placed the stall: at micro 8 combo kernels with coordinate-descent tuning were still tuning
+# after 466 s, and without the tuning they compiled in 73 s (micro 16 with both: 194 s). So combo kernels
+# instead of the tuning, against the default (the tuning without them): micro 32 on GPU 0 between HF rows,
+# micro 4 on GPU 1 (launch-bound, where combo kernels were worth +22 % in the trainer, runs 16 and 20),
+# the two together last there.
+part_combo22() {
+  local m4=micro=4,compile=full,steps=40,warmup=10
+  ( export GPU=0; bench0 combo22a $HF32; bench0 combo22a $NC; bench0 combo22a $F32,combo=1,ctune=0
+    bench0 combo22a $HF32 ) &
+  ( export GPU=1; bench0 combo22b $m4,ctune=1; bench0 combo22b $m4,combo=1,ctune=0
+    bench0 combo22b $m4,combo=1,ctune=1 ) &
+  wait
+}
+# Run 25: combo kernels instead of the tuning equal the default at micro 32, are +19 % at micro 4 and compile
+# in 60-73 s at every shape tried. Before they become the cuda default: GPU 0 their 50-step fast-vs-plain check
+# at micro 8 (with the noise floor); GPU 1 micro 4 with CUDA graphs on top (the host's launches set the pace
+# there) and HF+compile at micro 4 for scale; then the 2-rank trainer at the reference shape with them
+# (memory, pause, first-step compile), selected by the trainer's own environment switches.
+part_check26() {
+  local m4=micro=4,compile=full,ctune=0,combo=1,steps=40,warmup=10
+  ( export GPU=0; bench0 check26a task=check,micro=8,compile=full,ctune=0,combo=1,steps=50,noise=1 ) &
+  ( export GPU=1; bench0 check26b $m4,cmode=reduce-overhead; bench0 check26b impl=hf,micro=4,compile=full,steps=40,warmup=10 ) &
+  wait
+  SPECPROBE_COMBO_KERNELS=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=0 ref_leg combo "$STEPS_R" "$ACCUM_A"
+}
 # 2 ranks (NCCL) against 1 rank at micro 32 x accum 4 with the cuda default (whole model + tuning + fp32
 # weight gradients; combo kernels too before run 19); runs 2 and 7 measured the scaling with regional compile only. Under DDP
 # dynamo splits the whole-model graph at the gradient buckets, so the 2-rank row compiles graphs of its own.
@@ -498,7 +526,7 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|speed19|combo8)
+  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|speed19|combo8|combo22|check26)
     for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abcd].jsonl; do   # [abcd]: a part's lanes, one table each
       [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
     done

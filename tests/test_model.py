@@ -415,6 +415,7 @@ def test_compile_model_leaves_tuning_to_inductors_own_switch_when_set(monkeypatc
     with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
         tiny().compile_model()          # lazy: nothing is built before the first forward
         assert inductor.coordinate_descent_tuning is False
+        assert M.inductor_kernel_settings() == "coordinate-descent tuning off, combo kernels off"
 
 
 @pytest.mark.parametrize("switch, arg, expected", [(False, None, False), (True, None, True),
@@ -425,6 +426,7 @@ def test_combo_kernels_follow_the_switch_unless_the_caller_decides(monkeypatch, 
     with inductor.patch(combo_kernels=False):
         tiny().compile_model(combo=arg)
         assert inductor.combo_kernels is expected
+        assert M.inductor_kernel_settings().endswith(f"combo kernels {'on' if expected else 'off'}")
 
 
 def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):

@@ -120,6 +120,10 @@ def test_compiled_trainer_under_ddp_trains_the_eager_runs_losses(tmp_path, tmp_p
                                               extra=["--compile", "--compile-scope", scope])), timeout=420)
     assert r.rc == 0 and r.run_json is not None, explain(r)
     assert r.starting(f"compile: {scope} (requested, scope requested)")
+    # the kernel settings that decide speed and compile time are in the log: the whole model brings the
+    # coordinate-descent tuning, the regional scope does not; combo kernels are opt-in for both
+    tuning = "on" if scope == "model" else "off"
+    assert r.starting(f"compile kernels: coordinate-descent tuning {tuning}, combo kernels off"), explain(r)
     assert r.run_json["compile"] == scope and r.run_json["push_steps"] == base.run.run_json["push_steps"]
     want = base.run.run_json["losses"]
     assert list(r.run_json["losses"]) == list(want)

@@ -105,8 +105,10 @@ LEAN_ACTIVATIONS = os.environ.get("SPECPROBE_LEAN_ACTIVATIONS", "0") == "1"
 # micro-batch 32 (bench/RESULTS.md run 12) and +22 % in the 2-rank trainer at micro-batch 4 x accum 32
 # (launch-bound there; runs 16 and 20). Off, because with the coordinate-descent tuning the first backward
 # compiles each combo kernel's candidate configs one after another with ptxas: at micro-batch 8 that ran
-# past 7.5 minutes in every try (runs 13-18), where without them the compile takes 61-78 s (run 19).
-# SPECPROBE_COMBO_KERNELS=1 turns them on, for a shape whose compile is known to end (micro 4 and 32: 83-169 s).
+# past 7.5 minutes in every try (runs 13-18, 22), where without them the compile takes 61-78 s (run 19).
+# The stall is the tuning's: combo kernels *instead of* it compiled in 60-73 s at micro 4, 8 and 32, equal
+# at micro 32 and +19 % at micro 4 (runs 22, 25), the likely next default once its 50-step check has run:
+# SPECPROBE_COMBO_KERNELS=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=0 selects it today.
 COMBO_KERNELS = os.environ.get("SPECPROBE_COMBO_KERNELS", "0") == "1"
 
 
@@ -606,6 +608,16 @@ def _compile_setup(recompile_limit: int = 0) -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), recompile_limit))
+
+
+def inductor_kernel_settings() -> str:
+    """Inductor's kernel settings as the next graph will be built with them, for the run's log: which of
+    coordinate-descent tuning and combo kernels are on decides both the speed and how long the first step
+    compiles (bench/RESULTS.md runs 18, 22, 25), and environment variables can change either."""
+    from torch._inductor import config as inductor
+    onoff = {True: "on", False: "off"}
+    return (f"coordinate-descent tuning {onoff[bool(inductor.coordinate_descent_tuning)]}, "
+            f"combo kernels {onoff[bool(inductor.combo_kernels)]}")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -52,9 +52,12 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
         at micro 8 and 32, run 19; 120 s on 2 ranks at micro 4, run 20), seconds once Inductor's
         on-disk cache holds the kernels. Inductor's combo kernels are opt-in (SPECPROBE_COMBO_KERNELS=1):
         +1.0 % at micro 32 and +22 % at micro 4 x accum 32 (runs 16, 20), but with the tuning their
-        compile ran past 7.5 minutes at micro 8 (runs 13-18). ``--compile-scope blocks``, for short
-        runs: ``Llama.compile_blocks()``, one graph shared by every block, 1-18 s). Regional compile
-        alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs eager.
+        compile ran past 7.5 minutes at micro 8 (runs 13-18, 22); instead of the tuning
+        (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=0 as well) they compile in 60-73 s, equal at micro 32
+        and +19 % at micro 4 (run 25). The log's ``compile kernels:`` line says which were on.
+        ``--compile-scope blocks``, for short runs: ``Llama.compile_blocks()``, one graph shared by
+        every block, 1-18 s). Regional compile alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs
+        eager.
         Residual stream in bf16 and sdpa ``enable_gqa`` (trainer/model.py BF16_RESIDUAL, sdpa_gqa()),
         the one-pass loss gradient: 1.30x transformers+torch.compile at micro 32 with blocks (runs 5-7)
     cuda capability < 8.0 (T4): fp16 + GradScaler, compile OFF by default (Inductor/Triton on sm_75 not
@@ -819,6 +822,7 @@ class Trainer:
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
         from trainer.data import train_batch
+        from trainer.model import inductor_kernel_settings
 
         args, plan, prec = self.args, self.plan, self.precision
         raw_model = self.raw_model.to(self.device)
@@ -831,6 +835,8 @@ class Trainer:
             raw_model.compile_model()
         elif self.compile_mode == "blocks":
             raw_model.compile_blocks()
+        if self.compile_mode != "off":
+            self.log(f"compile kernels: {inductor_kernel_settings()}")
         if self.ddp:
             # gradient_as_bucket_view: each .grad is a view into DDP's all-reduce buckets instead of a second
             # full copy of the gradients (425 MB for the frozen model); the reduced values are the same.
