@@ -70,7 +70,9 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG=/tmp/specprobe_logs
-mkdir -p "$LOG"
+# This call's logs only: a machine kept warm between calls still holds the last call's (already returned),
+# and they would land in this call's logs.tgz and bench.jsonl (runs 23-24 carried run 22's that way).
+rm -rf "$LOG" && mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
