@@ -55,7 +55,7 @@
 #          without the fp32 weight-gradient Function (the default's check did not finish in runs 16-17)
 #   speed19 (nvidia-h200-x2) run 19: the candidates without combo kernels (run 18: they stall the compile at
 #          micro 8): run 11's default, + fp32 weight gradients, + grouped input-gradient GEMMs; their checks
-#   combo8 (next, nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
+#   combo8 (nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
 #          micro 8's alone, and is it the coordinate-descent tuning or their own autotuning? (run 22)
 #   combo22 (nvidia-h200-x2) combo kernels instead of coordinate-descent tuning, at micro 32 and 4 (run 25)
 #   check26 (next, nvidia-h200-x2) what run 25's candidate default needs before it is one: its 50-step check,
