@@ -528,23 +528,27 @@ for part in $PARTS; do
   cat "$LOG"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null
   [ "$part" = bench ] && $PY bench/train_bench.py --table "$LOG"/bench_gpu0.jsonl "$LOG"/bench_gpu1.jsonl 2>&1 | tee -a "$SUM"
   [ "$part" = ddp ] && $PY bench/train_bench.py --table "$LOG"/bench_ddp.jsonl 2>&1 | tee -a "$SUM"
-  case $part in speed|full|autotune|speed5|m4|check5|speed6|m4b|autotune6|lean|ddp7|speed9|speed10|check10|speed12|speed13|speed14|speed15|ddpfull|checkbisect|speed19|combo8|combo22|check26)
-    for f in "$LOG/bench_$part".jsonl "$LOG/bench_$part"[abcd].jsonl; do   # [abcd]: a part's lanes, one table each
-      [ -f "$f" ] && $PY bench/train_bench.py --table "$f" 2>&1 | tee -a "$SUM"
-    done
-    grep -hE 'Error|Traceback|error:' "$LOG/bench_$part"*.log 2>/dev/null | sort | uniq -c | head -8 | tee -a "$SUM"
-    grep -H '^check: path' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | tee -a "$SUM"
-    # a row its budget killed: where its main thread was (faulthandler's dump on SIGTERM)
-    grep -H -A14 '^Current thread' "$LOG/bench_$part"*.log 2>/dev/null | sed "s|^$LOG/||" | head -60 | tee -a "$SUM"
-    # and any other thread caught inside Inductor or Triton (run 18: the autograd engine's device thread was
-    # the one tuning kernels, which the main thread's stack does not show), idle frames left out
-    for f in "$LOG/bench_$part"*.log; do
-      [ -f "$f" ] && awk -v f="${f#$LOG/}" '/^(Thread|Current thread) 0x/ {if (busy) exit; blk=""; main=/^Current/}
-        /^(Thread|Current thread) 0x/ || /^  File / {if ($0 !~ /threading.py/) blk=blk f ": " $0 "\n"}
-        /^  File .*(_inductor|triton)/ && !/subproc_pool/ && !main {busy=1}
-        END {if (busy) printf "%s", blk}' "$f" | head -30 | tee -a "$SUM"
-    done;;
-  esac
+  # The part's own bench rows, found by name (bench_<part>, or one lane each: bench_<part>[abcd]) rather
+  # than by a list of parts: bench and ddp print their tables above, parts without bench rows find none.
+  { [ "$part" = bench ] || [ "$part" = ddp ]; } && continue
+  logs=()
+  for f in "$LOG/bench_$part".log "$LOG/bench_$part"[abcd].log; do [ -f "$f" ] && logs+=("$f"); done
+  [ ${#logs[@]} = 0 ] && continue
+  for f in "${logs[@]}"; do
+    [ -f "${f%.log}.jsonl" ] && $PY bench/train_bench.py --table "${f%.log}.jsonl" 2>&1 | tee -a "$SUM"
+  done
+  grep -hE 'Error|Traceback|error:' "${logs[@]}" | sort | uniq -c | head -8 | tee -a "$SUM"
+  grep -H '^check: path' "${logs[@]}" | sed "s|^$LOG/||" | tee -a "$SUM"
+  # a row its budget killed: where its main thread was (faulthandler's dump on SIGTERM)
+  grep -H -A14 '^Current thread' "${logs[@]}" | sed "s|^$LOG/||" | head -60 | tee -a "$SUM"
+  # and any other thread caught inside Inductor or Triton (run 18: the autograd engine's device thread was
+  # the one tuning kernels, which the main thread's stack does not show), idle frames left out
+  for f in "${logs[@]}"; do
+    awk -v f="${f#$LOG/}" '/^(Thread|Current thread) 0x/ {if (busy) exit; blk=""; main=/^Current/}
+      /^(Thread|Current thread) 0x/ || /^  File / {if ($0 !~ /threading.py/) blk=blk f ": " $0 "\n"}
+      /^  File .*(_inductor|triton)/ && !/subproc_pool/ && !main {busy=1}
+      END {if (busy) printf "%s", blk}' "$f" | head -30 | tee -a "$SUM"
+  done
 done
 tar -czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
 # Inductor's on-disk cache (compiled graphs, Triton kernels, their tuned configs), for a later call to carry
