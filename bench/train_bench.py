@@ -9,7 +9,9 @@
 Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULTS):
   impl     ours (trainer/model.py) | hf (transformers LlamaForCausalLM built from the same config.json)
   task     speed (throughput + memory) | check (fast vs plain path losses over `steps`) | drift (tok/s and
-           reserved memory per window, windows at `windows`, e.g. 20/180/1000)
+           reserved memory per window, windows at `windows`, e.g. 20/180/1000) | graphs (the compiled path
+           with and without CUDA graphs, accum micro-steps a step: every parameter's gradient compared after
+           each of the first `gsteps` steps, and the losses over `steps`)
   micro, accum, prec (bf16|fp16|fp32), attn (sdpa|eager), compile (none | regional = ours:
       Llama.compile_blocks(), hf: each decoder layer | full = ours: Llama.compile_model() (in place, the
       coordinate-descent tuning only with ctune=1), hf: torch.compile(model)),
@@ -47,11 +49,16 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         PROF_TOP kernels with the most device time),
   noise (check: 1 = also run plain with fuse=1 (same maths, other GEMM shapes and reduction order) and
          plain in fp32 without TF32, and compare every pair: the bf16 noise floor),
+  zero (how gradients are cleared after a step: auto = as trainer/train.py, in place (kept allocated
+        from the start, trainer/model.py keep_grads_allocated) under DDP or CUDA graphs, set to None
+        otherwise | inplace | none: set to None, which under CUDA graphs with accum > 1 is cudagraph trees'
+        known silent error, pytorch/pytorch#169545, the one task=graphs must catch),
+  gsteps (graphs: optimizer steps whose full gradients are compared),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
 Every optimizer step is the trainer's: `accum` micro-steps of autocast forward + (scaled) backward, grad
-clipping at 1.0, fused AdamW (betas 0.9/0.95, wd 0.1 on matrices), zero_grad(set_to_none). Inputs are
+clipping at 1.0, fused AdamW (betas 0.9/0.95, wd 0.1 on matrices), zero_grad (see `zero`). Inputs are
 random tokens already on the device, rotated over 4 batches. Timing: synchronize, wall clock over the
 timed steps, synchronize; tok/s counts every rank's tokens. MFU uses the issue's convention:
   FLOP/token = 6 * params + 12 * n_layer * d_model * seq_len, against --peak-tflops (790 by default, the
@@ -98,7 +105,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "windows": "20/180/1000", "lr": 6e-4, "fuse": 0, "ce": "fused",
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
-                                   "pbwd": "fp32", "combo": 0, "ind": "", "rope": "cat"}
+                                   "pbwd": "fp32", "combo": 0, "ind": "", "rope": "cat", "zero": "auto",
+                                   "gsteps": 3}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -122,7 +130,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo", "rope"):
+                "ind", "pbwd", "combo", "rope", "zero", "gsteps"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -317,9 +325,20 @@ class Bench:
         from torch import _dynamo  # `import torch._dynamo` here would make `torch` a local name of fresh()
         _dynamo.reset()
 
+    def zero_in_place(self, cfg: dict[str, Any]) -> bool:
+        """Whether this row clears gradients in place (keeping them allocated) instead of setting them to None."""
+        if cfg["zero"] not in ("auto", "inplace", "none"):
+            raise SystemExit(f"unknown zero {cfg['zero']!r} (auto | inplace | none)")
+        if cfg["zero"] == "auto":   # trainer/train.py's rule
+            return self.ddp or cfg["cmode"] == "reduce-overhead"
+        return cfg["zero"] == "inplace"
+
     def setup(self, cfg: dict[str, Any]):
         raw, loss_fn = build_model(cfg, self.args.model, self.device)
         model = raw
+        if self.zero_in_place(cfg):
+            from trainer.model import keep_grads_allocated
+            keep_grads_allocated(raw)   # as trainer/train.py: before DDP, which makes them its bucket views
         if self.ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
             # gradient_as_bucket_view: the .grad tensors are views into DDP's all-reduce buckets, not a second
@@ -341,10 +360,13 @@ class Bench:
     def make_step(self, cfg, raw, model, loss_fn, opt, scaler, autocast, batches, before_opt=None):
         accum = cfg["accum"]
         counter = [0]
+        graphs, in_place = cfg["cmode"] == "reduce-overhead", self.zero_in_place(cfg)
 
         def step() -> torch.Tensor:
             total = torch.zeros((), device=self.device)
             for a in range(accum):
+                if graphs:   # as trainer/train.py: each micro-step is a new replay
+                    torch.compiler.cudagraph_mark_step_begin()
                 x, y = batches[counter[0] % len(batches)]
                 counter[0] += 1
                 last = a == accum - 1
@@ -360,9 +382,10 @@ class Bench:
                 before_opt()
             scaler.step(opt)
             scaler.update()
-            # As trainer/train.py: under DDP the grads are bucket views, zeroed in place; set to None, the
-            # next step's first (no_sync) micro-step would allocate a second full copy of the gradients.
-            opt.zero_grad(set_to_none=not self.ddp)
+            # As trainer/train.py: under DDP the grads are bucket views, zeroed in place (set to None, the
+            # next step's first no_sync micro-step would allocate a second full copy of them); under CUDA
+            # graphs they stay allocated so that accumulation adds into them (see `zero`).
+            opt.zero_grad(set_to_none=not in_place)
             return total
         return step
 
@@ -592,6 +615,46 @@ class Bench:
                 "curve_plain": [round(v, 4) for v in a[::5]], "curve_fast": [round(v, 4) for v in b[::5]],
                 "pairs": pairs, **extra}
 
+    def graphs(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """CUDA graphs keep the numbers: the compiled path without them (`nograph`: cmode default, gradients
+        set to None) and with them (`graph`: cmode reduce-overhead, gradients cleared per `zero`), from the
+        same init on the same learnable batches, `accum` micro-steps a step. After each of the first
+        `gsteps` steps every parameter's gradient (clipped, as the optimizer sees it) is compared; the
+        losses are compared over all `steps`. A graphed gradient that lost micro-steps is off by O(1)."""
+        if cfg["compile"] == "none":
+            raise SystemExit("task=graphs compares compiled paths: give compile=full (or regional)")
+        batches = learnable_batches(8, cfg["micro"], self.args.seq_len, self.vocab, self.device, seed=5)
+        losses: dict[str, list[float]] = {}
+        grads: dict[str, list[torch.Tensor]] = {}
+        for path in ("nograph", "graph"):
+            self.fresh()
+            c = dict(cfg, impl="ours", task="speed", cmode="reduce-overhead" if path == "graph" else "default",
+                     zero=cfg["zero"] if path == "graph" else "auto")
+            raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
+            params = [p for p in raw.parameters() if p.requires_grad]
+            kept: list[torch.Tensor] = []
+
+            def grab(params=params, kept=kept):
+                if len(kept) < cfg["gsteps"]:
+                    kept.append(torch.cat([p.grad.detach().float().flatten() for p in params]).cpu())
+            step = self.make_step(c, raw, model, loss_fn, opt, scaler, autocast, batches, before_opt=grab)
+            t0 = time.perf_counter()
+            losses[path] = [float(step()) for _ in range(cfg["steps"])]
+            self.log(f"graphs: path {path} {cfg['steps']} steps in {time.perf_counter() - t0:.1f} s")
+            grads[path] = kept
+            del raw, model, opt, step
+        rel = [float((g - r).norm() / r.norm()) for g, r in zip(grads["graph"], grads["nograph"])]
+        same = [bool(torch.equal(g, r)) for g, r in zip(grads["graph"], grads["nograph"])]
+        a, b = losses["nograph"], losses["graph"]
+        lrel = [abs(u - v) / abs(u) for u, v in zip(a, b)]
+        # bf16 gradients of two launch schedules of the same kernels: equal, or apart by rounding (< 1 %).
+        return {"config": label(cfg), **cfg, "world": self.world, "grad_rel_l2": [float(f"{v:.3g}") for v in rel],
+                "grad_bitwise_equal": same, "loss_bitwise_equal": a == b,
+                "loss_max_rel": round(max(lrel), 6), "loss_mean_rel": round(sum(lrel) / len(lrel), 6),
+                "curve_nograph": [round(v, 4) for v in a[::5]] + [round(a[-1], 4)],
+                "curve_graph": [round(v, 4) for v in b[::5]] + [round(b[-1], 4)],
+                "graphs_keep_gradients": bool(rel) and max(rel) < 0.01}
+
     def drift(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
         batches = self.random_batches(cfg["micro"], seed=7 + self.rank)
@@ -691,6 +754,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             for k, v in (r.get("pairs") or {}).items():
                 print(f"    {k:<26} max_abs {v['max_abs']:.4f} (step {v['argmax_step']}) max_rel {v['max_rel']:.2e} "
                       f"mean_rel {v['mean_rel']:.2e} final_rel {v['final_rel']:.2e}")
+            continue
+        if r.get("task") == "graphs":
+            print(f"{r['config']:<60} graphs: grad rel L2 {r['grad_rel_l2']} bitwise {r['grad_bitwise_equal']} "
+                  f"loss max/mean rel {r['loss_max_rel']:.2e}/{r['loss_mean_rel']:.2e} "
+                  f"loss bitwise {r['loss_bitwise_equal']} graphs_keep_gradients={r['graphs_keep_gradients']}")
             continue
         stall = (f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
                  if "stall_sync_s" in r else "")

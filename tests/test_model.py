@@ -429,6 +429,54 @@ def test_combo_kernels_follow_the_switch_unless_the_caller_decides(monkeypatch, 
         assert M.inductor_kernel_settings().endswith(f"combo kernels {'on' if expected else 'off'}")
 
 
+@pytest.mark.parametrize("graphs, kwargs", [(False, {}), (True, {"mode": "reduce-overhead"})])
+def test_compile_model_asks_for_cuda_graphs_only_when_told(monkeypatch, graphs, kwargs):
+    from torch._inductor import config as inductor
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    with inductor.patch(coordinate_descent_tuning=False):
+        tiny().compile_model(graphs=graphs)
+    assert seen == [kwargs]
+
+
+def test_keep_grads_allocated_gives_zero_gradients_only_where_none_exist():
+    m = tiny(seed=2)
+    m.norm.weight.requires_grad_(False)                     # frozen: left without a gradient
+    up = m.layers[0].mlp.up_proj.weight
+    kept = up.grad = torch.full_like(up, 3.0)
+    M.keep_grads_allocated(m)
+    assert m.norm.weight.grad is None
+    assert up.grad is kept and bool((kept == 3.0).all())     # an existing gradient is left as it is
+    others = [p for p in m.parameters() if p.requires_grad and p is not up]
+    assert len(others) == len(list(m.parameters())) - 2
+    assert all(p.grad is not None and p.grad.shape == p.shape and not p.grad.any() for p in others)
+
+
+def test_accumulating_into_kept_gradients_zeroed_in_place_equals_set_to_none_bitwise():
+    # The trainer's CUDA-graph path (gradients allocated up front, zeroed in place) trains exactly as the
+    # default path (set to None): same gradients, same storage from step to step.
+    x1, y1 = batch(seed=1)
+    x2, y2 = batch(seed=2)
+    grads, ptrs = [], []
+    for in_place in (False, True):
+        m = tiny(seed=6)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        if in_place:
+            M.keep_grads_allocated(m)
+            ptrs.append([p.grad.data_ptr() for p in m.parameters()])
+        for _ in range(2):                                   # two steps of two accumulated micro-steps
+            for x, y in ((x1, y1), (x2, y2)):
+                (m(x, y)[1] / 2).backward()
+            step_grads = [p.grad.clone() for p in m.parameters()]
+            opt.step()
+            opt.zero_grad(set_to_none=not in_place)
+        grads.append(step_grads)
+        if in_place:
+            ptrs.append([p.grad.data_ptr() for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert ptrs[0] == ptrs[1]                                 # never reallocated
+
+
 def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):
     """[(loss, grads, LinearFp32Grad calls as weight counts)] of one model and batch with trainer.model's
     `switch` off, then on."""

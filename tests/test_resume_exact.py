@@ -38,6 +38,8 @@ def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
     assert rj["tokens_consumed"] == BASELINE_STEPS * TOKENS_PER_STEP == rj["tokens_per_step"] * 6
     assert rj["world_size"] == 2 and rj["precision"] == "fp32" and rj["grad_ckpt"] is False
     assert rj["compile"] == "off"   # cpu: auto is off (bitwise-exact resume)
+    assert rj["cuda_graphs"] is False and base.run.starting(
+        "cuda graphs: off (auto: needs cuda and the whole-model compile (device cpu, compile off))")
     assert list(rj["losses"]) == [str(s) for s in range(1, 7)]
     assert rj["losses"]["6"] < rj["losses"]["1"]           # it learns
     assert rj["val_skipped"] is False and rj["val_error"] is None and rj["val_ppl"] > 1
@@ -125,6 +127,9 @@ def test_compiled_trainer_under_ddp_trains_the_eager_runs_losses(tmp_path, tmp_p
     tuning = "on" if scope == "model" else "off"
     assert r.starting(f"compile kernels: coordinate-descent tuning {tuning}, combo kernels off"), explain(r)
     assert r.run_json["compile"] == scope and r.run_json["push_steps"] == base.run.run_json["push_steps"]
+    assert r.run_json["cuda_graphs"] is False and r.starting(   # CUDA graphs: cuda only
+        f"cuda graphs: off (auto: needs cuda (device cpu, compile {scope}))" if scope == "model" else
+        "cuda graphs: off (auto: needs cuda and the whole-model compile (device cpu, compile blocks))")
     want = base.run.run_json["losses"]
     assert list(r.run_json["losses"]) == list(want)
     for step, loss in r.run_json["losses"].items():   # fused kernels reorder fp32 sums: rounding, no more

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer.preflight import check as preflight_check
-from trainer.train import (UsageError, build_parser, checkpoint_steps, choose_compile, choose_precision,
-                           lr_at, session_tok_per_s, snapshot_diff, snapshot_mode, validate_args)
+from trainer.train import (UsageError, build_parser, checkpoint_steps, choose_compile, choose_cuda_graphs,
+                           choose_precision, lr_at, session_tok_per_s, snapshot_diff, snapshot_mode, validate_args)
 from trainer_helpers import REPO_ROOT
 
 BASE = ["--root", "/nonexistent/mix", "--out", "/tmp/x", "--hub-repo", "file:///tmp/s/o/n", "--model", "tiny",
@@ -136,6 +136,37 @@ def test_precision_refusals(requested, device, cap):
 ])
 def test_compile_choice(flags, device, cap, scope, mode, why):
     assert choose_compile(*flags, device, cap, scope) == (mode, why)
+
+
+@pytest.mark.parametrize("flag, compile_mode, device, on, why", [
+    ("auto", "model", "cuda", True, "auto: whole-model compile on cuda"),
+    ("auto", "blocks", "cuda", False, "auto: needs the whole-model compile (device cuda, compile blocks)"),
+    ("auto", "off", "cuda", False, "auto: needs the whole-model compile (device cuda, compile off)"),
+    ("auto", "off", "cpu", False, "auto: needs cuda and the whole-model compile (device cpu, compile off)"),
+    ("auto", "model", "cpu", False, "auto: needs cuda (device cpu, compile model)"),
+    ("on", "model", "cuda", True, "requested"),
+    ("off", "model", "cuda", False, "requested"),
+])
+def test_cuda_graphs_are_on_exactly_with_the_whole_model_compile_on_cuda(flag, compile_mode, device, on, why):
+    assert choose_cuda_graphs(flag, compile_mode, device) == (on, why)
+
+
+@pytest.mark.parametrize("compile_mode, device, missing", [
+    ("model", "cpu", "cuda (device cpu, compile model)"),
+    ("blocks", "cuda", "the whole-model compile (device cuda, compile blocks)"),
+])
+def test_cuda_graphs_on_where_they_cannot_run_is_refused_naming_what_is_missing(compile_mode, device, missing):
+    with pytest.raises(UsageError) as e:
+        choose_cuda_graphs("on", compile_mode, device)
+    assert str(e.value) == f"--cuda-graphs on needs {missing}"
+
+
+def test_cli_refuses_cuda_graphs_on_cpu_with_exit_2():
+    r = subprocess.run([sys.executable, "-m", "trainer.train", *BASE, "--device", "cpu", "--cuda-graphs", "on"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("python -m trainer.train: error: --cuda-graphs on needs cuda and the whole-model "
+                                "compile (device cpu, compile off)")
 
 
 def test_compile_scope_with_no_compile_is_refused():

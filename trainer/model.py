@@ -561,7 +561,8 @@ class Llama(nn.Module):
             block.compile(**kwargs)
         self.norm.compile(**kwargs)
 
-    def compile_model(self, tune: bool = True, combo: bool | None = None, **kwargs: Any) -> None:
+    def compile_model(self, tune: bool = True, combo: bool | None = None, graphs: bool = False,
+                      **kwargs: Any) -> None:
         """Whole-model compilation in place (`nn.Module.compile`): the embedding, the 22 blocks and the
         final norm as one Inductor graph; the loss stays outside it (chunked_loss is compiler-disabled).
 
@@ -573,6 +574,9 @@ class Llama(nn.Module):
         names stay those of the plain module, as they do for compile_blocks().
         `combo` turns on Inductor's combo kernels (None: COMBO_KERNELS, off unless SPECPROBE_COMBO_KERNELS=1;
         see there why). TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, decides the tuning instead.
+        `graphs` records the compiled forward and backward as CUDA graphs (mode "reduce-overhead": one
+        replay instead of ~1,450 launches a micro-step). Under gradient accumulation the caller must then
+        keep the gradients allocated (keep_grads_allocated()) and zero them in place, never set them to None.
         """
         from torch._inductor import config as inductor
         if tune and "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
@@ -580,7 +584,7 @@ class Llama(nn.Module):
         if COMBO_KERNELS if combo is None else combo:
             inductor.combo_kernels = True
         _compile_setup()    # one graph (and its no-grad twin for validation): dynamo's default limit fits
-        self.compile(**kwargs)
+        self.compile(**({"mode": "reduce-overhead"} if graphs else {}), **kwargs)
 
     # Run eagerly even inside torch.compile(model): the chunk loop with its in-place accumulation is what
     # dynamo traces worst, and its hot part (_ce_grad) is compiled on its own. The trunk before it still
@@ -608,6 +612,19 @@ def _compile_setup(recompile_limit: int = 0) -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), recompile_limit))
+
+
+def keep_grads_allocated(module: nn.Module) -> None:
+    """Give every trainable parameter of `module` a zero gradient where it has none.
+
+    Why: with CUDA graphs (compile_model(graphs=True)) a gradient that the backward graph returns lives in
+    the graph's memory pool, and autograd adopts it as `.grad` when there is none yet; the next micro-step's
+    replay then overwrites it, and the accumulated gradient silently loses micro-steps (cudagraph trees'
+    known error, pytorch/pytorch#169545). With `.grad` already allocated autograd adds into it in place,
+    which is what accumulation needs; zero_grad(set_to_none=False) keeps it allocated across steps."""
+    for p in module.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
 
 
 def inductor_kernel_settings() -> str:

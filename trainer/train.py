@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model = the whole model in one graph with Inductor's kernel tuning (fastest; minutes "
                         "of warm-up in a fresh process); blocks = each block, one shared graph (seconds); "
                         "auto = model on cuda, blocks on cpu")
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                   help="replay the compiled model's forward and backward as CUDA graphs (needs cuda and "
+                        "--compile-scope model); auto = on exactly then")
     return p
 
 
@@ -295,6 +298,24 @@ def choose_compile(compile_flag: bool, no_compile_flag: bool, device_type: str,
     if scope != "auto":
         return scope, f"{why}, scope requested"
     return ("model" if device_type == "cuda" else "blocks"), why
+
+
+def choose_cuda_graphs(flag: str, compile_mode: str, device_type: str) -> tuple[bool, str]:
+    """(on, reason) for --cuda-graphs. CUDA graphs replay the whole-model graph's ~1,450 kernel launches a
+    micro-step as one, so they need cuda and the whole-model compile; auto turns them on exactly then.
+    "on" where they cannot run is a usage error, not a silent fallback."""
+    if flag not in ("auto", "on", "off"):
+        raise UsageError(f"--cuda-graphs {flag!r}: use auto, on or off")
+    if flag == "off":
+        return False, "requested"
+    missing = [what for what, ok in (("cuda", device_type == "cuda"),
+                                     ("the whole-model compile", compile_mode == "model")) if not ok]
+    if missing:
+        need = f"needs {' and '.join(missing)} (device {device_type}, compile {compile_mode})"
+        if flag == "on":
+            raise UsageError(f"--cuda-graphs on {need}")
+        return False, f"auto: {need}"
+    return True, "requested" if flag == "on" else "auto: whole-model compile on cuda"
 
 
 def snapshot_mode(device_type: str, environ: Any) -> tuple[str, float | None]:
@@ -579,11 +600,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         precision = choose_precision(args.precision, device_type, capability)
         compile_mode, compile_why = choose_compile(args.compile, args.no_compile, device_type, capability,
                                                    args.compile_scope)
+        graphs, graphs_why = choose_cuda_graphs(args.cuda_graphs, compile_mode, device_type)
         snapshot_mode(device_type, os.environ)  # a bad SPECPROBE_SNAPSHOT* is a usage error, before any work
     except UsageError as e:
         return usage(str(e))
     trainer = Trainer(args, plan, precision, device_type)
     trainer.compile_mode, trainer.compile_why = compile_mode, compile_why
+    trainer.cuda_graphs, trainer.cuda_graphs_why = graphs, graphs_why
     _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
     return trainer.run()
 
@@ -604,6 +627,7 @@ class Trainer:
         self.ckpt_pause_s = 0.0  # longest pause of the training loop for a checkpoint snapshot (rank 0)
         self.ckpt_wait_s = 0.0  # longest wait of the training loop for the previous push (rank 0)
         self.compile_mode, self.compile_why = "off", "off"
+        self.cuda_graphs, self.cuda_graphs_why = False, "off"
         self.snapshot_mode, self.snapshot_check = snapshot_mode(device_type, os.environ)
         self.host_buffers: HostBuffers | None = None  # rank 0, async path: buffers allocated once
         self.snap_wait: PendingCopy | None = None  # copies the next optimizer step must wait for
@@ -822,7 +846,7 @@ class Trainer:
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
         from trainer.data import train_batch
-        from trainer.model import inductor_kernel_settings
+        from trainer.model import inductor_kernel_settings, keep_grads_allocated
 
         args, plan, prec = self.args, self.plan, self.precision
         raw_model = self.raw_model.to(self.device)
@@ -832,11 +856,16 @@ class Trainer:
         # model see the plain module. DDP wraps the compiled module, so its all-reduce hooks stay outside
         # the graph; with the whole model in one graph the buckets reduce after its backward, not during.
         if self.compile_mode == "model":
-            raw_model.compile_model()
+            raw_model.compile_model(graphs=self.cuda_graphs)
         elif self.compile_mode == "blocks":
             raw_model.compile_blocks()
         if self.compile_mode != "off":
             self.log(f"compile kernels: {inductor_kernel_settings()}")
+        self.log(f"cuda graphs: {'on' if self.cuda_graphs else 'off'} ({self.cuda_graphs_why})")
+        if self.cuda_graphs:
+            # Before DDP wraps it: DDP then turns these into its bucket views. Allocated gradients are what
+            # keeps accumulation correct under CUDA graphs (see keep_grads_allocated).
+            keep_grads_allocated(raw_model)
         if self.ddp:
             # gradient_as_bucket_view: each .grad is a view into DDP's all-reduce buckets instead of a second
             # full copy of the gradients (425 MB for the frozen model); the reduced values are the same.
@@ -894,6 +923,9 @@ class Trainer:
             lr_now = opt.param_groups[0]["lr"]
             step_loss = torch.zeros((), device=self.device)
             for micro in range(args.accum):
+                if self.cuda_graphs:
+                    # Each micro-step is a new replay: nothing of the last one's graph outputs is read again.
+                    torch.compiler.cudagraph_mark_step_begin()
                 x, y = train_batch(self.mix, seed=args.seed, step=step, rank=self.rank, micro=micro,
                                    world_size=self.world_size, accum=args.accum, batch=args.micro_batch)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -915,7 +947,9 @@ class Trainer:
                 self.snap_wait = None
             scaler.step(opt)
             scaler.update()
-            opt.zero_grad(set_to_none=not self.ddp)  # DDP: grads are bucket views; zero them in place
+            # In place under DDP (the grads are its bucket views) and under CUDA graphs (see
+            # keep_grads_allocated); set to None otherwise, which frees them between steps.
+            opt.zero_grad(set_to_none=not (self.ddp or self.cuda_graphs))
             sched.step()
             pending_losses.append((step, step_loss))
             steps_since_log += 1
@@ -955,7 +989,7 @@ class Trainer:
                 "tokens_consumed": final_step * plan.tokens_per_step,
                 "tok_per_s": session_tok_per_s(step_seconds, plan.tokens_per_step),
                 "params": self.params, "grad_ckpt": plan.grad_ckpt, "precision": prec.name,
-                "compile": self.compile_mode,
+                "compile": self.compile_mode, "cuda_graphs": self.cuda_graphs,
                 "world_size": self.world_size, "final_loss": losses.get(str(final_step)),
                 "losses": losses, **val, **peaks, "model": args.model, "seq_len": args.seq_len,
                 "micro_batch": args.micro_batch, "accum": args.accum,
@@ -1124,6 +1158,8 @@ class Trainer:
                 for x, y in val_batches(self.mix, tokens=self.args.val_tokens, batch=self.args.micro_batch,
                                         rank=self.rank, world_size=self.world_size):
                     x, y = x.to(self.device), y.to(self.device)
+                    if self.cuda_graphs:
+                        torch.compiler.cudagraph_mark_step_begin()
                     with autocast():
                         _, loss = self.raw_model(x, y)
                     total[0] += loss.double() * y.numel()
