@@ -58,10 +58,12 @@
 #   combo8 (nvidia-h200-x2) combo kernels at micro 8 and 16 (speed rows): is their stalled compile
 #          micro 8's alone, and is it the coordinate-descent tuning or their own autotuning? (run 22)
 #   combo22 (nvidia-h200-x2) combo kernels instead of coordinate-descent tuning, at micro 32 and 4 (run 25)
-#   graphs27 (nvidia-h200-x2) CUDA graphs: the compiled path's gradients with and without them at micro 4 x
+#   graphs27 (run 27, nvidia-h200-x2) CUDA graphs: the compiled path's gradients with and without them at micro 4 x
 #          accum 4 (GPU 0; then the same with gradients set to None, cudagraph trees' known error, which
 #          the check must catch), micro 32 with them beside HF (GPU 1), then the 2-rank trainer at the
 #          reference shape with its new default (--cuda-graphs auto: on)
+#   graphs28 (nvidia-h200-x2) the gradient check with its floor; the 2-rank trainer's pause with CUDA graphs
+#          after the copies' enqueue moved to the push thread; micro 4 with CUDA graphs beside HF
 #   check26 (run 26, nvidia-h200-x2) what run 25's candidate default needs before it is one: its 50-step check,
 #          micro 4 with CUDA graphs and HF at micro 4, then the 2-rank trainer at the reference shape with it
 #   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
@@ -80,7 +82,7 @@ rm -rf "$LOG" && mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_COMBO22=${T_COMBO22:-360}; T_CHECK26=${T_CHECK26:-500}; T_GRAPHS27=${T_GRAPHS27:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_COMBO22=${T_COMBO22:-360}; T_CHECK26=${T_CHECK26:-500}; T_GRAPHS27=${T_GRAPHS27:-520}; T_GRAPHS28=${T_GRAPHS28:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -486,6 +488,17 @@ part_graphs27() {
   ( export GPU=0; bench0 graphs27a $g; bench0 graphs27a $g,zero=none ) &
   ( export GPU=1; bench0 graphs27b impl=hf,micro=32,compile=full,steps=30,warmup=8 \
       micro=32,compile=full,ctune=1,cmode=reduce-overhead,steps=40,warmup=10 ) &
+  wait
+  ref_leg graphs "$STEPS_R" "$ACCUM_A"
+}
+# Run 27's two follow-ups: the gradient check with its floor (the compiled path vs the uncompiled one), and
+# the checkpoint pause of the 2-rank trainer with CUDA graphs after moving the copies' enqueue and the RNG
+# gather off NCCL (run 27: 14-19 ms = 4 % of the 4x shorter step); GPU 1 meanwhile: micro 4 with the
+# default and CUDA graphs beside HF.
+part_graphs28() {
+  ( export GPU=0; bench0 graphs28a task=graphs,micro=4,accum=4,compile=full,ctune=1,steps=30,gsteps=3 ) &
+  ( export GPU=1; bench0 graphs28b impl=hf,micro=4,compile=full,steps=40,warmup=10 \
+      micro=4,compile=full,ctune=1,cmode=reduce-overhead,steps=40,warmup=10 ) &
   wait
   ref_leg graphs "$STEPS_R" "$ACCUM_A"
 }

@@ -620,16 +620,21 @@ class Bench:
         set to None) and with them (`graph`: cmode reduce-overhead, gradients cleared per `zero`), from the
         same init on the same learnable batches, `accum` micro-steps a step. After each of the first
         `gsteps` steps every parameter's gradient (clipped, as the optimizer sees it) is compared; the
-        losses are compared over all `steps`. A graphed gradient that lost micro-steps is off by O(1)."""
+        losses are compared over all `steps`. The floor is the same comparison of `nograph` with the
+        uncompiled model (`eager`): what other kernels alone change. Only step 1 starts from the same
+        weights; after it each path follows its own. A graphed gradient that lost micro-steps is off by
+        O(1) (run 27: rel L2 0.006 at step 1 with them kept allocated; set to None, torch 2.11's cudagraph
+        trees raised instead of training on)."""
         if cfg["compile"] == "none":
             raise SystemExit("task=graphs compares compiled paths: give compile=full (or regional)")
         batches = learnable_batches(8, cfg["micro"], self.args.seq_len, self.vocab, self.device, seed=5)
         losses: dict[str, list[float]] = {}
         grads: dict[str, list[torch.Tensor]] = {}
-        for path in ("nograph", "graph"):
+        for path in ("eager", "nograph", "graph"):
             self.fresh()
             c = dict(cfg, impl="ours", task="speed", cmode="reduce-overhead" if path == "graph" else "default",
-                     zero=cfg["zero"] if path == "graph" else "auto")
+                     zero=cfg["zero"] if path == "graph" else "auto",
+                     compile="none" if path == "eager" else cfg["compile"])
             raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
             params = [p for p in raw.parameters() if p.requires_grad]
             kept: list[torch.Tensor] = []
@@ -643,17 +648,23 @@ class Bench:
             self.log(f"graphs: path {path} {cfg['steps']} steps in {time.perf_counter() - t0:.1f} s")
             grads[path] = kept
             del raw, model, opt, step
-        rel = [float((g - r).norm() / r.norm()) for g, r in zip(grads["graph"], grads["nograph"])]
-        same = [bool(torch.equal(g, r)) for g, r in zip(grads["graph"], grads["nograph"])]
+        def rel_l2(x: str, y: str) -> list[float]:
+            return [float(f"{float((g - r).norm() / r.norm()):.3g}") for g, r in zip(grads[x], grads[y])]
+
+        def loss_rel(x: str, y: str) -> list[float]:
+            return [abs(u - v) / abs(u) for u, v in zip(losses[x], losses[y])]
+        rel, floor = rel_l2("graph", "nograph"), rel_l2("nograph", "eager")
+        lrel, lfloor = loss_rel("nograph", "graph"), loss_rel("eager", "nograph")
         a, b = losses["nograph"], losses["graph"]
-        lrel = [abs(u - v) / abs(u) for u, v in zip(a, b)]
-        # bf16 gradients of two launch schedules of the same kernels: equal, or apart by rounding (< 1 %).
-        return {"config": label(cfg), **cfg, "world": self.world, "grad_rel_l2": [float(f"{v:.3g}") for v in rel],
-                "grad_bitwise_equal": same, "loss_bitwise_equal": a == b,
+        return {"config": label(cfg), **cfg, "world": self.world, "grad_rel_l2": rel, "grad_rel_l2_floor": floor,
+                "grad_bitwise_equal": [bool(torch.equal(g, r)) for g, r in zip(grads["graph"], grads["nograph"])],
+                "loss_bitwise_equal": a == b,
                 "loss_max_rel": round(max(lrel), 6), "loss_mean_rel": round(sum(lrel) / len(lrel), 6),
+                "loss_max_rel_floor": round(max(lfloor), 6), "loss_mean_rel_floor": round(sum(lfloor) / len(lfloor), 6),
                 "curve_nograph": [round(v, 4) for v in a[::5]] + [round(a[-1], 4)],
                 "curve_graph": [round(v, 4) for v in b[::5]] + [round(b[-1], 4)],
-                "graphs_keep_gradients": bool(rel) and max(rel) < 0.01}
+                # From the same weights (step 1), CUDA graphs move the gradient no further than compiling does.
+                "graphs_keep_gradients": bool(rel) and rel[0] <= floor[0]}
 
     def drift(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
@@ -756,9 +767,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                       f"mean_rel {v['mean_rel']:.2e} final_rel {v['final_rel']:.2e}")
             continue
         if r.get("task") == "graphs":
-            print(f"{r['config']:<60} graphs: grad rel L2 {r['grad_rel_l2']} bitwise {r['grad_bitwise_equal']} "
-                  f"loss max/mean rel {r['loss_max_rel']:.2e}/{r['loss_mean_rel']:.2e} "
-                  f"loss bitwise {r['loss_bitwise_equal']} graphs_keep_gradients={r['graphs_keep_gradients']}")
+            print(f"{r['config']:<60} graphs: grad rel L2 {r['grad_rel_l2']} (compiled vs eager "
+                  f"{r['grad_rel_l2_floor']}) bitwise {r['grad_bitwise_equal']} loss max/mean rel "
+                  f"{r['loss_max_rel']:.2e}/{r['loss_mean_rel']:.2e} (compiled vs eager {r['loss_max_rel_floor']:.2e}/"
+                  f"{r['loss_mean_rel_floor']:.2e}) graphs_keep_gradients={r['graphs_keep_gradients']}")
             continue
         stall = (f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
                  if "stall_sync_s" in r else "")

@@ -32,13 +32,15 @@ push -> verify -> move ``latest.json`` -> prune on one background thread; the ne
 for the previous push. A segment stops only after its last push was verified and the pointer moved.
 The snapshot on CPU is a blocking copy on the training thread. On CUDA it is asynchronous: pinned host
 buffers for the weights and the optimizer state are allocated once before the first step; a checkpoint
-only enqueues their copies on a side stream (which first waits for the step that produced the state) and
-records an event; the next optimizer step waits for that event on the device (it would overwrite what is
-being copied) and the push thread waits for it before reading the buffers. ``snapshot_s=`` on the
-``CKPT save`` line and RUN_JSON ``ckpt_pause_s_max`` count the training thread's time in the snapshot
-plus the time the training stream waited for the copies (``device_wait_s=``); ``snapshot_parts_s=``
-splits the thread's time into the RNG gather, the two state_dict() calls and enqueuing the copies. H200,
-frozen model, micro 4 x accum 32: 812 ms blocking vs 17-26 ms asynchronous (bench/RESULTS.md runs 3, 16, 20).
+takes the state dicts and records an event on the training stream, and the push thread enqueues the ~800
+copies on a side stream that waits for that event, then records their end; the next optimizer step waits
+for the enqueue (host) and for the copies' end (device: it would overwrite what is being copied), and the
+push thread waits for the copies before reading the buffers. ``snapshot_s=`` on the ``CKPT save`` line and
+RUN_JSON ``ckpt_pause_s_max`` count the training thread's time in the snapshot plus any time it or its
+stream waited for the copies (``device_wait_s=``); ``snapshot_parts_s=`` splits the thread's time into
+the RNG gather (over gloo, never the NCCL group) and the two state_dict() calls. H200, frozen model, micro
+4 x accum 32: 812 ms blocking vs 17-26 ms with the copies enqueued on the training thread (bench/RESULTS.md
+runs 3, 16, 20), which with CUDA graphs' 4x shorter step was 4 % of it (run 27).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -416,14 +418,23 @@ def tensor_bytes(obj: Any) -> int:
 
 
 class PendingCopy:
-    """Snapshot copies in flight on a side stream (cuda), or already done (cpu: `event` is None)."""
+    """One snapshot's copies: marked on the training thread (`ready`: an event on the training stream at
+    the snapshot, cuda), enqueued by the push thread (`enqueued` set, `event` their end on the side stream;
+    on cpu the copies are done once enqueued and `event` stays None)."""
 
-    def __init__(self, event: Any = None, device: Any = None):
-        self.event, self.device = event, device
+    def __init__(self, ready: Any = None, device: Any = None):
+        self.ready, self.device = ready, device
+        self.event: Any = None
+        self.enqueued = threading.Event()
+        self.host_wait_s = 0.0  # how long the training thread waited for the enqueue at its optimizer step
         self.reached: Any = None  # timing event recorded where the training stream waits for `event`
 
     def wait_on_current_stream(self) -> None:
-        """Training thread, just before the optimizer step: the device waits, this thread does not."""
+        """Training thread, just before the optimizer step: it waits until the copies are enqueued (long
+        done, normally: the push thread started them a step earlier), then the device waits for them."""
+        t0 = time.perf_counter()
+        self.enqueued.wait()
+        self.host_wait_s = time.perf_counter() - t0
         if self.event is None:
             return
         import torch
@@ -433,10 +444,11 @@ class PendingCopy:
         self.reached = reached  # set only once recorded: the push thread may read it at any time
 
     def finish(self) -> float:
-        """Push thread: blocks until the copies are done; returns the seconds the training stream spent
-        waiting for them (0 when it had not reached its optimizer step by then)."""
+        """Push thread, after the enqueue: blocks until the copies are done; returns the seconds the
+        training thread and its stream spent waiting for them (0 when they had not reached their optimizer
+        step by then). The host part is set microseconds after the enqueue, long before copies end."""
         if self.event is None:
-            return 0.0
+            return self.host_wait_s
         import torch
         with torch.cuda.device(self.device):
             self.event.synchronize()
@@ -444,16 +456,18 @@ class PendingCopy:
             # `reached` not recorded yet, or not yet reached by the device: the copies are done, so the
             # stream will pass its wait without stopping. Reached: it stopped from then to the copies' end.
             if reached is None or not reached.query():
-                return 0.0
-            return max(reached.elapsed_time(self.event), 0.0) / 1000
+                return self.host_wait_s
+            return self.host_wait_s + max(reached.elapsed_time(self.event), 0.0) / 1000
 
 
 class HostBuffers:
     """Host buffers for snapshots, allocated once and reused (pinned on cuda, so copies are async DMA).
 
-    `start` enqueues a copy of every device tensor of the weights and of the optimizer state into them on
-    a side stream that first waits for the training stream (the step that produced the state), and
-    returns host-side state dicts that must not be read before `PendingCopy.finish()`."""
+    `mark` (training thread) records where the snapshot is taken; `start` (push thread) enqueues a copy of
+    every device tensor of the weights and of the optimizer state into them on a side stream that first
+    waits for that mark, and returns host-side state dicts that must not be read before
+    `PendingCopy.finish()`. Enqueuing ~800 copies costs the calling thread 7-12 ms (run 27), which is why
+    it is not the training thread."""
 
     def __init__(self, device: Any):
         import torch
@@ -477,7 +491,26 @@ class HostBuffers:
                 added += have[-1].numel() * have[-1].element_size()
         return added
 
-    def start(self, weights: dict, opt_sd: dict, *, delay_s: float = 0.0) -> tuple[dict, dict, PendingCopy, int]:
+    def mark(self) -> PendingCopy:
+        """Training thread: the snapshot's point on the training stream."""
+        import torch
+        ready = None
+        if self.cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        return PendingCopy(ready, self.device)
+
+    def start(self, pending: PendingCopy, weights: dict, opt_sd: dict, *,
+              delay_s: float = 0.0) -> tuple[dict, dict, int]:
+        """(host weights, host optimizer state dict, bytes of buffers newly allocated). Sets
+        `pending.enqueued` even when it fails, so the training thread never waits on it forever."""
+        try:
+            return self._start(pending, weights, opt_sd, delay_s)
+        finally:
+            pending.enqueued.set()
+
+    def _start(self, pending: PendingCopy, weights: dict, opt_sd: dict,
+               delay_s: float) -> tuple[dict, dict, int]:
         import contextlib as _cl
         import torch
         used: dict[tuple, int] = {}
@@ -501,22 +534,19 @@ class HostBuffers:
             buf.copy_(t.detach(), non_blocking=self.cuda)
             return buf
 
-        if self.cuda:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            ctx = torch.cuda.stream(self.stream)
-        else:
-            ctx = _cl.nullcontext()
-        with ctx:
-            if self.cuda and delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
-                torch.cuda._sleep(int(delay_s * 2e9))
+        ctx = torch.cuda.stream(self.stream) if self.cuda else _cl.nullcontext()
+        with (torch.cuda.device(self.device) if self.cuda else _cl.nullcontext()), ctx:
+            if self.cuda:
+                self.stream.wait_event(pending.ready)
+                if delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
+                    torch.cuda._sleep(int(delay_s * 2e9))
             w = {k: host(v) for k, v in weights.items()}
             state = {k: {n: host(v) for n, v in st.items()} for k, st in opt_sd["state"].items()}
+            if self.cuda:
+                pending.event = torch.cuda.Event(enable_timing=True)
+                pending.event.record(self.stream)
         rest = {k: to_host(v) for k, v in opt_sd.items() if k != "state"}
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(self.stream)
-        return w, {"state": state, **rest}, PendingCopy(event, self.device), added
+        return w, {"state": state, **rest}, added
 
 
 def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
@@ -647,12 +677,19 @@ class Trainer:
             else:
                 self.device = torch.device("cpu")
             # Long timeout: ranks 1.. wait in a collective while rank 0 pushes a checkpoint to the Hub.
-            dist.init_process_group(backend="nccl" if self.device_type == "cuda" else "gloo",
-                                    timeout=datetime.timedelta(minutes=60))
+            timeout = datetime.timedelta(minutes=60)
+            dist.init_process_group(backend="nccl" if self.device_type == "cuda" else "gloo", timeout=timeout)
+            # Python objects (RNG states, errors, the resume decision) go over gloo, host to host: over
+            # NCCL each gather stages its bytes through the GPUs and syncs them (3-4 ms of every
+            # checkpoint's pause on 2 x H200, run 27).
+            if self.device_type == "cuda":
+                self.obj_group = dist.new_group(backend="gloo", timeout=timeout)
         else:
             self.rank, self.local_rank, self.world_size = 0, 0, 1
             self.device = torch.device("cuda", 0) if self.device_type == "cuda" else torch.device("cpu")
         self.master = self.rank == 0
+
+    obj_group: Any = None   # the process group of object collectives (None: the default group)
 
     def log(self, msg: str) -> None:
         if self.master:
@@ -667,7 +704,7 @@ class Trainer:
             return [obj]
         import torch.distributed as dist
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.obj_group)
         return out
 
     def from_master(self, obj: Any) -> Any:
@@ -675,7 +712,7 @@ class Trainer:
             return obj
         import torch.distributed as dist
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.obj_group)
         return box[0]
 
     # -- the session ------------------------------------------------------------------------------
@@ -1058,21 +1095,19 @@ class Trainer:
         if self.snapshot_mode == "async":
             if self.host_buffers is None:
                 self._prepare_async_snapshot()
+            # The state dicts here: they hold the live tensors, and the optimizer's also this step's
+            # hyperparameters (lr), which the scheduler changes before the push thread would read them.
             model_sd, dev_opt_sd = self.raw_model.state_dict(), self.opt.state_dict()
-            t_sd = time.perf_counter()
-            weights, opt_sd, pending, new_bytes = self.host_buffers.start(
-                model_sd, dev_opt_sd, delay_s=self.snapshot_check or 0.0)
+            pending = self.host_buffers.mark()
             # Where the training thread's pause goes (the next lever on it depends on which part is big).
-            parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
-                     f"/copies:{time.perf_counter() - t_sd:.4f}")
-            if new_bytes:
-                _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
+            parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{time.perf_counter() - t_rng:.4f}")
             self.snap_wait = pending
             if self.snapshot_check is not None:  # the step's state, copied the blocking way, to compare
                 check = (to_host(self.raw_model.state_dict()), to_host(self.opt.state_dict()))
-            opt_state = {"optimizer": opt_sd, "scheduler": self.sched.state_dict(),
+            weights = (model_sd, dev_opt_sd)   # device state: the push thread enqueues its copies
+            opt_state = {"optimizer": None, "scheduler": self.sched.state_dict(),
                          "scaler": self.scaler.state_dict()}
-            nbytes = tensor_bytes(opt_sd) + tensor_bytes(rngs) + tensor_bytes(weights)
+            nbytes = 0
         else:
             from trainer.model import Llama
             if self.shadow is None:
@@ -1105,8 +1140,17 @@ class Trainer:
         out_dir = self.args.out / "ckpt" / f"checkpoint-{step}"
         wait = ""
         if pending is not None:
-            # The copies must have landed before anything reads the buffers; the device wait they cost
-            # the training stream (if it reached the optimizer step first) is part of the pause.
+            t_enqueue = time.perf_counter()
+            model_sd, dev_opt_sd = weights
+            weights, opt_sd, new_bytes = self.host_buffers.start(pending, model_sd, dev_opt_sd,
+                                                                 delay_s=self.snapshot_check or 0.0)
+            parts += f" enqueue_s={time.perf_counter() - t_enqueue:.4f}"   # this thread's, not training's
+            if new_bytes:
+                _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
+            opt_state = {**opt_state, "optimizer": opt_sd}
+            nbytes = tensor_bytes(opt_sd) + tensor_bytes(rngs) + tensor_bytes(weights)
+            # The copies must have landed before anything reads the buffers; the wait they cost the
+            # training thread and stream (if they reached the optimizer step first) is part of the pause.
             device_wait = pending.finish()
             pause += device_wait
             self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
