@@ -32,15 +32,16 @@ push -> verify -> move ``latest.json`` -> prune on one background thread; the ne
 for the previous push. A segment stops only after its last push was verified and the pointer moved.
 The snapshot on CPU is a blocking copy on the training thread. On CUDA it is asynchronous: pinned host
 buffers for the weights and the optimizer state are allocated once before the first step; a checkpoint
-takes the state dicts and records an event on the training stream, and the push thread enqueues the ~800
-copies on a side stream that waits for that event, then records their end; the next optimizer step waits
-for the enqueue (host) and for the copies' end (device: it would overwrite what is being copied), and the
-push thread waits for the copies before reading the buffers. ``snapshot_s=`` on the ``CKPT save`` line and
-RUN_JSON ``ckpt_pause_s_max`` count the training thread's time in the snapshot plus any time it or its
-stream waited for the copies (``device_wait_s=``); ``snapshot_parts_s=`` splits the thread's time into
-the RNG gather (over gloo, never the NCCL group) and the two state_dict() calls. H200, frozen model, micro
-4 x accum 32: 812 ms blocking vs 17-26 ms with the copies enqueued on the training thread (bench/RESULTS.md
-runs 3, 16, 20), which with CUDA graphs' 4x shorter step was 4 % of it (run 27).
+only enqueues their copies on a side stream (which first waits for the step that produced the state; the
+~800 tensors gathered on the device into a small staging buffer, ~40 calls in all) and records an event;
+the next optimizer step waits for that event on the device (it would overwrite what is being copied) and
+the push thread waits for it before reading the buffers. The ranks' RNG states are gathered
+asynchronously (gloo) and read by the push thread. ``snapshot_s=`` on the ``CKPT save`` line and RUN_JSON
+``ckpt_pause_s_max`` count the training thread's time in the snapshot plus the time the training stream
+waited for the copies (``device_wait_s=``); ``snapshot_parts_s=`` splits the thread's time into the RNG
+part, the two state_dict() calls and enqueuing the copies. H200, frozen model, micro 4 x accum 32: 812 ms
+blocking vs 17-26 ms asynchronous with one copy a tensor and a blocking RNG gather (bench/RESULTS.md
+runs 3, 16, 20), 4 % of a step once CUDA graphs made it 4x shorter (run 27).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -101,7 +102,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PUSH_FAILED = 0, 1, 2, 3, 4
 MODEL_CHOICES = ("ounce100m-22l", "tiny")
@@ -418,23 +419,15 @@ def tensor_bytes(obj: Any) -> int:
 
 
 class PendingCopy:
-    """One snapshot's copies: marked on the training thread (`ready`: an event on the training stream at
-    the snapshot, cuda), enqueued by the push thread (`enqueued` set, `event` their end on the side stream;
-    on cpu the copies are done once enqueued and `event` stays None)."""
+    """Snapshot copies in flight on a side stream (cuda), or already done (cpu: `event` is None)."""
 
-    def __init__(self, ready: Any = None, device: Any = None):
-        self.ready, self.device = ready, device
-        self.event: Any = None
-        self.enqueued = threading.Event()
-        self.host_wait_s = 0.0  # how long the training thread waited for the enqueue at its optimizer step
+    def __init__(self, event: Any = None, device: Any = None, sources: list | None = None):
+        self.event, self.device = event, device
+        self.sources = sources   # what the copies read: kept alive until they are done
         self.reached: Any = None  # timing event recorded where the training stream waits for `event`
 
     def wait_on_current_stream(self) -> None:
-        """Training thread, just before the optimizer step: it waits until the copies are enqueued (long
-        done, normally: the push thread started them a step earlier), then the device waits for them."""
-        t0 = time.perf_counter()
-        self.enqueued.wait()
-        self.host_wait_s = time.perf_counter() - t0
+        """Training thread, just before the optimizer step: the device waits, this thread does not."""
         if self.event is None:
             return
         import torch
@@ -444,109 +437,142 @@ class PendingCopy:
         self.reached = reached  # set only once recorded: the push thread may read it at any time
 
     def finish(self) -> float:
-        """Push thread, after the enqueue: blocks until the copies are done; returns the seconds the
-        training thread and its stream spent waiting for them (0 when they had not reached their optimizer
-        step by then). The host part is set microseconds after the enqueue, long before copies end."""
+        """Push thread: blocks until the copies are done; returns the seconds the training stream spent
+        waiting for them (0 when it had not reached its optimizer step by then)."""
         if self.event is None:
-            return self.host_wait_s
+            return 0.0
         import torch
         with torch.cuda.device(self.device):
             self.event.synchronize()
+            self.sources = None
             reached = self.reached
             # `reached` not recorded yet, or not yet reached by the device: the copies are done, so the
             # stream will pass its wait without stopping. Reached: it stopped from then to the copies' end.
             if reached is None or not reached.query():
-                return self.host_wait_s
-            return self.host_wait_s + max(reached.elapsed_time(self.event), 0.0) / 1000
+                return 0.0
+            return max(reached.elapsed_time(self.event), 0.0) / 1000
+
+
+class _Slot(NamedTuple):
+    """Where a state tensor lands in HostBuffers' flat buffer of its dtype."""
+    dtype: Any
+    offset: int
+    shape: tuple
+
+
+def copy_runs(items: Sequence[tuple[Any, int]], limits: dict) -> list[tuple[int, int]]:
+    """[(i, j)]: items[i:j] (dtype, numel) copied as one run, consecutive and of one dtype, at most
+    limits[dtype] elements together (no limit for a dtype not in limits); an item over its limit alone."""
+    runs: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for k, (dtype, n) in enumerate(items):
+        limit = limits.get(dtype)
+        if k > start and (dtype != items[start][0] or (limit is not None and total + n > limit)):
+            runs.append((start, k))
+            start, total = k, 0
+        total += n
+    if items:
+        runs.append((start, len(items)))
+    return runs
 
 
 class HostBuffers:
-    """Host buffers for snapshots, allocated once and reused (pinned on cuda, so copies are async DMA).
+    """Host buffers for snapshots, allocated once and reused: one flat buffer per dtype (pinned on cuda, so
+    copies are async DMA), each state tensor a view of its slice.
 
-    `mark` (training thread) records where the snapshot is taken; `start` (push thread) enqueues a copy of
-    every device tensor of the weights and of the optimizer state into them on a side stream that first
-    waits for that mark, and returns host-side state dicts that must not be read before
-    `PendingCopy.finish()`. Enqueuing ~800 copies costs the calling thread 7-12 ms (run 27), which is why
-    it is not the training thread."""
+    `start` enqueues the copy of every device tensor of the weights and of the optimizer state on a side
+    stream that first waits for the training stream (the step that produced the state), and returns
+    host-side state dicts that must not be read before `PendingCopy.finish()`. The tensors go in chunks:
+    on cuda one torch.cat into a device staging buffer of at most STAGING_BYTES and one device-to-host copy
+    a chunk, about 40 calls for the frozen model's ~800 tensors instead of 800 copies, each with its
+    record_stream: enqueuing those one by one took the training thread 7-12 ms (bench/RESULTS.md runs 20,
+    27), 2-3 % of a step once CUDA graphs made it 4x shorter."""
+
+    STAGING_BYTES = 64 * 2 ** 20   # device memory lent to the copies: small next to a 4 GB budget
 
     def __init__(self, device: Any):
         import torch
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.pool: dict[tuple, list] = {}
+        self.flat: dict[Any, Any] = {}      # dtype -> flat host buffer
+        self.staging: dict[Any, Any] = {}   # dtype -> flat device buffer (cuda)
 
-    def _new(self, key: tuple) -> Any:
+    def _ensure(self, need: dict) -> int:
+        """Flat host buffers of at least need[dtype] elements; returns the bytes newly allocated."""
         import torch
-        return torch.empty(key[0], dtype=key[1], pin_memory=self.cuda)
-
-    def reserve(self, specs: Sequence[tuple]) -> int:
-        """Ensure buffers for every (shape, dtype) in specs (a multiset); returns the bytes allocated."""
-        from collections import Counter
         added = 0
-        for key, n in Counter(specs).items():
-            have = self.pool.setdefault(key, [])
-            while len(have) < n:
-                have.append(self._new(key))
-                added += have[-1].numel() * have[-1].element_size()
+        for dtype, n in need.items():
+            have = self.flat.get(dtype)
+            if have is None or have.numel() < n:
+                self.flat[dtype] = torch.empty(n, dtype=dtype, pin_memory=self.cuda)
+                added += n * self.flat[dtype].element_size()
+            if self.cuda and dtype not in self.staging:
+                rows = max(1, min(n, self.STAGING_BYTES // self.flat[dtype].element_size()))
+                self.staging[dtype] = torch.empty(rows, dtype=dtype, device=self.device)
         return added
 
-    def mark(self) -> PendingCopy:
-        """Training thread: the snapshot's point on the training stream."""
-        import torch
-        ready = None
-        if self.cuda:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))
-        return PendingCopy(ready, self.device)
+    def reserve(self, specs: Sequence[tuple]) -> int:
+        """Room for every (shape, dtype) in specs (a multiset); returns the bytes allocated."""
+        need: dict = {}
+        for shape, dtype in specs:
+            need[dtype] = need.get(dtype, 0) + math.prod(shape)
+        return self._ensure(need)
 
-    def start(self, pending: PendingCopy, weights: dict, opt_sd: dict, *,
-              delay_s: float = 0.0) -> tuple[dict, dict, int]:
-        """(host weights, host optimizer state dict, bytes of buffers newly allocated). Sets
-        `pending.enqueued` even when it fails, so the training thread never waits on it forever."""
-        try:
-            return self._start(pending, weights, opt_sd, delay_s)
-        finally:
-            pending.enqueued.set()
-
-    def _start(self, pending: PendingCopy, weights: dict, opt_sd: dict,
-               delay_s: float) -> tuple[dict, dict, int]:
+    def start(self, weights: dict, opt_sd: dict, *, delay_s: float = 0.0) -> tuple[dict, dict, PendingCopy, int]:
         import contextlib as _cl
         import torch
-        used: dict[tuple, int] = {}
-        added = 0
+        sources: list = []   # (device tensor, dtype, offset): the device tensors in walk order
 
-        def host(t: Any) -> Any:
-            nonlocal added
+        def place(t: Any, offsets: dict) -> Any:
             if not torch.is_tensor(t):
                 return t
             if t.device.type != self.device.type:  # e.g. a CPU scalar next to cuda tensors: tiny, copy now
                 return t.detach().to("cpu", copy=True)
-            key = (tuple(t.shape), t.dtype)
-            bufs = self.pool.setdefault(key, [])
-            i = used[key] = used.get(key, -1) + 1
-            if i == len(bufs):
-                bufs.append(self._new(key))
-                added += bufs[-1].numel() * bufs[-1].element_size()
-            buf = bufs[i]
-            if self.cuda:
-                t.record_stream(self.stream)  # never reuse its memory before the copy has read it
-            buf.copy_(t.detach(), non_blocking=self.cuda)
-            return buf
+            off = offsets.get(t.dtype, 0)
+            offsets[t.dtype] = off + t.numel()
+            sources.append((t.detach(), t.dtype, off))
+            return _Slot(t.dtype, off, tuple(t.shape))
 
-        ctx = torch.cuda.stream(self.stream) if self.cuda else _cl.nullcontext()
-        with (torch.cuda.device(self.device) if self.cuda else _cl.nullcontext()), ctx:
-            if self.cuda:
-                self.stream.wait_event(pending.ready)
-                if delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
-                    torch.cuda._sleep(int(delay_s * 2e9))
-            w = {k: host(v) for k, v in weights.items()}
-            state = {k: {n: host(v) for n, v in st.items()} for k, st in opt_sd["state"].items()}
-            if self.cuda:
-                pending.event = torch.cuda.Event(enable_timing=True)
-                pending.event.record(self.stream)
+        offsets: dict = {}
+        w = {k: place(v, offsets) for k, v in weights.items()}
+        state = {k: {n: place(v, offsets) for n, v in st.items()} for k, st in opt_sd["state"].items()}
+        added = self._ensure(offsets)
+
+        def host(v: Any) -> Any:
+            if not isinstance(v, _Slot):
+                return v
+            return self.flat[v.dtype][v.offset:v.offset + math.prod(v.shape)].view(v.shape)
+
+        ctx = _cl.nullcontext()
+        if self.cuda:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            ctx = torch.cuda.stream(self.stream)
+        with ctx:
+            if self.cuda and delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
+                torch.cuda._sleep(int(delay_s * 2e9))
+            limits = {d: b.numel() for d, b in self.staging.items()}
+            for i, j in copy_runs([(dt, t.numel()) for t, dt, _ in sources], limits):
+                chunk, dtype, off = [t for t, _, _ in sources[i:j]], sources[i][1], sources[i][2]
+                n = sum(t.numel() for t in chunk)
+                dst = self.flat[dtype][off:off + n]
+                if len(chunk) == 1:
+                    dst.copy_(chunk[0].reshape(-1), non_blocking=self.cuda)
+                elif self.cuda:   # gather on the device (one kernel), then one DMA into pinned memory
+                    stage = self.staging[dtype][:n]
+                    torch.cat([t.reshape(-1) for t in chunk], out=stage)
+                    dst.copy_(stage, non_blocking=True)
+                else:
+                    torch.cat([t.reshape(-1) for t in chunk], out=dst)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self.stream)
+        w = {k: host(v) for k, v in w.items()}
+        state = {k: {n: host(v) for n, v in st.items()} for k, st in state.items()}
         rest = {k: to_host(v) for k, v in opt_sd.items() if k != "state"}
-        return w, {"state": state, **rest}, added
+        # The sources stay referenced until the copies are done: their memory is never reused before.
+        return w, {"state": state, **rest}, PendingCopy(event, self.device, [t for t, _, _ in sources]), added
 
 
 def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
@@ -576,6 +602,37 @@ def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
 
     bad = walk(got, want, path)
     return f"MISMATCH {bad}" if bad is not None else f"ok tensors={count}"
+
+
+OBJ_BYTES = 256 * 2 ** 10   # room for one rank's RNG state in a fixed-size gather (it takes ~20 KB)
+
+
+def pack_object(obj: Any, capacity: int = OBJ_BYTES) -> Any:
+    """obj (tensors, numbers, lists, dicts: what torch.load(weights_only=True) reads) as a uint8 tensor of
+    exactly `capacity` bytes, its length first: every rank's fits one fixed-size all_gather, which can then
+    run asynchronously (variable sizes would need a blocking size exchange first)."""
+    import io
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    if len(data) + 8 > capacity:
+        raise ValueError(f"object of {len(data)} bytes exceeds the {capacity - 8} bytes of a packed gather")
+    out = torch.zeros(capacity, dtype=torch.uint8)
+    out[:8] = torch.frombuffer(bytearray(len(data).to_bytes(8, "little")), dtype=torch.uint8)
+    out[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return out
+
+
+def unpack_object(t: Any) -> Any:
+    """The object pack_object() packed into t."""
+    import io
+    import torch
+    raw = t.numpy().tobytes()
+    n = int.from_bytes(raw[:8], "little")
+    if not 0 < n <= len(raw) - 8:
+        raise ValueError(f"packed object: length {n} does not fit its {len(raw)}-byte buffer")
+    return torch.load(io.BytesIO(raw[8:8 + n]), map_location="cpu", weights_only=True)
 
 
 def rng_state(device_type: str) -> dict[str, Any]:
@@ -680,8 +737,7 @@ class Trainer:
             timeout = datetime.timedelta(minutes=60)
             dist.init_process_group(backend="nccl" if self.device_type == "cuda" else "gloo", timeout=timeout)
             # Python objects (RNG states, errors, the resume decision) go over gloo, host to host: over
-            # NCCL each gather stages its bytes through the GPUs and syncs them (3-4 ms of every
-            # checkpoint's pause on 2 x H200, run 27).
+            # NCCL each one is staged through the GPUs and syncs them.
             if self.device_type == "cuda":
                 self.obj_group = dist.new_group(backend="gloo", timeout=timeout)
         else:
@@ -690,6 +746,7 @@ class Trainer:
         self.master = self.rank == 0
 
     obj_group: Any = None   # the process group of object collectives (None: the default group)
+    gather_pending: Callable[[], list[Any]] | None = None   # this rank's unfinished gather_later()
 
     def log(self, msg: str) -> None:
         if self.master:
@@ -706,6 +763,28 @@ class Trainer:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.obj_group)
         return out
+
+    def gather_later(self, obj: Any) -> Callable[[], list[Any]]:
+        """Every rank: start gathering obj from all ranks without waiting for it (a fixed-size gloo gather,
+        asynchronous); the returned function waits and returns the list, once. For the RNG states of a
+        checkpoint: a blocking gather would wait out the ranks' skew inside the training pause (3-5 ms a
+        checkpoint on 2 x H200, runs 20 and 27); rank 0 needs them only on its push thread. Every rank
+        waits for its gather at the next _wait_push, before any other collective could overtake it."""
+        if not self.ddp:
+            return lambda: [obj]
+        import torch.distributed as dist
+        mine = pack_object(obj)
+        outs = [mine.new_empty(mine.shape) for _ in range(self.world_size)]
+        work = dist.all_gather(outs, mine, group=self.obj_group, async_op=True)
+        done: list[list[Any]] = []
+
+        def wait() -> list[Any]:
+            if not done:
+                work.wait()
+                done.append([unpack_object(t) for t in outs])
+            return done[0]
+        self.gather_pending = wait
+        return wait
 
     def from_master(self, obj: Any) -> Any:
         if not self.ddp:
@@ -1084,8 +1163,7 @@ class Trainer:
         # A push still running when the next checkpoint comes (pushes more often than a push lasts)
         # stalls the loop too; reported on its own as ckpt_wait_s_max.
         self.ckpt_wait_s = max(self.ckpt_wait_s, t0 - t_wait)
-        rng = rng_state(self.device_type)
-        rngs = self.gather(rng)
+        rngs = self.gather_later(rng_state(self.device_type))   # read by the push thread
         t_rng = time.perf_counter()
         if push_ckpt:
             self.push_steps.append(step)
@@ -1095,19 +1173,21 @@ class Trainer:
         if self.snapshot_mode == "async":
             if self.host_buffers is None:
                 self._prepare_async_snapshot()
-            # The state dicts here: they hold the live tensors, and the optimizer's also this step's
-            # hyperparameters (lr), which the scheduler changes before the push thread would read them.
             model_sd, dev_opt_sd = self.raw_model.state_dict(), self.opt.state_dict()
-            pending = self.host_buffers.mark()
+            t_sd = time.perf_counter()
+            weights, opt_sd, pending, new_bytes = self.host_buffers.start(
+                model_sd, dev_opt_sd, delay_s=self.snapshot_check or 0.0)
             # Where the training thread's pause goes (the next lever on it depends on which part is big).
-            parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{time.perf_counter() - t_rng:.4f}")
+            parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
+                     f"/copies:{time.perf_counter() - t_sd:.4f}")
+            if new_bytes:
+                _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
             self.snap_wait = pending
             if self.snapshot_check is not None:  # the step's state, copied the blocking way, to compare
                 check = (to_host(self.raw_model.state_dict()), to_host(self.opt.state_dict()))
-            weights = (model_sd, dev_opt_sd)   # device state: the push thread enqueues its copies
-            opt_state = {"optimizer": None, "scheduler": self.sched.state_dict(),
+            opt_state = {"optimizer": opt_sd, "scheduler": self.sched.state_dict(),
                          "scaler": self.scaler.state_dict()}
-            nbytes = 0
+            nbytes = tensor_bytes(opt_sd) + tensor_bytes(weights)
         else:
             from trainer.model import Llama
             if self.shadow is None:
@@ -1117,7 +1197,7 @@ class Trainer:
             weights = None
             opt_state = {"optimizer": to_host(self.opt.state_dict()), "scheduler": self.sched.state_dict(),
                          "scaler": self.scaler.state_dict()}
-            nbytes = tensor_bytes(opt_state) + tensor_bytes(rngs) + sum(
+            nbytes = tensor_bytes(opt_state) + sum(
                 t.numel() * t.element_size() for t in self.shadow.state_dict().values())
         tokens = step * self.plan.tokens_per_step
         trainer_state = {"step": step, "tokens_consumed": tokens, "run_config": self.run_cfg,
@@ -1133,24 +1213,18 @@ class Trainer:
         self.pending = (step, self.pusher.submit(job))
 
     def _write_and_push(self, step: int, push_ckpt: bool, final: bool, trainer_state: dict,
-                        opt_state: dict, rngs: list, nbytes: int, tokens: int, pause: float,
+                        opt_state: dict, rng_gather: Callable[[], list], nbytes: int, tokens: int,
+                        pause: float,
                         weights: dict | None = None, pending: "PendingCopy | None" = None,
                         check: tuple | None = None, parts: str = "") -> None:
         from trainer.checkpoint import prune_local, write_checkpoint_dir
         out_dir = self.args.out / "ckpt" / f"checkpoint-{step}"
+        rngs = rng_gather()
+        nbytes += tensor_bytes(rngs)
         wait = ""
         if pending is not None:
-            t_enqueue = time.perf_counter()
-            model_sd, dev_opt_sd = weights
-            weights, opt_sd, new_bytes = self.host_buffers.start(pending, model_sd, dev_opt_sd,
-                                                                 delay_s=self.snapshot_check or 0.0)
-            parts += f" enqueue_s={time.perf_counter() - t_enqueue:.4f}"   # this thread's, not training's
-            if new_bytes:
-                _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
-            opt_state = {**opt_state, "optimizer": opt_sd}
-            nbytes = tensor_bytes(opt_sd) + tensor_bytes(rngs) + tensor_bytes(weights)
-            # The copies must have landed before anything reads the buffers; the wait they cost the
-            # training thread and stream (if they reached the optimizer step first) is part of the pause.
+            # The copies must have landed before anything reads the buffers; the device wait they cost
+            # the training stream (if it reached the optimizer step first) is part of the pause.
             device_wait = pending.finish()
             pause += device_wait
             self.ckpt_pause_s = max(self.ckpt_pause_s, pause)
@@ -1172,6 +1246,9 @@ class Trainer:
 
     def _wait_push(self, step: int, *, announce: bool) -> None:
         """Rank 0 waits for the running push; every rank learns whether it failed."""
+        if self.gather_pending is not None:   # the last checkpoint's RNG gather, on every rank
+            self.gather_pending()
+            self.gather_pending = None
         err = None
         if self.master and self.pending is not None:
             prev_step, fut = self.pending
