@@ -230,9 +230,13 @@ def test_host_buffers_copy_every_tensor_bitwise_into_flat_views_reused_across_sn
     assert snapshot_diff((w, opt), (weights, opt_sd)) == "ok tensors=5"
     assert w["a"].data_ptr() != weights["a"].data_ptr()                  # copies, not the live tensors
     weights["a"].add_(1.0)                                                 # the next step changes the state
+    plan = hb.plan
     w2, _, _, added = hb.start(weights, opt_sd)
     assert added == 0 and w2["a"].data_ptr() == w["a"].data_ptr()        # the same host memory again
-    assert torch.equal(w2["a"], weights["a"])
+    assert hb.plan is plan and torch.equal(w2["a"], weights["a"])        # the copy plan replayed
+    weights["c"] = torch.full((2, 2, 2), 7.0)                             # a tensor replaced (a resume):
+    w3, _, _, _ = hb.start(weights, opt_sd)                               # a new plan, the new values
+    assert hb.plan is not plan and bool((w3["c"] == 7.0).all())
     _, _, _, added = hb.start({**weights, "d": torch.zeros(7)}, opt_sd)  # a layout not foreseen: grows
     assert added == (12 + 8 + 1 + 12 + 7) * 4
 

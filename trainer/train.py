@@ -497,6 +497,7 @@ class HostBuffers:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.flat: dict[Any, Any] = {}      # dtype -> flat host buffer
         self.staging: dict[Any, Any] = {}   # dtype -> flat device buffer (cuda)
+        self.plan: _CopyPlan | None = None
 
     def _ensure(self, need: dict) -> int:
         """Flat host buffers of at least need[dtype] elements; returns the bytes newly allocated."""
@@ -520,59 +521,89 @@ class HostBuffers:
         return self._ensure(need)
 
     def start(self, weights: dict, opt_sd: dict, *, delay_s: float = 0.0) -> tuple[dict, dict, PendingCopy, int]:
+        """weights: the model's state_dict(keep_vars=True) (the live tensors, the same objects every step);
+        opt_sd: the optimizer's state_dict() (its state values are the live tensors too)."""
         import contextlib as _cl
         import torch
-        sources: list = []   # (device tensor, dtype, offset): the device tensors in walk order
-
-        def place(t: Any, offsets: dict) -> Any:
-            if not torch.is_tensor(t):
-                return t
-            if t.device.type != self.device.type:  # e.g. a CPU scalar next to cuda tensors: tiny, copy now
-                return t.detach().to("cpu", copy=True)
-            off = offsets.get(t.dtype, 0)
-            offsets[t.dtype] = off + t.numel()
-            sources.append((t.detach(), t.dtype, off))
-            return _Slot(t.dtype, off, tuple(t.shape))
-
-        offsets: dict = {}
-        w = {k: place(v, offsets) for k, v in weights.items()}
-        state = {k: {n: place(v, offsets) for n, v in st.items()} for k, st in opt_sd["state"].items()}
-        added = self._ensure(offsets)
-
-        def host(v: Any) -> Any:
-            if not isinstance(v, _Slot):
-                return v
-            return self.flat[v.dtype][v.offset:v.offset + math.prod(v.shape)].view(v.shape)
-
+        live = [v for v in weights.values()] + [v for st in opt_sd["state"].values() for v in st.values()]
+        added = 0
+        if self.plan is None or self.plan.key != tuple(map(id, live)):
+            added = self._build_plan(weights, opt_sd, live)
+        plan = self.plan
         ctx = _cl.nullcontext()
         if self.cuda:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             ctx = torch.cuda.stream(self.stream)
-        with ctx:
+        with ctx, torch.no_grad():
             if self.cuda and delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
                 torch.cuda._sleep(int(delay_s * 2e9))
-            limits = {d: b.numel() for d, b in self.staging.items()}
-            for i, j in copy_runs([(dt, t.numel()) for t, dt, _ in sources], limits):
-                chunk, dtype, off = [t for t, _, _ in sources[i:j]], sources[i][1], sources[i][2]
-                n = sum(t.numel() for t in chunk)
-                dst = self.flat[dtype][off:off + n]
-                if len(chunk) == 1:
-                    dst.copy_(chunk[0].reshape(-1), non_blocking=self.cuda)
-                elif self.cuda:   # gather on the device (one kernel), then one DMA into pinned memory
-                    stage = self.staging[dtype][:n]
-                    torch.cat([t.reshape(-1) for t in chunk], out=stage)
+            for srcs, stage, dst in plan.runs:
+                if len(srcs) == 1:      # one tensor, straight into its host slice
+                    dst.copy_(srcs[0], non_blocking=self.cuda)
+                elif stage is not None:  # gathered on the device (one kernel), then one DMA to pinned memory
+                    torch.cat(srcs, out=stage)
                     dst.copy_(stage, non_blocking=True)
                 else:
-                    torch.cat([t.reshape(-1) for t in chunk], out=dst)
+                    torch.cat(srcs, out=dst)
         event = None
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
-        w = {k: host(v) for k, v in w.items()}
-        state = {k: {n: host(v) for n, v in st.items()} for k, st in state.items()}
+
+        def host(v: Any) -> Any:   # a cached view; a tensor on another device (a CPU scalar): copied now
+            if isinstance(v, _Slot):
+                return plan.views[v]
+            return v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+        w = {k: host(v) for k, v in plan.weights.items()}
+        state = {k: {n: host(v) for n, v in st.items()} for k, st in plan.state.items()}
         rest = {k: to_host(v) for k, v in opt_sd.items() if k != "state"}
         # The sources stay referenced until the copies are done: their memory is never reused before.
-        return w, {"state": state, **rest}, PendingCopy(event, self.device, [t for t, _, _ in sources]), added
+        return w, {"state": state, **rest}, PendingCopy(event, self.device, plan.sources), added
+
+    def _build_plan(self, weights: dict, opt_sd: dict, live: list) -> int:
+        """Where each live tensor lands (its dtype's flat buffer, in walk order), the copy runs and the host
+        views, built once: later snapshots of the same tensors only replay the runs (~40 calls). Returns
+        the bytes of host buffers newly allocated."""
+        import torch
+        offsets: dict = {}
+        sources: list = []   # (flat device view, dtype, offset)
+
+        def place(t: Any) -> Any:
+            if not torch.is_tensor(t):
+                return t
+            if t.device.type != self.device.type:
+                return t                      # copied at each snapshot (see start)
+            off = offsets.get(t.dtype, 0)
+            offsets[t.dtype] = off + t.numel()
+            sources.append((t.detach().reshape(-1), t.dtype, off))
+            return _Slot(t.dtype, off, tuple(t.shape))
+
+        w = {k: place(v) for k, v in weights.items()}
+        state = {k: {n: place(v) for n, v in st.items()} for k, st in opt_sd["state"].items()}
+        added = self._ensure(offsets)
+        limits = {d: b.numel() for d, b in self.staging.items()}
+        runs = []
+        for i, j in copy_runs([(dt, t.numel()) for t, dt, _ in sources], limits):
+            srcs, dtype, off = [t for t, _, _ in sources[i:j]], sources[i][1], sources[i][2]
+            n = sum(t.numel() for t in srcs)
+            stage = self.staging[dtype][:n] if self.cuda and len(srcs) > 1 else None
+            runs.append((srcs, stage, self.flat[dtype][off:off + n]))
+        views = {slot: self.flat[slot.dtype][slot.offset:slot.offset + math.prod(slot.shape)].view(slot.shape)
+                 for slot in [*w.values(), *(v for st in state.values() for v in st.values())]
+                 if isinstance(slot, _Slot)}
+        self.plan = _CopyPlan(tuple(map(id, live)), runs, w, state, views, [t for t, _, _ in sources], live)
+        return added
+
+
+class _CopyPlan(NamedTuple):
+    """HostBuffers' copies of one set of live tensors (`key`: their ids, valid while `live` holds them)."""
+    key: tuple
+    runs: list          # (flat sources, device staging slice or None, host slice)
+    weights: dict       # the state dicts' structure: _Slot where a tensor is copied, else the value
+    state: dict
+    views: dict         # _Slot -> its host view
+    sources: list
+    live: list
 
 
 def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
@@ -1173,7 +1204,9 @@ class Trainer:
         if self.snapshot_mode == "async":
             if self.host_buffers is None:
                 self._prepare_async_snapshot()
-            model_sd, dev_opt_sd = self.raw_model.state_dict(), self.opt.state_dict()
+            # keep_vars: the live parameters themselves, the same objects every time, so HostBuffers reuses
+            # its copy plan (a plain state_dict() detaches new tensor objects at every call).
+            model_sd, dev_opt_sd = self.raw_model.state_dict(keep_vars=True), self.opt.state_dict()
             t_sd = time.perf_counter()
             weights, opt_sd, pending, new_bytes = self.host_buffers.start(
                 model_sd, dev_opt_sd, delay_s=self.snapshot_check or 0.0)
