@@ -32,7 +32,8 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     configs = ["micro=2,steps=2,warmup=1,prof=1,pbwd=autograd",
                "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0,pbwd=grouped,rope=roll",
                "impl=hf,micro=2,steps=2,warmup=1", "task=check,micro=2,steps=3,noise=1",
-               "task=drift,micro=2,warmup=1,windows=1/2/3"]
+               "task=drift,micro=2,warmup=1,windows=1/2/3",
+               "task=graphs,micro=2,accum=2,compile=regional,steps=2,gsteps=2"]
     cmd = [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--device", "cpu", "--model", "tiny",
            "--seq-len", "32", "--jsonl", str(jsonl), "--verbose"]
     for c in configs:
@@ -42,7 +43,7 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert "info" in rows[0] and rows[0]["info"]["params"] == 119_104
     rows = rows[1:]
-    assert [r.get("error") for r in rows] == [None] * 5, [r.get("error") for r in rows]
+    assert [r.get("error") for r in rows] == [None] * 6, [r.get("error") for r in rows]
     assert all(r["tok_s"] > 0 for r in rows if r["task"] in ("speed", "drift"))
     prof = {name: (v, pct) for name, v, pct in rows[0]["prof_top"]}
     assert prof["TOTAL"][0] > 0 and prof["LAUNCHES"][0] >= 1        # time and launches per step
@@ -53,6 +54,9 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
                                    "plain_fuse_vs_plain_fp32", "fast_vs_plain_fp32"}
     assert abs(check["fast_first"] - check["plain_first"]) < 1e-4   # same init, same first batch (CPU fp32)
     assert [w["steps_to"] for w in rows[4]["drift_windows"]] == [1, 2, 3]
+    graphs = rows[5]    # on CPU Inductor skips the CUDA graphs: the two compiled paths agree exactly
+    assert graphs["grad_rel_l2"] == [0.0, 0.0] and len(graphs["grad_rel_l2_floor"]) == 2
+    assert graphs["loss_bitwise_equal"] is True and graphs["graphs_keep_gradients"] is True
     assert "tok/s" in out.stdout and "check: plain" in out.stdout       # the table was printed
 
 

@@ -107,8 +107,10 @@ LEAN_ACTIVATIONS = os.environ.get("SPECPROBE_LEAN_ACTIVATIONS", "0") == "1"
 # compiles each combo kernel's candidate configs one after another with ptxas: at micro-batch 8 that ran
 # past 7.5 minutes in every try (runs 13-18, 22), where without them the compile takes 61-78 s (run 19).
 # The stall is the tuning's: combo kernels *instead of* it compiled in 60-73 s at micro 4, 8 and 32, equal
-# at micro 32 and +19 % at micro 4 (runs 22, 25), the likely next default once its 50-step check has run:
-# SPECPROBE_COMBO_KERNELS=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=0 selects it today.
+# at micro 32 and +19 % at micro 4 (runs 22, 25), but their 50-step loss check fell outside the bf16 noise
+# floor (run 26: 9.0 % max against 5.4 %), so they stay opt-in; CUDA graphs (compile_model(graphs=True))
+# took over the launch-bound shape since (3.4x at micro 4). SPECPROBE_COMBO_KERNELS=1
+# TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=0 selects them.
 COMBO_KERNELS = os.environ.get("SPECPROBE_COMBO_KERNELS", "0") == "1"
 
 

@@ -33,7 +33,8 @@ for the previous push. A segment stops only after its last push was verified and
 The snapshot on CPU is a blocking copy on the training thread. On CUDA it is asynchronous: pinned host
 buffers for the weights and the optimizer state are allocated once before the first step; a checkpoint
 only enqueues their copies on a side stream (which first waits for the step that produced the state; the
-~800 tensors gathered on the device into a small staging buffer, ~40 calls in all) and records an event;
+~800 tensors gathered on the device into a small staging buffer by a copy plan built once, ~40 calls in
+all) and records an event;
 the next optimizer step waits for that event on the device (it would overwrite what is being copied) and
 the push thread waits for it before reading the buffers. The ranks' RNG states are gathered
 asynchronously (gloo) and read by the push thread. ``snapshot_s=`` on the ``CKPT save`` line and RUN_JSON
@@ -41,7 +42,8 @@ asynchronously (gloo) and read by the push thread. ``snapshot_s=`` on the ``CKPT
 waited for the copies (``device_wait_s=``); ``snapshot_parts_s=`` splits the thread's time into the RNG
 part, the two state_dict() calls and enqueuing the copies. H200, frozen model, micro 4 x accum 32: 812 ms
 blocking vs 17-26 ms asynchronous with one copy a tensor and a blocking RNG gather (bench/RESULTS.md
-runs 3, 16, 20), 4 % of a step once CUDA graphs made it 4x shorter (run 27).
+runs 3, 16, 20), 4.2-4.3 % of a step once CUDA graphs made it 4x shorter (runs 27, 29; the copy plan came
+after them and is not measured on a GPU yet).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -57,7 +59,12 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
         +1.0 % at micro 32 and +22 % at micro 4 x accum 32 (runs 16, 20), but with the tuning their
         compile ran past 7.5 minutes at micro 8 (runs 13-18, 22); instead of the tuning
         (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=0 as well) they compile in 60-73 s, equal at micro 32
-        and +19 % at micro 4 (run 25). The log's ``compile kernels:`` line says which were on.
+        and +19 % at micro 4 (run 25), but their 50-step loss check fell outside the bf16 floor once (run
+        26). The log's ``compile kernels:`` line says which were on. With the whole-model compile, CUDA
+        graphs (``--cuda-graphs`` auto = on; ``compile_model(graphs=True)``) replay each micro-step's
+        ~1,450 launches as one: 3.9x tok/s on 2 ranks at micro 4 x accum 32 (2.85 GiB a rank), nothing
+        at micro 32 (runs 26-28); the gradients stay allocated and are zeroed in place (see
+        trainer.model.keep_grads_allocated), and the log's ``cuda graphs:`` line says whether they ran.
         ``--compile-scope blocks``, for short runs: ``Llama.compile_blocks()``, one graph shared by
         every block, 1-18 s). Regional compile alone: 1.7x tok/s at micro 4 and 1.9x at micro 32 vs
         eager.
@@ -550,7 +557,7 @@ class HostBuffers:
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
 
-        def host(v: Any) -> Any:   # a cached view; a tensor on another device (a CPU scalar): copied now
+        def host(v: Any) -> Any:   # a cached view; any other tensor (a CPU scalar): copied now
             if isinstance(v, _Slot):
                 return plan.views[v]
             return v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
@@ -571,8 +578,8 @@ class HostBuffers:
         def place(t: Any) -> Any:
             if not torch.is_tensor(t):
                 return t
-            if t.device.type != self.device.type:
-                return t                      # copied at each snapshot (see start)
+            if t.device.type != self.device.type or not t.is_contiguous():
+                return t                      # copied at each snapshot (see start); a flat view needs contiguity
             off = offsets.get(t.dtype, 0)
             offsets[t.dtype] = off + t.numel()
             sources.append((t.detach().reshape(-1), t.dtype, off))
