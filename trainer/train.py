@@ -642,35 +642,32 @@ def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
     return f"MISMATCH {bad}" if bad is not None else f"ok tensors={count}"
 
 
-OBJ_BYTES = 256 * 2 ** 10   # room for one rank's RNG state in a fixed-size gather (it takes ~20 KB)
+OBJ_BYTES = 64 * 2 ** 10   # room for one rank's RNG state in a fixed-size gather (it pickles to ~15 KB)
 
 
 def pack_object(obj: Any, capacity: int = OBJ_BYTES) -> Any:
-    """obj (tensors, numbers, lists, dicts: what torch.load(weights_only=True) reads) as a uint8 tensor of
-    exactly `capacity` bytes, its length first: every rank's fits one fixed-size all_gather, which can then
-    run asynchronously (variable sizes would need a blocking size exchange first)."""
-    import io
+    """obj pickled (as all_gather_object does; only ever between this run's own ranks) into a uint8 tensor
+    of exactly `capacity` bytes, its length first: every rank's fits one fixed-size all_gather, which can
+    then run asynchronously (variable sizes would need a blocking size exchange first)."""
+    import pickle
     import torch
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    data = buf.getvalue()
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) + 8 > capacity:
         raise ValueError(f"object of {len(data)} bytes exceeds the {capacity - 8} bytes of a packed gather")
-    out = torch.zeros(capacity, dtype=torch.uint8)
-    out[:8] = torch.frombuffer(bytearray(len(data).to_bytes(8, "little")), dtype=torch.uint8)
-    out[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return out
+    buf = bytearray(capacity)
+    buf[:8] = len(data).to_bytes(8, "little")
+    buf[8:8 + len(data)] = data
+    return torch.frombuffer(buf, dtype=torch.uint8)
 
 
 def unpack_object(t: Any) -> Any:
     """The object pack_object() packed into t."""
-    import io
-    import torch
+    import pickle
     raw = t.numpy().tobytes()
     n = int.from_bytes(raw[:8], "little")
     if not 0 < n <= len(raw) - 8:
         raise ValueError(f"packed object: length {n} does not fit its {len(raw)}-byte buffer")
-    return torch.load(io.BytesIO(raw[8:8 + n]), map_location="cpu", weights_only=True)
+    return pickle.loads(raw[8:8 + n])
 
 
 def rng_state(device_type: str) -> dict[str, Any]:
