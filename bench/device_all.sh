@@ -62,7 +62,7 @@
 #          accum 4 (GPU 0; then the same with gradients set to None, cudagraph trees' known error, which
 #          the check must catch), micro 32 with them beside HF (GPU 1), then the 2-rank trainer at the
 #          reference shape with its new default (--cuda-graphs auto: on)
-#   graphs28 (nvidia-h200-x2) the gradient check with its floor; the 2-rank trainer's pause with CUDA graphs
+#   graphs28 (run 28, nvidia-h200-x2) the gradient check with its floor; the 2-rank trainer's pause with CUDA graphs
 #          after the copies' enqueue moved to the push thread; micro 4 with CUDA graphs beside HF
 #   check26 (run 26, nvidia-h200-x2) what run 25's candidate default needs before it is one: its 50-step check,
 #          micro 4 with CUDA graphs and HF at micro 4, then the 2-rank trainer at the reference shape with it
