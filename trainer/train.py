@@ -753,6 +753,8 @@ class Trainer:
         self.snapshot_mode, self.snapshot_check = snapshot_mode(device_type, os.environ)
         self.host_buffers: HostBuffers | None = None  # rank 0, async path: buffers allocated once
         self.snap_wait: PendingCopy | None = None  # copies the next optimizer step must wait for
+        self.obj_group: Any = None  # the process group of object collectives (None: the default group)
+        self.gather_pending: Callable[[], list[Any]] | None = None  # this rank's unfinished gather_later()
 
     # -- distribution ---------------------------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -779,9 +781,6 @@ class Trainer:
             self.rank, self.local_rank, self.world_size = 0, 0, 1
             self.device = torch.device("cuda", 0) if self.device_type == "cuda" else torch.device("cpu")
         self.master = self.rank == 0
-
-    obj_group: Any = None   # the process group of object collectives (None: the default group)
-    gather_pending: Callable[[], list[Any]] | None = None   # this rank's unfinished gather_later()
 
     def log(self, msg: str) -> None:
         if self.master:
