@@ -428,9 +428,8 @@ def tensor_bytes(obj: Any) -> int:
 class PendingCopy:
     """Snapshot copies in flight on a side stream (cuda), or already done (cpu: `event` is None)."""
 
-    def __init__(self, event: Any = None, device: Any = None, sources: list | None = None):
+    def __init__(self, event: Any = None, device: Any = None):
         self.event, self.device = event, device
-        self.sources = sources   # what the copies read: kept alive until they are done
         self.reached: Any = None  # timing event recorded where the training stream waits for `event`
 
     def wait_on_current_stream(self) -> None:
@@ -451,7 +450,6 @@ class PendingCopy:
         import torch
         with torch.cuda.device(self.device):
             self.event.synchronize()
-            self.sources = None
             reached = self.reached
             # `reached` not recorded yet, or not yet reached by the device: the copies are done, so the
             # stream will pass its wait without stopping. Reached: it stopped from then to the copies' end.
@@ -493,7 +491,8 @@ class HostBuffers:
     on cuda one torch.cat into a device staging buffer of at most STAGING_BYTES and one device-to-host copy
     a chunk, about 40 calls for the frozen model's ~800 tensors instead of 800 copies, each with its
     record_stream: enqueuing those one by one took the training thread 7-12 ms (bench/RESULTS.md runs 20,
-    27), 2-3 % of a step once CUDA graphs made it 4x shorter."""
+    27), most of a pause that is 4.2-4.3 % of a step once CUDA graphs made it 4x shorter. The plan of runs and
+    host views is built once (see _build_plan)."""
 
     STAGING_BYTES = 64 * 2 ** 20   # device memory lent to the copies: small next to a 4 GB budget
 
@@ -534,7 +533,8 @@ class HostBuffers:
         import torch
         live = [v for v in weights.values()] + [v for st in opt_sd["state"].values() for v in st.values()]
         added = 0
-        if self.plan is None or self.plan.key != tuple(map(id, live)):
+        if self.plan is None or len(live) != len(self.plan.live) or any(
+                a is not b for a, b in zip(live, self.plan.live)):
             added = self._build_plan(weights, opt_sd, live)
         plan = self.plan
         ctx = _cl.nullcontext()
@@ -564,8 +564,9 @@ class HostBuffers:
         w = {k: host(v) for k, v in plan.weights.items()}
         state = {k: {n: host(v) for n, v in st.items()} for k, st in plan.state.items()}
         rest = {k: to_host(v) for k, v in opt_sd.items() if k != "state"}
-        # The sources stay referenced until the copies are done: their memory is never reused before.
-        return w, {"state": state, **rest}, PendingCopy(event, self.device, plan.sources), added
+        # What the copies read stays alive in plan.live; a new plan replaces it only in a later start(),
+        # after the push thread saw these copies finish (the trainer waits for the push first).
+        return w, {"state": state, **rest}, PendingCopy(event, self.device), added
 
     def _build_plan(self, weights: dict, opt_sd: dict, live: list) -> int:
         """Where each live tensor lands (its dtype's flat buffer, in walk order), the copy runs and the host
@@ -598,19 +599,17 @@ class HostBuffers:
         views = {slot: self.flat[slot.dtype][slot.offset:slot.offset + math.prod(slot.shape)].view(slot.shape)
                  for slot in [*w.values(), *(v for st in state.values() for v in st.values())]
                  if isinstance(slot, _Slot)}
-        self.plan = _CopyPlan(tuple(map(id, live)), runs, w, state, views, [t for t, _, _ in sources], live)
+        self.plan = _CopyPlan(live, runs, w, state, views)
         return added
 
 
 class _CopyPlan(NamedTuple):
-    """HostBuffers' copies of one set of live tensors (`key`: their ids, valid while `live` holds them)."""
-    key: tuple
+    """HostBuffers' copies of one set of live tensors, replayed while start() is given the same objects."""
+    live: list          # the tensors, in walk order (the plan's key, compared by identity)
     runs: list          # (flat sources, device staging slice or None, host slice)
     weights: dict       # the state dicts' structure: _Slot where a tensor is copied, else the value
     state: dict
     views: dict         # _Slot -> its host view
-    sources: list
-    live: list
 
 
 def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
