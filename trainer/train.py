@@ -33,17 +33,18 @@ for the previous push. A segment stops only after its last push was verified and
 The snapshot on CPU is a blocking copy on the training thread. On CUDA it is asynchronous: pinned host
 buffers for the weights and the optimizer state are allocated once before the first step; a checkpoint
 only enqueues their copies on a side stream (which first waits for the step that produced the state; the
-~800 tensors gathered on the device into a small staging buffer by a copy plan built once, ~40 calls in
-all) and records an event;
+~800 tensors gathered on the device into a small staging buffer by a copy plan built once, after the
+session's first step, ~40 calls in all: ``CKPT snapshot plan:``) and records an event;
 the next optimizer step waits for that event on the device (it would overwrite what is being copied) and
 the push thread waits for it before reading the buffers. The ranks' RNG states are gathered
 asynchronously (gloo) and read by the push thread. ``snapshot_s=`` on the ``CKPT save`` line and RUN_JSON
 ``ckpt_pause_s_max`` count the training thread's time in the snapshot plus the time the training stream
 waited for the copies (``device_wait_s=``); ``snapshot_parts_s=`` splits the thread's time into the RNG
-part, the two state_dict() calls and enqueuing the copies. H200, frozen model, micro 4 x accum 32: 812 ms
-blocking vs 17-26 ms asynchronous with one copy a tensor and a blocking RNG gather (bench/RESULTS.md
-runs 3, 16, 20), 4.2-4.3 % of a step once CUDA graphs made it 4x shorter (runs 27, 29; the copy plan came
-after them and is not measured on a GPU yet).
+part, the two state_dict() calls and enqueuing the copies, and ``copy_plan=built|replayed`` says whether
+this snapshot paid for the plan. H200, frozen model, micro 4 x accum 32: 812 ms blocking vs 17-26 ms
+asynchronous with one copy a tensor and a blocking RNG gather (bench/RESULTS.md runs 3, 16, 20), 4.2-4.3 %
+of a step once CUDA graphs made it 4x shorter (runs 27, 29); with the copy plan replayed 6-7 ms, 1.0-1.2 %
+(run 30, whose first push still built the plan: 15.6 ms).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -492,7 +493,7 @@ class HostBuffers:
     a chunk, about 40 calls for the frozen model's ~800 tensors instead of 800 copies, each with its
     record_stream: enqueuing those one by one took the training thread 7-12 ms (bench/RESULTS.md runs 20,
     27), most of a pause that is 4.2-4.3 % of a step once CUDA graphs made it 4x shorter. The plan of runs and
-    host views is built once (see _build_plan)."""
+    host views is built once (see prepare): replayed, the copies take 2.3-2.9 ms (run 30)."""
 
     STAGING_BYTES = 64 * 2 ** 20   # device memory lent to the copies: small next to a 4 GB budget
 
@@ -504,6 +505,7 @@ class HostBuffers:
         self.flat: dict[Any, Any] = {}      # dtype -> flat host buffer
         self.staging: dict[Any, Any] = {}   # dtype -> flat device buffer (cuda)
         self.plan: _CopyPlan | None = None
+        self.builds = 0                     # plans built so far (a snapshot that builds one pauses longer)
 
     def _ensure(self, need: dict) -> int:
         """Flat host buffers of at least need[dtype] elements; returns the bytes newly allocated."""
@@ -531,11 +533,7 @@ class HostBuffers:
         opt_sd: the optimizer's state_dict() (its state values are the live tensors too)."""
         import contextlib as _cl
         import torch
-        live = [v for v in weights.values()] + [v for st in opt_sd["state"].values() for v in st.values()]
-        added = 0
-        if self.plan is None or len(live) != len(self.plan.live) or any(
-                a is not b for a, b in zip(live, self.plan.live)):
-            added = self._build_plan(weights, opt_sd, live)
+        added = self.prepare(weights, opt_sd)
         plan = self.plan
         ctx = _cl.nullcontext()
         if self.cuda:
@@ -567,6 +565,16 @@ class HostBuffers:
         # What the copies read stays alive in plan.live; a new plan replaces it only in a later start(),
         # after the push thread saw these copies finish (the trainer waits for the push first).
         return w, {"state": state, **rest}, PendingCopy(event, self.device), added
+
+    def prepare(self, weights: dict, opt_sd: dict) -> int:
+        """The copy plan for these live tensors, built unless the current one is theirs; returns the bytes
+        of host buffers newly allocated. The trainer calls it once the optimizer state exists (after the
+        first step), so that no push pays for the build: ~10 ms on an H200 host, run 30."""
+        live = [v for v in weights.values()] + [v for st in opt_sd["state"].values() for v in st.values()]
+        if self.plan is not None and len(live) == len(self.plan.live) and all(
+                a is b for a, b in zip(live, self.plan.live)):
+            return 0
+        return self._build_plan(weights, opt_sd, live)
 
     def _build_plan(self, weights: dict, opt_sd: dict, live: list) -> int:
         """Where each live tensor lands (its dtype's flat buffer, in walk order), the copy runs and the host
@@ -600,6 +608,7 @@ class HostBuffers:
                  for slot in [*w.values(), *(v for st in state.values() for v in st.values())]
                  if isinstance(slot, _Slot)}
         self.plan = _CopyPlan(live, runs, w, state, views)
+        self.builds += 1
         return added
 
 
@@ -1109,6 +1118,8 @@ class Trainer:
                 self.log(f"step {step}/{plan.total_steps} loss {losses[str(step)]:.4f} lr {lr_now:.1e} "
                          f"tok/s {tok_s:.0f}")
                 t_log, steps_since_log = now, 0
+            if step == start_step + 1 and self.host_buffers is not None:
+                self._prepare_copy_plan(step)   # setup, like the buffers: outside every push's pause
             step_seconds.append(time.time() - t_step)
             if step in push_at:
                 flush_losses()
@@ -1182,6 +1193,15 @@ class Trainer:
         self.log(f"CKPT snapshot buffers: {nbytes} bytes {'pinned ' if self.device.type == 'cuda' else ''}"
                  f"host memory in {time.perf_counter() - t0:.2f}s (async snapshot)")
 
+    def _prepare_copy_plan(self, step: int) -> None:
+        """Rank 0, async path, after the session's first step (the optimizer state exists from then on):
+        the snapshot's copy plan, so that the first push replays it like every later one."""
+        t0 = time.perf_counter()
+        added = self.host_buffers.prepare(self.raw_model.state_dict(keep_vars=True), self.opt.state_dict())
+        plan = self.host_buffers.plan
+        self.log(f"CKPT snapshot plan: {len(plan.live)} tensors in {len(plan.runs)} copy runs, built after "
+                 f"step={step} in {time.perf_counter() - t0:.4f}s" + (f" ({added} more bytes)" if added else ""))
+
     def _checkpoint(self, step: int, *, push_ckpt: bool, final: bool) -> None:
         """Snapshot on the training thread (all ranks: RNG gather), then write + push in background.
 
@@ -1210,11 +1230,13 @@ class Trainer:
             # its copy plan (a plain state_dict() detaches new tensor objects at every call).
             model_sd, dev_opt_sd = self.raw_model.state_dict(keep_vars=True), self.opt.state_dict()
             t_sd = time.perf_counter()
+            builds = self.host_buffers.builds
             weights, opt_sd, pending, new_bytes = self.host_buffers.start(
                 model_sd, dev_opt_sd, delay_s=self.snapshot_check or 0.0)
             # Where the training thread's pause goes (the next lever on it depends on which part is big).
             parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
-                     f"/copies:{time.perf_counter() - t_sd:.4f}")
+                     f"/copies:{time.perf_counter() - t_sd:.4f}"
+                     f" copy_plan={'built' if self.host_buffers.builds > builds else 'replayed'}")
             if new_bytes:
                 _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
             self.snap_wait = pending
