@@ -519,12 +519,13 @@ part_combo8() {
   ( export GPU=1; bench0 combo8d $c8,ctune=0 ) &
   wait
 }
-# DDPFULL_CFG replaces the row (run 21: pbwd=autograd, whose 1-rank compile a carried cache already holds).
+# DDPFULL_CFG replaces the row; DDPFULL_CFG2 adds a second 2-rank row (run 21: pbwd=autograd, whose 1-rank compile a carried cache already holds).
 part_ddpfull() {
   local cfg=${DDPFULL_CFG:-micro=32,accum=4,compile=full,ctune=1,steps=10,warmup=3}
   GPU=0 bench0 ddpfull "$cfg"
   $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddpfull.jsonl" \
-    --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA --config "$cfg" >>"$LOG/bench_ddpfull.log" 2>&1
+    --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA --config "$cfg" \
+    ${DDPFULL_CFG2:+--config "$DDPFULL_CFG2"} >>"$LOG/bench_ddpfull.log" 2>&1
 }
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
 part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }

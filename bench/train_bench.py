@@ -54,6 +54,9 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
         otherwise | inplace | none: set to None, which under CUDA graphs with accum > 1 is cudagraph trees'
         known silent error, pytorch/pytorch#169545, the one task=graphs must catch),
   gsteps (graphs: optimizer steps whose full gradients are compared),
+  bcast (2 ranks: 1 = DDP's default broadcast_buffers=True, a broadcast of the RoPE tables from rank 0 at
+         every forward, i.e. a collective that lines the ranks up at every micro-step; 0 = off, as
+         trainer/train.py since run 33),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
@@ -106,7 +109,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
                                    "pbwd": "fp32", "combo": 0, "ind": "", "rope": "cat", "zero": "auto",
-                                   "gsteps": 3}
+                                   "gsteps": 3, "bcast": 0}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -130,7 +133,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo", "rope", "zero", "gsteps"):
+                "ind", "pbwd", "combo", "rope", "zero", "gsteps", "bcast"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -344,7 +347,7 @@ class Bench:
             # gradient_as_bucket_view: the .grad tensors are views into DDP's all-reduce buckets, not a second
             # copy of every gradient (as trainer/train.py does).
             model = DDP(raw, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                        gradient_as_bucket_view=True)
+                        gradient_as_bucket_view=True, broadcast_buffers=bool(cfg["bcast"]))
             inner = loss_fn
             if cfg["impl"] == "ours":
                 loss_fn = lambda x, y: model(x, y)[1]  # noqa: E731 - the DDP wrapper must run the forward

@@ -1027,8 +1027,11 @@ class Trainer:
         if self.ddp:
             # gradient_as_bucket_view: each .grad is a view into DDP's all-reduce buckets instead of a second
             # full copy of the gradients (425 MB for the frozen model); the reduced values are the same.
+            # broadcast_buffers off: the only buffers are the RoPE tables, computed from the config alike on
+            # every rank; DDP's default re-broadcasts them from rank 0 at every forward, a collective that
+            # lines the ranks up at each of the accum micro-steps (bench/RESULTS.md run 33).
             model = DDP(model, device_ids=[self.local_rank] if self.device_type == "cuda" else None,
-                        gradient_as_bucket_view=True)
+                        gradient_as_bucket_view=True, broadcast_buffers=False)
 
         # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
         params = [p for p in raw_model.parameters() if p.requires_grad]
