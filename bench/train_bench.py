@@ -56,7 +56,10 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
   gsteps (graphs: optimizer steps whose full gradients are compared),
   bcast (2 ranks: 1 = DDP's default broadcast_buffers=True, a broadcast of the RoPE tables from rank 0 at
          every forward, i.e. a collective that lines the ranks up at every micro-step; 0 = off, as
-         trainer/train.py since run 33),
+         trainer/train.py since run 34),
+  ddpopt (2 ranks, compiled: 1 = Dynamo's DDPOptimizer, torch's default and the trainer's: the graph split
+          at DDP's buckets so they reduce during the backward; 0 = torch._dynamo.config.optimize_ddp off,
+          one graph, the all-reduce after the backward),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
@@ -109,7 +112,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
                                    "pbwd": "fp32", "combo": 0, "ind": "", "rope": "cat", "zero": "auto",
-                                   "gsteps": 3, "bcast": 0}
+                                   "gsteps": 3, "bcast": 0, "ddpopt": 1}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -133,7 +136,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo", "rope", "zero", "gsteps", "bcast"):
+                "ind", "pbwd", "combo", "rope", "zero", "gsteps", "bcast", "ddpopt"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -337,17 +340,17 @@ class Bench:
         return cfg["zero"] == "inplace"
 
     def setup(self, cfg: dict[str, Any]):
+        import torch._dynamo.config as dynamo_config
+        dynamo_config.optimize_ddp = bool(cfg["ddpopt"])   # read when a frame compiles inside DDP's forward
         raw, loss_fn = build_model(cfg, self.args.model, self.device)
         model = raw
         if self.zero_in_place(cfg):
             from trainer.model import keep_grads_allocated
             keep_grads_allocated(raw)   # as trainer/train.py: before DDP, which makes them its bucket views
         if self.ddp:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            # gradient_as_bucket_view: the .grad tensors are views into DDP's all-reduce buckets, not a second
-            # copy of every gradient (as trainer/train.py does).
-            model = DDP(raw, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                        gradient_as_bucket_view=True, broadcast_buffers=bool(cfg["bcast"]))
+            from trainer.train import wrap_ddp
+            model = wrap_ddp(raw, device_type=self.device.type, local_rank=self.device.index or 0,
+                             sync_buffers=bool(cfg["bcast"]))
             inner = loss_fn
             if cfg["impl"] == "ours":
                 loss_fn = lambda x, y: model(x, y)[1]  # noqa: E731 - the DDP wrapper must run the forward

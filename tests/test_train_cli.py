@@ -5,6 +5,7 @@ Also the preflight checker (exit 3 with one line per missing requirement, the to
 """
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -342,3 +343,47 @@ def test_preflight_cli_exit_3_without_printing_the_token():
                        env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_topsecretvalue99"})
     assert r.returncode == 0 and "hf_topsecretvalue99" not in r.stdout + r.stderr
     assert r.stdout.strip() == "preflight ok: repo=o/n (hub) HF_TOKEN=set"
+
+
+_DDP_PROBE = r'''
+import json, sys
+import torch, torch.distributed as dist
+from trainer.model import GEOMETRIES, Llama
+from trainer.train import wrap_ddp
+
+dist.init_process_group("gloo")
+rank, out = dist.get_rank(), {}
+for sync in (False, True):
+    torch.manual_seed(0)
+    raw = Llama(GEOMETRIES["tiny"])
+    model = wrap_ddp(raw, device_type="cpu", local_rank=0, **({"sync_buffers": True} if sync else {}))
+    with torch.no_grad():
+        raw.rope_cos.mul_(1 + rank)              # after the wrap: only a per-forward sync can undo it
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(rank))
+    for _ in range(2):
+        model(x, x)[1].backward()
+    out[str(sync)] = {"cos_sum": raw.rope_cos.sum().item(), "grad_sum": raw.embed_tokens.weight.grad.sum().item()}
+open(f"{sys.argv[1]}/rank{rank}.json", "w").write(json.dumps(out))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_ddp_leaves_each_ranks_buffers_alone_and_still_averages_gradients(tmp_path):
+    """The trainer's DDP does not re-broadcast buffers at each forward (a collective per micro-step for the
+    RoPE tables, identical on every rank anyway), and says so without torch's deprecation warning; with
+    syncing asked for, rank 1's changed table is overwritten: the control that the option is what counts."""
+    from trainer_helpers import TORCHRUN, _env
+    script = tmp_path / "ddp_probe.py"
+    script.write_text(_DDP_PROBE)
+    env = {**_env(), "PYTHONPATH": str(REPO_ROOT)}
+    r = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)],
+                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    own = rows[0]["False"]["cos_sum"]
+    assert rows[1]["False"]["cos_sum"] == pytest.approx(2 * own)      # rank 1 kept its own table
+    assert rows[1]["True"]["cos_sum"] == pytest.approx(own)           # the control: rank 0's, broadcast
+    for sync in ("False", "True"):                                    # gradients all-reduced either way
+        assert rows[0][sync]["grad_sum"] == rows[1][sync]["grad_sum"]
+    assert "deprecated" not in r.stderr, r.stderr[-2000:]

@@ -426,6 +426,21 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
+def wrap_ddp(model: Any, *, device_type: str, local_rank: int, sync_buffers: bool = False) -> Any:
+    """The trainer's DistributedDataParallel. gradient_as_bucket_view: each .grad is a view into DDP's
+    all-reduce buckets instead of a second full copy of the gradients (425 MB for the frozen model); the
+    reduced values are the same. Buffers not synced at each forward: the model's only buffers are the RoPE
+    tables, computed from the config alike on every rank, and DDP's default re-broadcasts them from rank 0
+    at every forward, one collective more at each of the accum micro-steps, for nothing (bench/RESULTS.md
+    run 34). torch >= 2.13 names that `forward_sync_buffers` (`broadcast_buffers` is deprecated there)."""
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
+        else "broadcast_buffers"
+    return DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
+               gradient_as_bucket_view=True, **{name: sync_buffers})
+
+
 class PendingCopy:
     """Snapshot copies in flight on a side stream (cuda), or already done (cpu: `event` is None)."""
 
@@ -1002,7 +1017,6 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------------
     def _train(self, start_step: int, resumed_from: int | None, loaded: dict | None) -> int:
         import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
         from trainer.data import train_batch
         from trainer.model import inductor_kernel_settings, keep_grads_allocated
 
@@ -1012,7 +1026,9 @@ class Trainer:
         self.log(f"compile: {self.compile_mode} ({self.compile_why})")
         # Both in place: parameter names unchanged (no `_orig_mod.`), so DDP, checkpoints and the shadow
         # model see the plain module. DDP wraps the compiled module, so its all-reduce hooks stay outside
-        # the graph; with the whole model in one graph the buckets reduce after its backward, not during.
+        # the graph. Compiled inside DDP's forward, the whole model is still split by Dynamo's DDPOptimizer
+        # at DDP's 25 MB buckets (~17 graphs for the frozen model), so that buckets reduce during the last
+        # micro-step's backward; every 2-rank figure in bench/RESULTS.md has that split.
         if self.compile_mode == "model":
             raw_model.compile_model(graphs=self.cuda_graphs)
         elif self.compile_mode == "blocks":
@@ -1025,13 +1041,7 @@ class Trainer:
             # keeps accumulation correct under CUDA graphs (see keep_grads_allocated).
             keep_grads_allocated(raw_model)
         if self.ddp:
-            # gradient_as_bucket_view: each .grad is a view into DDP's all-reduce buckets instead of a second
-            # full copy of the gradients (425 MB for the frozen model); the reduced values are the same.
-            # broadcast_buffers off: the only buffers are the RoPE tables, computed from the config alike on
-            # every rank; DDP's default re-broadcasts them from rank 0 at every forward, a collective that
-            # lines the ranks up at each of the accum micro-steps (bench/RESULTS.md run 33).
-            model = DDP(model, device_ids=[self.local_rank] if self.device_type == "cuda" else None,
-                        gradient_as_bucket_view=True, broadcast_buffers=False)
+            model = wrap_ddp(model, device_type=self.device_type, local_rank=self.local_rank)
 
         # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
         params = [p for p in raw_model.parameters() if p.requires_grad]
