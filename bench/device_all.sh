@@ -67,6 +67,10 @@
 #   check26 (run 26, nvidia-h200-x2) what run 25's candidate default needs before it is one: its 50-step check,
 #          micro 4 with CUDA graphs and HF at micro 4, then the 2-rank trainer at the reference shape with it
 #   ddpfull 2 ranks vs 1 rank at micro 32 x accum 4 with the cuda default (the whole-model compile)
+#   ddp35  (nvidia-h200-x2) why 2 ranks at micro 4 x accum 32 with CUDA graphs are 1.75-1.82x one rank (runs 33-34):
+#          1 rank, then 2 ranks as the trainer runs them (heap frozen after the warm-up), with Python's
+#          collector left alone (gcfreeze=0), with one graph instead of DDPOptimizer's split (ddpopt=0),
+#          and the default profiled (device time a step vs the step: host- or device-bound)
 #   ocode  Inductor's output code of the regional block graphs at micro 32 (in logs.tgz)
 #   ckpt   checkpoint write + push seconds vs bytes (bench/ckpt_bench.py, host only) at 5 sizes
 #
@@ -82,7 +86,7 @@ rm -rf "$LOG" && mkdir -p "$LOG"
 PARTS=${*:-bench ddp a b}
 T_BENCH=${T_BENCH:-560}; T_DDP=${T_DDP:-75}; T_A=${T_A:-190}; T_B=${T_B:-220}
 T_PAUSE=${T_PAUSE:-330}; T_CHECK=${T_CHECK:-50}; T_NOCOMP=${T_NOCOMP:-75}
-T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_COMBO22=${T_COMBO22:-360}; T_CHECK26=${T_CHECK26:-500}; T_GRAPHS27=${T_GRAPHS27:-520}; T_GRAPHS28=${T_GRAPHS28:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
+T_SPEED=${T_SPEED:-160}; T_SPEED5=${T_SPEED5:-420}; T_M4=${T_M4:-90}; T_CHECK5=${T_CHECK5:-60}; T_SPEED6=${T_SPEED6:-330}; T_M4B=${T_M4B:-60}; T_AUTOTUNE6=${T_AUTOTUNE6:-150}; T_LEAN=${T_LEAN:-200}; T_DDP7=${T_DDP7:-90}; T_PAUSELEAN0=${T_PAUSELEAN0:-100}; T_SPEED9=${T_SPEED9:-480}; T_SPEED10=${T_SPEED10:-530}; T_CHECK10=${T_CHECK10:-560}; T_CHECKBISECT=${T_CHECKBISECT:-560}; T_SPEED12=${T_SPEED12:-540}; T_SPEED13=${T_SPEED13:-545}; T_SPEED14=${T_SPEED14:-500}; T_SPEED15=${T_SPEED15:-520}; T_SPEED19=${T_SPEED19:-520}; T_COMBO8=${T_COMBO8:-500}; T_COMBO22=${T_COMBO22:-360}; T_CHECK26=${T_CHECK26:-500}; T_GRAPHS27=${T_GRAPHS27:-520}; T_GRAPHS28=${T_GRAPHS28:-520}; T_DDP35=${T_DDP35:-520}; T_OCODE=${T_OCODE:-60}; T_FULL=${T_FULL:-75}; T_AUTOTUNE=${T_AUTOTUNE:-100}; T_CKPT=${T_CKPT:-45}
 CKPT_LAYERS=${CKPT_LAYERS:--1 0 8 22 44}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}
 # Knobs for a CPU rehearsal of this script (DEV=cpu MODEL=tiny SEQ=64 BENCH_EXTRA="--steps 2 --warmup 1").
@@ -526,6 +530,13 @@ part_ddpfull() {
   $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddpfull.jsonl" \
     --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA --config "$cfg" \
     ${DDPFULL_CFG2:+--config "$DDPFULL_CFG2"} >>"$LOG/bench_ddpfull.log" 2>&1
+}
+part_ddp35() {
+  local c=micro=4,accum=32,compile=full,ctune=1,cmode=reduce-overhead,steps=20,warmup=3
+  GPU=0 bench0 ddp35 "$c"
+  $PY -m torch.distributed.run --nproc_per_node=2 bench/train_bench.py --jsonl "$LOG/bench_ddp35.jsonl" \
+    --verbose --device $DEV --model $MODEL --seq-len $SEQ $BENCH_EXTRA --config "$c" --config "$c,gcfreeze=0" \
+    --config "$c,ddpopt=0" --config "$c,prof=1" >>"$LOG/bench_ddp35.log" 2>&1
 }
 # Inductor's generated code for the regional block graphs (forward and backward) at micro 32, for reading.
 part_ocode() { TORCH_LOGS=output_code bench0 ocode micro=32,compile=regional,steps=1,warmup=1; }

@@ -60,6 +60,9 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
   ddpopt (2 ranks, compiled: 1 = Dynamo's DDPOptimizer, torch's default and the trainer's: the graph split
           at DDP's buckets so they reduce during the backward; 0 = torch._dynamo.config.optimize_ddp off,
           one graph, the all-reduce after the backward),
+  gcfreeze (speed, drift: 1 = after the warm-up steps, one full garbage collection and gc.freeze(), as
+            trainer/train.py freeze_heap() after its first step; 0 = Python's collector left alone, as in
+            every row before run 35: its first full collection after a compile can land in the timed steps),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
@@ -112,7 +115,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "cefuse": "pointwise", "wacc": 1, "ctune": 0, "lean": 0,
                                    "pbwd": "fp32", "combo": 0, "ind": "", "rope": "cat", "zero": "auto",
-                                   "gsteps": 3, "bcast": 0, "ddpopt": 1}
+                                   "gsteps": 3, "bcast": 0, "ddpopt": 1, "gcfreeze": 1}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -136,7 +139,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
         extra = f" ce={cfg['ce']} fuse={cfg['fuse']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "cefuse", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo", "rope", "zero", "gsteps", "bcast", "ddpopt"):
+                "ind", "pbwd", "combo", "rope", "zero", "gsteps", "bcast", "ddpopt", "gcfreeze"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -324,12 +327,19 @@ class Bench:
         return t.tolist()
 
     def fresh(self) -> None:
+        gc.unfreeze()   # the last row's frozen objects (its compiled graphs) become collectable again
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
         from torch import _dynamo  # `import torch._dynamo` here would make `torch` a local name of fresh()
         _dynamo.reset()
+
+    def settle(self, cfg: dict[str, Any]) -> None:
+        """Between the warm-up and the timed steps: the trainer's freeze_heap() unless gcfreeze=0."""
+        if cfg["gcfreeze"]:
+            from trainer.train import freeze_heap
+            freeze_heap()
 
     def zero_in_place(self, cfg: dict[str, Any]) -> bool:
         """Whether this row clears gradients in place (keeping them allocated) instead of setting them to None."""
@@ -414,6 +424,7 @@ class Bench:
             step()
         sync(self.device)
         warm_s = time.time() - t0
+        self.settle(cfg)
         scales = []
         cuda = self.device.type == "cuda"
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(cfg["steps"] + 1)] if cuda else []
@@ -679,6 +690,7 @@ class Bench:
         for _ in range(cfg["warmup"]):
             step()
         sync(self.device)
+        self.settle(cfg)
         ends = [int(w) for w in cfg["windows"].split("/")]
         tok_step = cfg["accum"] * cfg["micro"] * self.args.seq_len * self.world
         windows, done, t0 = [], 0, time.time()

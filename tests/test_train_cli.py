@@ -352,7 +352,7 @@ from trainer.model import GEOMETRIES, Llama
 from trainer.train import wrap_ddp
 
 dist.init_process_group("gloo")
-rank, out = dist.get_rank(), {}
+rank, out, keep = dist.get_rank(), {}, []
 for sync in (False, True):
     torch.manual_seed(0)
     raw = Llama(GEOMETRIES["tiny"])
@@ -363,7 +363,9 @@ for sync in (False, True):
     for _ in range(2):
         model(x, x)[1].backward()
     out[str(sync)] = {"cos_sum": raw.rope_cos.sum().item(), "grad_sum": raw.embed_tokens.weight.grad.sum().item()}
+    keep.append(model)   # no DDP torn down while the group lives on (gloo aborts on that now and then)
 open(f"{sys.argv[1]}/rank{rank}.json", "w").write(json.dumps(out))
+dist.barrier()
 dist.destroy_process_group()
 '''
 

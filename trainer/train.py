@@ -78,7 +78,10 @@ override, the default is auto, ``--compile-scope`` picks what is compiled, and t
 The fused chunked cross-entropy is on everywhere (its Triton softmax pass only on CUDA). Compile is not
 part of config_hash: a run may resume with it on or off. Under DDP the gradients are views into the
 all-reduce buckets and are zeroed in place after each step: no second copy of them (2 x H200, micro 4 x
-accum 32: 3.58 GiB a rank, was 4.65).
+accum 32: 3.58 GiB a rank, was 4.65); DDP does not re-broadcast the RoPE tables at each forward
+(``wrap_ddp``). After the session's first step (the compile) the heap is frozen (``freeze_heap``, logged as
+``gc: N objects frozen``): Python's next full collection would otherwise walk the ~1M objects a compile
+leaves, 0.5-1.0 s, at a random step and, under DDP, on every rank's clock.
 
 Resume: ``--resume auto`` resumes from the store's pointer (fresh start when the repo or pointer is
 missing; refused on a terminal or stale pointer, a config change, missing files or a hash mismatch);
@@ -424,6 +427,19 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v) for v in obj)
     return 0
+
+
+def freeze_heap() -> tuple[int, float]:
+    """One full garbage collection, then every object alive so far (the compiled graphs, Inductor's IR, the
+    data mix) moved out of the collector's reach; returns (objects frozen, seconds). Python's own next full
+    collection would walk them all: after compiling the frozen model, ~1M objects and 0.5-1.0 s on this
+    machine's CPU (bench/RESULTS.md, after run 34), a stall of one or two steps at an unforeseen point
+    of the run, and under DDP a stall of every rank; with them frozen it takes ~0 ms."""
+    import gc
+    t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count(), time.perf_counter() - t0
 
 
 def wrap_ddp(model: Any, *, device_type: str, local_rank: int, sync_buffers: bool = False) -> Any:
@@ -1131,8 +1147,12 @@ class Trainer:
                 self.log(f"step {step}/{plan.total_steps} loss {losses[str(step)]:.4f} lr {lr_now:.1e} "
                          f"tok/s {tok_s:.0f}")
                 t_log, steps_since_log = now, 0
-            if step == start_step + 1 and self.host_buffers is not None:
-                self._prepare_copy_plan(step)   # setup, like the buffers: outside every push's pause
+            if step == start_step + 1:   # the compile is done: what lives now lives for the session
+                frozen, gc_s = freeze_heap()
+                self.log(f"gc: {frozen} objects frozen after step={step} (one full collection, {gc_s:.2f}s; "
+                         f"later collections skip them)")
+                if self.host_buffers is not None:
+                    self._prepare_copy_plan(step)   # setup, like the buffers: outside every push's pause
             step_seconds.append(time.time() - t_step)
             if step in push_at:
                 flush_losses()
