@@ -97,3 +97,15 @@ def test_check_killed_by_its_budget_logs_its_progress_and_every_threads_stack(tm
     assert any(line.startswith("check: path plain built in ") for line in seen), seen
     assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
     assert "train_bench.py" in err and "in check" in err, err[-2000:]
+
+
+def test_timed_steps_start_with_the_heap_frozen_unless_gcfreeze_0():
+    import gc
+    gc.unfreeze()
+    try:
+        train_bench.Bench.settle(None, train_bench.parse_config("gcfreeze=0"))
+        assert gc.get_freeze_count() == 0                      # Python's collector left alone
+        train_bench.Bench.settle(None, train_bench.parse_config(""))
+        assert gc.get_freeze_count() > 1000                    # the default: as the trainer, frozen
+    finally:
+        gc.unfreeze()

@@ -43,8 +43,8 @@ waited for the copies (``device_wait_s=``); ``snapshot_parts_s=`` splits the thr
 part, the two state_dict() calls and enqueuing the copies, and ``copy_plan=built|replayed`` says whether
 this snapshot paid for the plan. H200, frozen model, micro 4 x accum 32: 812 ms blocking vs 17-26 ms
 asynchronous with one copy a tensor and a blocking RNG gather (bench/RESULTS.md runs 3, 16, 20), 4.2-4.3 %
-of a step once CUDA graphs made it 4x shorter (runs 27, 29); with the copy plan replayed 6-7 ms, 1.0-1.2 %
-(run 30, whose first push still built the plan: 15.6 ms).
+of a step once CUDA graphs made it 4x shorter (runs 27, 29); with the copy plan built after the first step
+and replayed by every push, 7-9 ms, at most 1.31 % (run 31; run 30 built it in its first push: 15.6 ms).
 
 Compile and defaults per GPU class (measured on H200, bench/RESULTS.md; ``--compile`` / ``--no-compile``
 override, the default is auto, ``--compile-scope`` picks what is compiled, and the choice is printed as
@@ -524,7 +524,7 @@ class HostBuffers:
     a chunk, about 40 calls for the frozen model's ~800 tensors instead of 800 copies, each with its
     record_stream: enqueuing those one by one took the training thread 7-12 ms (bench/RESULTS.md runs 20,
     27), most of a pause that is 4.2-4.3 % of a step once CUDA graphs made it 4x shorter. The plan of runs and
-    host views is built once (see prepare): replayed, the copies take 2.3-2.9 ms (run 30)."""
+    host views is built once (see prepare): replayed, the copies take 2.3-3.3 ms (runs 30-31)."""
 
     STAGING_BYTES = 64 * 2 ** 20   # device memory lent to the copies: small next to a 4 GB budget
 
@@ -600,7 +600,7 @@ class HostBuffers:
     def prepare(self, weights: dict, opt_sd: dict) -> int:
         """The copy plan for these live tensors, built unless the current one is theirs; returns the bytes
         of host buffers newly allocated. The trainer calls it once the optimizer state exists (after the
-        first step), so that no push pays for the build: ~10 ms on an H200 host, run 30."""
+        first step), so that no push pays for the build: 9-17 ms on an H200 host (runs 31-32)."""
         live = [v for v in weights.values()] + [v for st in opt_sd["state"].values() for v in st.values()]
         if self.plan is not None and len(live) == len(self.plan.live) and all(
                 a is b for a, b in zip(live, self.plan.live)):
