@@ -134,6 +134,13 @@ def parse_config(text: str) -> dict[str, Any]:
     return cfg
 
 
+def settle_heap(cfg: dict[str, Any]) -> None:
+    """Between the warm-up and the timed steps: the trainer's freeze_heap() unless gcfreeze=0."""
+    if cfg["gcfreeze"]:
+        from trainer.train import freeze_heap
+        freeze_heap()
+
+
 def label(cfg: dict[str, Any]) -> str:
     extra = ""
     if cfg["impl"] == "ours" and (cfg["ce"] != "fused" or cfg["fuse"]):
@@ -335,12 +342,6 @@ class Bench:
         from torch import _dynamo  # `import torch._dynamo` here would make `torch` a local name of fresh()
         _dynamo.reset()
 
-    def settle(self, cfg: dict[str, Any]) -> None:
-        """Between the warm-up and the timed steps: the trainer's freeze_heap() unless gcfreeze=0."""
-        if cfg["gcfreeze"]:
-            from trainer.train import freeze_heap
-            freeze_heap()
-
     def zero_in_place(self, cfg: dict[str, Any]) -> bool:
         """Whether this row clears gradients in place (keeping them allocated) instead of setting them to None."""
         if cfg["zero"] not in ("auto", "inplace", "none"):
@@ -424,7 +425,7 @@ class Bench:
             step()
         sync(self.device)
         warm_s = time.time() - t0
-        self.settle(cfg)
+        settle_heap(cfg)
         scales = []
         cuda = self.device.type == "cuda"
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(cfg["steps"] + 1)] if cuda else []
@@ -690,7 +691,7 @@ class Bench:
         for _ in range(cfg["warmup"]):
             step()
         sync(self.device)
-        self.settle(cfg)
+        settle_heap(cfg)
         ends = [int(w) for w in cfg["windows"].split("/")]
         tok_step = cfg["accum"] * cfg["micro"] * self.args.seq_len * self.world
         windows, done, t0 = [], 0, time.time()

@@ -103,9 +103,9 @@ def test_timed_steps_start_with_the_heap_frozen_unless_gcfreeze_0():
     import gc
     gc.unfreeze()
     try:
-        train_bench.Bench.settle(None, train_bench.parse_config("gcfreeze=0"))
+        train_bench.settle_heap(train_bench.parse_config("gcfreeze=0"))
         assert gc.get_freeze_count() == 0                      # Python's collector left alone
-        train_bench.Bench.settle(None, train_bench.parse_config(""))
+        train_bench.settle_heap(train_bench.parse_config(""))
         assert gc.get_freeze_count() > 1000                    # the default: as the trainer, frozen
     finally:
         gc.unfreeze()

@@ -536,7 +536,6 @@ class HostBuffers:
         self.flat: dict[Any, Any] = {}      # dtype -> flat host buffer
         self.staging: dict[Any, Any] = {}   # dtype -> flat device buffer (cuda)
         self.plan: _CopyPlan | None = None
-        self.builds = 0                     # plans built so far (a snapshot that builds one pauses longer)
 
     def _ensure(self, need: dict) -> int:
         """Flat host buffers of at least need[dtype] elements; returns the bytes newly allocated."""
@@ -639,7 +638,6 @@ class HostBuffers:
                  for slot in [*w.values(), *(v for st in state.values() for v in st.values())]
                  if isinstance(slot, _Slot)}
         self.plan = _CopyPlan(live, runs, w, state, views)
-        self.builds += 1
         return added
 
 
@@ -1263,13 +1261,13 @@ class Trainer:
             # its copy plan (a plain state_dict() detaches new tensor objects at every call).
             model_sd, dev_opt_sd = self.raw_model.state_dict(keep_vars=True), self.opt.state_dict()
             t_sd = time.perf_counter()
-            builds = self.host_buffers.builds
+            plan_before = self.host_buffers.plan
             weights, opt_sd, pending, new_bytes = self.host_buffers.start(
                 model_sd, dev_opt_sd, delay_s=self.snapshot_check or 0.0)
             # Where the training thread's pause goes (the next lever on it depends on which part is big).
             parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
                      f"/copies:{time.perf_counter() - t_sd:.4f}"
-                     f" copy_plan={'built' if self.host_buffers.builds > builds else 'replayed'}")
+                     f" copy_plan={'replayed' if self.host_buffers.plan is plan_before else 'built'}")
             if new_bytes:
                 _emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
             self.snap_wait = pending
