@@ -162,13 +162,17 @@ def test_faults_fire_on_the_nth_matching_request_via_the_control_endpoint(hub_se
 
 
 def test_small_requests_are_fast_keepalive(hub_server: HubServer) -> None:
-    # TCP_NODELAY: 20 keep-alive round trips through the real client take far less than 20 x 40 ms.
+    # TCP_NODELAY: 20 keep-alive round trips through the real client take far less than 20 x 40 ms
+    # (Nagle + delayed ACK). Best of 3 rounds: that stall hits every round, a busy CI core only some.
     api = HfApi(endpoint=hub_server.url, token=HUB_TOKEN)
     api.create_repo("tester/r", repo_type="dataset")
-    t0 = time.monotonic()
-    for _ in range(20):
-        api.repo_info("tester/r", repo_type="dataset")
-    assert time.monotonic() - t0 < 0.6
+    rounds = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        for _ in range(20):
+            api.repo_info("tester/r", repo_type="dataset")
+        rounds.append(time.monotonic() - t0)
+    assert min(rounds) < 0.6, rounds
 
 
 def test_client_reads_tree_pages_paths_info_and_its_own_exceptions(hub_server: HubServer) -> None:
