@@ -61,8 +61,10 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
           at DDP's buckets so they reduce during the backward; 0 = torch._dynamo.config.optimize_ddp off,
           one graph, the all-reduce after the backward),
   gcfreeze (speed, drift: 1 = after the warm-up steps, one full garbage collection and gc.freeze(), as
-            trainer/train.py freeze_heap() after its first step; 0 = Python's collector left alone, as in
-            every row before run 35: its first full collection after a compile can land in the timed steps),
+            the trainer's freeze_heap() (trainer/heap.py) after its first step; 0 = Python's collector left
+            alone, as in every row before run 35: its first full collection after a compile can land in the
+            timed steps; speed rows count and time the full collections of their timed steps either way:
+            gc_full_collections, gc_full_s_max),
   steps (timed optimizer steps), warmup (untimed steps first: compile and allocator warm-up), stall (1:
   also time the checkpoint snapshot the trainer does on its training thread, and a pinned async one)
 
@@ -100,6 +102,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from trainer.heap import FullCollections, freeze_heap  # noqa: E402
 from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
 
 GIB = 2 ** 30
@@ -137,7 +140,6 @@ def parse_config(text: str) -> dict[str, Any]:
 def settle_heap(cfg: dict[str, Any]) -> None:
     """Between the warm-up and the timed steps: the trainer's freeze_heap() unless gcfreeze=0."""
     if cfg["gcfreeze"]:
-        from trainer.train import freeze_heap
         freeze_heap()
 
 
@@ -429,6 +431,8 @@ class Bench:
         scales = []
         cuda = self.device.type == "cuda"
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(cfg["steps"] + 1)] if cuda else []
+        gc_full = FullCollections()
+        gc_full.start()
         t0 = time.time()
         losses = []
         for i in range(cfg["steps"]):
@@ -441,8 +445,10 @@ class Bench:
             marks[-1].record()
         sync(self.device)
         dt = time.time() - t0
+        gc_full.stop()
         tokens = cfg["steps"] * cfg["accum"] * cfg["micro"] * self.args.seq_len * self.world
         row = self.row(cfg, tok_s=tokens / dt, step_s=dt / cfg["steps"], warm_s=warm_s)
+        row.update(gc_full.summary())
         if cuda:
             # Device time per step (event to event): its spread tells a uniformly slow row (clock, kernel
             # choice) from one with a few stalled steps; tok_s_median is the row's figure without outliers.

@@ -45,6 +45,8 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     rows = rows[1:]
     assert [r.get("error") for r in rows] == [None] * 6, [r.get("error") for r in rows]
     assert all(r["tok_s"] > 0 for r in rows if r["task"] in ("speed", "drift"))
+    speed = [r for r in rows if r["task"] == "speed"]
+    assert len(speed) == 3 and all(r["gc_full_collections"] >= 0 and r["gc_full_s_max"] >= 0 for r in speed)
     prof = {name: (v, pct) for name, v, pct in rows[0]["prof_top"]}
     assert prof["TOTAL"][0] > 0 and prof["LAUNCHES"][0] >= 1        # time and launches per step
     assert {f"FAMILY {fam}" for fam, _ in train_bench.PROF_FAMILIES} <= prof.keys()

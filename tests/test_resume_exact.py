@@ -41,9 +41,12 @@ def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
     assert rj["cuda_graphs"] is False and base.run.starting(
         "cuda graphs: off (auto: needs cuda and the whole-model compile (device cpu, compile off))")
     assert list(rj["losses"]) == [str(s) for s in range(1, 7)]
-    frozen = base.run.starting("gc: ")                      # the heap frozen once, after the first step
-    assert len(frozen) == 1 and " objects frozen after step=1 " in frozen[0], frozen
-    assert int(frozen[0].split()[1]) > 10_000, frozen       # torch's and the trainer's objects, at least
+    frozen, full = base.run.starting("gc: ")                # the heap frozen once, after the first step
+    assert " objects frozen after step=1 " in frozen, frozen
+    assert int(frozen.split()[1]) > 10_000, frozen          # torch's and the trainer's objects, at least
+    # Then the full collections that still stopped a step, counted and timed, the same in line and JSON.
+    assert full.startswith(f"gc: {rj['gc_full_collections']} full collections after the freeze, "), full
+    assert 0 <= rj["gc_full_s_max"] <= rj["gc_full_s_total"]
     assert rj["losses"]["6"] < rj["losses"]["1"]           # it learns
     assert rj["val_skipped"] is False and rj["val_error"] is None and rj["val_ppl"] > 1
     assert rj["push_steps"] == [2, 4, 6]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from trainer.preflight import check as preflight_check
 from trainer.train import (HostBuffers, UsageError, build_parser, checkpoint_steps, choose_compile,
-                           choose_cuda_graphs, choose_precision, copy_runs, freeze_heap, lr_at, pack_object,
+                           choose_cuda_graphs, choose_precision, copy_runs, lr_at, pack_object,
                            session_tok_per_s, snapshot_diff, snapshot_mode, unpack_object, validate_args)
 from trainer_helpers import REPO_ROOT
 
@@ -391,29 +391,3 @@ def test_ddp_leaves_each_ranks_buffers_alone_and_still_averages_gradients(tmp_pa
     for sync in ("False", "True"):                                    # gradients all-reduced either way
         assert rows[0][sync]["grad_sum"] == rows[1][sync]["grad_sum"]
     assert "deprecated" not in r.stderr, r.stderr[-2000:]
-
-
-def test_freeze_heap_collects_garbage_first_then_freezes_what_lives():
-    import gc
-    import weakref
-
-    class Node:
-        pass
-    gc.unfreeze()
-    cycle = Node()
-    cycle.me = cycle                        # garbage only a collection can free (a reference cycle)
-    dead = weakref.ref(cycle)
-    del cycle
-    alive = [Node() for _ in range(1000)]
-    try:
-        frozen, seconds = freeze_heap()
-        assert dead() is None                                   # collected before the freeze, not frozen
-        assert frozen >= len(alive) and seconds >= 0
-        # Frozen objects leave the collector's generations. (Not frozen == get_freeze_count(): a frozen
-        # object freed by refcount, on another thread of the suite, shrinks that count in between.)
-        mine = {id(n) for n in alive}
-        assert sum(id(o) in mine for o in gc.get_objects()) == 0
-        fresh = Node()
-        assert any(o is fresh for o in gc.get_objects())        # what lives after the freeze is collected again
-    finally:
-        gc.unfreeze()                                           # the rest of the suite as it was

@@ -79,9 +79,10 @@ The fused chunked cross-entropy is on everywhere (its Triton softmax pass only o
 part of config_hash: a run may resume with it on or off. Under DDP the gradients are views into the
 all-reduce buckets and are zeroed in place after each step: no second copy of them (2 x H200, micro 4 x
 accum 32: 3.58 GiB a rank, was 4.65); DDP does not re-broadcast the RoPE tables at each forward
-(``wrap_ddp``). After the session's first step (the compile) the heap is frozen (``freeze_heap``, logged as
-``gc: N objects frozen``): Python's next full collection would otherwise walk the ~1M objects a compile
-leaves, 0.5-1.0 s, at a random step and, under DDP, on every rank's clock.
+(``wrap_ddp``). After the session's first step (the compile) the heap is frozen (``trainer.heap``, logged
+as ``gc: N objects frozen``): Python's next full collection would otherwise walk the ~1M objects a compile
+leaves, 0.5-1.0 s, at a random step and, under DDP, on every rank's clock. The full collections that still
+run after it are counted and timed (``gc_full_*`` in RUN_JSON and a closing ``gc:`` line).
 
 Resume: ``--resume auto`` resumes from the store's pointer (fresh start when the repo or pointer is
 missing; refused on a terminal or stale pointer, a config change, missing files or a hash mismatch);
@@ -427,19 +428,6 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v) for v in obj)
     return 0
-
-
-def freeze_heap() -> tuple[int, float]:
-    """One full garbage collection, then every object alive so far (the compiled graphs, Inductor's IR, the
-    data mix) moved out of the collector's reach; returns (objects frozen, seconds). Python's own next full
-    collection would walk them all: after compiling the frozen model, ~1M objects and 0.5-1.0 s on this
-    machine's CPU (bench/RESULTS.md, after run 34), a stall of one or two steps at an unforeseen point
-    of the run, and under DDP a stall of every rank; with them frozen it takes ~0 ms."""
-    import gc
-    t0 = time.perf_counter()
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count(), time.perf_counter() - t0
 
 
 def wrap_ddp(model: Any, *, device_type: str, local_rank: int, sync_buffers: bool = False) -> Any:
@@ -1032,6 +1020,7 @@ class Trainer:
     def _train(self, start_step: int, resumed_from: int | None, loaded: dict | None) -> int:
         import torch
         from trainer.data import train_batch
+        from trainer.heap import FullCollections, freeze_heap
         from trainer.model import inductor_kernel_settings, keep_grads_allocated
 
         args, plan, prec = self.args, self.plan, self.precision
@@ -1088,6 +1077,7 @@ class Trainer:
         pending_losses: list[tuple[int, torch.Tensor]] = []
         t_log, steps_since_log = time.time(), 0
         step_seconds: list[float] = []  # host time of each step (the first one is left out of tok_per_s)
+        gc_full = FullCollections()     # Python's full collections after the freeze: each one stops a step
 
         def flush_losses() -> None:
             # One reduction per log interval instead of a host sync every step.
@@ -1149,6 +1139,7 @@ class Trainer:
                 frozen, gc_s = freeze_heap()
                 self.log(f"gc: {frozen} objects frozen after step={step} (one full collection, {gc_s:.2f}s; "
                          f"later collections skip them)")
+                gc_full.start()
                 if self.host_buffers is not None:
                     self._prepare_copy_plan(step)   # setup, like the buffers: outside every push's pause
             step_seconds.append(time.time() - t_step)
@@ -1158,6 +1149,10 @@ class Trainer:
         flush_losses()
         final_step = plan.stop_step
         trained_steps = final_step - start_step
+        gc_full.stop()
+        if trained_steps:
+            self.log(f"gc: {gc_full.count} full collections after the freeze, longest {gc_full.max_s:.3f}s, "
+                     f"total {gc_full.total_s:.3f}s")
 
         val = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": True}
         if plan.horizon_leg:
@@ -1187,7 +1182,7 @@ class Trainer:
                 "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
                 "push_steps": self.push_steps, "hub_repo": self.hub_url,
                 "ckpt_pause_s_max": round(self.ckpt_pause_s, 4),
-                "ckpt_wait_s_max": round(self.ckpt_wait_s, 4),
+                "ckpt_wait_s_max": round(self.ckpt_wait_s, 4), **gc_full.summary(),
                 "seconds": round(time.time() - self.t_start, 1),
             }
             # Strict JSON: a diverged (non-finite) loss becomes null and is counted, never `NaN`.
