@@ -809,6 +809,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         if "tok_s_median" in r:
             notes.append(f"median={r['tok_s_median']:.0f} step_ms p50/p90/max={r['step_ms_p50']}/{r['step_ms_p90']}"
                          f"/{r['step_ms_max']}")
+        if r.get("gc_full_collections"):     # a full collection stopped the timed steps: say how long
+            notes.append(f"gc_full={r['gc_full_collections']}x max {1000 * r['gc_full_s_max']:.0f}ms")
         if r.get("addmm_fp32") is not None and r.get("impl") == "ours":
             notes.append(f"addmm_fp32={r['addmm_fp32']}")
         if "drift_windows" in r:

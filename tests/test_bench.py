@@ -111,3 +111,12 @@ def test_timed_steps_start_with_the_heap_frozen_unless_gcfreeze_0():
         assert gc.get_freeze_count() > 1000                    # the default: as the trainer, frozen
     finally:
         gc.unfreeze()
+
+
+def test_table_names_a_full_collection_in_the_timed_steps_and_is_silent_without_one(capsys):
+    base = dict(config="c", mfu_pct=50.0, peak_alloc_gib=1.0, peak_reserved_gib=2.0)
+    train_bench.print_table([_row("ours", 500.0, gc_full_collections=2, gc_full_s_max=0.512, **base),
+                             _row("ours", 501.0, gc_full_collections=0, gc_full_s_max=0.0, **base)])
+    stalled, quiet = capsys.readouterr().out.splitlines()[2:]
+    assert stalled.endswith("gc_full=2x max 512ms"), stalled
+    assert "gc_full" not in quiet, quiet
