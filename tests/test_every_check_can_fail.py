@@ -340,6 +340,16 @@ def _soak_peak_over_gate_on_gpu(d: dict) -> None:
                                peak_reserved_gb_max_rank=13.7)
 
 
+def _leg1_collector_stalled(d: dict) -> None:
+    # What an unfrozen heap costs after a compile: one full collection of ~1M objects, 0.62 s.
+    run_json(d, "leg1").update(gc_full_collections=1, gc_full_s_total=0.62, gc_full_s_max=0.62)
+
+
+def _leg2_collector_stalled_just_at_the_gate(d: dict) -> None:
+    # The gate is strict: a 0.1 s stop is already one too long; leg 1 stays clean.
+    run_json(d, "leg2").update(gc_full_collections=3, gc_full_s_total=0.12, gc_full_s_max=0.1)
+
+
 def _killed_by_timeout(d: dict) -> None:
     d["steps"]["leg1"].update(terminated_by="timeout", timed_out=True, signals_sent=[])
 
@@ -460,6 +470,9 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_soak
     "peak_memory_during_training_below_gate": (
         Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),),
+    "collector_never_stalled_a_step": (
+        Tamper("a full garbage collection stopped leg 1 for 0.62 s", _leg1_collector_stalled),
+        Tamper("leg 2's longest full collection took exactly the 0.1 s gate", _leg2_collector_stalled_just_at_the_gate),),
     # ---- p4_preempt
     "leg1_was_killed_mid_push": (
         Tamper("leg 1 was killed by its timeout", _killed_by_timeout),

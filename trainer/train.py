@@ -82,7 +82,7 @@ accum 32: 3.58 GiB a rank, was 4.65); DDP does not re-broadcast the RoPE tables 
 (``wrap_ddp``). After the session's first step (the compile) the heap is frozen (``trainer.heap``, logged
 as ``gc: N objects frozen``): Python's next full collection would otherwise walk the ~1M objects a compile
 leaves, 0.5-1.0 s, at a random step and, under DDP, on every rank's clock. The full collections that still
-run after it are counted and timed (``gc_full_*`` in RUN_JSON and a closing ``gc:`` line).
+run after it are counted and timed, worst rank (``gc_full_*`` in RUN_JSON and a closing ``gc:`` line).
 
 Resume: ``--resume auto`` resumes from the store's pointer (fresh start when the repo or pointer is
 missing; refused on a terminal or stale pointer, a config change, missing files or a hash mismatch);
@@ -1150,9 +1150,13 @@ class Trainer:
         final_step = plan.stop_step
         trained_steps = final_step - start_step
         gc_full.stop()
+        # Each figure's worst rank: under DDP a collection on any rank stops them all.
+        mine = gc_full.summary()
+        gc_worst = dict(zip(mine, self._max_over_ranks(list(mine.values()))))
+        gc_worst["gc_full_collections"] = int(gc_worst["gc_full_collections"])
         if trained_steps:
-            self.log(f"gc: {gc_full.count} full collections after the freeze, longest {gc_full.max_s:.3f}s, "
-                     f"total {gc_full.total_s:.3f}s")
+            self.log(f"gc: {gc_worst['gc_full_collections']} full collections after the freeze, longest "
+                     f"{gc_worst['gc_full_s_max']:.3f}s, total {gc_worst['gc_full_s_total']:.3f}s (worst rank)")
 
         val = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": True}
         if plan.horizon_leg:
@@ -1182,7 +1186,7 @@ class Trainer:
                 "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
                 "push_steps": self.push_steps, "hub_repo": self.hub_url,
                 "ckpt_pause_s_max": round(self.ckpt_pause_s, 4),
-                "ckpt_wait_s_max": round(self.ckpt_wait_s, 4), **gc_full.summary(),
+                "ckpt_wait_s_max": round(self.ckpt_wait_s, 4), **gc_worst,
                 "seconds": round(time.time() - self.t_start, 1),
             }
             # Strict JSON: a diverged (non-finite) loss becomes null and is counted, never `NaN`.
@@ -1386,6 +1390,15 @@ class Trainer:
         self.log(f"validation loss {vloss:.4f} ppl {ppl:.2f} tokens {int(total[1].item())}")
         return {**out, "val_loss": vloss, "val_ppl": ppl}
 
+    def _max_over_ranks(self, values: list[float]) -> list[float]:
+        """Each value's maximum over the ranks (a collective: every rank calls it at the same point)."""
+        import torch
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.ddp:
+            import torch.distributed as dist
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
     def _peak_stats(self) -> dict[str, Any]:
         import torch
         if self.device_type != "cuda":
@@ -1394,14 +1407,8 @@ class Trainer:
             return {"peak_gpu_gb": None, "peak_gpu_gb_max_rank": None, "peak_reserved_gb_max_rank": None,
                     "peak_note": "cpu: no device memory stats"}
         gib = 2 ** 30
-        mine = torch.tensor([torch.cuda.max_memory_allocated(self.device) / gib,
-                             torch.cuda.max_memory_reserved(self.device) / gib],
-                            dtype=torch.float64, device=self.device)
-        peak = mine.clone()
-        if self.ddp:
-            import torch.distributed as dist
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        a, r, am, rm = (round(v, 3) for v in (*mine.tolist(), *peak.tolist()))
+        mine = [torch.cuda.max_memory_allocated(self.device) / gib, torch.cuda.max_memory_reserved(self.device) / gib]
+        a, r, am, rm = (round(v, 3) for v in (*mine, *self._max_over_ranks(mine)))
         self.log(f"peak_stats: alloc_gb={a} reserved_gb={r} alloc_gb_max_rank={am} reserved_gb_max_rank={rm}")
         return {"peak_gpu_gb": a, "peak_gpu_gb_max_rank": am, "peak_reserved_gb_max_rank": rm}
 
