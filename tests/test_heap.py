@@ -86,3 +86,34 @@ def test_start_and_stop_are_idempotent():
     watch.stop()
     watch.stop()
     assert watch.count == 1 and watch._hook not in gc.callbacks
+
+
+# Loaded by every Python process that has this directory on PYTHONPATH: in rank 1 of the trainer only, a
+# thread runs a full collection every 0.1 s, as a rank whose heap keeps growing would.
+COLLECTING_RANK = """
+import gc, os, threading, time
+if os.environ.get("RANK") == "1":
+    def _collect():
+        while True:
+            time.sleep(0.1)
+            gc.collect()
+    threading.Thread(target=_collect, daemon=True).start()
+"""
+
+
+@pytest.mark.slow
+def test_trainer_reports_the_full_collections_of_its_worst_rank(tmp_path, tmp_path_factory):
+    from trainer_helpers import explain, run_trainer, store_url, tiny_mix, torchrun_cmd, trainer_args
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(COLLECTING_RANK)
+    r = run_trainer(torchrun_cmd(trainer_args(root=tiny_mix(tmp_path_factory), out=tmp_path / "out",
+                                              repo=store_url(tmp_path / "store"), steps=6, push_every=3)),
+                    env={"PYTHONPATH": str(site)})
+    assert r.rc == 0 and r.run_json is not None, explain(r)
+    rj = r.run_json                                 # rank 0's report; only rank 1 collected
+    assert rj["gc_full_collections"] >= 1 and rj["gc_full_s_max"] > 0, rj
+    assert rj["gc_full_s_max"] <= rj["gc_full_s_total"]
+    (line,) = [ln for ln in r.starting("gc: ") if "full collections after the freeze" in ln]
+    assert line.startswith(f"gc: {rj['gc_full_collections']} full collections after the freeze, ")
+    assert line.endswith("(worst rank)"), line

@@ -128,14 +128,15 @@ def kill_tree(pid: int) -> None:
 
 
 def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180,
-                on_line: Callable[[str], None] | None = None) -> Run:
+                on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
     kill_on: a regex; at the first output line matching it torchrun and every rank get SIGKILL (a real
     crash at that phase: no handler, no flush, no cleanup). on_line: called with every line as it
-    arrives (to change the world at a precise phase, e.g. break the store)."""
+    arrives (to change the world at a precise phase, e.g. break the store). env: set on top of the
+    test environment."""
     t0 = time.time()
-    p = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
+    p = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env={**_env(), **(env or {})}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     lines: list[str] = []
     killed_at = None
