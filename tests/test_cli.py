@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import Exit, changed_keys, main
+from engine.cli import main
+from engine.recheck import changed_keys
+from engine.verdict import Exit
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 
@@ -236,7 +238,7 @@ def test_ctrl_c_writes_evidence_and_exits_130(tmp_path):
     assert last_line(out).startswith("VERDICT demo INTERRUPTED")
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     assert doc["steps"]["leg1"]["status"] == "interrupted"
-    assert doc["verdict"]["exit_code"] == 130
+    assert doc["verdict"]["exit_code"] == Exit.INTERRUPTED
 
 
 def test_check_is_fast(tmp_path):

@@ -1,9 +1,9 @@
 """Value layering, derived values, templating and secret redaction."""
 import pytest
 
+from engine.secrets import REDACTED, is_secret, redact, redact_text
 from engine.spec import SpecError
-from engine.values import (REDACTED, UsageError, is_secret, layer, parse_scalar, parse_sets, redact,
-                           redact_text, refs, resolve, template)
+from engine.values import UsageError, layer, parse_scalar, parse_sets, refs, resolve, template
 
 BUILTINS = {"python": "/usr/bin/python3", "work_dir": "/w", "spec_dir": "/w/specs",
             "run_dir": "/w/runs/r1", "run_id": "20260101T000000Z", "mode": "smoke"}
