@@ -71,7 +71,7 @@ class ProcessResult:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C arrived while a command ran; the command's group is gone and `result` records it."""
+    """Ctrl-C arrived while a command ran; the command's processes are gone and `result` records it."""
 
     def __init__(self, result: ProcessResult) -> None:
         super().__init__("interrupted")
@@ -296,8 +296,8 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
 
     `env` is merged over os.environ. `on_tick(elapsed_s)` is called from the calling thread about
     every POLL_S seconds (progress display); `notify(text)` hears about kills as they happen (a
-    90 s grace period must not look like a hang). On KeyboardInterrupt the group is terminated like a
-    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
+    90 s grace period must not look like a hang). On KeyboardInterrupt the leg's processes are
+    terminated like on a timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
     """
     full_env = dict(os.environ)
     full_env.update(env or {})
