@@ -61,33 +61,20 @@ def _err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _load(path: str) -> Any:
-    from engine.spec import SpecErrors, load_spec
-    try:
-        return load_spec(path)
-    except SpecErrors as exc:
-        raise _Refused(str(exc)) from None
-    except FileNotFoundError as exc:
-        raise _Refused(f"{path}: no such file ({exc.filename})") from None
-    except OSError as exc:
-        raise _Refused(f"{path}: cannot read: {exc.strerror or exc}") from None
-
-
-def _semantic_errors(spec: Any) -> list[str]:
-    from engine.validate import validate
-    return [str(e) for e in validate(spec, dict(os.environ))]
-
-
 def _valid_spec(path: str) -> Any:
-    spec = _load(path)
-    errors = _semantic_errors(spec)
+    """The spec at `path`, loaded and validated; SpecErrors or _Refused listing every problem."""
+    from engine.spec import load_spec
+    from engine.validate import validate
+    spec = load_spec(path)
+    errors = validate(spec, dict(os.environ))
     if errors:
-        raise _Refused("\n".join(errors))
+        raise _Refused("\n".join(str(e) for e in errors))
     return spec
 
 
 def _refusals() -> tuple[type[Exception], ...]:
-    """The errors that mean "not as asked" (exit 2, the message on stderr), not an engine bug."""
+    """The errors that mean "not as asked" (exit 2, the message on stderr), not an engine bug;
+    imported only once something is raised."""
     from engine.evidence import EvidenceError
     from engine.recheck import Refused
     from engine.spec import SpecErrors
@@ -115,14 +102,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     bad = False
     for path in args.specs:
         try:
-            errors = _semantic_errors(_load(path))
-        except _Refused as exc:
-            errors = str(exc).splitlines()
-        if errors:
+            _valid_spec(path)
+        except _refusals() as exc:
             bad = True
+            errors = str(exc).splitlines()
             print(f"INVALID {path}: {len(errors)} problem{'s' if len(errors) > 1 else ''}", flush=True)
-            for line in errors:
-                print(line, flush=True)
+            print("\n".join(errors), flush=True)
         else:
             print(f"OK {path}", flush=True)
     return Exit.USAGE if bad else Exit.PASS
@@ -266,9 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.INTERRUPTED
     except BrokenPipeError:  # `engine plan | head`: the reader left, nothing more to say
         return Exit.PASS
-    except Exception as exc:
-        if not isinstance(exc, _refusals()):
-            raise  # a bug: its traceback is the report
+    except _refusals() as exc:
         _err(str(exc))
         return Exit.USAGE
 

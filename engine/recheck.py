@@ -20,10 +20,9 @@ from engine.plan import Plan, build_plan, run_stamp, step_definition
 from engine.secrets import REDACTED, Scrubber
 from engine.spec import Spec
 from engine.types import CheckResult, Verdict
+from engine.values import PER_RUN_BUILTINS
 from engine.verdict import judge
 
-# Builtins that differ per run by design; a re-check reuses the run's own.
-_RUN_BUILTINS = ("python", "work_dir", "spec_dir", "run_dir", "run_id")
 _ABSENT = "<absent>"
 
 
@@ -114,7 +113,8 @@ def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] |
             overrides[env_names[name]] = environ[env_names[name]]
         else:
             sets.append(f"{name}={json.dumps(value)}")
-    builtins = {k: values[k] for k in _RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
+    # Builtins differ per run by design; the re-check reuses the run's own.
+    builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
     return build_plan(spec, mode=evidence.get("mode"), sets=sets, environ=overrides, builtins=builtins)
 
 

@@ -16,7 +16,9 @@ from jmespath import exceptions as jexc
 from engine import functions
 from engine.spec import SpecError, json_path
 
+# Values every run has (source `builtin`); all but `mode` differ from one run to the next.
 BUILTINS = ("python", "work_dir", "spec_dir", "run_dir", "run_id", "mode")
+PER_RUN_BUILTINS = BUILTINS[:-1]
 # `${name}` is a reference; `$${` is a literal `${` (for shell text inside an argv item).
 _REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

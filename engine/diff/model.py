@@ -7,6 +7,7 @@ from typing import Any
 from engine.plan import Plan
 from engine.spec import Spec
 from engine.types import CheckResult
+from engine.values import BUILTINS, PER_RUN_BUILTINS
 
 
 class DiffError(Exception):
@@ -14,10 +15,8 @@ class DiffError(Exception):
 
 
 # Every run gets its own of these; both sides get the same placeholders so they never differ.
-FIXED_BUILTINS: dict[str, str] = {"python": "<python>", "work_dir": "<work_dir>",
-                                  "spec_dir": "<spec_dir>", "run_dir": "<run_dir>",
-                                  "run_id": "<run_id>"}
-BUILTIN_NAMES = (*FIXED_BUILTINS, "mode")
+FIXED_BUILTINS: dict[str, str] = {name: f"<{name}>" for name in PER_RUN_BUILTINS}
+BUILTIN_NAMES = BUILTINS
 ABSENT = object()  # a key one side lacks (None is a legitimate value)
 # Fields compared as JMESPath (by syntax tree) and as prose (by words).
 EXPR_FIELDS = ("expr", "when")
