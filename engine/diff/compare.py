@@ -13,9 +13,9 @@ from engine.diff.text import argv_delta, scalar_list, words
 from engine.recheck import flatten
 from engine.secrets import REDACTED, Scrubber, is_secret, redact
 
-
 # Step fields that are labels or locations, never behaviour.
 _STEP_IGNORED = ("name", "file", "line")
+# Fields compared by their words (JMESPath ones, EXPR_FIELDS, by syntax tree).
 _PROSE_FIELDS = ("why", "description", "precondition")
 
 

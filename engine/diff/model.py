@@ -18,7 +18,7 @@ class DiffError(Exception):
 FIXED_BUILTINS: dict[str, str] = {name: f"<{name}>" for name in PER_RUN_BUILTINS}
 BUILTIN_NAMES = BUILTINS
 ABSENT = object()  # a key one side lacks (None is a legitimate value)
-# Fields compared as JMESPath (by syntax tree) and as prose (by words).
+# Fields holding JMESPath: compared by syntax tree, and what a saved run is asked about.
 EXPR_FIELDS = ("expr", "when")
 
 

@@ -17,7 +17,6 @@ from engine.recheck import replan
 from engine.secrets import REDACTED
 from engine.types import CheckResult
 
-
 # Fields of a step that only bound how long it may take: a run that finished within both the old and
 # the new limit did exactly what it would have done under the new one.
 _TIME_FIELDS = ("run.timeout_s", "run.grace_s")
