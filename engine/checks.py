@@ -1,4 +1,4 @@
-"""Evaluating a spec's checks over the evidence document, and the verdict.
+"""Evaluating a spec's checks over the evidence document (the verdict is engine/verdict.py).
 
 A check passes only when its JMESPath expression yields exactly ``true``. Python's jmespath
 returns ``None`` both for an absent key and for an explicit ``null``, and projections silently
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import jmespath
 from jmespath.visitor import TreeInterpreter
+
+from engine.types import CheckResult
 
 OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR")
 FAILING = ("FAIL", "NO_DATA", "ERROR")
@@ -368,10 +370,10 @@ def _error_text(exc: Exception) -> str:
 
 
 def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
-                 paths: dict[int, tuple] | None = None) -> dict:
+                 paths: dict[int, tuple] | None = None) -> CheckResult:
     """One check's result (see ``evaluate``); ``document`` is already ``check_document``-ed."""
     paths = index_paths(document) if paths is None else paths
-    result: dict[str, Any] = {
+    result: CheckResult = {
         "name": check["name"], "why": check.get("why", ""), "expr": check["expr"],
         "severity": check.get("severity") or "gate", "file": check.get("file"),
         "line": check.get("line"), "outcome": "PASS", "value": None, "missing": [],
@@ -407,53 +409,10 @@ def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
     return result
 
 
-def evaluate(checks: list[dict], evidence: Mapping[str, Any], options: Any = None) -> list[dict]:
+def evaluate(checks: Sequence[Mapping[str, Any]], evidence: Mapping[str, Any], options: Any = None
+             ) -> list[CheckResult]:
     """Evaluate every check over the evidence. Each result: name, why, expr, severity, file, line,
     outcome (PASS|FAIL|NO_DATA|SKIPPED|ERROR), value, missing, explain, reason."""
     document = check_document(evidence)
     paths = index_paths(document)
     return [evaluate_one(check, document, options, paths) for check in checks]
-
-
-# ---------------------------------------------------------------- the verdict
-
-def _precondition_failure(evidence: Mapping[str, Any],
-                          preconditions: Mapping[str, str]) -> tuple[str, str] | None:
-    for name, step in (evidence.get("steps") or {}).items():
-        if step.get("status") != "failed":
-            continue
-        message = preconditions.get(name) or step.get("precondition")
-        if message:
-            return name, message
-    return None
-
-
-def verdict(evidence: Mapping[str, Any], results: list[dict],
-            preconditions: Mapping[str, str] | None = None) -> dict:
-    """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED, failed names (gate checks
-    that FAIL/NO_DATA/ERROR and ``step:<name>`` for failed run steps), warnings, exit code, seconds.
-
-    ``preconditions`` maps a step name to its precondition message (from the plan); a step's own
-    ``precondition`` field in the evidence is used when the plan is not at hand.
-    """
-    steps = evidence.get("steps") or {}
-    failed_steps = [f"step:{name}" for name, step in steps.items()
-                    if step.get("kind", "run") == "run" and step.get("status") == "failed"]
-    failed_checks = [r["name"] for r in results
-                     if r["outcome"] in FAILING and r.get("severity", "gate") != "warn"]
-    warnings = [r["name"] for r in results
-                if r["outcome"] in FAILING and r.get("severity", "gate") == "warn"]
-    seconds = evidence.get("seconds")
-    if seconds is None:
-        seconds = 0.0
-    out: dict[str, Any] = {"outcome": "PASS", "failed": failed_steps + failed_checks,
-                           "warnings": warnings, "exit_code": 0, "seconds": round(float(seconds), 1)}
-    precondition = _precondition_failure(evidence, preconditions or {})
-    if evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
-        out.update(outcome="INTERRUPTED", exit_code=130)
-    elif precondition:
-        out.update(outcome="PRECONDITION", exit_code=3, failed=[f"step:{precondition[0]}"],
-                   message=precondition[1])
-    elif out["failed"]:
-        out.update(outcome="FAIL", exit_code=5)
-    return out

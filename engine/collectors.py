@@ -13,10 +13,11 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from engine.process import Block, run_command
+from engine import defaults
+from engine.lines import Block
+from engine.process import run_command
 
 GROUP = "specprobe.collectors"
-DEFAULT_COMMAND_TIMEOUT_S = 300.0
 
 Collector = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
 
@@ -70,16 +71,16 @@ def collect_command(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
     if not isinstance(argv, (list, tuple)) or not argv:
         raise CollectorError("command: 'argv' must be a non-empty list")
     argv = [str(a) for a in argv]
-    timeout = float(args.get("timeout_s", DEFAULT_COMMAND_TIMEOUT_S))
+    timeout = float(args.get("timeout_s", defaults.COMMAND_COLLECT_TIMEOUT_S))
     env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
     lines: list[str] = []
 
     def keep(block: Block) -> None:
         lines.extend(block.lines)
 
-    result = run_command(argv, env=env, cwd=context.get("cwd"), timeout_s=timeout,
-                         grace_s=float(args.get("grace_s", 5)), log_path=context.get("log_path"),
-                         on_block=keep, scrub=context.get("scrub"))
+    grace = float(args.get("grace_s", defaults.COMMAND_COLLECT_GRACE_S))
+    result = run_command(argv, env=env, cwd=context.get("cwd"), timeout_s=timeout, grace_s=grace,
+                         log_path=context.get("log_path"), on_block=keep, scrub=context.get("scrub"))
     shown = " ".join(argv)
     if result.error:
         raise CollectorError(f"command {shown!r}: {result.error}")

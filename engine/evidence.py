@@ -1,7 +1,7 @@
 """The evidence document: versioned JSON in `<run_dir>/evidence.json`, rewritten atomically.
 
-Also home of the `Scrubber`: secrets must never reach anything stored or printed, so every line a
-leg prints passes through one before it is logged, echoed or kept.
+During a run the runner is its only writer; `engine check`/`replay` never rewrite it (they write
+`check-<stamp>.json`/`replay-<stamp>.json` beside it).
 """
 from __future__ import annotations
 
@@ -13,16 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.plan import step_definition
+from engine.secrets import redact
 from engine.spec import display_path
-# values.py owns the definition of "secret-looking": one rule for the whole engine.
-from engine.values import is_secret
 
 EVIDENCE_VERSION = 1
 FILENAME = "evidence.json"
-REDACTED = "<redacted>"
-# Shorter "secrets" (a token set to "1" in a test) would shred ordinary output if scrubbed.
-MIN_SECRET_LEN = 4
-
 
 
 class EvidenceError(Exception):
@@ -41,50 +37,9 @@ class PlanLike(Protocol):
     values: Mapping[str, Any]
     sources: Mapping[str, str]
     fingerprints: Mapping[str, str]
+    secret_names: Iterable[str]
+    steps: Iterable[Mapping[str, Any]]
     spec: SpecInfo
-
-
-class Scrubber:
-    """Replaces every literal secret value with `<redacted>` in text and in JSON-like objects."""
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        unique = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LEN}
-        # Longest first, so a secret that contains another is replaced whole.
-        self.secrets = sorted(unique, key=len, reverse=True)
-
-    @classmethod
-    def for_run(cls, values: Mapping[str, Any], environ: Mapping[str, str],
-                secret_names: Iterable[str] = (), extra_env: Iterable[Mapping[str, Any]] = ()
-                ) -> "Scrubber":
-        """Secrets of a run: secret-named values, secret-named env vars (HF_TOKEN), step env."""
-        names = set(secret_names)
-        found = [str(v) for k, v in values.items() if (k in names or is_secret(k)) and v]
-        found += [v for k, v in environ.items() if is_secret(k) and v]
-        for env in extra_env:
-            found += [str(v) for k, v in (env or {}).items() if is_secret(k) and v]
-        return cls(found)
-
-    def scrub(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
-
-    def scrub_obj(self, obj: Any) -> Any:
-        if not self.secrets:
-            return obj
-        if isinstance(obj, str):
-            return self.scrub(obj)
-        if isinstance(obj, Mapping):
-            return {self.scrub(str(k)): self.scrub_obj(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return [self.scrub_obj(v) for v in obj]
-        return obj
-
-
-def redact_values(values: Mapping[str, Any], secret_names: Iterable[str] = ()) -> dict[str, Any]:
-    names = set(secret_names)
-    return {k: (REDACTED if (k in names or is_secret(k)) else v) for k, v in values.items()}
 
 
 def now_iso() -> str:
@@ -93,8 +48,9 @@ def now_iso() -> str:
 
 def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version: str
                  ) -> dict[str, Any]:
-    """The document before any step ran: what was asked (spec, mode, values), not what happened."""
-    secret_names = getattr(plan, "secret_names", ())
+    """The document before any step ran: what was asked (spec, mode, values, each step's
+    definition), not what happened. The definitions let `engine check` say what changed in a step
+    since the run, even when the run was killed before its end."""
     spec = plan.spec
     return {
         "evidence_version": EVIDENCE_VERSION,
@@ -102,13 +58,14 @@ def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version
         "spec": {"path": display_path(spec.path), "sha256": spec.sha256, "name": plan.name,
                  "files": dict(spec.files)},
         "mode": plan.mode,
-        "values": redact_values(plan.values, secret_names),
+        "values": redact(plan.values, plan.secret_names),
         "sources": dict(plan.sources),
         "run_dir": str(run_dir),
         "started_at": now_iso(),
         "finished_at": None,
         "seconds": None,
         "fingerprints": dict(plan.fingerprints),
+        "definitions": {s["name"]: step_definition(s) for s in plan.steps},
         "steps": {},
         "state": {},
     }

@@ -1,30 +1,26 @@
 """Per-line output rules of a run step: prefix strip, key-line echo, marker harvest, failure-line
 grep over the whole capture, tail, and progress (step/total, rate, ETA).
 
-Lines arrive in `Block`s (see process.py). Substring searches over a whole block find the lines
+Lines arrive in `Block`s (see lines.py). Substring searches over a whole block find the lines
 any rule cares about at C speed; only those lines get per-line Python work.
 """
 from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from engine.process import Block, LineMatcher
+from engine import defaults
+from engine.console import Console
+from engine.lines import Block, LineMatcher
 
 ECHO_WIDTH = 300
-DEFAULT_FAILURE_PATTERNS = ("Traceback", "Error", "error", "Exception", "exitcode", "Signal",
-                            "Killed", "out of memory", "refusing", 'File "')
-DEFAULT_FAILURE_LINES = 45
-DEFAULT_TAIL_LINES = 40
-DEFAULT_PROGRESS_EVERY_S = 30.0
 PICKS = ("first", "last", "all")
 MISSING = "missing"
 
@@ -47,9 +43,9 @@ class OutputRules:
     strip_prefix: re.Pattern[str] | None = None
     echo_prefixes: tuple[str, ...] = ()
     harvest: tuple[HarvestRule, ...] = ()
-    failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS
-    failure_lines: int = DEFAULT_FAILURE_LINES
-    tail_lines: int = DEFAULT_TAIL_LINES
+    failure_patterns: tuple[str, ...] = defaults.FAILURE_PATTERNS
+    failure_lines: int = defaults.FAILURE_LINES
+    tail_lines: int = defaults.TAIL_LINES
     progress: ProgressRule | None = None
 
 
@@ -66,7 +62,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
     strip = output.get("strip_prefix")
     harvest = []
     for name, rule in (output.get("harvest") or {}).items():
-        pick = rule.get("pick", "last")
+        pick = rule.get("pick", defaults.HARVEST_PICK)
         if pick not in PICKS:
             raise ValueError(f"output.harvest.{name}.pick must be one of {PICKS}, got {pick!r}")
         harvest.append(HarvestRule(name, str(rule["marker"]), pick))
@@ -78,60 +74,17 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
             raise ValueError(f"progress.match {pattern.pattern!r} lacks named group(s) "
                              f"{sorted(missing)}")
         progress = ProgressRule(pattern, float(run["progress"].get("every_s",
-                                                                   DEFAULT_PROGRESS_EVERY_S)))
+                                                                   defaults.PROGRESS_EVERY_S)))
     patterns = output.get("failure_patterns")
     return OutputRules(
         strip_prefix=_regex(strip, "output.strip_prefix") if strip else None,
         echo_prefixes=tuple(output.get("echo_prefixes") or ()),
         harvest=tuple(harvest),
-        failure_patterns=tuple(patterns) if patterns is not None else DEFAULT_FAILURE_PATTERNS,
-        failure_lines=int(output.get("failure_lines", DEFAULT_FAILURE_LINES)),
-        tail_lines=int(output.get("tail_lines", DEFAULT_TAIL_LINES)),
+        failure_patterns=tuple(patterns) if patterns is not None else defaults.FAILURE_PATTERNS,
+        failure_lines=int(output.get("failure_lines", defaults.FAILURE_LINES)),
+        tail_lines=int(output.get("tail_lines", defaults.TAIL_LINES)),
         progress=progress,
     )
-
-
-class Console:
-    """Serialises printing from the reader thread and the main thread; owns the TTY live line."""
-
-    def __init__(self, out: TextIO = sys.stdout, is_tty: bool | None = None) -> None:
-        self.out = out
-        if is_tty is None:
-            isatty = getattr(out, "isatty", None)
-            is_tty = bool(isatty and isatty())
-        self.is_tty = is_tty
-        self._lock = threading.Lock()
-        self._live = 0  # width of the live line currently shown, 0 if none
-
-    def line(self, text: str) -> None:
-        with self._lock:
-            self._clear_live()
-            self.out.write(text + "\n")
-            self.out.flush()
-
-    def live(self, text: str) -> None:
-        """Overwrite the live status line (TTY only)."""
-        with self._lock:
-            pad = max(self._live - len(text), 0)
-            self.out.write("\r" + text + " " * pad)
-            self.out.flush()
-            self._live = len(text)
-
-    @property
-    def showing_live(self) -> bool:
-        return self._live > 0
-
-    def end_live(self) -> None:
-        with self._lock:
-            if self._live:
-                self.out.write("\n")
-                self.out.flush()
-                self._live = 0
-
-    def _clear_live(self) -> None:
-        if self._live:
-            self.out.write("\r" + " " * self._live + "\r")
-            self._live = 0
 
 
 def _json_after(line: str, marker: str) -> Any:
@@ -257,56 +210,6 @@ class ProgressState:
         rate = self.rate()
         return {"step": self.step, "total": self.total,
                 "steps_per_s": round(rate, 4) if rate is not None else None}
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def progress_text(name: str, state: ProgressState, elapsed_s: float) -> str:
-    if state.step is None:
-        return f"  progress {name}: no step line yet ({format_duration(elapsed_s)} elapsed)"
-    text = f"  progress {name}: step {state.step}/{state.total}"
-    if state.total:
-        text += f" ({100 * state.step // state.total}%)"
-    rate, eta = state.rate(), state.eta_s()
-    text += f" {rate:.2g} step/s" if rate is not None else " -- step/s"
-    text += f" ETA {format_duration(eta)}" if eta is not None else " ETA --"
-    return text
-
-
-class ProgressDisplay:
-    """Shows a leg's progress: a live line on a TTY, else a plain line every `every_s` seconds."""
-
-    def __init__(self, name: str, capture: Capture, console: Console) -> None:
-        self.name, self.capture, self.console = name, capture, console
-        rule = capture.rules.progress
-        self.every_s = rule.every_s if rule else None
-        self._next_plain = self.every_s
-        self._shown = ""
-
-    def tick(self, elapsed_s: float) -> None:
-        if self.every_s is None:
-            return
-        if self.console.is_tty:
-            text = progress_text(self.name, self.capture.progress, elapsed_s)
-            # A printed line wipes the live line; redraw it even when nothing changed.
-            if text != self._shown or not self.console.showing_live:
-                self._shown = text
-                self.console.live(text.strip())
-        elif self._next_plain is not None and elapsed_s >= self._next_plain:
-            self.console.line(progress_text(self.name, self.capture.progress, elapsed_s))
-            while self._next_plain <= elapsed_s:
-                self._next_plain += self.every_s
-
-    def close(self) -> None:
-        if self.console.is_tty:
-            self.console.end_live()
 
 
 def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:

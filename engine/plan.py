@@ -6,6 +6,7 @@ is decided here, once, and `engine plan` can show it before anything runs.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -18,31 +19,22 @@ from typing import Any, Mapping, Sequence
 import jsonschema
 from jmespath import exceptions as jexc
 
-from engine import collectors, functions, output
+from engine import defaults, functions
+from engine.secrets import REDACTED, is_secret, redact, redact_text
 from engine.spec import Spec, SpecError, SpecErrors, best_error, validator
-from engine.values import (REDACTED, UsageError, is_secret, layer, parse_sets, redact, redact_text,
-                           resolve, template)
+from engine.types import Check, Step
+from engine.values import UsageError, layer, parse_sets, resolve, template
 
 __all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
 
-# Defaults applied to every run step; the schema documents the same numbers.
-RUN_DEFAULTS: dict[str, Any] = {"grace_s": 30, "ok_exit_codes": [0], "env": {}, "cwd": None,
-                                "precondition": None, "stop_on_failure": False, "signals": [],
-                                "progress": None, "on_failure": None}
-# Output defaults are engine/output.py's, so the plan shows exactly what the runner will apply.
-OUTPUT_DEFAULTS: dict[str, Any] = {"strip_prefix": None, "echo_prefixes": [], "harvest": {},
-                                   "failure_patterns": list(output.DEFAULT_FAILURE_PATTERNS),
-                                   "failure_lines": output.DEFAULT_FAILURE_LINES,
-                                   "tail_lines": output.DEFAULT_TAIL_LINES}
-HARVEST_DEFAULTS: dict[str, Any] = {"pick": "last"}
-SIGNAL_DEFAULTS: dict[str, Any] = {"after_s": 0}
-PROGRESS_DEFAULTS: dict[str, Any] = {"every_s": output.DEFAULT_PROGRESS_EVERY_S}
-DIAGNOSTICS_DEFAULTS: dict[str, Any] = {"tail_lines": 70, "max_files": 8, "list_max": 40}
-# The built-in `command` collector's defaults (engine/collectors.py), counted in the budget.
-COMMAND_COLLECT_TIMEOUT_S = collectors.DEFAULT_COMMAND_TIMEOUT_S
-COMMAND_COLLECT_GRACE_S = 5.0  # collectors.py's `args.get("grace_s", 5)`
+KINDS = ("run", "remove", "collect")
 # Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
 _UNTEMPLATED = ("name", "when", "description")
+
+
+def run_stamp() -> str:
+    """The UTC second a run (or a re-check) started, as it appears in run ids and file names."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
 def mode_names(data: Mapping[str, Any]) -> list[str]:
@@ -72,7 +64,7 @@ def pick_mode(data: Mapping[str, Any], mode: str | None, environ: Mapping[str, s
 
 
 def default_builtins(spec: Spec, mode: str) -> dict[str, Any]:
-    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_id = run_stamp()
     work = os.getcwd()
     return {"python": sys.executable, "work_dir": work, "spec_dir": str(spec.path.resolve().parent),
             "run_dir": str(Path(work) / "runs" / f"{spec.data.get('name', 'spec')}-{run_id}"),
@@ -86,16 +78,16 @@ def _with_defaults(obj: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -
 
 
 def _fill_run(run: dict[str, Any]) -> dict[str, Any]:
-    out = _with_defaults(run, RUN_DEFAULTS)
-    out["output"] = _with_defaults(run.get("output"), OUTPUT_DEFAULTS)
-    out["output"]["harvest"] = {k: _with_defaults(v, HARVEST_DEFAULTS)
+    out = _with_defaults(run, defaults.RUN)
+    out["output"] = _with_defaults(run.get("output"), defaults.OUTPUT)
+    out["output"]["harvest"] = {k: _with_defaults(v, defaults.HARVEST)
                                 for k, v in (out["output"]["harvest"] or {}).items()}
-    out["signals"] = [_with_defaults(s, SIGNAL_DEFAULTS) for s in out["signals"] or []]
+    out["signals"] = [_with_defaults(s, defaults.SIGNAL) for s in out["signals"] or []]
     if out["progress"] is not None:
-        out["progress"] = _with_defaults(out["progress"], PROGRESS_DEFAULTS)
+        out["progress"] = _with_defaults(out["progress"], defaults.PROGRESS)
     diag = (out["on_failure"] or {}).get("diagnostics")
     if diag is not None:
-        out["on_failure"] = {"diagnostics": _with_defaults(diag, DIAGNOSTICS_DEFAULTS)}
+        out["on_failure"] = {"diagnostics": _with_defaults(diag, defaults.DIAGNOSTICS)}
     out["env"] = {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, bool) else str(v)
                   for k, v in out["env"].items()}
     out["argv"] = [str(a) for a in out["argv"]] if isinstance(out["argv"], list) else out["argv"]
@@ -103,7 +95,14 @@ def _fill_run(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_kind(step: Mapping[str, Any]) -> str:
-    return next(k for k in ("run", "remove", "collect") if k in step)
+    """`run`, `remove` or `collect`: the step's `kind` once resolved, else the key it has."""
+    if step.get("kind") in KINDS:
+        return step["kind"]
+    for kind in KINDS:
+        if kind in step:
+            return kind
+    raise ValueError(f"step {step.get('name')!r} ({step.get('file')}:{step.get('line')}) has none "
+                     f"of {KINDS}")
 
 
 def _seconds(x: Any, minimum: float) -> float | None:
@@ -115,8 +114,8 @@ def command_timeout(collect: Mapping[str, Any]) -> float | None:
     """Worst case of a built-in command collection: args.timeout_s + args.grace_s (their defaults if absent);
     None if either is not a usable number (validate reports it)."""
     args = collect.get("args") or {}
-    t = _seconds(args.get("timeout_s", COMMAND_COLLECT_TIMEOUT_S), 1e-9)
-    g = _seconds(args.get("grace_s", COMMAND_COLLECT_GRACE_S), 0)
+    t = _seconds(args.get("timeout_s", defaults.COMMAND_COLLECT_TIMEOUT_S), 1e-9)
+    g = _seconds(args.get("grace_s", defaults.COMMAND_COLLECT_GRACE_S), 0)
     return None if t is None or g is None else t + g
 
 
@@ -131,20 +130,32 @@ def step_cost(step: Mapping[str, Any]) -> float:
             return float(c["timeout_s"])
         if c.get("collector") == "command":
             t = command_timeout(c)
-            return COMMAND_COLLECT_TIMEOUT_S if t is None else t
+            return defaults.COMMAND_COLLECT_TIMEOUT_S if t is None else t
     return 0.0
 
 
-def fingerprint(step: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of a resolved step, without output rules or its location.
+def step_definition(step: Mapping[str, Any]) -> dict[str, Any]:
+    """What a resolved step does: everything but its location and its output rules. Output rules
+    are left out so `engine replay` with new harvest rules still matches the same leg."""
+    out = {k: v for k, v in step.items() if k not in ("file", "line")}
+    if "run" in out:
+        out["run"] = {k: v for k, v in out["run"].items() if k != "output"}
+    return out
 
-    Output rules are left out so `engine replay` with new harvest rules still matches the same leg.
-    """
-    s = {k: v for k, v in step.items() if k not in ("file", "line")}
-    if "run" in s:
-        s["run"] = {k: v for k, v in s["run"].items() if k != "output"}
-    text = json.dumps(s, sort_keys=True, separators=(",", ":"), default=str)
+
+def fingerprint(step: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a step's definition (`step_definition`)."""
+    text = json.dumps(step_definition(step), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def values_lines(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """The `values:` block of `engine plan` and `engine run`: each value (secrets redacted) and
+    the layer it came from."""
+    shown = redact(values)
+    width = max((len(k) for k in shown), default=0)
+    return ["values:"] + [f"  {k:<{width}} = {json.dumps(v, default=str)}  [{sources.get(k, '?')}]"
+                          for k, v in shown.items()]
 
 
 @dataclass
@@ -155,8 +166,8 @@ class Plan:
     values: dict[str, Any]
     sources: dict[str, str]
     secret_names: list[str]
-    steps: list[dict[str, Any]]
-    checks: list[dict[str, Any]]
+    steps: list[Step]
+    checks: list[Check]
     budget_s: float | None
     worst_case_s: float
     fingerprints: dict[str, str] = field(default_factory=dict)
@@ -168,16 +179,12 @@ class Plan:
 
     def describe(self) -> str:
         """Human-readable plan for `engine plan`; secrets are redacted."""
-        shown = redact(self.values)
         lines = [f"spec {self.name} ({self.spec.path}) mode {self.mode}"]
         budget = "none" if self.budget_s is None else f"{self.budget_s:g} s"
         headroom = "" if self.budget_s is None else f", headroom {self.budget_s - self.worst_case_s:g} s"
         lines.append(f"budget {budget}, worst case {self.worst_case_s:g} s{headroom}")
         lines.append("")
-        lines.append("values:")
-        width = max((len(k) for k in shown), default=0)
-        for k, v in shown.items():
-            lines.append(f"  {k:<{width}} = {json.dumps(v)}  [{self.sources.get(k, '?')}]")
+        lines += values_lines(self.values, self.sources)
         lines.append("")
         lines.append("steps:")
         for i, s in enumerate(self.steps, 1):
@@ -237,15 +244,11 @@ def _no_refs(schema: Any) -> Any:
     return out
 
 
-_RESOLVED: dict[str, Any] = {}
-
-
+@functools.cache
 def _resolved_step_validator() -> Any:
-    if "v" not in _RESOLVED:
-        defs = _no_refs(validator().schema["$defs"])
-        # A fresh validator, not evolve(): evolve keeps the resolver of the original root schema.
-        _RESOLVED["v"] = jsonschema.Draft202012Validator({"$ref": "#/$defs/step", "$defs": defs})
-    return _RESOLVED["v"]
+    defs = _no_refs(validator().schema["$defs"])
+    # A fresh validator, not evolve(): evolve keeps the resolver of the original root schema.
+    return jsonschema.Draft202012Validator({"$ref": "#/$defs/step", "$defs": defs})
 
 
 def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str) -> list[SpecError]:

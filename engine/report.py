@@ -1,13 +1,14 @@
 """Rendering check results: the terminal table and VERDICT line, JUnit XML, and Markdown.
 
 All three are pure functions of (evidence, results, verdict) so a re-check renders exactly what
-the live run rendered. The VERDICT line is the one line a log scraper greps; its shape is fixed:
+the live run rendered; `write_file` is the one place a report reaches the disk. The VERDICT line is the one line a log scraper greps; its shape is fixed:
 ``VERDICT <spec> <OUTCOME> [<precondition message>] <failed names as JSON> seconds <N>``.
 """
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 from typing import Any, Mapping
 
 EXPLAIN_LINES = 8
@@ -174,3 +175,9 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
             lines += [f"**{r['name']}** ({_where(r)})", "```", *explain_lines(r, verbose=True), "```"]
         lines += ["</details>"]
     return "\n".join(lines) + "\n"
+
+
+def write_file(path: str | Path, text: str) -> None:
+    """Write a report file (`--junit FILE`, `--markdown FILE`), creating its directory."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")

@@ -1,4 +1,5 @@
-"""Executes a Plan step by step (run / remove / collect), writing the evidence after every step.
+"""Executes a Plan step by step (run / remove / collect), writing the evidence after every step
+and, at the end, the checks and verdict it is given: during a run it is evidence.json's only writer.
 
 The runner decides order and consequences (precondition, stop_on_failure, Ctrl-C); process.py
 runs commands, output.py interprets their lines, collectors.py reads state, evidence.py stores.
@@ -12,41 +13,32 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
-from engine import collectors, evidence
-from engine.evidence import Scrubber
-from engine.output import Capture, Console, ProgressDisplay, compile_rules
+from engine import collectors, defaults, evidence, version
+from engine.console import Console, ProgressDisplay
+from engine.output import Capture, compile_rules
+from engine.plan import step_kind
 from engine.process import Interrupted, compile_signal_rules, run_command
+from engine.secrets import Scrubber
+from engine.types import CheckResult, Verdict
 
-KINDS = ("run", "remove", "collect")
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
 
-
-class PlanLike(evidence.PlanLike, Protocol):
-    steps: Sequence[Mapping[str, Any]]
-    secret_names: Sequence[str]
+# Evidence -> (check results, verdict): engine.verdict.judge bound to the plan.
+Judge = Callable[[Mapping[str, Any]], tuple[list[CheckResult], Verdict]]
 
 
-def engine_version() -> str:
-    try:
-        return version("specprobe")
-    except PackageNotFoundError:
-        return "0.0.0"
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; `doc` is the evidence as stored (judged, when a judge
+    was given), marked interrupted."""
 
-
-def step_kind(step: Mapping[str, Any]) -> str:
-    if step.get("kind") in KINDS:
-        return step["kind"]
-    for kind in KINDS:
-        if kind in step:
-            return kind
-    raise ValueError(f"step {step.get('name')!r} ({step.get('file')}:{step.get('line')}) has none "
-                     f"of {KINDS}")
+    def __init__(self, doc: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.doc = doc
 
 
 def _precondition(step: Mapping[str, Any]) -> str | None:
@@ -84,25 +76,26 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 class Runner:
-    def __init__(self, plan: PlanLike, run_dir: Path, console: Console) -> None:
+    def __init__(self, plan: evidence.PlanLike, run_dir: Path, console: Console) -> None:
         self.plan, self.run_dir, self.console = plan, run_dir, console
         self.t0 = time.monotonic()
-        self.scrubber = Scrubber.for_run(
-            plan.values, os.environ, getattr(plan, "secret_names", ()),
-            [(s.get("run") or {}).get("env") or {} for s in plan.steps if "run" in s])
-        self.doc = evidence.new_document(plan, run_dir, engine_version())
+        self.scrubber = Scrubber.for_plan(plan, os.environ)
+        self.doc = evidence.new_document(plan, run_dir, version())
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
 
     def save(self) -> None:
         self.doc["finished_at"] = evidence.now_iso()
         self.doc["seconds"] = round(time.monotonic() - self.t0, 3)
+        self._write()
+
+    def _write(self) -> None:
         evidence.write(self.run_dir, self.scrubber.scrub_obj(self.doc))
 
     def say(self, text: str) -> None:
         self.console.line(self.scrubber.scrub(text))
 
-    def execute(self) -> dict[str, Any]:
+    def execute(self, judge: Judge | None = None) -> dict[str, Any]:
         self.save()
         current: str | None = None
         try:
@@ -116,10 +109,20 @@ class Runner:
                 self.doc["steps"][current]["status"] = "interrupted"
             self.doc["interrupted"] = True
             self.say(f"INTERRUPTED during {current or 'the run'}; later steps not run")
-            self.save()
-            raise
-        self.save()
+            self._finish(judge)
+            raise RunInterrupted(self.doc) from None
+        self._finish(judge)
         return self.doc
+
+    def _finish(self, judge: Judge | None) -> None:
+        """Store the end of the run, then its checks and verdict: the verdict's seconds are the
+        run's, so the clock stops before judging."""
+        self.save()
+        if judge is not None:
+            results, verdict = judge(self.doc)
+            self.doc["checks"] = self.scrubber.scrub_obj(results)
+            self.doc["verdict"] = self.scrubber.scrub_obj(verdict)
+            self._write()
 
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
@@ -170,7 +173,8 @@ class Runner:
             self.say(f"   {message}")
             return None
         capture = Capture(rules, self.console)
-        display = ProgressDisplay(name, capture, self.console)
+        display = ProgressDisplay(name, capture.progress,
+                                  rules.progress.every_s if rules.progress else None, self.console)
         log_rel = f"logs/{_safe_name(name)}.log"
         record.update({"log": log_rel, "harvest": {}, "harvest_errors": [], "failure_lines": [],
                        "diagnostics": None, "progress": None, "error": None})
@@ -179,7 +183,7 @@ class Runner:
                 [str(a) for a in run["argv"]],
                 env={str(k): _env_text(v) for k, v in (run.get("env") or {}).items()},
                 cwd=run.get("cwd") or None, timeout_s=run.get("timeout_s"),
-                grace_s=float(run.get("grace_s", 30)), log_path=self.run_dir / log_rel,
+                grace_s=float(run.get("grace_s", defaults.GRACE_S)), log_path=self.run_dir / log_rel,
                 on_block=capture.feed, on_tick=display.tick,
                 signals=signal_rules,
                 strip_prefix=rules.strip_prefix, scrub=self.scrubber.scrub,
@@ -231,9 +235,10 @@ class Runner:
             self.say("   | " + line[:300])
 
     def _diagnostics(self, diag: Mapping[str, Any]) -> dict[str, Any]:
-        report = collect_diagnostics(Path(str(diag["dir"])), int(diag.get("list_max", 40)),
-                                     int(diag.get("max_files", 8)),
-                                     int(diag.get("tail_lines", 70)))
+        report = collect_diagnostics(Path(str(diag["dir"])),
+                                     int(diag.get("list_max", defaults.DIAGNOSTICS_LIST_MAX)),
+                                     int(diag.get("max_files", defaults.DIAGNOSTICS_MAX_FILES)),
+                                     int(diag.get("tail_lines", defaults.DIAGNOSTICS_TAIL_LINES)))
         report = self.scrubber.scrub_obj(report)
         self.say(f"   DIAGNOSTICS {report['dir']}:")
         if not report["exists"]:
@@ -373,13 +378,14 @@ def tail_file(path: Path, n: int) -> list[str]:
     return lines[-n:] if n > 0 else []
 
 
-def execute(plan: PlanLike, run_dir: str | os.PathLike[str], out: TextIO = sys.stdout, *,
-            is_tty: bool | None = None) -> dict[str, Any]:
-    """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; return the document
-    (without checks or verdict). KeyboardInterrupt (or SIGTERM) is re-raised after the evidence
-    records the interrupted step."""
+def execute(plan: evidence.PlanLike, run_dir: str | os.PathLike[str], out: TextIO = sys.stdout, *,
+            is_tty: bool | None = None, judge: Judge | None = None) -> dict[str, Any]:
+    """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
+    store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
+    RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
+    interrupted step."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
     runner = Runner(plan, run_path, Console(out, is_tty))
     with _sigterm_as_interrupt():
-        return runner.execute()
+        return runner.execute(judge)

@@ -5,6 +5,7 @@ inherited from `specs/lib/p4_base.yaml` is reported at that file's line, not at 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -332,19 +333,14 @@ def schema_text() -> str:
     return resources.files("engine").joinpath("spec.schema.json").read_text(encoding="utf-8")
 
 
-_SCHEMA_CACHE: dict[str, Any] = {}
-
-
+@functools.cache
 def schema() -> dict:
-    if "schema" not in _SCHEMA_CACHE:
-        _SCHEMA_CACHE["schema"] = json.loads(schema_text())
-    return _SCHEMA_CACHE["schema"]
+    return json.loads(schema_text())
 
 
+@functools.cache
 def validator() -> jsonschema.protocols.Validator:
-    if "validator" not in _SCHEMA_CACHE:
-        _SCHEMA_CACHE["validator"] = jsonschema.Draft202012Validator(schema())
-    return _SCHEMA_CACHE["validator"]
+    return jsonschema.Draft202012Validator(schema())
 
 
 def _plain(node: Any) -> Any:

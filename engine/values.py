@@ -1,4 +1,4 @@
-"""Values: builtins < values (default) < mode < env < --set, derived values, `${x}` templating, secrets.
+"""Values: builtins < values (default) < mode < env < --set, derived values, `${x}` templating.
 
 A value is plain, `{eval: JMESPath over the other values}`, or `{switch: other, cases: {...}}`; strings
 may contain `${x}`. Values resolve in dependency order; a cycle is an error that names it.
@@ -16,11 +16,9 @@ from jmespath import exceptions as jexc
 from engine import functions
 from engine.spec import SpecError, json_path
 
+# Values every run has (source `builtin`); all but `mode` differ from one run to the next.
 BUILTINS = ("python", "work_dir", "spec_dir", "run_dir", "run_id", "mode")
-REDACTED = "<redacted>"
-# A name is secret-looking when one of its `_`/`-`/camelCase parts ENDS in one of these words:
-# hf_token, HF_TOKEN, apiKey, db_password are secret; tokens, tokens_consumed, keys are not.
-_SECRET_PART = re.compile(r"(token|secret|key|password|passwd)$", re.IGNORECASE)
+PER_RUN_BUILTINS = BUILTINS[:-1]
 # `${name}` is a reference; `$${` is a literal `${` (for shell text inside an argv item).
 _REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -30,36 +28,6 @@ Locate = Callable[[tuple], tuple[str, int, int]]
 
 class UsageError(Exception):
     """Bad command-line input (unknown mode, malformed or unknown --set)."""
-
-
-def is_secret(name: str) -> bool:
-    """Names that look like credentials are never printed or stored."""
-    parts = re.split(r"[_\-.]|(?<=[a-z0-9])(?=[A-Z])", name)
-    return any(_SECRET_PART.search(p) for p in parts if p)
-
-
-def redact_text(text: str, values: Mapping[str, Any]) -> str:
-    """Replace every secret value's text occurring in `text` with <redacted>."""
-    for name, v in values.items():
-        # Short strings would blank out unrelated text; a real credential is never that short.
-        if is_secret(name) and isinstance(v, str) and len(v) >= 4:
-            text = text.replace(v, REDACTED)
-    return text
-
-
-def redact(values: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to print or store: secret names -> <redacted>, secret text inside other strings too."""
-    out: dict[str, Any] = {}
-    for name, v in values.items():
-        if is_secret(name):
-            out[name] = REDACTED
-        else:
-            out[name] = json.loads(redact_text(json.dumps(v), values)) if _has_text(v) else v
-    return out
-
-
-def _has_text(v: Any) -> bool:
-    return isinstance(v, (str, list, dict))
 
 
 def parse_scalar(text: str) -> Any:
@@ -155,7 +123,6 @@ def unknown_message(name: str, known: Iterable[str], ref: bool = True) -> str:
     """`ref`: the name was written as `${name}` (templates) rather than a bare JMESPath identifier."""
     shown = f"${{{name}}}" if ref else repr(name)
     return f"unknown value {shown}; known: {', '.join(sorted(known))}"
-
 
 
 # --- layering ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""engine/checks.py: outcomes, missing-data detection, explain traces, the verdict."""
+"""engine/checks.py and engine/verdict.py: outcomes, missing-data detection, explain traces, the verdict."""
 from __future__ import annotations
 
 import json
@@ -7,15 +7,11 @@ from pathlib import Path
 import jmespath
 import pytest
 
-from engine.checks import check_document, evaluate, trace, unparse, verdict
+from engine.checks import check_document, evaluate, trace, unparse
+from engine.functions import OPTIONS
+from engine.verdict import Exit, verdict
 
 GOLDEN = Path(__file__).parent / "golden" / "checks"
-
-try:  # the project's functions when present; jmespath's own otherwise
-    from engine.functions import OPTIONS
-except ImportError:  # pragma: no cover - only while engine/functions.py is being written
-    OPTIONS = None
-
 
 def _evidence() -> dict:
     return {
@@ -133,14 +129,12 @@ def test_document_is_plain_json():
 
 
 def test_explain_shows_comparison_operands():
-    r = _one("steps.leg1.harvest.run_json.final_step == add(values.stop1, `1`)"
-             if OPTIONS is not None else "steps.leg1.harvest.run_json.final_step == values.steps")
+    r = _one("steps.leg1.harvest.run_json.final_step == add(values.stop1, `1`)")
     explain = dict(r["explain"])
     assert explain["steps.leg1.harvest.run_json.final_step"] == "10"
     assert r["outcome"] == "FAIL"
-    if OPTIONS is not None:
-        assert explain["add(values.stop1, `1`)"] == "11"
-        assert explain["values.stop1"] == "10"
+    assert explain["add(values.stop1, `1`)"] == "11"
+    assert explain["values.stop1"] == "10"
 
 
 def test_explain_marks_short_circuited_branches():
@@ -189,7 +183,7 @@ def _results(*outcomes: tuple[str, str, str]) -> list[dict]:
 
 def test_verdict_pass():
     v = verdict(_evidence(), _results(("a", "PASS", "gate"), ("b", "SKIPPED", "gate")))
-    assert v == {"outcome": "PASS", "failed": [], "warnings": [], "exit_code": 0, "seconds": 12.3}
+    assert v == {"outcome": "PASS", "failed": [], "warnings": [], "exit_code": Exit.PASS, "seconds": 12.3}
 
 
 def test_verdict_fail_names_gate_checks_and_failed_steps():
@@ -198,21 +192,21 @@ def test_verdict_fail_names_gate_checks_and_failed_steps():
     ev["steps"]["hub"]["status"] = "failed"  # a collect step is judged by the checks that read it
     v = verdict(ev, _results(("a", "FAIL", "gate"), ("b", "NO_DATA", "gate"), ("c", "ERROR", "gate"),
                              ("w", "FAIL", "warn"), ("ok", "PASS", "gate")))
-    assert v["outcome"] == "FAIL" and v["exit_code"] == 5
+    assert v["outcome"] == "FAIL" and v["exit_code"] == Exit.FAILED
     assert v["failed"] == ["step:leg2", "a", "b", "c"]
     assert v["warnings"] == ["w"]
 
 
 def test_warn_never_fails_the_verdict():
     v = verdict(_evidence(), _results(("w", "NO_DATA", "warn")))
-    assert (v["outcome"], v["exit_code"], v["warnings"]) == ("PASS", 0, ["w"])
+    assert (v["outcome"], v["exit_code"], v["warnings"]) == ("PASS", Exit.PASS, ["w"])
 
 
 def test_verdict_precondition():
     ev = _evidence()
     ev["steps"]["leg1"]["status"] = "failed"
     v = verdict(ev, _results(("a", "NO_DATA", "gate")), {"leg1": "could not fetch the published mix"})
-    assert (v["outcome"], v["exit_code"]) == ("PRECONDITION", 3)
+    assert (v["outcome"], v["exit_code"]) == ("PRECONDITION", Exit.PRECONDITION)
     assert v["message"] == "could not fetch the published mix"
     assert v["failed"] == ["step:leg1"]
 
@@ -222,7 +216,7 @@ def test_verdict_interrupted_wins():
     ev["steps"]["leg1"]["status"] = "failed"
     ev["steps"]["leg2"]["status"] = "interrupted"
     v = verdict(ev, _results(("a", "FAIL", "gate")), {"leg1": "x"})
-    assert (v["outcome"], v["exit_code"]) == ("INTERRUPTED", 130)
+    assert (v["outcome"], v["exit_code"]) == ("INTERRUPTED", Exit.INTERRUPTED)
 
 
 def test_golden_results():

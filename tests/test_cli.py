@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import Exit, changed_keys, main
+from engine.cli import main
+from engine.recheck import changed_keys
+from engine.verdict import Exit
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 
@@ -147,6 +149,35 @@ def test_usage_errors_exit_2(tmp_path):
     assert main(["check", str(spec), "--evidence", str(tmp_path / "none")]) == Exit.USAGE
 
 
+def test_markdown_dash_prints_markdown_instead_of_the_table(tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
+    r = engine("run", str(spec), "--run-dir", "r", "--markdown", "-", cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stdout + r.stderr
+    assert "### ✅ `demo` (quick): **PASS**" in r.stdout and "VERDICT demo" not in r.stdout
+    assert not (tmp_path / "-").exists()
+    r = engine("check", str(spec), "--evidence", "r", "--markdown", "-", cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stderr
+    assert r.stdout.startswith("### ✅ `demo` (quick): **PASS**") and "| `leg1_final_step` |" in r.stdout
+    r = engine("check", str(spec), "--evidence", "r", "--markdown", "md/check.md", cwd=tmp_path)
+    assert last_line(r.stdout).startswith("VERDICT demo PASS")
+    assert (tmp_path / "md" / "check.md").read_text().startswith("### ✅ `demo` (quick): **PASS**")
+
+
+def test_evidence_of_a_killed_engine_still_says_what_changed_in_a_step(tmp_path):
+    # The leg copies evidence.json while it runs: what a SIGKILLed engine would leave behind.
+    code = "import shutil; shutil.copy('r/evidence.json', 'mid-run.json'); " + TEE_CODE
+    spec = write_spec(tmp_path / "demo.yaml", code=code, output=STRIP)
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (tmp_path / "mid-run.json").rename(killed / "evidence.json")
+    assert "verdict" not in json.loads((killed / "evidence.json").read_text())
+    write_spec(spec, code=code.replace("10", "12"), output=STRIP)
+    r = engine("check", str(spec), "--evidence", "killed", cwd=tmp_path)
+    assert r.returncode == Exit.USAGE
+    assert "step leg1: definition changed (run.argv: " in r.stderr and "fingerprint" not in r.stderr
+
+
 def test_plan_schema_version_help(tmp_path, capsys):
     spec = write_spec(tmp_path / "demo.yaml")
     assert main(["plan", str(spec)]) == 0
@@ -236,7 +267,7 @@ def test_ctrl_c_writes_evidence_and_exits_130(tmp_path):
     assert last_line(out).startswith("VERDICT demo INTERRUPTED")
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     assert doc["steps"]["leg1"]["status"] == "interrupted"
-    assert doc["verdict"]["exit_code"] == 130
+    assert doc["verdict"]["exit_code"] == Exit.INTERRUPTED
 
 
 def test_check_is_fast(tmp_path):

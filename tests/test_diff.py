@@ -1,4 +1,4 @@
-"""engine/diff.py: semantic spec diffs (files, git revisions, evidence-backed) and the spec CI workflow.
+"""engine/diff/: semantic spec diffs (files, git revisions, evidence-backed) and the spec CI workflow.
 
 Golden files live in tests/golden/diff/; regenerate them after an intended output change with
     SPECPROBE_UPDATE_GOLDEN=1 /work/venv/bin/pytest tests/test_diff.py
@@ -21,6 +21,10 @@ import yaml
 
 from engine import diff
 from engine.cli import main as engine_main
+from engine.diff.compare import same
+from engine.diff.model import Budget
+from engine.diff.render import _budget_line, _operands
+from engine.diff.text import argv_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "specs" / "diff"
@@ -38,8 +42,9 @@ def golden(name: str, text: str) -> None:
 
 
 def run_diff(old: str | Path, new: str | Path | None = None, base: str | None = None,
-             evidence: str | Path | None = None, markdown: bool = False,
+             evidence: str | Path | None = None, markdown: str | None = None,
              mode: str | None = None) -> tuple[int, str, str]:
+    """`engine diff` with these arguments (`markdown`: the `--markdown` value, `-` or a FILE)."""
     args = argparse.Namespace(old=str(old), new=None if new is None else str(new), base=base,
                               evidence=None if evidence is None else str(evidence),
                               markdown=markdown, mode=mode)
@@ -66,7 +71,7 @@ def test_each_kind_of_change_matches_its_golden_text_and_markdown(case: str, in_
     rc, text, err = run_diff(old, new)
     assert (rc, err) == (1, "")
     golden(f"{case}.txt", text)
-    rc, md, _ = run_diff(old, new, markdown=True)
+    rc, md, _ = run_diff(old, new, markdown="-")
     assert rc == 1
     golden(f"{case}.md", md)
 
@@ -77,7 +82,7 @@ def test_reordered_keys_and_reformatted_yaml_make_an_empty_diff(in_root: Path) -
     rc, text, err = run_diff(old, new)
     assert (rc, err) == (0, "")
     assert text == (f"engine diff demo_probe: {old} -> {new}\nno semantic change\n")
-    rc, md, _ = run_diff(old, new, markdown=True)
+    rc, md, _ = run_diff(old, new, markdown="-")
     assert rc == 0 and "No semantic change." in md
 
 
@@ -101,8 +106,8 @@ def test_budget_reports_worst_case_and_headroom_before_and_after(in_root: Path) 
     report = diff.build_report("tests/specs/diff/budget/old.yaml", "tests/specs/diff/budget/new.yaml",
                                None)
     soak = next(m for m in report.modes if m.mode == "soak")
-    assert soak.budget == diff.Budget(600, 420.0, 500, 480.0)
-    assert diff._budget_line(soak.budget) == \
+    assert soak.budget == Budget(600, 420.0, 500, 480.0)
+    assert _budget_line(soak.budget) == \
         "worst case 420 s -> 480 s of budget_s 600 s -> 500 s, headroom 180 s -> 20 s"
 
 
@@ -155,7 +160,7 @@ def test_secrets_are_never_shown_though_their_change_is(tmp_path: Path) -> None:
     old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
     old.write_text(SECRET_SPEC.format(token="old-s3cr3t-value"))
     new.write_text(SECRET_SPEC.format(token="new-s3cr3t-value"))
-    for markdown in (False, True):
+    for markdown in (None, "-"):
         rc, text, _ = run_diff(old, new, markdown=markdown)
         assert rc == 1
         assert "s3cr3t" not in text
@@ -170,10 +175,10 @@ def test_secrets_are_never_shown_though_their_change_is(tmp_path: Path) -> None:
 def test_argv_delta_names_the_flag_of_a_changed_argument() -> None:
     old = ["py", "-m", "t", "--no-grad-ckpt", "--stop-after-steps", "10"]
     new = ["py", "-m", "t", "--grad-ckpt", "--stop-after-steps", "20"]
-    assert diff._argv_delta(old, new) == ("`--no-grad-ckpt` -> `--grad-ckpt`; "
-                                          "`--stop-after-steps 10` -> `--stop-after-steps 20`")
-    assert diff._argv_delta(old, old + ["--prune"]) == "added `--prune` after `10`"
-    assert diff._argv_delta(["a", "--x", "b"], ["a", "b"]) == "removed `--x`"
+    assert argv_delta(old, new) == ("`--no-grad-ckpt` -> `--grad-ckpt`; "
+                                    "`--stop-after-steps 10` -> `--stop-after-steps 20`")
+    assert argv_delta(old, old + ["--prune"]) == "added `--prune` after `10`"
+    assert argv_delta(["a", "--x", "b"], ["a", "b"]) == "removed `--x`"
 
 
 def test_operands_use_the_shortest_unique_path_suffix() -> None:
@@ -181,16 +186,16 @@ def test_operands_use_the_shortest_unique_path_suffix() -> None:
                           ["steps.leg2.harvest.run_json.final_step", "20"],
                           ["values.stop1", "10"], ["steps.leg1.rc == `0`", "true"],
                           ["steps.leg2.harvest.run_json.first_step", "missing"]]}
-    assert diff._operands(result) == ("leg1.harvest.run_json.final_step = 10, "
-                                      "leg2.harvest.run_json.final_step = 20, stop1 = 10, "
-                                      "first_step = missing")
+    assert _operands(result) == ("leg1.harvest.run_json.final_step = 10, "
+                                "leg2.harvest.run_json.final_step = 20, stop1 = 10, "
+                                "first_step = missing")
 
 
 def test_expressions_compare_by_syntax_tree_and_prose_by_words() -> None:
-    assert diff._same("expr", "a==b && c", "a == b  &&  c")
-    assert not diff._same("expr", "a == b", "a == c")
-    assert diff._same("why", "Leg 1 must\n stop.", "Leg 1 must stop.")
-    assert not diff._same("run.argv", ["a  b"], ["a b"])  # argv text is exact
+    assert same("expr", "a==b && c", "a == b  &&  c")
+    assert not same("expr", "a == b", "a == c")
+    assert same("why", "Leg 1 must\n stop.", "Leg 1 must stop.")
+    assert not same("run.argv", ["a  b"], ["a b"])  # argv text is exact
 
 
 # ---------------------------------------------------------------- --base REV (real git history)
@@ -227,7 +232,7 @@ def test_base_revision_resolves_includes_and_extends_at_that_revision(repo: Path
     rc, text, err = run_diff("specs/probe.yaml", base="HEAD")
     assert (rc, err) == (1, "")
     golden("git_include.txt", text)
-    rc, md, _ = run_diff("specs/probe.yaml", base="HEAD", markdown=True)
+    rc, md, _ = run_diff("specs/probe.yaml", base="HEAD", markdown="-")
     golden("git_include.md", md)
 
 
@@ -309,7 +314,7 @@ def test_added_and_changed_checks_are_evaluated_on_the_saved_run(runs: dict[str,
     assert "    + new check leg2_resumed_from_stop would PASS on run " in text
     assert text.rstrip().endswith("(smoke): resumed_from_step = 10, stop1 = 10")
     golden("evidence_checks.txt", _stable(text, runs["smoke"]))
-    rc, md, _ = run_diff(old, new, evidence=runs["smoke"], markdown=True)
+    rc, md, _ = run_diff(old, new, evidence=runs["smoke"], markdown="-")
     golden("evidence_checks.md", _stable(md, runs["smoke"]))
 
 
@@ -449,15 +454,17 @@ def test_unreadable_evidence_exits_2(tmp_path: Path, in_root: Path) -> None:
 
 # ---------------------------------------------------------------- the engine CLI and the CI workflow
 
-def test_add_diff_parser_registers_the_subcommand() -> None:
-    parser = argparse.ArgumentParser(prog="engine")
-    sub = parser.add_subparsers(dest="command", required=True)
-    diff.add_diff_parser(sub)
-    args = parser.parse_args(["diff", "specs/p4_soak.yaml", "--base", "origin/main", "--markdown",
-                              "--evidence", "evidence/p4_soak"])
+def test_engine_registers_diff_like_every_command(capsys: pytest.CaptureFixture) -> None:
+    from engine.cli import _parser, cmd_diff
+    args = _parser().parse_args(["diff", "specs/p4_soak.yaml", "--base", "origin/main", "--markdown", "-",
+                                 "--evidence", "evidence/p4_soak"])
     assert (args.old, args.new, args.base, args.evidence, args.markdown, args.mode) == \
-        ("specs/p4_soak.yaml", None, "origin/main", "evidence/p4_soak", True, None)
-    assert args.func is diff.diff_main
+        ("specs/p4_soak.yaml", None, "origin/main", "evidence/p4_soak", "-", None)
+    assert args.func is cmd_diff
+    assert engine_main(["diff", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "--base REV" in help_text and "--markdown FILE" in help_text
+    assert "0 no semantic change, 1 a semantic change, 2 invalid spec or usage" in help_text
 
 
 def test_markdown_given_a_path_writes_it_and_prints_text(in_root: Path, tmp_path: Path) -> None:
@@ -469,9 +476,11 @@ def test_markdown_given_a_path_writes_it_and_prints_text(in_root: Path, tmp_path
     assert out.read_text() == (GOLDEN / "budget.md").read_text()
 
 
-def test_module_entry_point_runs_the_diff(in_root: Path, capsys: pytest.CaptureFixture) -> None:
-    rc = diff.main(["tests/specs/diff/reformat/old.yaml", "tests/specs/diff/reformat/new.yaml"])
-    assert rc == 0 and capsys.readouterr().out.endswith("no semantic change\n")
+def test_markdown_dash_prints_markdown_instead_of_text(in_root: Path, capsys: pytest.CaptureFixture) -> None:
+    rc = engine_main(["diff", "tests/specs/diff/budget/old.yaml", "tests/specs/diff/budget/new.yaml",
+                      "--markdown", "-"])
+    assert rc == 1 and capsys.readouterr().out == (GOLDEN / "budget.md").read_text()
+    assert not Path("-").exists()
 
 
 ADDED_CHECK = """\
@@ -502,11 +511,10 @@ def test_ci_workflow_steps_run_on_a_pull_request_clone(runs: dict[str, Path], tm
     spec = work / "specs" / "demo_probe.yaml"
     spec.write_text(spec.read_text() + ADDED_CHECK)
     _git(work, "commit", "-q", "-am", "add a check")
-    # `engine diff` goes through engine.diff's own entry point: the same function the CLI wires.
+    # `engine` is this venv's engine.cli, whatever PATH the workflow's shell has.
     shim = tmp_path / "bin"
     shim.mkdir()
-    (shim / "engine").write_text(f"#!/bin/sh\nif [ \"$1\" = diff ]; then shift; exec {sys.executable} -m engine.diff "
-                                 f"\"$@\"; fi\nexec {sys.executable} -m engine.cli \"$@\"\n")
+    (shim / "engine").write_text(f"#!/bin/sh\nexec {sys.executable} -m engine.cli \"$@\"\n")
     (shim / "engine").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "BASE_REF": "main",
            "RUNNER_TEMP": str(temp), "GITHUB_STEP_SUMMARY": str(temp / "summary.md"),

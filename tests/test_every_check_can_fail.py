@@ -35,13 +35,13 @@ import pytest
 from engine.cli import main as engine_main
 from engine.plan import build_plan
 from engine.spec import load_spec
+from engine.verdict import Exit
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS_DIR = ROOT / "specs"
 EVIDENCE_DIR = ROOT / "evidence"
 SPECS = ("p4_smoke", "p4_soak", "p4_preempt")
 
-EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 5, 2
 
 
 # ------------------------------------------------------------------ the spec side
@@ -102,7 +102,7 @@ def engine_check(stem: str, bundle: Path, capsys: pytest.CaptureFixture) -> Chec
     rc = engine_main(["check", str(SPECS_DIR / f"{stem}.yaml"), "--evidence", str(bundle)])
     out, err = capsys.readouterr()
     new = sorted(set(bundle.glob("check-*.json")) - before)
-    assert rc != EXIT_USAGE, f"engine check refused the bundle (stale evidence?):\n{err}"
+    assert rc != Exit.USAGE, f"engine check refused the bundle (stale evidence?):\n{err}"
     assert len(new) == 1, f"expected one new check-<stamp>.json in {bundle}, found {new}"
     record = json.loads(new[0].read_text(encoding="utf-8"))
     return Checked(rc, record, out, err)
@@ -119,9 +119,9 @@ class _Baselines(dict):
         bundle = copy_bundle(stem, self.base)
         rc = engine_main(["check", str(SPECS_DIR / f"{stem}.yaml"), "--evidence", str(bundle)])
         records = list(bundle.glob("check-*.json"))
-        assert rc != EXIT_USAGE and records, f"{stem}: engine check refused the saved bundle"
+        assert rc != Exit.USAGE and records, f"{stem}: engine check refused the saved bundle"
         record = json.loads(records[0].read_text(encoding="utf-8"))
-        assert rc == EXIT_PASS, f"{stem}: the untampered bundle does not pass: {record['verdict']}"
+        assert rc == Exit.PASS, f"{stem}: the untampered bundle does not pass: {record['verdict']}"
         self[stem] = {r["name"]: r["outcome"] for r in record["checks"]}
         return self[stem]
 
@@ -529,7 +529,7 @@ def test_saved_bundle_is_a_small_real_run(stem: str) -> None:
 def test_untampered_bundle_passes(stem: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bundle = copy_bundle(stem, tmp_path)
     got = engine_check(stem, bundle, capsys)
-    assert got.rc == EXIT_PASS
+    assert got.rc == Exit.PASS
     assert got.record["verdict"]["outcome"] == "PASS" and got.record["verdict"]["failed"] == []
     assert [r["name"] for r in got.record["checks"]] == check_names(stem)
     allowed = {"PASS"} | ({"SKIPPED"} if stem == "p4_soak" else set())
@@ -551,7 +551,7 @@ def test_replay_re_harvests_the_saved_logs(stem: str, tmp_path: Path,
     saved = read_evidence(bundle)
     rc = engine_main(["replay", str(SPECS_DIR / f"{stem}.yaml"), "--evidence", str(bundle)])
     capsys.readouterr()
-    assert rc == EXIT_PASS
+    assert rc == Exit.PASS
     record = json.loads(next(bundle.glob("replay-*.json")).read_text(encoding="utf-8"))
     harvested = [n for n, st in saved["steps"].items() if st["kind"] == "run" and "harvest" in st]
     assert {"leg1", "leg2"} <= set(harvested)
@@ -573,7 +573,7 @@ def test_bundle_checks_from_another_checkout(stem: str, tmp_path: Path,
     monkeypatch.chdir(clone)
     rc = engine_main(["check", f"specs/{stem}.yaml", "--evidence", f"evidence/{stem}"])
     out, err = capsys.readouterr()
-    assert rc == EXIT_PASS, err
+    assert rc == Exit.PASS, err
     assert f"VERDICT {stem} PASS" in out
     assert len(list((clone / "evidence" / stem).glob("check-*.json"))) == 1
 
@@ -640,9 +640,9 @@ def test_tampered_fact_fails_exactly_its_check(stem: str, name: str, index: int,
     mine = got.result(name)
     assert mine["value"] is not True
     assert mine["explain"], "a failing check must explain its operands"
-    assert got.rc == EXIT_FAILED
+    assert got.rc == Exit.FAILED
     verdict = got.record["verdict"]
-    assert verdict["outcome"] == "FAIL" and verdict["exit_code"] == EXIT_FAILED
+    assert verdict["outcome"] == "FAIL" and verdict["exit_code"] == Exit.FAILED
     assert sorted(verdict["failed"]) == sorted(expected_fail)
     assert f"VERDICT {stem} FAIL" in got.out and name in got.out
 
@@ -658,7 +658,7 @@ def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path,
         write_evidence(bundle, doc)
         got = engine_check("p4_soak", bundle, capsys)
         assert got.result("peak_memory_during_training_below_gate")["outcome"] == "PASS", peak
-        assert got.rc == EXIT_PASS
+        assert got.rc == Exit.PASS
 
 
 def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path,
@@ -672,7 +672,7 @@ def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path,
     got = engine_check("p4_soak", bundle, capsys)
     result = got.result("peak_memory_during_training_below_gate")
     assert result["outcome"] == "FAIL" and result["value"] is None
-    assert got.rc == EXIT_FAILED
+    assert got.rc == Exit.FAILED
 
 
 def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_soak(
@@ -708,7 +708,7 @@ def test_a_tampered_copy_leaves_the_saved_bundle_untouched(tmp_path: Path,
     doc = read_evidence(bundle)
     _leg1_one_step_late(doc)
     write_evidence(bundle, doc)
-    assert engine_check("p4_smoke", bundle, capsys).rc == EXIT_FAILED
+    assert engine_check("p4_smoke", bundle, capsys).rc == Exit.FAILED
     assert snapshot() == before
     assert read_evidence(EVIDENCE_DIR / "p4_smoke") != doc
 
@@ -807,11 +807,11 @@ def test_missing_data_is_no_data(stem: str, deleted: str, tmp_path: Path,
         else:
             assert result["outcome"] == base, (name, result["outcome"], result["reason"])
     if affected:
-        assert got.rc == EXIT_FAILED
+        assert got.rc == Exit.FAILED
         assert got.record["verdict"]["outcome"] == "FAIL"
         assert sorted(got.record["verdict"]["failed"]) == sorted(affected)
     else:
-        assert got.rc == EXIT_PASS
+        assert got.rc == Exit.PASS
 
 
 def test_null_is_data_absent_is_not(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -831,7 +831,7 @@ def test_null_is_data_absent_is_not(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert result["outcome"] == "NO_DATA"
     assert result["missing"] == ["steps.leg1.harvest.run_json.val_ppl"]
     assert result["reason"] == "no data: steps.leg1.harvest.run_json.val_ppl is missing"
-    assert got.rc == EXIT_FAILED
+    assert got.rc == Exit.FAILED
 
 
 def test_leg_without_run_json_is_no_data_for_every_reader(tmp_path: Path,
@@ -858,7 +858,7 @@ def test_leg_without_run_json_is_no_data_for_every_reader(tmp_path: Path,
         if result["outcome"] == "NO_DATA":
             assert result["missing"][0].startswith("steps.leg2.harvest.run_json"), name
     assert set(not_pass.values()) == {"NO_DATA"}, not_pass
-    assert got.rc == EXIT_FAILED
+    assert got.rc == Exit.FAILED
     assert sorted(got.record["verdict"]["failed"]) == sorted(readers)
 
 
@@ -881,7 +881,7 @@ def test_missing_value_in_a_function_is_no_data(stem: str, name: str, deleted: s
     _delete(doc, deleted)
     write_evidence(bundle, doc)
     got = engine_check(stem, bundle, capsys)
-    assert got.rc == EXIT_FAILED and name in got.record["verdict"]["failed"]
+    assert got.rc == Exit.FAILED and name in got.record["verdict"]["failed"]
     result = got.result(name)
     assert result["outcome"] == "NO_DATA", (result["outcome"], result["reason"])
     assert result["reason"] == f"no data: {deleted} is missing" or \

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.output import (MISSING, Capture, Console, ProgressDisplay, ProgressState,
-                           compile_rules, progress_text, reharvest)
-from engine.process import Block, run_command
+from engine.console import Console, ProgressDisplay, progress_text
+from engine.lines import Block
+from engine.output import MISSING, Capture, ProgressState, compile_rules, reharvest
+from engine.process import run_command
 
 LEG = str(Path(__file__).parent / "legs" / "leg.py")
 TEE = r"^\[(?:default|rank|worker)\d*\]:\s*"
@@ -117,7 +118,7 @@ def test_progress_plain_lines_on_a_non_tty(monkeypatch) -> None:
                                         "every_s": 0.2}})
     console = Console(out, is_tty=False)
     capture = Capture(rules, console)
-    display = ProgressDisplay("leg1", capture, console)
+    display = ProgressDisplay("leg1", capture.progress, rules.progress.every_s, console)
     run_command([sys.executable, LEG, "step 1/20", "@sleep:0.3", "step 2/20", "@sleep:0.3",
                  "step 12/20", "@sleep:0.3"], on_block=capture.feed, on_tick=display.tick)
     lines = [line for line in out.getvalue().splitlines() if line.startswith("  progress leg1")]
@@ -132,7 +133,7 @@ def test_progress_on_a_tty_is_one_live_line() -> None:
     rules = compile_rules({"progress": {"match": r"step (?P<step>\d+)/(?P<total>\d+)"}})
     console = Console(out, is_tty=True)
     capture = Capture(rules, console)
-    display = ProgressDisplay("leg1", capture, console)
+    display = ProgressDisplay("leg1", capture.progress, rules.progress.every_s, console)
     feed_lines(capture, ["step 3/10"])
     display.tick(1.0)
     console.line("KEY line")

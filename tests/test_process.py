@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.process import (Block, Interrupted, compile_signal_rules, group_alive, parse_signal,
-                            run_command)
+from engine.lines import Block
+from engine.process import Interrupted, compile_signal_rules, group_alive, parse_signal, run_command
 
 LEG = str(Path(__file__).parent / "legs" / "leg.py")
 
@@ -244,7 +244,7 @@ def test_many_lines_are_counted_and_logged_whole(tmp_path: Path) -> None:
 
 
 def test_required_literal_is_what_every_match_contains() -> None:
-    from engine.process import required_literal
+    from engine.lines import required_literal
     assert required_literal(re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)")) == "step "
     assert required_literal(re.compile(r"^CKPT push step=10 ")) == "CKPT push step=10 "
     assert required_literal(re.compile(r"ab*c")) == "a"
@@ -270,7 +270,7 @@ def test_block_finds_lines_after_the_prefix_is_stripped() -> None:
        st.booleans())
 def test_line_matcher_agrees_with_a_plain_per_line_scan(lines: list[str], regex: str,
                                                        strip: bool) -> None:
-    from engine.process import LineMatcher
+    from engine.lines import LineMatcher
     tee = re.compile(r"^\[rank\d\]:\s*") if strip else None
     block = Block("\n".join(lines), len(lines), 5, tee)
     stripped = [tee.sub("", line, count=1) if tee else line for line in lines]

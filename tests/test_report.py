@@ -5,16 +5,12 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from engine.checks import evaluate, verdict
+from engine.checks import evaluate
+from engine.functions import OPTIONS
 from engine.report import junit, markdown, table, verdict_line
+from engine.verdict import verdict
 
 GOLDEN = Path(__file__).parent / "golden" / "checks"
-
-try:
-    from engine.functions import OPTIONS
-except ImportError:  # pragma: no cover
-    OPTIONS = None
-
 
 def _golden() -> tuple[dict, list[dict], dict]:
     evidence = json.loads((GOLDEN / "evidence.json").read_text())

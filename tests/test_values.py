@@ -1,9 +1,8 @@
-"""Value layering, derived values, templating and secret redaction."""
+"""Value layering, derived values and templating."""
 import pytest
 
 from engine.spec import SpecError
-from engine.values import (REDACTED, UsageError, is_secret, layer, parse_scalar, parse_sets, redact,
-                           redact_text, refs, resolve, template)
+from engine.values import UsageError, layer, parse_scalar, parse_sets, refs, resolve, template
 
 BUILTINS = {"python": "/usr/bin/python3", "work_dir": "/w", "spec_dir": "/w/specs",
             "run_dir": "/w/runs/r1", "run_id": "20260101T000000Z", "mode": "smoke"}
@@ -141,19 +140,3 @@ def test_unknown_reference_names_the_variable_and_where():
     with pytest.raises(SpecError) as e:
         template({"argv": ["x", "${missing}"]}, {"a": 1}, ("steps", 0, "run"), lambda p: ("f.yaml", 9, 7))
     assert str(e.value) == "f.yaml:9:7: $.steps[0].run.argv[1]: unknown value ${missing}; known: a"
-
-
-@pytest.mark.parametrize("name,secret", [
-    ("hf_token", True), ("HF_TOKEN", True), ("apiKey", True), ("db_password", True), ("client_secret", True),
-    ("tokens", False), ("tokens_consumed", False), ("push_every", False), ("keys", False)])
-def test_secret_looking_names(name, secret):
-    assert is_secret(name) is secret
-
-
-def test_redact_hides_secret_values_everywhere():
-    values = {"hf_token": "hf_abcdef123", "url": "https://u:hf_abcdef123@host", "n": 3,
-              "argv": ["--token", "hf_abcdef123"], "tokens": 100}
-    assert redact(values) == {"hf_token": REDACTED, "url": f"https://u:{REDACTED}@host", "n": 3,
-                              "argv": ["--token", REDACTED], "tokens": 100}
-    assert redact_text("x hf_abcdef123 y", values) == f"x {REDACTED} y"
-    assert values["hf_token"] == "hf_abcdef123"  # the original is untouched

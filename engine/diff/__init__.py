@@ -1,0 +1,28 @@
+"""`engine diff`: what a spec change means, mode by mode, for the reviewer of a PR.
+
+    engine diff OLD.yaml NEW.yaml                     two files
+    engine diff specs/p4_soak.yaml --base origin/main the spec at a git revision vs the working tree
+    engine diff ... --evidence runs/p4_soak-soak-X    added/changed checks evaluated on a saved run
+    engine diff ... --markdown -                      Markdown for a PR comment / job summary
+
+Both sides are loaded, merged (extends/include at their own revision), validated and resolved into
+a plan for every mode with the SAME fixed builtins and an empty environment, so only the spec can
+make a difference: run_dir, run_id or the reviewer's shell never show up as changes. Plans are then
+compared field by field: JMESPath is compared by syntax tree and prose by words, so reordering keys
+or reformatting YAML gives an empty diff.
+
+The package, in the order the data flows: `model` (what a diff is made of), `sides` (loading both
+sides, with git), `compare`, `review` (a saved run against the change), `render` (text and
+Markdown), `command` (`engine diff` itself); `text` phrases values for all of them.
+
+Exit codes: 0 no semantic change, 1 a semantic change, 2 an invalid spec on either side or bad usage.
+"""
+from engine.diff.command import EXIT_CHANGED, EXIT_INVALID, EXIT_SAME, build_report, diff_main
+from engine.diff.compare import compare
+from engine.diff.model import DiffError, Report, Side
+from engine.diff.render import render, summary
+from engine.diff.review import review_evidence
+from engine.diff.sides import load_side, materialise
+
+__all__ = ["EXIT_CHANGED", "EXIT_INVALID", "EXIT_SAME", "DiffError", "Report", "Side", "build_report",
+           "compare", "diff_main", "load_side", "materialise", "render", "review_evidence", "summary"]

@@ -1,0 +1,300 @@
+"""Comparing two loaded sides: values, steps and checks per mode, spec-level keys, budgets; then
+changes equal in every mode are factored out so a reviewer reads them once."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+import jmespath
+
+from engine.diff.model import (ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff,
+                               Report, Side)
+from engine.diff.text import argv_delta, scalar_list, words
+from engine.recheck import flatten
+from engine.secrets import REDACTED, Scrubber, is_secret, redact
+
+# Step fields that are labels or locations, never behaviour.
+_STEP_IGNORED = ("name", "file", "line")
+# Fields compared by their words (JMESPath ones, EXPR_FIELDS, by syntax tree).
+_PROSE_FIELDS = ("why", "description", "precondition")
+
+
+def _expr_tree(text: Any) -> Any:
+    """JMESPath by syntax tree: `a==b` and `a == b` (or a re-folded YAML string) are the same check."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.dumps(jmespath.compile(text).parsed, sort_keys=True)
+    except Exception:  # noqa: BLE001 - an unparsable expression compares as its words
+        return words(text)
+
+
+def _normal(field_name: str, value: Any) -> Any:
+    last = field_name.rsplit(".", 1)[-1]
+    if last in EXPR_FIELDS:
+        return _expr_tree(value)
+    if last in _PROSE_FIELDS:
+        return words(value)
+    return value
+
+
+def same(field_name: str, a: Any, b: Any) -> bool:
+    if a is ABSENT or b is ABSENT:
+        return a is b
+    return _normal(field_name, a) == _normal(field_name, b)
+
+
+# Fields a reviewer reads first: whether it runs, what it runs, how long it may take; output last.
+_FIELD_ORDER = ("kind", "enabled", "when", "run.argv", "run.env", "run.cwd", "run.timeout_s",
+                "run.grace_s", "run.ok_exit_codes", "run.precondition", "run.stop_on_failure",
+                "run.signals", "run.progress", "run.on_failure", "run.output", "remove", "collect")
+
+
+def _field_rank(name: str) -> int:
+    for i, prefix in enumerate(_FIELD_ORDER):
+        if name == prefix or name.startswith(prefix + "."):
+            return i
+    return len(_FIELD_ORDER)
+
+
+def field_diffs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted field, old, new) for every field that differs, most telling fields first."""
+    a, b = flatten(old), flatten(new)
+    out = []
+    keys = list(b) + [k for k in a if k not in b]
+    for k in sorted(keys, key=_field_rank):  # stable: same-rank fields keep the spec's order
+        va, vb = a.get(k, ABSENT), b.get(k, ABSENT)
+        # `harvest: {}` on one side and `harvest.run_json.*` on the other: the sub-keys say it all.
+        if (va is ABSENT and vb == {}) or (vb is ABSENT and va == {}):
+            continue
+        if not same(k, va, vb):
+            out.append((k, va, vb))
+    return out
+
+
+def _step_body(step: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in step.items() if k not in _STEP_IGNORED}
+
+
+def _step_summary(step: Mapping[str, Any]) -> dict[str, Any]:
+    """What a reviewer needs to see of an added step."""
+    out: dict[str, Any] = {"kind": step["kind"], "enabled": step.get("enabled", True),
+                           "when": step.get("when")}
+    if step["kind"] == "run":
+        r = step["run"]
+        out.update(argv=r["argv"], timeout_s=r["timeout_s"], grace_s=r["grace_s"])
+    elif step["kind"] == "remove":
+        out["remove"] = step["remove"]
+    else:
+        out["collect"] = step["collect"]
+    return out
+
+
+def _check_body(check: Mapping[str, Any]) -> dict[str, Any]:
+    """What a check says, without its name and location."""
+    return {k: v for k, v in check.items() if k not in ("name", "file", "line")}
+
+
+def diff_values(old: Any, new: Any) -> list[Change]:
+    a = {k: v for k, v in redact(old.values).items() if k not in BUILTIN_NAMES}
+    b = {k: v for k, v in redact(new.values).items() if k not in BUILTIN_NAMES}
+    raw_a, raw_b = old.values, new.values
+    out = []
+    for k in list(b) + [k for k in a if k not in b]:
+        if k not in a:
+            out.append(Change("values", "added", k, new=b[k]))
+        elif k not in b:
+            out.append(Change("values", "removed", k, old=a[k]))
+        elif raw_a[k] != raw_b[k]:
+            if isinstance(a[k], dict) and isinstance(b[k], dict) and a[k] and b[k]:
+                # A mapping value (a leg's env): the keys that moved, not two walls of JSON.
+                out += [Change("values", "changed" if va is not ABSENT and vb is not ABSENT else
+                               ("added" if va is ABSENT else "removed"), f"{k}.{f}", old=va, new=vb)
+                        for f, va, vb in field_diffs(a[k], b[k])] or \
+                    [Change("values", "changed", k, old=a[k], new=b[k])]
+            else:
+                # A secret that changed is a change; its text is still never shown.
+                out.append(Change("values", "changed", k, old=a[k], new=b[k]))
+    return out
+
+
+def _hider(plan: Any) -> Callable[[str, Any], Any]:
+    """Shows a step field without secrets: secret values' text anywhere, and whole fields whose
+    name looks secret (an `env.HF_TOKEN` written literally in the spec)."""
+    scrubber = Scrubber.for_plan(plan, environ={})
+
+    def hide(fname: str, value: Any) -> Any:
+        if value is ABSENT:
+            return value
+        if any(is_secret(part) for part in fname.split(".")):
+            return REDACTED
+        return scrubber.scrub_obj(value)
+    return hide
+
+
+def diff_steps(old: Any, new: Any) -> list[Change]:
+    a = {s["name"]: s for s in old.steps}
+    b = {s["name"]: s for s in new.steps}
+    hide_old, hide_new = _hider(old), _hider(new)
+    out = []
+    common_old = [n for n in a if n in b]
+    common_new = [n for n in b if n in a]
+    if common_old != common_new:
+        out.append(Change("steps", "reordered", "", old=list(a), new=list(b)))
+    for name, step in b.items():
+        if name not in a:
+            out.append(Change("steps", "added", name, new=hide_new("", _step_summary(step))))
+            continue
+        for fname, va, vb in field_diffs(_step_body(a[name]), _step_body(step)):
+            # A change only in a secret's text is still a change; it just shows as redacted.
+            out.append(Change("steps", "changed", name, fname, hide_old(fname, va), hide_new(fname, vb)))
+    out += [Change("steps", "removed", n, old=hide_old("", _step_summary(s)))
+            for n, s in a.items() if n not in b]
+    return out
+
+
+def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Mapping[str, Any]]
+                ) -> list[Change]:
+    a = {c["name"]: c for c in old_checks}
+    b = {c["name"]: c for c in new_checks}
+    out = []
+    for name, check in b.items():
+        if name not in a:
+            out.append(Change("checks", "added", name, new=_check_body(check)))
+            continue
+        fa, fb = _check_body(a[name]), _check_body(check)
+        for fname in list(fb) + [k for k in fa if k not in fb]:
+            va, vb = fa.get(fname, ABSENT), fb.get(fname, ABSENT)
+            if fname == "severity":  # an unset severity is a gate
+                va, vb = va or "gate", vb or "gate"
+            if not same(fname, va, vb) and not (va in (None, ABSENT) and vb in (None, ABSENT)):
+                out.append(Change("checks", "changed", name, fname, va, vb))
+    out += [Change("checks", "removed", n, old=_check_body(c)) for n, c in a.items() if n not in b]
+    return out
+
+
+def diff_plans(old: Any, new: Any) -> tuple[list[Change], Budget | None]:
+    changes = diff_values(old, new) + diff_steps(old, new) + diff_checks(old.checks, new.checks)
+    budget = None
+    if old.worst_case_s != new.worst_case_s or old.budget_s != new.budget_s:
+        budget = Budget(old.budget_s, old.worst_case_s, new.budget_s, new.worst_case_s)
+    return changes, budget
+
+
+_SPEC_KEYS = ("name", "description", "version", "budget_s", "mode_env")
+
+
+def diff_spec_level(old: Mapping[str, Any], new: Mapping[str, Any],
+                    per_mode: Mapping[str, list[Change]]) -> list[Change]:
+    """Changes not tied to one mode: header keys, env mapping, default mode, value definitions that
+    changed without changing any mode's resolved value (they matter under --set / env overrides)."""
+    out = []
+    for k in _SPEC_KEYS:
+        va, vb = old.get(k, ABSENT), new.get(k, ABSENT)
+        if not same(k, va, vb):
+            out.append(Change("spec", "changed", k, old=va, new=vb))
+    da = (old.get("modes") or {}).get("default", ABSENT)
+    db = (new.get("modes") or {}).get("default", ABSENT)
+    if da != db:
+        out.append(Change("spec", "changed", "modes.default", old=da, new=db))
+    ea, eb = old.get("env") or {}, new.get("env") or {}
+    for var in list(eb) + [v for v in ea if v not in eb]:
+        if ea.get(var, ABSENT) != eb.get(var, ABSENT):
+            out.append(Change("spec", "changed", f"env.{var}", old=ea.get(var, ABSENT),
+                              new=eb.get(var, ABSENT)))
+    moved = {c.subject.split(".")[0] for changes in per_mode.values() for c in changes
+             if c.section == "values"}
+    va, vb = old.get("values") or {}, new.get("values") or {}
+    for name in list(vb) + [n for n in va if n not in vb]:
+        if name in moved or name not in va or name not in vb:
+            continue  # added/removed values and moved results are shown per mode
+        if _definition(va[name]) != _definition(vb[name]):
+            shown = (REDACTED, REDACTED) if is_secret(name) else (va[name], vb[name])
+            out.append(Change("spec", "changed", f"values.{name}", old=shown[0], new=shown[1],
+                              extra={"note": "definition changed; same result in every mode"}))
+    return out
+
+
+def _mode_values(data: Mapping[str, Any], mode: str, op: str) -> list[Change]:
+    """The values a mode sets itself: what a reviewer needs to see of a mode added or removed."""
+    own = (data.get("modes") or {}).get(mode) or {}
+    shown = redact(own)
+    return [Change("values", op, k, **({"new": v} if op == "added" else {"old": v}))
+            for k, v in shown.items()]
+
+
+def _definition(raw: Any) -> Any:
+    """A value definition with its `{eval: ...}` expressions compared by syntax tree."""
+    if isinstance(raw, dict):
+        return {k: (_expr_tree(v) if k == "eval" else _definition(v)) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_definition(v) for v in raw]
+    return raw
+
+
+def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
+    """The semantic diff of two loaded sides."""
+    modes_old, modes_new = list(old.plans), list(new.plans)
+    modes = modes_new + [m for m in modes_old if m not in new.plans]
+    if only_mode is not None:
+        if only_mode not in modes:
+            raise DiffError(f"--mode {only_mode}: in neither side (modes: {', '.join(modes) or 'none'})")
+        modes = [only_mode]
+    mode_diffs: list[ModeDiff] = []
+    raw: dict[str, list[Change]] = {}
+    for m in modes:
+        if m in old.plans and m in new.plans:
+            changes, budget = diff_plans(old.plans[m], new.plans[m])
+            raw[m] = changes
+            mode_diffs.append(ModeDiff(m, "both", changes, budget))
+        elif m in new.plans:
+            p = new.plans[m]
+            mode_diffs.append(ModeDiff(m, "added", _mode_values(new.data, m, "added"),
+                                       Budget(None, 0.0, p.budget_s, p.worst_case_s)))
+        else:
+            p = old.plans[m]
+            mode_diffs.append(ModeDiff(m, "removed", _mode_values(old.data, m, "removed"),
+                                       Budget(p.budget_s, p.worst_case_s, None, 0.0)))
+    # A whole spec added or removed (--base on a new file): show it against nothing, in full.
+    if old.spec is None or new.spec is None:
+        for md in mode_diffs:
+            plan = (new if old.spec is None else old).plans[md.mode]
+            empty = _EmptyPlan()
+            pair = (empty, plan) if old.spec is None else (plan, empty)
+            md.changes, _ = diff_plans(*pair)
+            raw[md.mode] = md.changes
+    both = [md for md in mode_diffs if md.status == "both"]
+    common: list[Change] = []
+    if len(both) >= 2:
+        keys = [{_key(c) for c in md.changes} for md in both]
+        shared = set.intersection(*keys)
+        common = [c for c in both[0].changes if _key(c) in shared]
+        for md in both:
+            md.changes = [c for c in md.changes if _key(c) not in shared]
+    spec_changes = diff_spec_level(old.data, new.data, raw) if old.spec and new.spec else []
+    name = new.data.get("name") or old.data.get("name") or "spec"
+    return Report(old.label, new.label, name, spec_changes, common,
+                  [md.mode for md in both] if common else [], mode_diffs, raw)
+
+
+def _key(c: Change) -> str:
+    """Identity for grouping the same change across modes: what a reader sees of it. An argument
+    list is keyed by its token delta, so `added --verify-pushes after --prune` is one change
+    even where the rest of the command differs by mode."""
+    def j(v: Any) -> Any:
+        return "<absent>" if v is ABSENT else v
+    payload: Any = [j(c.old), j(c.new)]
+    if c.op == "changed" and scalar_list(c.old) and scalar_list(c.new):
+        payload = argv_delta(c.old, c.new)
+    return json.dumps([c.section, c.op, c.subject, c.field, payload, c.extra], sort_keys=True, default=str)
+
+
+class _EmptyPlan:
+    """The plan of a spec that does not exist on one side."""
+    values: dict[str, Any] = {}
+    secret_names: list[str] = []
+    steps: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    budget_s = None
+    worst_case_s = 0.0
+    fingerprints: dict[str, str] = {}

@@ -1,0 +1,98 @@
+"""The diff's data: both sides, the changes found, the evidence review's findings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field as dc_field
+from typing import Any
+
+from engine.plan import Plan
+from engine.spec import Spec
+from engine.types import CheckResult
+from engine.values import BUILTINS, PER_RUN_BUILTINS
+
+
+class DiffError(Exception):
+    """Bad usage, an unreadable revision, an invalid spec: the message says which (exit 2)."""
+
+
+# Every run gets its own of these; both sides get the same placeholders so they never differ.
+FIXED_BUILTINS: dict[str, str] = {name: f"<{name}>" for name in PER_RUN_BUILTINS}
+BUILTIN_NAMES = BUILTINS
+ABSENT = object()  # a key one side lacks (None is a legitimate value)
+# Fields holding JMESPath: compared by syntax tree, and what a saved run is asked about.
+EXPR_FIELDS = ("expr", "when")
+
+
+@dataclass
+class Side:
+    """One side of the diff: the loaded spec (None when the file does not exist there) and its plans."""
+    label: str
+    spec: Spec | None
+    plans: dict[str, Plan] = dc_field(default_factory=dict)  # mode -> its plan
+
+    @property
+    def data(self) -> dict:
+        return self.spec.data if self.spec is not None else {}
+
+
+@dataclass
+class Change:
+    """One semantic difference. `old`/`new` are ABSENT when the thing exists on one side only."""
+    section: str  # spec | values | steps | checks
+    op: str  # added | removed | changed | reordered
+    subject: str  # the value / step / check / spec key concerned
+    field: str = ""  # for a changed step or check: which field ("run.argv", "expr", ...)
+    old: Any = ABSENT
+    new: Any = ABSENT
+    extra: dict[str, Any] = dc_field(default_factory=dict)  # rendering details (a step's summary ...)
+
+
+@dataclass
+class Budget:
+    old_budget: float | None
+    old_worst: float
+    new_budget: float | None
+    new_worst: float
+
+
+@dataclass
+class ModeDiff:
+    mode: str
+    status: str  # both | added | removed
+    changes: list[Change] = dc_field(default_factory=list)
+    budget: Budget | None = None  # when the worst case or the budget moved
+
+
+@dataclass
+class CheckReview:
+    name: str
+    status: str  # added | changed | affected (unchanged, but reads a changed leg/value)
+    blockers: list[str] = dc_field(default_factory=list)  # why the saved run cannot answer
+    old: CheckResult | None = None  # result of the old definition on the run
+    new: CheckResult | None = None  # ... of the new one
+
+
+@dataclass
+class EvidenceReview:
+    run_dir: str
+    label: str  # "run 2026-11-28T21:04 (soak)"
+    mode: str
+    notes: list[str]
+    checks: list[CheckReview]
+
+
+@dataclass
+class Report:
+    old_label: str
+    new_label: str
+    name: str
+    spec_changes: list[Change]
+    common: list[Change]  # identical in every mode both sides have (shown once)
+    common_modes: list[str]
+    modes: list[ModeDiff]
+    raw_modes: dict[str, list[Change]]  # per mode, before factoring (what evidence review reads)
+    evidence: EvidenceReview | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.spec_changes or self.common or any(m.changes or m.status != "both"
+                                                            for m in self.modes))

@@ -1,0 +1,233 @@
+"""Reviewing a saved run against the diff: evaluate every added or changed check on it, old and
+new side by side, and say plainly where a changed leg or value means the run cannot answer."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field as dc_field
+from typing import Any, Mapping
+
+from engine import functions
+from engine.checks import evaluate
+from engine.diff.compare import field_diffs
+from engine.diff.model import (ABSENT, BUILTIN_NAMES, EXPR_FIELDS, CheckReview, EvidenceReview, Report,
+                               Side)
+from engine.diff.text import argv_delta, display_field, fmt
+from engine.plan import step_definition
+from engine.recheck import replan
+from engine.secrets import REDACTED
+from engine.types import CheckResult
+
+# Fields of a step that only bound how long it may take: a run that finished within both the old and
+# the new limit did exactly what it would have done under the new one.
+_TIME_FIELDS = ("run.timeout_s", "run.grace_s")
+# Parts of a step's evidence produced by its output rules (what `engine replay` re-derives).
+_HARVESTED = ("harvest", "harvest_errors", "failure_lines", "progress", "lines", "tail")
+
+
+def _run_label(ev: Mapping[str, Any]) -> str:
+    started = str(ev.get("started_at") or "")
+    stamp = started[:16] if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d", started) else (started or "?")
+    return f"run {stamp} ({ev.get('mode', '?')})"
+
+
+def _reads(check: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Evidence paths a check's expr and when read from the root."""
+    out: list[tuple[str, ...]] = []
+    for key in EXPR_FIELDS:
+        text = check.get(key)
+        if isinstance(text, str):
+            try:
+                out += functions.root_paths(functions.compile_expr(text))
+            except Exception:  # noqa: BLE001 - validate already refused bad expressions
+                pass
+    return out
+
+
+def _replan(spec: Any, ev: Mapping[str, Any]) -> Any | None:
+    """The plan the saved run would have had under `spec` (its mode, overrides and builtins)."""
+    if spec is None:
+        return None
+    try:
+        return replan(spec, ev)
+    except Exception:  # noqa: BLE001 - mode missing on this side, an override it lacks: no plan
+        return None
+
+
+def _step_delta(fname: str, old: Any, new: Any) -> str:
+    """One changed step field, as a phrase."""
+    shown = display_field(fname)
+    if fname.endswith("argv") and isinstance(old, list) and isinstance(new, list):
+        return f"argv {argv_delta(old, new)}"
+    if fname == "enabled":
+        return "now runs in this mode" if new else "now skipped in this mode"
+    return f"{shown} {fmt(old)} -> {fmt(new)}"
+
+
+@dataclass
+class StepStates:
+    """What the saved run can still say about each step of the new plan."""
+    blocking: dict[str, str]  # step -> why the run no longer describes it
+    harvest: dict[str, str]  # step -> its output rules changed (its harvest is stale)
+    notes: list[str]  # changes that do not matter to what ran (time limits it stayed within)
+    removed: dict[str, list[str]] = dc_field(default_factory=dict)  # ran, now gone -> steps after it
+
+
+def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: Any, new_plan: Any
+                 ) -> StepStates:
+    """Compare every step of the new plan with what ran.
+
+    With the run's own context (`*_run`: plans rebuilt with its builtins and overrides) the saved
+    fingerprints say exactly whether a step ran as the new spec defines it, and whether the old spec
+    is what ran. Without it, the two spec sides (fixed builtins) are compared instead."""
+    ev_steps = ev.get("steps") or {}
+    in_context = new_run is not None
+    ev_fp: Mapping[str, str] = (ev.get("fingerprints") or {}) if in_context else {}
+    current, before_plan = (new_run, old_run) if in_context else (new_plan, old_plan)
+    ran = {s["name"]: s for s in (before_plan.steps if before_plan else [])}
+    old_side = {s["name"]: s for s in (old_plan.steps if old_plan else [])}
+    new_side = {s["name"]: s for s in new_plan.steps}
+    states = StepStates({}, {}, [])
+    for step in current.steps:
+        name = step["name"]
+        fp_run = ev_fp.get(name)
+        did_run = (ev_steps.get(name) or {}).get("status") not in (None, "skipped", "not_run")
+        if not step.get("enabled", True) and not did_run:
+            continue  # skipped in this mode by the new spec and not run then either: nothing differs
+        if name not in ev_steps and fp_run is None:
+            states.blocking[name] = f"leg `{name}` is new: the run has no record of it"
+            continue
+        before = ran.get(name)
+        if before is not None and fp_run is not None and before_plan.fingerprints.get(name) != fp_run:
+            before = None  # the old side's definition is not what ran either
+        if fp_run is not None and fp_run == current.fingerprints.get(name):
+            pass  # the run ran exactly the new definition
+        elif before is None:
+            states.blocking[name] = (f"leg `{name}` as it ran matches neither side of this diff "
+                                     f"(the evidence was made with another version of the spec)")
+            continue
+        else:
+            deltas = field_diffs(step_definition(before), step_definition(step))
+            if deltas:
+                blocks, message = _leg_change(name, deltas, ev_steps.get(name) or {})
+                if blocks:
+                    states.blocking[name] = message
+                else:
+                    states.notes.append(message)
+        # Output rules are not in the fingerprint: compare the spec sides for them.
+        if name in old_side and name in new_side:
+            a = (old_side[name].get("run") or {}).get("output")
+            b = (new_side[name].get("run") or {}).get("output")
+            if a != b:
+                fields = ", ".join(display_field("run." + f) for f, _, _ in
+                                   field_diffs({"output": a or {}}, {"output": b or {}}))
+                states.harvest[name] = (
+                    f"leg `{name}`'s output rules changed ({fields}): the saved harvest was made with "
+                    f"the old rules (`engine replay` re-harvests the raw log)")
+    # A leg that ran and is gone changes everything after it (a wipe that no longer happens).
+    names = {s["name"] for s in current.steps}
+    order = list(ev_steps)
+    for name, rec in ev_steps.items():
+        if name not in names and rec.get("kind", "run") in ("run", "remove") and \
+                rec.get("status") not in (None, "skipped", "not_run"):
+            states.removed[name] = order[order.index(name) + 1:]
+    return states
+
+
+def _leg_change(name: str, deltas: list[tuple[str, Any, Any]], ran: Mapping[str, Any]
+                ) -> tuple[bool, str]:
+    """(blocks, message) for a leg that changed since the run. Only time limits changed and the leg
+    finished inside the new ones: it did exactly what it would do under the new spec, so it does not
+    block (a shorter timeout it would have hit does)."""
+    phrase = "; ".join(_step_delta(f, a, b) for f, a, b in deltas)
+    if all(f in _TIME_FIELDS for f, _, _ in deltas):
+        new_timeout = {f: b for f, _, b in deltas}.get("run.timeout_s")
+        seconds = ran.get("seconds")
+        finished = ran.get("status") == "ok" and not ran.get("timed_out")
+        if finished and isinstance(seconds, (int, float)) and (
+                new_timeout is None or (isinstance(new_timeout, (int, float)) and seconds < new_timeout)):
+            return False, f"leg `{name}` changed only its time limits ({phrase}); it finished in {seconds:g} s"
+    return True, f"leg `{name}` changed since the run ({phrase})"
+
+
+def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any]
+                    ) -> EvidenceReview:
+    """Evaluate every added or changed check on a saved run, old and new side by side; say plainly
+    where a changed leg or value means the run cannot answer for a check."""
+    mode = str(ev.get("mode"))
+    notes: list[str] = []
+    spec_name = (ev.get("spec") or {}).get("name")
+    if spec_name and spec_name != report.name:
+        notes.append(f"the run is of spec `{spec_name}`, not `{report.name}`")
+    checks: list[CheckReview] = []
+    if mode not in new.plans:
+        notes.append(f"the run's mode `{mode}` is not in the new spec: nothing to compare")
+        return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
+    old_plan, new_plan = old.plans.get(mode), new.plans[mode]
+    old_run, new_run = _replan(old.spec, ev), _replan(new.spec, ev)
+    if new_run is None:
+        notes.append("could not rebuild the new spec's plan with the run's overrides; "
+                     "legs and values are compared between the two spec sides instead")
+    states = _step_states(old_run, new_run, ev, old_plan, new_plan)
+    blocking, harvest = states.blocking, states.harvest
+    notes += states.notes
+    ev_values: Mapping[str, Any] = ev.get("values") or {}
+    now_values = (new_run or new_plan).values
+    order = [s["name"] for s in new_plan.steps]
+    changing_kinds = {s["name"] for s in new_plan.steps if s["kind"] in ("run", "remove")}
+
+    def blockers_of(check: Mapping[str, Any]) -> list[str]:
+        out: list[str] = []
+        read_steps: list[str] = []
+        for path in _reads(check):
+            if path[0] == "values" and len(path) > 1:
+                x = path[1]
+                if new_run is None and x in BUILTIN_NAMES:
+                    continue
+                was, now = ev_values.get(x, ABSENT), now_values.get(x, ABSENT)
+                if was != now and not _redacted_pair(was, now):
+                    out.append(f"value `{x}` was {fmt(was)} in the run and is {fmt(now)} in the new spec"
+                               if was is not ABSENT else f"value `{x}` did not exist in the run")
+            elif path[0] in ("steps", "state") and len(path) > 1:
+                read_steps.append(path[1])
+                if path[0] == "steps" and path[1] in harvest and (len(path) < 3 or path[2] in _HARVESTED):
+                    out.append(harvest[path[1]])
+        # A leg's results depend on every run/remove step before it (leg 2 resumes from leg 1's store).
+        # Said once: a changed leg the check reads makes an upstream change beside the point.
+        last = max((order.index(s) for s in read_steps if s in order), default=-1)
+        direct = [blocking[s] for s in order[:last + 1] if s in blocking and s in read_steps]
+        upstream = [f"{blocking[s]}, and it ran before what this check reads" for s in order[:last + 1]
+                    if s in blocking and s not in read_steps and s in changing_kinds]
+        gone = [f"leg `{r}` ran before what this check reads and is gone from the new spec"
+                for r, after in states.removed.items() if any(s in after for s in read_steps)]
+        return list(dict.fromkeys(out + (direct or upstream) + gone))
+
+    def run(check: Mapping[str, Any] | None) -> CheckResult | None:
+        return evaluate([dict(check)], ev, functions.OPTIONS)[0] if check else None
+
+    by_old = {c["name"]: c for c in (old_plan.checks if old_plan else [])}
+    by_new = {c["name"]: c for c in new_plan.checks}
+    mode_changes = report.raw_modes.get(mode, [])
+    touched: dict[str, str] = {}
+    for c in mode_changes:
+        if c.section != "checks" or c.op == "removed":
+            continue
+        if c.op == "added" or c.field in EXPR_FIELDS:
+            touched[c.subject] = c.op
+    for name, op in touched.items():
+        review = CheckReview(name, op, blockers_of(by_new[name]))
+        if not review.blockers:
+            review.new = run(by_new[name])
+            review.old = run(by_old.get(name)) if op == "changed" else None
+        checks.append(review)
+    # Unchanged checks whose legs or values this change touches: the run cannot vouch for them either.
+    for name, check in by_new.items():
+        if name in touched:
+            continue
+        reasons = blockers_of(check)
+        if reasons:
+            checks.append(CheckReview(name, "affected", reasons))
+    return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
+
+
+def _redacted_pair(a: Any, b: Any) -> bool:
+    return REDACTED in (a, b)

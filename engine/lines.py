@@ -1,0 +1,150 @@
+"""Finding the few lines a rule cares about in a block of a leg's output, at C speed.
+
+A leg may print a million lines; rules (harvest markers, echo prefixes, failure patterns, progress,
+signal rules) care about a handful. A `Block` holds consecutive lines as one string, so a substring
+search over it finds the candidates; only those are split out, prefix-stripped and matched.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+
+try:  # the regex parser is private; without it rules still work, only the fast path is lost
+    import re._constants as _sre_constants
+    import re._parser as _sre_parse
+except ImportError:  # pragma: no cover - other Python versions
+    _sre_constants = _sre_parse = None  # type: ignore[assignment]
+
+
+class Block:
+    """Consecutive complete output lines as one string (raw, scrubbed, no final newline).
+
+    Rules look for the few lines they care about with C-speed substring searches over `text`
+    (see `find_lines`); a line is split out and prefix-stripped only when a rule needs it, so a
+    leg printing a million lines costs a handful of str.find calls per chunk, not a million
+    Python-level iterations.
+    """
+
+    __slots__ = ("text", "count", "first_lineno", "strip", "_lines")
+
+    def __init__(self, text: str, count: int, first_lineno: int,
+                 strip: re.Pattern[str] | None = None) -> None:
+        self.text = text
+        self.count = count
+        self.first_lineno = first_lineno  # 1-based number of the first line in the whole capture
+        self.strip = strip
+        self._lines: list[str] | None = None
+
+    @classmethod
+    def from_lines(cls, lines: Sequence[str], first_lineno: int = 1) -> "Block":
+        """A block of lines that are already prefix-stripped."""
+        block = cls("\n".join(lines), len(lines), first_lineno)
+        block._lines = list(lines)
+        return block
+
+    def stripped(self, raw: str) -> str:
+        return self.strip.sub("", raw, count=1) if self.strip is not None else raw
+
+    @property
+    def lines(self) -> list[str]:
+        """Every line, prefix-stripped (materialised on first use only)."""
+        if self._lines is None:
+            raw = self.text.split("\n")
+            self._lines = [self.stripped(line) for line in raw] if self.strip else raw
+        return self._lines
+
+    def tail(self, n: int) -> list[str]:
+        if n <= 0:
+            return []
+        if self._lines is not None:
+            return self._lines[-n:]
+        return [self.stripped(line) for line in self.text.rsplit("\n", n)[-n:]]
+
+    def find_lines(self, literals: Sequence[str]) -> Iterator[tuple[int, str]]:
+        """(line number, stripped line) of each line whose raw text contains any of `literals`,
+        in order. A superset of the lines whose STRIPPED text does: callers verify."""
+        text = self.text
+        starts: set[int] = set()
+        for literal in literals:
+            if not literal:
+                continue
+            pos = text.find(literal)
+            while pos >= 0:
+                start = text.rfind("\n", 0, pos) + 1
+                starts.add(start)
+                end = text.find("\n", pos)
+                if end < 0:
+                    break
+                pos = text.find(literal, end + 1)
+        index, last = 0, 0
+        for start in sorted(starts):
+            index += text.count("\n", last, start)
+            last = start
+            end = text.find("\n", start)
+            yield self.first_lineno + index, self.stripped(text[start:end if end >= 0 else None])
+
+    def find_last_line(self, literal: str) -> Iterator[str]:
+        """Stripped lines containing `literal`, last first (the latest progress line is wanted)."""
+        text = self.text
+        pos = text.rfind(literal)
+        while pos >= 0:
+            start = text.rfind("\n", 0, pos) + 1
+            end = text.find("\n", pos)
+            yield self.stripped(text[start:end if end >= 0 else None])
+            if start == 0:
+                return
+            pos = text.rfind(literal, 0, start - 1)
+
+
+class LineMatcher:
+    """A per-line regex with the cheapest safe way of finding its lines in a Block."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.literal = required_literal(pattern)
+
+    def first(self, block: Block) -> tuple[int, str] | None:
+        """The first (line number, stripped line) of the block the pattern matches."""
+        search = self.pattern.search
+        if self.literal is not None:
+            candidates: Iterator[tuple[int, str]] | Sequence[tuple[int, str]] = \
+                block.find_lines([self.literal])
+        else:
+            candidates = ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        for lineno, line in candidates:
+            if search(line) is not None:
+                return lineno, line
+        return None
+
+    def last(self, block: Block) -> re.Match[str] | None:
+        """The match on the last line of the block that the pattern matches."""
+        search = self.pattern.search
+        lines = block.find_last_line(self.literal) if self.literal is not None \
+            else reversed(block.lines)
+        for line in lines:
+            found = search(line)
+            if found is not None:
+                return found
+        return None
+
+
+def required_literal(pattern: re.Pattern[str]) -> str | None:
+    """The longest literal text every match of `pattern` contains, or None if there is none (or
+    the regex is case-insensitive). Used only to find candidate lines fast; verified after."""
+    if pattern.flags & re.IGNORECASE or _sre_parse is None:
+        return None
+    try:
+        items = _sre_parse.parse(pattern.pattern, pattern.flags).data
+    except Exception:  # an internal parser change must only cost speed, never correctness
+        return None
+    best, run = "", []
+    for op, arg in items:
+        if op is _sre_constants.LITERAL:
+            run.append(chr(arg))
+            continue
+        if len(run) > len(best):
+            best = "".join(run)
+        run = []
+    if len(run) > len(best):
+        best = "".join(run)
+    return best or None

@@ -1,0 +1,183 @@
+"""Re-checking a saved run against the CURRENT spec (`engine check`, `engine replay`, `engine diff
+--evidence`): rebuild the plan the run would have had, say which steps changed since, and re-derive
+a step's harvest from its raw log.
+
+A saved run can vouch for a check only while every step is defined as it was when it ran; the
+fingerprints (and, for a readable message, the definitions) in the evidence say whether it is.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.checks import compact
+from engine.output import reharvest
+from engine.plan import Plan, build_plan, run_stamp, step_definition
+from engine.secrets import REDACTED, Scrubber
+from engine.spec import Spec
+from engine.types import CheckResult, Verdict
+from engine.values import PER_RUN_BUILTINS
+from engine.verdict import judge
+
+_ABSENT = "<absent>"
+
+
+class Refused(Exception):
+    """The saved run no longer describes the spec's steps; the message lists what changed."""
+
+
+@dataclass
+class Recheck:
+    evidence: dict[str, Any]  # the saved document as judged (re-harvested by a replay)
+    results: list[CheckResult]
+    verdict: Verdict
+
+
+def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> dotted keys; lists and empty mappings are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two step definitions."""
+    a, b = flatten(old), flatten(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
+
+
+def _change(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    a, b = flatten(old), flatten(new)
+    return f"{key}: {compact(a.get(key, _ABSENT), 100)} -> {compact(b.get(key, _ABSENT), 100)}"
+
+
+def step_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, str] | None = None
+                 ) -> tuple[list[str], list[str]]:
+    """(changes, notes): one line per step whose definition differs between the saved run and
+    `plan`, and notes on differences that do not count (only a secret's text)."""
+    scrubber = Scrubber.for_plan(plan, os.environ if environ is None else environ)
+    old_fp: Mapping[str, str] = evidence.get("fingerprints") or {}
+    new_fp: Mapping[str, str] = plan.fingerprints
+    old_defs: Mapping[str, Any] = evidence.get("definitions") or {}
+    new_defs = {s["name"]: step_definition(s) for s in plan.steps}
+    changes: list[str] = []
+    notes: list[str] = []
+    for name in old_fp:
+        if name not in new_fp:
+            changes.append(f"step {name}: removed from the spec since the run")
+    for name in new_fp:
+        if name not in old_fp:
+            changes.append(f"step {name}: added to the spec since the run")
+        elif new_fp[name] != old_fp[name]:
+            if name in old_defs:
+                # The evidence stores definitions scrubbed by the same rule.
+                new_def = scrubber.scrub_obj(new_defs[name])
+                keys = changed_keys(old_defs[name], new_def)
+                if not keys:
+                    # Equal once secrets are redacted: only a secret differs (or could not be
+                    # re-supplied), and the evidence holds no secret to compare with.
+                    notes.append(f"note: step {name} differs only in a secret value; re-checking anyway")
+                    continue
+                how = "; ".join(_change(k, old_defs[name], new_def) for k in keys)
+                changes.append(f"step {name}: definition changed ({how})")
+            else:
+                changes.append(f"step {name}: definition changed (fingerprint "
+                               f"{old_fp[name][:12]} -> {new_fp[name][:12]})")
+    return changes, notes
+
+
+def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Plan:
+    """The plan the saved run would have had with the CURRENT spec: same mode, same --set and
+    env overrides, same builtins (run_dir, run_id, ... differ per run by design). SpecErrors or
+    UsageError when the current spec cannot be planned that way."""
+    environ = os.environ if environ is None else environ
+    values: Mapping[str, Any] = evidence.get("values") or {}
+    sources: Mapping[str, str] = evidence.get("sources") or {}
+    env_names = {name: var for var, name in (spec.data.get("env") or {}).items()}
+    sets, overrides = [], {}
+    for name, source in sources.items():
+        if source not in ("--set", "env") or name not in values:
+            continue
+        value = values[name]
+        if value == REDACTED and name in env_names and env_names[name] in environ:
+            # Secrets are not stored; the caller's environment is the only place they live.
+            overrides[env_names[name]] = environ[env_names[name]]
+        else:
+            sets.append(f"{name}={json.dumps(value)}")
+    # Builtins differ per run by design; the re-check reuses the run's own.
+    builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
+    return build_plan(spec, mode=evidence.get("mode"), sets=sets, environ=overrides, builtins=builtins)
+
+
+def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list[str]:
+    """Re-derive every run step's harvest in `evidence` from its raw log with the plan's output
+    rules (in place); one note per step whose log is missing."""
+    notes = []
+    by_name = {s["name"]: s for s in plan.steps}
+    for name, step in (evidence.get("steps") or {}).items():
+        if step.get("kind") != "run" or not step.get("log") or name not in by_name:
+            continue
+        log = run_dir / step["log"]
+        if not log.is_file():
+            notes.append(f"step {name}: raw log {log} is missing; kept the saved harvest")
+            continue
+        fresh = reharvest(by_name[name], log)
+        step["harvest"], step["harvest_errors"] = fresh["harvest"], fresh["harvest_errors"]
+        step["lines"], step["progress"] = fresh["lines"], fresh["progress"]
+        if step.get("status") == "failed":  # the runner keeps these for failed legs only
+            step["failure_lines"], step["tail"] = fresh["failure_lines"], fresh["tail"]
+    return notes
+
+
+def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
+    """Store a re-check's results as `<kind>-<stamp>.json` beside the evidence (never in it):
+    `-2`, `-3`, ... when one exists already, so two re-checks in one second both stay."""
+    stamp = run_stamp()
+    path, n = run_dir / f"{kind}-{stamp}.json", 1
+    while path.exists():
+        n += 1
+        path = run_dir / f"{kind}-{stamp}-{n}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool, spec_label: str,
+            note: Callable[[str], None] = lambda text: None) -> Recheck:
+    """Judge a saved run with the spec's CURRENT checks (and, for a replay, its current output
+    rules), and store the results beside the evidence. Refused when a step changed since the run;
+    SpecErrors/UsageError when the spec cannot be planned as the run was. `note` hears what does
+    not stop the re-check (a secret-only difference, a missing raw log, an unwritable run dir)."""
+    plan = replan(spec, saved)
+    changes, notes = step_changes(saved, plan)
+    for text in notes:
+        note(text)
+    if changes:
+        hint = " (`engine replay` accepts changed output rules and checks, nothing else)" if replay \
+            else " (`engine check` accepts changed checks; `engine replay` also changed output rules)"
+        raise Refused(f"refusing to re-check {run_dir}: the spec's steps changed since the run"
+                      f"{hint}; run it again instead.\n" + "\n".join(changes))
+    doc = {k: v for k, v in saved.items() if k not in ("checks", "verdict")}
+    if replay:
+        for text in reharvest_steps(doc, plan, run_dir):
+            note(text)
+    results, verdict = judge(plan, doc)
+    kind = "replay" if replay else "check"
+    record = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
+    if replay:
+        record["steps"] = doc.get("steps")
+    try:
+        write_record(run_dir, kind, record)
+    except OSError as exc:  # a read-only run dir must not cost the answer
+        note(f"could not write the {kind} record in {run_dir}: {exc.strerror or exc}")
+    return Recheck(doc, results, verdict)

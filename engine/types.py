@@ -1,0 +1,73 @@
+"""The shapes that flow between the layers (spec -> plan -> legs -> evidence -> verdict), as
+TypedDicts: plain dicts at run time (they are stored as JSON as they are), named in signatures so
+the contract is written where it is used rather than only in prose.
+"""
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class RunBody(TypedDict, total=False):
+    """A resolved step's `run:` section, every default filled in (engine/defaults.py)."""
+    argv: list[str]
+    timeout_s: float
+    grace_s: float
+    ok_exit_codes: list[int]
+    env: dict[str, str]
+    cwd: str | None
+    precondition: str | None
+    stop_on_failure: bool
+    signals: list[dict[str, Any]]
+    progress: dict[str, Any] | None
+    on_failure: dict[str, Any] | None
+    output: dict[str, Any]
+
+
+class Step(TypedDict, total=False):
+    """One resolved step of a plan: exactly one of `run`, `remove`, `collect`, named by `kind`."""
+    name: str
+    kind: str  # run | remove | collect
+    description: str
+    when: str | None
+    enabled: bool
+    file: str
+    line: int
+    run: RunBody
+    remove: list[str]
+    collect: dict[str, Any]
+
+
+class Check(TypedDict):
+    """One check of a plan, with where the spec writes it."""
+    name: str
+    why: str
+    expr: str
+    when: str | None
+    severity: str  # gate | warn
+    file: str | None
+    line: int | None
+
+
+class CheckResult(TypedDict):
+    """One check evaluated over the evidence (engine/checks.py)."""
+    name: str
+    why: str
+    expr: str
+    severity: str
+    file: str | None
+    line: int | None
+    outcome: str  # PASS | FAIL | NO_DATA | SKIPPED | ERROR
+    value: Any
+    missing: list[str]
+    explain: list[list[str]]  # [sub-expression text, its value]
+    reason: str
+
+
+class Verdict(TypedDict, total=False):
+    """The run's verdict (engine/verdict.py); `message` only for PRECONDITION."""
+    outcome: str  # PASS | FAIL | PRECONDITION | INTERRUPTED
+    failed: list[str]
+    warnings: list[str]
+    exit_code: int
+    seconds: float
+    message: str
