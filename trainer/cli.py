@@ -20,7 +20,9 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=DESCRIPTION,
+                                epilog="Model options: SPECPROBE_* environment variables (trainer/options.py). "
+                                       "Exit codes: 0 done, 1 error, 2 usage, 3 refused, 4 push failed.")
     p.add_argument("--root", type=Path, required=True, help="data mix root (manifest.json + shards)")
     p.add_argument("--out", type=Path, required=True, help="local run directory (checkpoint staging)")
     p.add_argument("--hub-repo", required=True, help="checkpoint store URL")
@@ -217,7 +219,7 @@ def choose_cuda_graphs(flag: str, compile_mode: str, device_type: str) -> tuple[
     return True, "requested" if flag == "on" else "auto: whole-model compile on cuda"
 
 
-def snapshot_mode(device_type: str, environ: Any) -> tuple[str, float | None]:
+def snapshot_mode(device_type: str, environ: Mapping[str, str]) -> tuple[str, float | None]:
     """(path, check) of checkpoint snapshots. path "async" (cuda default): copies into pinned host buffers
     on a side stream, waited for on the device by the next optimizer step; "sync" (cpu default): copies
     on the training thread. SPECPROBE_SNAPSHOT=async|sync forces one (the tests run async on cpu).
