@@ -270,23 +270,16 @@ def test_ctrl_c_writes_evidence_and_exits_130(tmp_path):
     assert doc["verdict"]["exit_code"] == Exit.INTERRUPTED
 
 
-def test_check_is_fast(tmp_path):
+def test_check_never_imports_torch_or_the_trainer(tmp_path):
+    # `engine check` re-judges a saved run in a fraction of a second on a laptop (bench/engine_bench.py
+    # measures it); what would break that is a heavy import, which this names.
     spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
     assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 0
-    best = min(_timed(["engine", "check", str(spec), "--evidence", "r"], tmp_path) for _ in range(3))
-    assert best < 1.0  # 0.25 s on an idle 2-core box; the bound only catches a heavy import
     leaked = subprocess.run([sys.executable, "-c", (
         "import sys; from engine.cli import main; main(['check', sys.argv[1], '--evidence', 'r']);"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'huggingface_hub', 'trainer')))"),
         str(spec)], cwd=tmp_path, capture_output=True, text=True)
     assert leaked.stdout.strip().splitlines()[-1] == "[]"
-
-
-def _timed(argv: list[str], cwd: Path) -> float:
-    exe = Path(sys.executable).parent / argv[0]
-    t0 = time.perf_counter()
-    subprocess.run([str(exe)] + argv[1:], cwd=cwd, capture_output=True, check=False)
-    return time.perf_counter() - t0
 
 
 def test_changed_keys():
