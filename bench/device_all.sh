@@ -6,6 +6,7 @@
 #
 #   bench  the trainer's micro-32 row between two HF+compile rows, one process a row on one GPU
 #   ddp    one rank vs two ranks at the reference shape (micro 4 x accum 32, CUDA graphs) and at micro 32 x accum 4
+#   scaling  the trainer itself at the reference shape, one rank then two: its RUN_JSON step figures as rows
 #   pause  the 2-rank trainer at the reference shape, a push every 2 steps: the checkpoint pause vs a step
 #   check  the 50-step fast-vs-plain loss check with the bf16 noise floor (micro 8)
 #   probe  SPECPROBE_TARGET=gpu engine run specs/p4_smoke.yaml
@@ -20,8 +21,10 @@ DRY_RUN=${DRY_RUN:-}
 DEV=${DEV:-cuda}; MODEL=${MODEL:-ounce100m-22l}; SEQ=${SEQ:-1024}; VOCAB=${VOCAB:-49152}; NPROC=${NPROC:-2}
 MICRO=${MICRO:-32}; REF_MICRO=${REF_MICRO:-4}; REF_ACCUM=${REF_ACCUM:-32}; CHECK_MICRO=${CHECK_MICRO:-8}
 PREC=${PREC:-$([ "$DEV" = cuda ] && echo bf16 || echo fp32)}; BENCH_EXTRA=${BENCH_EXTRA:-}
+SCALING_RANKS=${SCALING_RANKS:-1 $NPROC}; SCALING_STEPS=${SCALING_STEPS:-14}; SCALING_ATTN=${SCALING_ATTN:-sdpa}
+MIX_TOKENS=${MIX_TOKENS:-8000000}; BENCH_GPU=${BENCH_GPU:-0}
 PART_TIMEOUT=${PART_TIMEOUT:-0}   # seconds a part may run (0: no limit); the bench dumps its stacks on SIGTERM
-PARTS=${*:-bench ddp pause check probe}
+PARTS=${*:-bench ddp scaling pause check probe}
 # The figures were measured with NVLink SHARP multicast off; keep it off so they compare.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} PYTHONUNBUFFERED=1
 # The trainer's cuda default: whole-model compile with Inductor's coordinate-descent tuning (+ CUDA graphs).
@@ -44,15 +47,33 @@ bench_ranks() { local tag=$1; shift; local args=(); for c in "$@"; do args+=(--c
     --jsonl "$OUT/$tag.jsonl" --verbose --device "$DEV" --model "$MODEL" --seq-len "$SEQ" $BENCH_EXTRA "${args[@]}"; }
 
 # One process a row: rows in one process drift apart by up to 20 % (compiled kernels rebuilt after a reset).
-part_bench() { bench bench 0 "$HF"; bench bench 0 "$OURS"; bench bench 0 "$HF"; }
+part_bench() { bench bench "$BENCH_GPU" "$HF"; bench bench "$BENCH_GPU" "$OURS"; bench bench "$BENCH_GPU" "$HF"; }
 part_ddp() {
   bench ddp 0 "$REF"; bench_ranks ddp "$REF"
   bench ddp 0 "$BIG"; bench_ranks ddp "$BIG"
 }
+mix() { [ -f "$OUT/mix/manifest.json" ] || cmd mix.log "$PY" -m trainer.mix build --out "$OUT/mix" --synthetic \
+    --tokens "$MIX_TOKENS" --val-tokens 300000 --vocab "$VOCAB"; }
+# The trainer's own step (not the bench's copy of it), one process without DDP then $NPROC ranks under
+# torchrun, nothing pushed before the horizon: RUN_JSON's tok_s_median and step_ms_* (trainer/steptime.py) become rows of the bench's table.
+part_scaling() {
+  local steps=$SCALING_STEPS tps1=$((REF_MICRO * REF_ACCUM * SEQ)) logs=() n
+  mix
+  for n in $SCALING_RANKS; do
+    rm -rf "$OUT/scaling$n"
+    local launch=("$PY"); [ "$n" = 1 ] || launch+=(-m torch.distributed.run --standalone --nproc_per_node="$n")
+    cmd "scaling$n.log" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))" "${launch[@]}" -m trainer.train --model "$MODEL" --device "$DEV" --root "$OUT/mix" \
+      --out "$OUT/scaling$n/out" --hub-repo "file://$(cd "$OUT" && pwd)/scaling$n/store" --seq-len "$SEQ" \
+      --attn "$SCALING_ATTN" --no-grad-ckpt --micro-batch "$REF_MICRO" --accum "$REF_ACCUM" \
+      --tokens $((steps * n * tps1)) --push-every-steps "$steps" --val-tokens 0 --log-every "$steps" \
+      --resume never --precision "$PREC"
+    logs+=("$OUT/logs/scaling$n.log")
+  done
+  [ -n "$DRY_RUN" ] || "$PY" bench/train_bench.py --trainer-log "${logs[@]}" --jsonl "$OUT/scaling.jsonl" | tee -a "$SUM"
+}
 part_pause() {
-  local mix=$OUT/mix out=$OUT/pause_run tps=$((NPROC * REF_MICRO * REF_ACCUM * SEQ))
-  [ -f "$mix/manifest.json" ] || cmd mix.log "$PY" -m trainer.mix build --out "$mix" --synthetic \
-    --tokens 3000000 --val-tokens 300000 --vocab "$VOCAB"
+  local out=$OUT/pause_run tps=$((NPROC * REF_MICRO * REF_ACCUM * SEQ))
+  mix
   rm -rf "$out" "$OUT/pause_store"
   cmd pause.log "$PY" -m torch.distributed.run --nproc_per_node="$NPROC" -m trainer.train --model "$MODEL" \
     --device "$DEV" --root "$mix" --out "$out" --hub-repo "file://$(cd "$OUT" && pwd)/pause_store" --prune \
@@ -91,7 +112,7 @@ sys.exit(f"failed rows in {sys.argv[1]}: {bad}" if bad else None if measured els
 }
 
 for part in $PARTS; do
-  declare -F "part_$part" >/dev/null || { echo "unknown part '$part' (bench ddp pause check probe)" >&2; exit 2; }
+  declare -F "part_$part" >/dev/null || { echo "unknown part '$part' (bench ddp scaling pause check probe)" >&2; exit 2; }
 done
 mkdir -p "$OUT/logs"
 say "device_all.sh [$PARTS] $(date -u +%FT%TZ) out=$OUT"
@@ -102,11 +123,12 @@ say "device_all.sh [$PARTS] $(date -u +%FT%TZ) out=$OUT"
 failed=()
 for part in $PARTS; do
   t=$(date +%s); say "=== $part"; rm -f "$OUT/$part.jsonl"   # --jsonl appends: this run's rows only
-  export -f "part_$part" cmd bench bench_ranks say
+  export -f "part_$part" cmd bench bench_ranks say mix
   export OUT PY ENGINE PROBE_TARGET DRY_RUN DEV MODEL SEQ VOCAB PREC NPROC MICRO REF_MICRO REF_ACCUM CHECK_MICRO BENCH_EXTRA SUM
+  export SCALING_RANKS SCALING_STEPS SCALING_ATTN MIX_TOKENS BENCH_GPU
   export FULL HF OURS REF BIG
   timeout --signal=TERM --kill-after=10 "$PART_TIMEOUT" bash -c "set -e; part_$part"; rc=$?
-  case $part in bench|ddp|check) [ -n "$DRY_RUN" ] || rows_ok "$OUT/$part.jsonl" || rc=1;; esac
+  case $part in bench|ddp|check|scaling) [ -n "$DRY_RUN" ] || rows_ok "$OUT/$part.jsonl" || rc=1;; esac
   say "=== $part rc=$rc in $(( $(date +%s) - t )) s"
   [ $rc = 0 ] || failed+=("$part")
 done

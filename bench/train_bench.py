@@ -819,6 +819,35 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 print(f"    {v:>9.3f} ms/step {pct:>5.1f} %  {name}")
 
 
+def trainer_row(log_text: str, where: str, peak_tflops: float) -> dict[str, Any]:
+    """A speed row measured by the trainer itself (`python -m trainer.train`, any number of ranks): its
+    RUN_JSON carries the bench's step figures (trainer/steptime.py), so the trainer's step and the bench's
+    rows compare in one table."""
+    found = [line.split("RUN_JSON ", 1)[1] for line in log_text.splitlines() if "RUN_JSON " in line]
+    base = {"config": f"trainer {where}", "impl": "trainer", "task": "speed"}
+    if not found:
+        return {**base, "error": f"no RUN_JSON line in {where}"}
+    try:
+        rj = json.loads(found[-1])
+    except json.JSONDecodeError as e:
+        return {**base, "error": f"{where}: RUN_JSON is not JSON: {e}"}
+    world = rj["world_size"]
+    tok_s = rj["tok_per_s"]
+    per_gpu = tok_s / world if tok_s else None
+    mcfg = GEOMETRIES[rj["model"]]
+    flop_per_token = 6 * rj["params"] + 12 * mcfg.n_layer * mcfg.d_model * rj["seq_len"]
+    opts = rj.get("model_options") or {}
+    return {**base, "config": (f"trainer m{rj['micro_batch']}x{rj['accum']} {rj['precision']} {rj.get('attn', '')} "
+                               f"compile={rj['compile']} graphs={int(bool(rj.get('cuda_graphs')))}").replace("  ", " "),
+            "micro": rj["micro_batch"], "accum": rj["accum"], "prec": rj["precision"], "world": world,
+            "seq_len": rj["seq_len"], "card": rj.get("card", ""), "tok_s": tok_s,
+            "mfu_pct": round(100 * per_gpu * flop_per_token / (peak_tflops * 1e12), 2) if per_gpu else None,
+            "peak_alloc_gib": rj.get("peak_gpu_gb_max_rank"), "peak_reserved_gib": rj.get("peak_reserved_gb_max_rank"),
+            **{k: rj[k] for k in ("tok_s_median", "step_ms_min", "step_ms_p50", "step_ms_p90", "step_ms_max",
+                                  "gc_full_collections", "gc_full_s_max") if rj.get(k) is not None},
+            "steps": rj["final_step"] - (rj["first_step"] or 1) + 1, "model_options": opts, "source": where}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -831,10 +860,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON row per config")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing rows")
     p.add_argument("--table", type=Path, nargs="+", help="only print the table of these --jsonl files")
+    p.add_argument("--trainer-log", type=Path, nargs="+",
+                   help="rows from the trainer's own runs: each log's RUN_JSON becomes a row (appended to --jsonl)")
     args = p.parse_args(argv)
     # A row killed by its part's budget (device_all.sh: timeout sends SIGTERM) first writes every thread's
     # stack to stderr, which the part's log keeps: where it was stuck, not only that it was.
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    if args.trainer_log:
+        rows = [trainer_row(log.read_text(errors="replace"), str(log), args.peak_tflops) for log in args.trainer_log]
+        if args.jsonl:
+            with open(args.jsonl, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        print_table(rows)
+        one = next((r for r in rows if r.get("world") == 1 and r.get("tok_s")), None)
+        for r in rows:
+            if one and r.get("world", 1) > 1 and r.get("tok_s"):
+                print(f"scaling {r['world']} ranks vs 1: tok/s {r['tok_s'] / one['tok_s']:.2f}x, "
+                      f"median {r['tok_s_median'] / one['tok_s_median']:.2f}x ({r['source']} vs {one['source']})")
+        return 0 if all(not r.get("error") for r in rows) else 1
     if args.table:
         rows = [json.loads(line) for f in args.table if f.exists() for line in f.read_text().splitlines() if line]
         for r in rows:

@@ -120,3 +120,34 @@ def test_table_names_a_full_collection_in_the_timed_steps_and_is_silent_without_
     stalled, quiet = capsys.readouterr().out.splitlines()[2:]
     assert stalled.endswith("gc_full=2x max 512ms"), stalled
     assert "gc_full" not in quiet, quiet
+
+
+@pytest.mark.slow
+def test_a_trainer_run_becomes_a_row_of_the_bench_table(tmp_path, tmp_path_factory):
+    # The trainer's own RUN_JSON (2 gloo ranks, the shared baseline run) read back by the bench: the row
+    # carries the trainer's step figures, so its step and the bench's compare in one table.
+    from trainer_helpers import TOKENS_PER_STEP, baseline
+    log = tmp_path / "trainer.log"
+    log.write_text("\n".join(baseline(tmp_path_factory).run.lines) + "\n")
+    rj = baseline(tmp_path_factory).run.run_json
+    row = train_bench.trainer_row(log.read_text(), "trainer.log", peak_tflops=790.0)
+    assert row["impl"] == "trainer" and row["world"] == 2 and (row["micro"], row["accum"]) == (2, 2)
+    assert row["tok_s"] == rj["tok_per_s"] and row["tok_s_median"] == rj["tok_s_median"]
+    assert row["step_ms_p50"] == rj["step_ms_p50"] and row["steps"] == 6
+    assert row["tok_s_median"] == pytest.approx(TOKENS_PER_STEP / (row["step_ms_p50"] / 1000), rel=1e-3)
+    jsonl = tmp_path / "rows.jsonl"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "train_bench.py"), "--trainer-log", str(log),
+                          "--jsonl", str(jsonl)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "trainer m2x2 fp32 eager compile=off graphs=0" in out.stdout and "world=2" in out.stdout
+    assert json.loads(jsonl.read_text())["tok_s_median"] == rj["tok_s_median"]
+
+
+def test_a_trainer_log_without_run_json_is_an_error_row(tmp_path):
+    row = train_bench.trainer_row("step 1/6 loss 6.2\nTraceback (most recent call last):\n", "dead.log", 790.0)
+    assert row["error"] == "no RUN_JSON line in dead.log"
+    log = tmp_path / "dead.log"
+    log.write_text("RUN_JSON {not json\n")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "train_bench.py"), "--trainer-log", str(log)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "RUN_JSON is not JSON" in out.stdout

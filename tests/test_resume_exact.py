@@ -53,6 +53,9 @@ def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
     assert full.startswith(f"gc: {rj['gc_full_collections']} full collections after the freeze, "), full
     assert 0 <= rj["gc_full_s_max"] <= rj["gc_full_s_total"]
     assert rj["losses"]["6"] < rj["losses"]["1"]           # it learns
+    # Step times as the bench reports them, over steps 2-6 (the first is the warm-up).
+    assert 0 < rj["step_ms_min"] <= rj["step_ms_p50"] <= rj["step_ms_p90"] <= rj["step_ms_max"]
+    assert rj["tok_s_median"] == pytest.approx(TOKENS_PER_STEP / (rj["step_ms_p50"] / 1000), rel=1e-3)
     assert rj["val_skipped"] is False and rj["val_error"] is None and rj["val_ppl"] > 1
     assert rj["push_steps"] == [2, 4, 6]
     assert rj["peak_gpu_gb_max_rank"] is None and rj["peak_note"] == "cpu: no device memory stats"

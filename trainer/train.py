@@ -49,6 +49,7 @@ from trainer.model import GEOMETRIES, Llama, count_params
 from trainer.resume import Refused, resume
 from trainer.rng import rng_state, set_rng_state
 from trainer.snapshot import Snapshot, Snapshotter, tensor_bytes
+from trainer.steptime import StepTimer
 from trainer.store import redact_url
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PUSH_FAILED = 0, 1, 2, 3, 4
@@ -214,14 +215,19 @@ class Trainer:
         pending: list[tuple[int, torch.Tensor]] = []   # losses not yet read back from the device
         t_log, since_log = time.time(), 0
         self.gc_full = FullCollections()   # Python's full collections after the freeze: each one stops a step
+        self.timer = StepTimer(self.dist.device)
         self.model.train()
         for step in range(start + 1, plan.stop_step + 1):
             t_step = time.time()
+            self.timer.mark()
             lr_now = self.opt.param_groups[0]["lr"]
             pending.append((step, self.train_step(step)))
             since_log += 1
             if step == start + 1 or step % args.log_every == 0 or step == plan.stop_step:
+                if step == plan.stop_step:
+                    self.timer.mark()   # the last step's end, before the flush lets the device catch up
                 self.flush_losses(pending)
+                self.timer.read()
                 now = time.time()
                 tok_s = since_log * plan.tokens_per_step / max(now - t_log, 1e-9)
                 self.log(f"step {step}/{plan.total_steps} loss {self.losses[str(step)]:.4f} lr {lr_now:.1e} "
@@ -377,12 +383,13 @@ class Trainer:
             "compile": self.rt.compile_mode, "cuda_graphs": self.rt.cuda_graphs,
             "model_options": self.rt.options.as_dict(),
             "world_size": self.dist.world_size, "final_loss": losses.get(str(final_step)),
-            "losses": losses, **val, **peaks, "model": args.model, "seq_len": args.seq_len,
+            "losses": losses, **val, **peaks, "model": args.model, "attn": args.attn, "seq_len": args.seq_len,
             "micro_batch": args.micro_batch, "accum": args.accum,
             "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
             "push_steps": self.push_steps, "hub_repo": self.hub_url,
             "ckpt_pause_s_max": round(self.snapshots.pause_max_s, 4),
             "ckpt_wait_s_max": round(self.ckpt_wait_s, 4), **gc,
+            **self.timer.summary(plan.tokens_per_step),
             "seconds": round(time.time() - self.t_start, 1),
             "nonfinite_losses": sum(v is None for v in losses.values()),
         }
