@@ -42,16 +42,17 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
          halves (same maths, other GEMM shapes and reduction order; micro must be even), and plain in fp32
          without TF32, and compare every pair: the bf16 noise floor),
   zero (how gradients are cleared after a step: auto = as trainer/train.py, in place (kept allocated
-        from the start, trainer.compile.keep_grads_allocated) under DDP or CUDA graphs, set to None
+        from the start, trainer.compile.keep_grads_allocated) on several ranks or under CUDA graphs, set to None
         otherwise | inplace | none: set to None, which under CUDA graphs with accum > 1 is cudagraph trees'
         known silent error, pytorch/pytorch#169545, the one task=graphs must catch),
   gsteps (graphs: optimizer steps whose full gradients are compared),
-  bcast (2 ranks: 1 = DDP's default broadcast_buffers=True, a broadcast of the RoPE tables from rank 0 at
-         every forward, i.e. a collective that lines the ranks up at every micro-step; 0 = off, as the
-         trainer's trainer.dist.wrap_ddp),
-  ddpopt (2 ranks, compiled: 1 = Dynamo's DDPOptimizer, torch's default and the trainer's: the graph split
-          at DDP's buckets so they reduce during the backward; 0 = torch._dynamo.config.optimize_ddp off,
-          one graph, the all-reduce after the backward),
+  ddp (2 ranks: 0 = the trainer's trainer.dist.GradientSync, the gradients accumulated locally and
+       all-reduced once after the last micro-step; 1 = torch's DistributedDataParallel with no_sync on every
+       micro-step but the last, the trainer's way before, kept to measure the two side by side),
+  bcast (ddp=1: 1 = DDP's default broadcast_buffers=True, a broadcast of the RoPE tables from rank 0 at
+         every forward, i.e. a collective that lines the ranks up at every micro-step; 0 = off),
+  ddpopt (ddp=1, compiled: 1 = Dynamo's DDPOptimizer, torch's default: the graph split at DDP's buckets
+          so they reduce during the backward; 0 = torch._dynamo.config.optimize_ddp off, one graph),
   gcfreeze (speed, drift: 1 = after the warm-up steps, one full garbage collection and gc.freeze(), as
             the trainer's freeze_heap() (trainer/heap.py) after its first step; 0 = Python's collector left
             alone: its first full collection after a compile can land in the timed steps; speed rows count
@@ -95,7 +96,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from trainer.compile import compile_blocks, compile_model, keep_grads_allocated  # noqa: E402
-from trainer.dist import wrap_ddp  # noqa: E402
+from trainer.dist import GradientSync  # noqa: E402
 from trainer.heap import FullCollections, freeze_heap  # noqa: E402
 from trainer.hf import to_hf_config  # noqa: E402
 from trainer.kernels import addmm_fp32_status, ce_sum  # noqa: E402
@@ -116,7 +117,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, 
                                    "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
                                    "noise": 0, "res": 1, "wacc": 1, "ctune": 0, "lean": 0,
                                    "pbwd": "fp32", "combo": 0, "ind": "", "zero": "auto",
-                                   "gsteps": 3, "bcast": 0, "ddpopt": 1, "gcfreeze": 1}
+                                   "gsteps": 3, "ddp": 0, "bcast": 0, "ddpopt": 1, "gcfreeze": 1}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -146,7 +147,7 @@ def label(cfg: dict[str, Any]) -> str:
     if cfg["impl"] == "ours" and cfg["ce"] != "fused":
         extra = f" ce={cfg['ce']}"
     for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo", "zero", "gsteps", "bcast", "ddpopt", "gcfreeze"):
+                "ind", "pbwd", "combo", "zero", "gsteps", "ddp", "bcast", "ddpopt", "gcfreeze"):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
     return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
@@ -207,6 +208,19 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
         # HF shifts labels by one inside; with random tokens that changes nothing measured.
         return raw, lambda x, y: model(input_ids=x, labels=x).loss
     raise SystemExit(f"unknown impl {cfg['impl']!r}")
+
+
+def wrap_ddp(model: Any, *, device_type: str, local_rank: int, sync_buffers: bool = False) -> Any:
+    """torch's DistributedDataParallel as the trainer ran it before GradientSync (row key ddp=1):
+    gradient_as_bucket_view, and buffers not re-broadcast at every forward unless `sync_buffers` (torch >=
+    2.13 names that `forward_sync_buffers`, `broadcast_buffers` before)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
+        else "broadcast_buffers"
+    return DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
+               gradient_as_bucket_view=True, **{name: sync_buffers})
 
 
 def model_options(cfg: dict[str, Any]) -> ModelOptions:
@@ -349,18 +363,20 @@ class Bench:
         import torch._dynamo.config as dynamo_config
         dynamo_config.optimize_ddp = bool(cfg["ddpopt"])   # read when a frame compiles inside DDP's forward
         raw, loss_fn = build_model(cfg, self.args.model, self.device)
-        model = raw
-        if self.zero_in_place(cfg):
-            keep_grads_allocated(raw)   # as trainer/train.py: before DDP, which makes them its bucket views
-        if self.ddp:
+        model, self.sync = raw, None
+        if self.ddp and not cfg["ddp"]:   # as trainer/train.py: one all-reduce a step, grads in one buffer
+            if not self.zero_in_place(cfg):
+                raise SystemExit("zero=none would replace GradientSync's gradient views: use zero=inplace or ddp=1")
+            self.sync = GradientSync([p for p in raw.parameters() if p.requires_grad], self.world)
+        elif self.zero_in_place(cfg):
+            keep_grads_allocated(raw)   # before DDP, which makes them its bucket views
+        if self.ddp and cfg["ddp"]:
             model = wrap_ddp(raw, device_type=self.device.type, local_rank=self.device.index or 0,
                              sync_buffers=bool(cfg["bcast"]))
-            inner = loss_fn
             if cfg["impl"] == "ours":
                 loss_fn = lambda x, y: model(x, y)[1]  # noqa: E731 - the DDP wrapper must run the forward
             else:
                 loss_fn = lambda x, y: model(input_ids=x, labels=x).loss  # noqa: E731
-            del inner
         opt = make_optimizer(raw, self.device, cfg["lr"])
         scaler = torch.amp.GradScaler(self.device.type, enabled=cfg["prec"] == "fp16")
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cfg["prec"]]
@@ -380,21 +396,23 @@ class Bench:
                 x, y = batches[counter[0] % len(batches)]
                 counter[0] += 1
                 last = a == accum - 1
-                ctx = model.no_sync() if (self.ddp and not last) else contextlib.nullcontext()
+                ctx = model.no_sync() if (self.ddp and cfg["ddp"] and not last) else contextlib.nullcontext()
                 with ctx:
                     with autocast():
                         loss = loss_fn(x, y) / accum
                     scaler.scale(loss).backward()
                 total += loss.detach().float()
+            if self.sync is not None:
+                self.sync.all_reduce()
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
             if before_opt is not None:
                 before_opt()
             scaler.step(opt)
             scaler.update()
-            # As trainer/train.py: under DDP the grads are bucket views, zeroed in place (set to None, the
-            # next step's first no_sync micro-step would allocate a second full copy of them); under CUDA
-            # graphs they stay allocated so that accumulation adds into them (see `zero`).
+            # As trainer/train.py: on several ranks the grads are views of one buffer (GradientSync's or
+            # DDP's buckets), zeroed in place; under CUDA graphs they stay allocated so that accumulation
+            # adds into them (see `zero`).
             opt.zero_grad(set_to_none=not in_place)
             return total
         return step

@@ -1,11 +1,10 @@
 """Distribution in one place: this process's rank and device under torchrun, the collectives the trainer
 runs (agreeing on an error, gathering and broadcasting small Python objects, sums and maxima), and the
-trainer's DistributedDataParallel wrapper. A single process is a world of one: every call returns at once.
+data-parallel gradient averaging (GradientSync). A single process is a world of one: every call returns at once.
 """
 from __future__ import annotations
 
 import datetime
-import inspect
 import pickle
 from typing import Any, Callable, Mapping
 
@@ -124,15 +123,41 @@ def unpack_object(t: torch.Tensor) -> Any:
     return pickle.loads(raw[8:8 + n])
 
 
-def wrap_ddp(model: Any, *, device_type: str, local_rank: int, sync_buffers: bool = False) -> Any:
-    """The trainer's DistributedDataParallel. gradient_as_bucket_view: each .grad is a view into DDP's
-    all-reduce buckets instead of a second full copy of the gradients; the reduced values are the same.
-    Buffers are not synced at each forward: the model's only buffers are the RoPE tables, computed from the
-    config alike on every rank, and DDP's default re-broadcasts them from rank 0 at every forward, one
-    collective more at each micro-step, for nothing. torch >= 2.13 names that `forward_sync_buffers`
-    (`broadcast_buffers` is deprecated there)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
-        else "broadcast_buffers"
-    return DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
-               gradient_as_bucket_view=True, **{name: sync_buffers})
+class GradientSync:
+    """Data-parallel gradients without DistributedDataParallel: each rank accumulates its micro-steps'
+    gradients locally, then ONE all-reduce averages one flat buffer, after the last micro-step.
+
+    Why not DDP: under gradient accumulation its overlap of the all-reduce with the backward helps only the
+    last micro-step, while its per-micro-step machinery runs on every one (forward pre-hooks, per-parameter
+    autograd hooks, and Dynamo's DDPOptimizer cutting the compiled model into a graph per bucket); one
+    all-reduce of the whole buffer after the backward costs about a millisecond on NVLink. Measured in
+    docs/performance.md. Each parameter's .grad is a view into the flat buffer (allocated here, so it also
+    stays allocated, as CUDA graphs need): zero it in place (zero_grad(set_to_none=False)), never replace it.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], world_size: int):
+        self.world_size = world_size
+        if len({(p.dtype, p.device) for p in params}) > 1:
+            raise ValueError("GradientSync needs every parameter in one dtype on one device")
+        self.params = params
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        offset = 0
+        for p in params:
+            p.grad = self.flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        if world_size > 1:   # rank 0's weights everywhere, as DDP's constructor does
+            with torch.no_grad():
+                for p in params:
+                    dist.broadcast(p.data, src=0)
+
+    def all_reduce(self) -> None:
+        """Every rank's accumulated gradients replaced by their mean over the ranks (divided first, then
+        summed, as DDP's default reduction does, so a sum cannot overflow in fp16)."""
+        if self.world_size > 1:
+            self.flat.div_(self.world_size)
+            dist.all_reduce(self.flat, op=dist.ReduceOp.SUM)
+
+    def views_intact(self) -> bool:
+        """Whether every .grad is still this buffer's view (zero_grad(set_to_none=True) would break that)."""
+        base = self.flat.untyped_storage().data_ptr()
+        return all(p.grad is not None and p.grad.untyped_storage().data_ptr() == base for p in self.params)

@@ -24,7 +24,6 @@ Exit codes, the same on every rank: 0 done, 1 unexpected error, 2 bad command li
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
@@ -42,7 +41,7 @@ from trainer.cli import (Runtime, RunPlan, UsageError, build_parser, checkpoint_
                          lr_factor, run_config, validate_args)
 from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
 from trainer.data import DataError, load_mix, train_batch, val_batches
-from trainer.dist import Dist, wrap_ddp
+from trainer.dist import Dist, GradientSync
 from trainer.heap import FullCollections, freeze_heap
 from trainer.log import emit, setup_logging
 from trainer.model import GEOMETRIES, Llama, count_params
@@ -164,14 +163,12 @@ class Trainer:
         self.snapshots = Snapshotter(rt.snapshot, rt.snapshot_check, self.dist.device, emit=emit,
                                      new_model=lambda: Llama(self.cfg, attn=args.attn, options=rt.options))
 
-    # -- build: device, compile, DDP, optimizer ---------------------------------------------------------
+    # -- build: device, compile, gradient sync, optimizer ---------------------------------------------------------
     def build(self, loaded: dict | None) -> None:
         args, plan, rt = self.args, self.plan, self.rt
         raw = self.raw_model.to(self.dist.device)
         self.log(f"compile: {rt.compile_mode} ({rt.compile_why})")
-        # In place (parameter names unchanged), and before DDP wraps it, so DDP's all-reduce hooks stay
-        # outside the graph; Dynamo's DDPOptimizer still splits the graph at DDP's buckets, so that they
-        # reduce during the last micro-step's backward.
+        # In place: parameter names unchanged, and the checkpoint and the snapshot see the plain module.
         if rt.compile_mode == "model":
             compile_model(raw, rt.options, graphs=rt.cuda_graphs)
         elif rt.compile_mode == "blocks":
@@ -179,10 +176,12 @@ class Trainer:
         if rt.compile_mode != "off":
             self.log(f"compile kernels: {inductor_kernel_settings()}")
         self.log(f"cuda graphs: {'on' if rt.cuda_graphs else 'off'} ({rt.cuda_graphs_why})")
-        if rt.cuda_graphs:
-            keep_grads_allocated(raw)   # before DDP, which turns them into its bucket views
-        self.model = wrap_ddp(raw, device_type=rt.device_type, local_rank=self.dist.local_rank) \
-            if self.dist.ddp else raw
+        trainable = [p for p in raw.parameters() if p.requires_grad]
+        # Several ranks: one all-reduce per step of gradients kept in one flat buffer (trainer/dist.py says
+        # why not DDP); it also keeps them allocated, which CUDA graphs need.
+        self.grads = GradientSync(trainable, self.dist.world_size) if self.dist.ddp else None
+        if rt.cuda_graphs and self.grads is None:
+            keep_grads_allocated(raw)
         # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
         params = [p for p in raw.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
@@ -216,7 +215,7 @@ class Trainer:
         t_log, since_log = time.time(), 0
         self.gc_full = FullCollections()   # Python's full collections after the freeze: each one stops a step
         self.timer = StepTimer(self.dist.device)
-        self.model.train()
+        self.raw_model.train()
         for step in range(start + 1, plan.stop_step + 1):
             t_step = time.time()
             self.timer.mark()
@@ -256,21 +255,21 @@ class Trainer:
             x, y = train_batch(self.mix, seed=args.seed, step=step, rank=self.dist.rank, micro=micro,
                                world_size=self.dist.world_size, accum=args.accum, batch=args.micro_batch)
             x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
-            sync = not ddp or micro == args.accum - 1   # gradients are all-reduced on the last micro-step
-            with (contextlib.nullcontext() if sync else self.model.no_sync()):
-                with self.autocast():
-                    _, loss = self.model(x, y)
-                    loss = loss / args.accum
-                self.scaler.scale(loss).backward()
+            with self.autocast():
+                _, loss = self.raw_model(x, y)
+                loss = loss / args.accum
+            self.scaler.scale(loss).backward()
             step_loss += loss.detach().float()
+        if self.grads is not None:
+            self.grads.all_reduce()
         if args.grad_clip > 0:
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), args.grad_clip)
         self.snapshots.before_optimizer_step()
         self.scaler.step(self.opt)
         self.scaler.update()
-        # In place under DDP (the grads are its bucket views) and under CUDA graphs (see
-        # keep_grads_allocated); set to None otherwise, which frees them between steps.
+        # In place on several ranks (the grads are views of GradientSync's buffer) and under CUDA graphs
+        # (see keep_grads_allocated); set to None otherwise, which frees them between steps.
         self.opt.zero_grad(set_to_none=not (ddp or rt.cuda_graphs))
         self.sched.step()
         return step_loss
