@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SleepRecorder
+from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
 from trainer.hub import COMMIT_MARKER, HubStore
@@ -252,3 +252,101 @@ def test_control_endpoint_arms_a_fault_for_another_process(hub_server: HubServer
     before = hub_server.commit_count("tester/sctl")
     store.commit({"a": write(tmp_path, "a", b"1")})
     assert hub_server.commit_count("tester/sctl") == before + 1
+
+
+# ----------------------------------------------------------------- upload-phase errors, auth, jitter, tokens
+
+LFS_PUT = r"^/__lfs__/upload/"
+
+
+def test_a_4xx_in_the_upload_phase_is_retried_and_the_commit_lands_once(hub_server: HubServer, hub_store,
+                                                                       sleeps: SleepRecorder, tmp_path: Path) -> None:
+    store = ready(hub_store, "sup400")
+    before = hub_server.commit_count("tester/sup400")
+    hub_server.inject("truncate_upload", LFS_PUT, method="PUT")   # storage gets half the body: its own 400
+    data = os.urandom(8192)
+    store.commit({"m.safetensors": write(tmp_path, "m", data)})
+    assert [r["status"] for r in hub_server.requests("PUT", LFS_PUT)] == [400, 200]
+    assert hub_server.files("tester/sup400")["m.safetensors"] == data
+    assert hub_server.commit_count("tester/sup400") == before + 1 and len(sleeps.delays) == 1
+
+
+def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(hub_server: HubServer, hub_store,
+                                                                  tmp_path: Path) -> None:
+    store = ready(hub_store, "sup400b")
+    before = hub_server.commit_count("tester/sup400b")
+    hub_server.inject("truncate_upload", LFS_PUT, method="PUT", times=100)
+    with pytest.raises(StoreError) as e:
+        store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(8192))})
+    msg = str(e.value)
+    assert "after 5 tries" in msg and "Error while uploading 'm.safetensors'" in msg
+    assert "uploaded bytes do not match oid" in msg, msg         # storage's own words, not only the wrapper
+    assert len(hub_server.requests("PUT", LFS_PUT)) == 5 and hub_server.commit_count("tester/sup400b") == before
+
+
+def test_a_permanent_4xx_that_hf_xet_raises_as_connection_error_is_not_retried(
+        hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf_constants
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False, raising=False)   # the client as shipped
+    store = ready(hub_store, "sxet404")
+    hub_server.inject("status", r"/xet-write-token/", status=404, times=100)
+    with pytest.raises(StoreError) as e:
+        store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(8192))})
+    msg = str(e.value)
+    assert "ConnectionError" in msg and "404 Not Found" in msg and "tries" not in msg, msg
+    assert sleeps.delays == [] and len(hub_server.requests("GET", r"/xet-write-token/")) == 1
+
+
+def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(hub_server: HubServer, hub_store,
+                                                                    sleeps: SleepRecorder, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf_constants
+    ready(hub_store, "s401")
+    wrong = hub_store("s401", token="hf_WrongTokenValue12345")
+    with pytest.raises(StoreError) as e:
+        wrong.commit({"a.json": write(tmp_path, "a", b"{}")})
+    msg = str(e.value)
+    assert "HTTP 401" in msg and "HF_TOKEN" in msg and "`hf auth login`" in msg and "invalid" in msg
+    assert "Invalid credentials in Authorization header" in msg          # the server's cause
+    assert "hf_WrongTokenValue12345" not in msg and sleeps.delays == []
+    # No token anywhere: the message says so.
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "no-login" / "token"))
+    anonymous = hub_store("s401", token=None)
+    with pytest.raises(StoreError, match=r"HTTP 401\): no token was found: set HF_TOKEN or run `hf auth login`"):
+        anonymous.create()
+
+
+def test_the_token_hf_auth_login_saved_is_used_without_hf_token(hub_server: HubServer, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf_constants
+    from trainer.store import open_store
+    (tmp_path / "token").write_text(HUB_TOKEN + "\n")
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
+    store = open_store("hf://tester/login")
+    store.create()
+    store.commit({"a.json": write(tmp_path, "a", b"{}")})
+    writes = hub_server.requests("POST", r"^/api/repos/create$") + hub_server.requests("POST", COMMIT)
+    assert writes and all(r["authorized"] for r in writes)
+    assert HUB_TOKEN not in repr(store)
+    # The store knows it holds that token: a rejected one is named as the token in use, never "no token".
+    (tmp_path / "token").write_text("hf_ExpiredLoginToken9876\n")
+    with pytest.raises(StoreError) as e:
+        open_store("hf://tester/login").commit({"b.json": write(tmp_path, "b", b"{}")})
+    assert "the token in use (HF_TOKEN, or the one `hf auth login` saved) is invalid" in str(e.value)
+    assert "hf_ExpiredLoginToken9876" not in str(e.value)
+
+
+def test_retry_backoff_never_touches_the_global_random(hub_server: HubServer, hub_store, sleeps: SleepRecorder,
+                                                       tmp_path: Path) -> None:
+    import random
+    store = ready(hub_store, "sjitter")
+    random.seed(1234)
+    state = random.getstate()
+    hub_server.inject("status", COMMIT, status=503, times=3)
+    store.commit({"a.json": write(tmp_path, "a", b"{}")})
+    assert len(sleeps.delays) == 3 and len(set(sleeps.delays)) == 3     # jittered, exponential
+    assert random.getstate() == state          # training state (saved in rng.pt) is not moved by a retry
