@@ -16,6 +16,7 @@ from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
 from trainer.hub import COMMIT_MARKER, HubStore
+from trainer.lease import LEASE_PATH
 from trainer.store import StoreError
 from blobs import sha, write
 
@@ -187,21 +188,43 @@ def run_pushes(store: HubStore, tmp: Path, steps: list[int], log: list[str]) -> 
 
 
 def final_state(server: HubServer, repo_id: str) -> dict[str, str]:
-    return {p: sha(b) for p, b in server.files(repo_id).items() if p != POINTER_PATH}
+    return {p: sha(b) for p, b in server.files(repo_id).items() if p not in (POINTER_PATH, LEASE_PATH)}
 
 
-def test_checkpointer_pointer_does_not_move_on_silent_corruption(hub_server: HubServer, hub_store,
-                                                                 tmp_path: Path) -> None:
+def test_checkpointer_pointer_does_not_move_on_corruption_that_persists(hub_server: HubServer, hub_store,
+                                                                       tmp_path: Path) -> None:
     store = hub_store("ckcorrupt")
     log: list[str] = []
     run_pushes(store, tmp_path, [10], log)          # step 10 is clean; final=True for that one push though
     ck = Checkpointer(store, log=log.append)
-    hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$")
+    hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$", times=10)
     folder, files = make_ckpt(tmp_path, 20)
-    with pytest.raises(StoreError, match="verify step=20 FAILED.*NOT moved"):
+    with pytest.raises(StoreError, match="verify step=20 FAILED.*even after a repair.*NOT moved"):
         ck.push(20, folder, files, tokens=2000, config_hash="cfg")
     pointer = read_pointer(store)
     assert pointer is not None and pointer.step == 10 and pointer.path_in_repo == "final"
+
+
+def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_succeeds(
+        hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = hub_store("ckrepair")
+    run_pushes(store, tmp_path, [10], [])
+    folder, files = make_ckpt(tmp_path, 20)
+    path = "ckpt/checkpoint-20/model.safetensors"
+    # A session whose upload was corrupted (every try): it failed, the bad object stays on the Hub.
+    hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$", times=10)
+    with pytest.raises(StoreError, match="even after a repair"):
+        Checkpointer(store, log=[].append).push(20, folder, files, tokens=2000, config_hash="cfg")
+    hub_server.clear_faults()
+    assert sha(hub_server.files("tester/ckrepair")[path]) != files["model.safetensors"]
+    # The next session pushes the same bytes: verify finds the old bad object, the repair replaces it.
+    log: list[str] = []
+    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash="cfg")
+    assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
+    assert sha(hub_server.files("tester/ckrepair")[path]) == files["model.safetensors"] == pointer.files[
+        "model.safetensors"]
+    assert hub_server.requests("POST", r"/lfs-files/batch$")          # the bad object was purged, then uploaded
+    assert read_pointer(store).step == 20
 
 
 def test_checkpointer_landed_but_unacknowledged_push_is_not_pushed_twice(hub_server: HubServer, hub_store,
@@ -236,8 +259,9 @@ def test_nothing_is_lost_under_faults_same_final_state_as_a_clean_run(hub_server
     assert final_state(hub_server, "tester/faulty") == final_state(hub_server, "tester/clean")
     clean_ptr = json.loads(hub_server.files("tester/clean")[POINTER_PATH])
     faulty_ptr = json.loads(hub_server.files("tester/faulty")[POINTER_PATH])
-    for doc in (clean_ptr, faulty_ptr):
-        doc.pop("time")
+    for doc in (clean_ptr, faulty_ptr):      # when and at which revision differ between two repos
+        doc.pop("time"), doc.pop("revision")
+        assert doc.pop("previous")["step"] == 20 and doc["path_in_repo"] == "final"
     assert faulty_ptr == clean_ptr and faulty_ptr["files"]["model.safetensors"] == \
         final_state(hub_server, "tester/clean")["final/model.safetensors"]
 

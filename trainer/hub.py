@@ -22,17 +22,17 @@ in older releases).
 
 Failure handling. Transient failures (HTTP 408/429/500/502/503/504, connection resets, timeouts) are retried
 with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``; the
-jitter draws from the policy's own ``random.Random``, never the global one that training state saves). A
-4xx during the upload phase of a commit (preupload, LFS batch, the storage PUT, Xet), before anything is
-committed, is retried too (e.g. storage rejecting a cut body with 400), except 401, 404, 405, 410, 413 and a
-403 from the Hub API, which no retry changes. An HTTP status carried in the text of a transport error (hf_xet
-raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is classified like the status
-itself. Messages keep every cause in the exception chain (the server's message included), and a 401 names
-HF_TOKEN and ``hf auth login``. A commit's failure after the request may have reached the Hub is ambiguous: every commit carries a unique
-``specprobe-commit`` marker, and before pushing again the history is read back; a commit that landed is
-returned, not pushed twice. A 412 (the head moved under ``parent_commit``) re-reads the head and retries,
-unless the caller asked for a compare-and-swap (``expect_revision``): then it raises ``Conflict``.
-Downloads compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id
+jitter draws from the policy's own ``random.Random``, never the global one that training state saves). In
+the upload phase of a commit (preupload, LFS batch, the storage PUT, Xet), before anything is committed, a
+400 (storage rejecting a cut body), 409, 422 and a 403 from storage (an expired presigned URL) are retried
+too; 401, 404 and any 4xx from the commit endpoint itself are final. An HTTP status carried in the text of a
+transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
+classified like the status itself. Messages keep every cause in the exception chain (the server's message
+included), and a 401 names HF_TOKEN and ``hf auth login``. A commit's failure after the request may have
+reached the Hub is ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing
+again the history is read back; a commit that landed is returned, not pushed twice. A 412 (the head moved
+under ``parent_commit``) re-reads the head and retries, unless the caller asked for a compare-and-swap
+(``expect_revision``): then it raises ``Conflict``. Downloads compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id
 for regular ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists
 is silent corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
 

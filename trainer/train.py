@@ -164,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-tokens", type=int, default=0, help="0 skips validation")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", default="auto", help="auto | never | PATH of a local checkpoint dir")
+    p.add_argument("--allow-pointer-rollback", action="store_true",
+                   help="resume from (or push over) a latest.json that moved back to an earlier step")
     p.add_argument("--stop-after-steps", type=int, default=0, help="absolute stop step; 0 = horizon")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -870,6 +872,8 @@ class Trainer:
         finally:
             if self.pusher is not None:
                 self.pusher.shutdown(wait=True)
+            if getattr(self, "checkpointer", None) is not None:
+                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
             # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
             # waits for the GIL that the destructor holds while joining it). __main__ exits without
             # running destructors instead; every push has finished and every collective has completed.
@@ -921,7 +925,8 @@ class Trainer:
             try:
                 store = open_store(args.hub_repo, token=token)
                 self.checkpointer = Checkpointer(store, log=_emit, prune=args.prune,
-                                                 keep_optimizer_states=args.keep_optimizer_states)
+                                                 keep_optimizer_states=args.keep_optimizer_states,
+                                                 allow_rollback=args.allow_pointer_rollback)
                 decision["pointer"] = self._resume_decision(store)
             except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
                 # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
