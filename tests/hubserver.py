@@ -183,7 +183,7 @@ class HubServer:
         self._lock = threading.RLock()
         self._secret = uuid.uuid4().bytes     # signs LFS upload URLs
         self._counter = 0
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
+        self._httpd = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -303,6 +303,16 @@ class HubServer:
         if size == 0:
             return False
         return size >= self.lfs_threshold or any(_glob_match(p, path) for p in self.lfs_patterns)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client killed mid-request (the kill tests do it on purpose) resets its connection: not a server error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from trainer.checkpoint import (CHECKPOINT_FILES, Checkpointer, Pointer, ResumeRefused, config_hash,
                                 prune_local, prune_plan, read_pointer, seal_trainer_state, write_checkpoint_dir)
 from trainer.lease import LEASE_PATH
-from trainer.store import LocalStore, StoreError, open_store, sha256_file
+from trainer.store import LocalStore, MetadataMissing, StoreError, open_store, sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_CONFIG = {"model": "tiny", "seq_len": 64, "micro_batch": 2, "accum": 1, "world_size": 1,
@@ -91,8 +92,8 @@ def test_push_runs_push_verify_pointer_prune_in_order_and_writes_the_pointer(sto
 def test_push_is_one_commit_and_the_pointer_another(store, tmp_path):
     push(Checkpointer(store, log=Recorder(), prune=False), tmp_path, 10)
     log = json.loads((store.dir / ".specprobe/manifest.json").read_text())["log"]
-    assert [e["message"].split("\n")[0] for e in log[1:]] == ["lease acquired", "checkpoint step 10 -> ckpt/checkpoint-10",
-                                                            "latest.json -> step 10 ckpt/checkpoint-10"]
+    assert [e["message"].split("\n")[0] for e in log[1:]] == [
+        "lease acquired", "checkpoint step 10 -> ckpt/checkpoint-10", "latest.json -> step 10 ckpt/checkpoint-10"]
     assert [sorted(e["added"]) for e in log[2:]] == [sorted(f"ckpt/checkpoint-10/{n}" for n in CHECKPOINT_FILES),
                                                       ["latest.json"]]
 
@@ -268,7 +269,8 @@ def test_history_without_a_pointer_resumes_from_the_newest_checkpoint_that_verif
     replace_in_store(store, "ckpt/checkpoint-20/rng.pt", b"not what step 20 saved", tmp_path)
     log = Recorder()
     pointer = Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=30)
-    assert (pointer.step, pointer.path_in_repo, pointer.tokens, pointer.terminal) == (10, "ckpt/checkpoint-10", 1280, False)
+    assert (pointer.step, pointer.path_in_repo, pointer.tokens, pointer.terminal) == \
+        (10, "ckpt/checkpoint-10", 1280, False)
     assert read_pointer(store) == pointer                          # the pointer was moved there, durably
     assert pointer.files == {n: sha256_file(tmp_path / "local/checkpoint-10" / n) for n in CHECKPOINT_FILES}
     recovered = [l for l in log.lines if "has no latest.json" in l]
@@ -584,7 +586,8 @@ def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_pat
     log = Recorder()
     pointer = Checkpointer(store, log=log, allow_rollback=True).resume_decision(config_hash=CH, horizon_step=30)
     assert pointer.step == 10
-    assert any("moved back from step 20 to 10; resuming from it as --allow-pointer-rollback asks" in l for l in log.lines)
+    assert any("moved back from step 20 to 10; resuming from it as --allow-pointer-rollback asks" in line
+               for line in log.lines)
 
 
 def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path):
@@ -594,7 +597,8 @@ def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path)
     store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})   # pushed, never pointed at
     log = Recorder()
     assert Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=30).step == 10
-    assert any(l.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)") for l in log.lines)
+    assert any(line.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)")
+               for line in log.lines)
 
 
 # ------------------------------------------------------------------------------------------ repair
@@ -622,3 +626,16 @@ def test_a_corrupt_stored_file_is_repaired_and_the_push_completes(store, tmp_pat
     assert "ckpt/checkpoint-20/model.safetensors: stored sha256" in log.lines[2]
     assert pointer.step == 20 and read_pointer(store) == pointer
     assert store.sha256("ckpt/checkpoint-20/model.safetensors") == pointer.files["model.safetensors"]
+
+
+def test_resume_over_a_store_copied_without_its_metadata_refuses_and_changes_nothing(store, tmp_path):
+    push(Checkpointer(store, log=Recorder()), tmp_path, 10)
+    copy = tmp_path / "copied/probe/ckpt-x"
+    shutil.copytree(store.dir, copy, ignore=shutil.ignore_patterns(".specprobe"))    # `cp -r repo/*`
+    before = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file())
+    log = Recorder()
+    with pytest.raises(MetadataMissing, match="but no .specprobe/manifest.json"):
+        Checkpointer(open_store(f"file://{tmp_path}/copied/probe/ckpt-x"), log=log).resume_decision(
+            config_hash=CH, horizon_step=20)
+    assert not any("fresh start" in line for line in log.lines)
+    assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == before

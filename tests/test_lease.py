@@ -58,7 +58,8 @@ def test_a_live_holder_refuses_a_second_writer_naming_it(store, tmp_path):
     with pytest.raises(LeaseHeld) as e:
         Lease(store, ttl_s=60, log=[].append).acquire()
     msg = str(e.value)
-    assert "is being written by another trainer" in msg and "writer far-away:4242:abcd1234 (host far-away, pid 4242)" in msg
+    assert "is being written by another trainer" in msg
+    assert "writer far-away:4242:abcd1234 (host far-away, pid 4242)" in msg
     assert "expires " in msg and holder(store) == FOREIGN               # untouched
 
 

@@ -369,25 +369,28 @@ class Checkpointer:
             "run. Nothing was pushed. Resume from the store's pointer (--resume auto), or pass "
             "--allow-pointer-rollback to move it back on purpose.")
 
-    def _verify(self, dest: str, files: dict[str, str]) -> list[str]:
-        """The files whose stored bytes differ from the local hashes (empty: verified)."""
-        bad = []
+    def _verify(self, dest: str, files: dict[str, str]) -> dict[str, str]:
+        """{file name: what the store holds} for the files whose stored bytes differ from the local hashes."""
+        bad = {}
         for name, want in sorted(files.items()):
-            path = f"{dest}/{name}"
             try:
-                got = self.store.sha256(path)
+                got = self.store.sha256(f"{dest}/{name}")
             except EntryMissing:
                 got = "<missing>"
             if got != want:
-                bad.append(f"{path}: stored sha256 {got}, local sha256 {want}")
+                bad[name] = got
         return bad
 
-    def _repair(self, step: int, dest: str, local_dir: Path, files: dict[str, str], bad: list[str]) -> None:
+    @staticmethod
+    def _mismatches(dest: str, files: dict[str, str], bad: dict[str, str]) -> str:
+        return "; ".join(f"{dest}/{n}: stored sha256 {got}, local sha256 {files[n]}" for n, got in bad.items())
+
+    def _repair(self, step: int, dest: str, local_dir: Path, files: dict[str, str], bad: dict[str, str]) -> None:
         """Replace the files whose stored bytes are wrong: delete them, purge their objects (so the upload is
         not deduplicated onto the bad ones), upload them again; verify again. StoreError when still wrong."""
-        names = [b.split(": ", 1)[0][len(dest) + 1:] for b in bad]
-        self._say(f"CKPT repair step={step}: verify found {'; '.join(bad)}; deleting, purging the stored objects "
-                  f"and uploading again: {', '.join(names)}")
+        names = sorted(bad)
+        self._say(f"CKPT repair step={step}: verify found {self._mismatches(dest, files, bad)}; deleting, purging "
+                  f"the stored objects and uploading again: {', '.join(names)}")
         listed = self.store.list_files()
         gone = [f"{dest}/{n}" for n in names if f"{dest}/{n}" in listed]
         if gone:
@@ -398,7 +401,7 @@ class Checkpointer:
         still = self._verify(dest, files)
         if still:
             raise StoreError(f"CKPT verify step={step} FAILED in {self.url} even after a repair: "
-                             + "; ".join(still) + f"; {POINTER_PATH} was NOT moved")
+                             f"{self._mismatches(dest, files, still)}; {POINTER_PATH} was NOT moved")
 
     def _write_pointer(self, pointer: Pointer) -> None:
         with tempfile.TemporaryDirectory(prefix="specprobe-pointer-") as tmp:
@@ -512,7 +515,7 @@ class Checkpointer:
         return state, {**state["files"], STATE_FILE: hashlib.sha256(raw).hexdigest()}
 
     def _note_newer(self, pointer: Pointer, listing: dict[str, FileInfo]) -> None:
-        newer = sorted({int(m.group(1)) for p in listing if (m := _CKPT_DIR.match(p))} - set(range(pointer.step + 1)))
+        newer = sorted({s for p in listing if (m := _CKPT_DIR.match(p)) and (s := int(m.group(1))) > pointer.step})
         if newer:
             self._say(f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
                       f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "

@@ -32,8 +32,9 @@ included), and a 401 names HF_TOKEN and ``hf auth login``. A commit's failure af
 reached the Hub is ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing
 again the history is read back; a commit that landed is returned, not pushed twice. A 412 (the head moved
 under ``parent_commit``) re-reads the head and retries, unless the caller asked for a compare-and-swap
-(``expect_revision``): then it raises ``Conflict``. Downloads compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id
-for regular ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists
+(``expect_revision``): then it raises ``Conflict``. Downloads compare the bytes with the hash the Hub
+recorded at upload (sha256 for LFS files, the git blob id for regular ones) and re-download on a mismatch,
+which catches truncated transfers; a mismatch that persists
 is silent corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
 
 The token is ``token=`` or else ``huggingface_hub.get_token()`` (HF_TOKEN, or the token ``hf auth login``
@@ -445,11 +446,14 @@ class HubStore:
             log.warning("hub: %s: this huggingface_hub has no list_lfs_files; cannot purge %s", self.url,
                         sorted(wanted))
             return
-        found = [f for f in self._call("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
-                 if getattr(f, "file_oid", None) in wanted]
-        if found:
-            self._call("purge LFS objects", lambda: deleter(self.repo_id, found, rewrite_history=False,
-                                                            repo_type=self.repo_type))
+        try:
+            listed = self._call("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
+            found = [f for f in listed if getattr(f, "file_oid", None) in wanted]
+            if found:
+                self._call("purge LFS objects", lambda: deleter(self.repo_id, found, rewrite_history=False,
+                                                                repo_type=self.repo_type))
+        except StoreError as e:     # the re-upload may still dedup onto the bad object: verify will say so
+            log.warning("hub: %s: could not purge %s: %s", self.url, sorted(wanted), e)
 
     def whoami(self) -> str:
         """The user name the token belongs to (raises StoreError when the Hub rejects the token)."""

@@ -306,9 +306,10 @@ class LocalStore:
             f"{_META}/objects/ without {_META}/manifest.json"
         raise MetadataMissing(
             f"{redact_url(self.url)}: the folder {self.dir} holds files ({what}) but no "
-            f"{self._manifest.relative_to(self.dir)}: the store's metadata is missing (a copy made with `cp -r repo/*` or an rsync that skipped "
-            f"dot-folders loses {_META}/). Refusing to take it for a missing repo: a fresh start would bury "
-            f"that history. Copy the repo again with its {_META}/ folder, or move these files out of the way.")
+            f"{self._manifest.relative_to(self.dir)}: the store's metadata is missing (a copy made with "
+            f"`cp -r repo/*` or an rsync that skipped dot-folders loses {_META}/). Refusing to take it for a "
+            "missing repo: a fresh start would bury that history. Copy the repo again with its "
+            f"{_META}/ folder, or move these files out of the way.")
 
     def _load(self) -> dict:
         try:
