@@ -1068,6 +1068,10 @@ class Trainer:
             set_rng_state(loaded["rng"], self.device_type)
         else:
             torch.manual_seed(args.seed + self.rank)  # per-rank stream for anything stochastic
+            # Python's and numpy's too: they are saved in rng.pt, which must be a function of the seed.
+            import numpy as np
+            random.seed(args.seed + self.rank)
+            np.random.seed(args.seed + self.rank)
         self.model, self.opt, self.sched, self.scaler = model, opt, sched, scaler
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[prec.name]
