@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-tokens", type=int, default=0, help="0 skips validation")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     p.add_argument("--resume", default="auto", help="auto | never | PATH of a local checkpoint dir")
+    p.add_argument("--allow-pointer-rollback", action="store_true",
+                   help="resume from (or push over) a latest.json that moved back to an earlier step")
     p.add_argument("--stop-after-steps", type=int, default=0, help="absolute stop step; 0 = horizon")
     p.add_argument("--seed", type=int, default=1337, help="model init and data order")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto = cuda when available")

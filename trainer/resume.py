@@ -45,7 +45,8 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
         try:
             store = open_store(args.hub_repo, token=token)
             checkpointer = Checkpointer(store, log=emit, prune=args.prune,
-                                        keep_optimizer_states=args.keep_optimizer_states)
+                                        keep_optimizer_states=args.keep_optimizer_states,
+                                        allow_rollback=args.allow_pointer_rollback)
             if plan.resume_mode == "auto":
                 decision["pointer"] = checkpointer.resume_decision(
                     config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config)

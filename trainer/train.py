@@ -28,12 +28,14 @@ import datetime
 import json
 import math
 import os
+import random
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, config_hash, prune_local, write_checkpoint_dir
@@ -131,6 +133,10 @@ class Trainer:
         finally:
             if self.pusher is not None:
                 self.pusher.shutdown(wait=True)
+            if self.checkpointer is not None:
+                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
+            if getattr(self, "checkpointer", None) is not None:
+                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
             # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
             # waits for the GIL that the destructor holds while joining it). __main__ exits without
             # running destructors instead; every push has finished and every collective has completed.
@@ -199,6 +205,9 @@ class Trainer:
             set_rng_state(loaded["rng"], rt.device_type)
         else:
             torch.manual_seed(args.seed + self.dist.rank)  # per-rank stream for anything stochastic
+            # Python's and numpy's too: they are saved in rng.pt, which must be a function of the seed.
+            random.seed(args.seed + self.dist.rank)
+            np.random.seed(args.seed + self.dist.rank)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[rt.precision.name]
         self.autocast = partial(torch.autocast, device_type=rt.device_type, dtype=dtype,
                                 enabled=rt.precision.name != "fp32")
