@@ -71,7 +71,8 @@ from trainer.store import (EntryMissing, FileInfo, LocalStore, RepoMissing, Stor
 __all__ = [
     "POINTER_PATH", "POINTER_FORMAT", "CHECKPOINT_FILES", "PRUNABLE_FILES", "CONFIG_HASH_FIELDS",
     "ResumeRefused", "Pointer", "read_pointer", "write_checkpoint_dir", "Checkpointer", "prune_plan",
-    "prune_local", "hub_state", "config_hash", "config_changes", "checkpoint_path", "seal_trainer_state",
+    "prune_local", "hub_state", "config_hash", "config_changes", "config_diff", "judge_config_change",
+    "CHANGEABLE_FIELDS", "show_value", "checkpoint_path", "seal_trainer_state",
     "unseal_trainer_state",
 ]
 
@@ -80,10 +81,17 @@ POINTER_FORMAT = "specprobe-pointer/1"
 CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.json", "optimizer.pt", "rng.pt")
 STATE_FILE = "trainer_state.json"       # the checkpoint's own record: its step, tokens and the other files' hashes
 PRUNABLE_FILES = ("optimizer.pt", "rng.pt")
-# What a resume cannot silently change: the token stream, the step shape, the optimisation recipe and the
-# model options that change what is computed (trainer/options.py). Widening the check = adding a name.
-CONFIG_HASH_FIELDS = ("model", "seq_len", "micro_batch", "accum", "world_size", "tokens", "lr", "seed",
-                      "schedule", "numerics")
+# What a resume cannot silently change: every run_config field that changes the weights the run ends
+# with (the token stream, the step shape, the optimisation recipe, the precision and the model options that
+# change what is computed, trainer/options.py). Left out: tokens_per_step and total_steps, which are
+# functions of the fields here.
+CONFIG_HASH_FIELDS = ("model", "seq_len", "micro_batch", "accum", "world_size", "tokens", "lr", "min_lr",
+                      "warmup_steps", "weight_decay", "grad_clip", "schedule", "seed", "precision", "numerics")
+# What `--allow-config-change` may let a resume change on purpose: the recipe. The others decide which
+# samples each rank reads and the tensors' shapes (model, seq_len, micro_batch, accum, world_size) or the
+# data order and the init (seed): a resume with another of them is another run, not a changed one.
+CHANGEABLE_FIELDS = ("tokens", "lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip", "schedule",
+                     "precision", "numerics")
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
@@ -186,22 +194,63 @@ def config_hash(run_config: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def config_changes(old: dict, new: dict) -> list[str]:
-    """'field: old -> new' (values as JSON) for each CONFIG_HASH_FIELDS field that differs between two run
-    configs; a dict-valued field (numerics) is compared key by key, as field.key."""
-    def show(value: Any) -> str:
-        return "(absent)" if value is _ABSENT else json.dumps(value, sort_keys=True, default=str)
-
-    out = []
+def config_diff(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field, old, new) for each CONFIG_HASH_FIELDS field that differs between two run configs (None for an
+    absent value); a dict-valued field (numerics) is compared key by key, as field.key."""
+    out: list[tuple[str, Any, Any]] = []
     for k in CONFIG_HASH_FIELDS:
         a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
         if isinstance(a, dict) or isinstance(b, dict):
             a, b = (a if isinstance(a, dict) else {}), (b if isinstance(b, dict) else {})
-            out += [f"{k}.{n}: {show(a.get(n, _ABSENT))} -> {show(b.get(n, _ABSENT))}"
-                    for n in sorted(set(a) | set(b)) if a.get(n, _ABSENT) != b.get(n, _ABSENT)]
+            out += [(f"{k}.{n}", a.get(n), b.get(n)) for n in sorted(set(a) | set(b))
+                    if a.get(n, _ABSENT) != b.get(n, _ABSENT)]
         elif a != b:
-            out.append(f"{k}: {show(a)} -> {show(b)}")
+            out.append((k, None if a is _ABSENT else a, None if b is _ABSENT else b))
     return out
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """config_diff() as 'field: old -> new' lines (values as JSON)."""
+    return [f"{k}: {show_value(a)} -> {show_value(b)}" for k, a, b in config_diff(old, new)]
+
+
+def show_value(value: Any) -> str:
+    """A run-config value for a message: floats to 6 significant digits (lr/10 is 0.00030000000000000003),
+    the rest as JSON."""
+    if value is None:
+        return "(absent)"
+    if isinstance(value, float):
+        return repr(value) if len(repr(value)) <= 12 else format(value, ".6g")
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def unallowed_changes(diff: list[tuple[str, Any, Any]], allowed: frozenset[str]) -> list[str]:
+    """The fields of `diff` that `allowed` (names from --allow-config-change; `numerics` covers every
+    numerics.* option) does not cover."""
+    return [k for k, _, _ in diff if k not in allowed and k.split(".")[0] not in allowed]
+
+
+def judge_config_change(stored: dict | None, run_config: dict, allowed: frozenset[str],
+                        where: str) -> list[dict[str, Any]]:
+    """A config_hash mismatch between a checkpoint (its stored run config) and this run: the changes, as
+    [{field, old, new}], when --allow-config-change covers every one; ValueError saying what changed and
+    what to do otherwise."""
+    if not isinstance(stored, dict):
+        raise ValueError(f"{where} was written under another configuration (config_hash differs) and its "
+                         "run config cannot be read to say what changed; resume with the original flags or "
+                         "use a new repo")
+    diff = config_diff(stored, run_config)
+    lines = "; ".join(f"{k}: {show_value(a)} -> {show_value(b)}" for k, a, b in diff) or "no recorded field differs"
+    bad = unallowed_changes(diff, allowed)
+    if diff and not bad:
+        return [{"field": k, "old": a, "new": b} for k, a, b in diff]
+    fixed = [k for k in bad if k.split(".")[0] not in CHANGEABLE_FIELDS]
+    how = (f"these fields cannot change across a resume: {', '.join(fixed)} (they decide the step's shape, "
+           "the samples each rank reads or the data order): use the original values or a new repo" if fixed else
+           f"to change it on purpose, resume with --allow-config-change {','.join(bad)}; otherwise use the "
+           "original flags or a new repo") if diff else "use the original flags or a new repo"
+    raise ValueError(f"{where} was written under another configuration (changed: {lines}); resuming would "
+                     f"mix two runs silently. {how[0].upper()}{how[1:]}.")
 
 
 _ABSENT = object()
@@ -308,7 +357,7 @@ class Checkpointer:
 
     def __init__(self, store: Store, *, log: Callable[[str], None] = print, prune: bool = True,
                  keep_optimizer_states: int = 1, allow_rollback: bool = False,
-                 lease_ttl_s: float | None = None) -> None:
+                 allow_changes: frozenset[str] = frozenset(), lease_ttl_s: float | None = None) -> None:
         if keep_optimizer_states < 1:
             raise ValueError(f"keep_optimizer_states must be >= 1 (the pointer's target always keeps its "
                              f"optimizer state), got {keep_optimizer_states}")
@@ -316,6 +365,8 @@ class Checkpointer:
         self.prune = prune
         self.keep_optimizer_states = keep_optimizer_states
         self.allow_rollback = allow_rollback
+        self.allow_changes = allow_changes
+        self.config_changes: list[dict[str, Any]] = []   # what --allow-config-change let the resume change
         self._log = log
         self.lease = Lease(store, ttl_s=lease_ttl_s, log=self._say)
         self._pointer: Pointer | None = None     # the store's pointer as this writer last read or wrote it
@@ -564,13 +615,16 @@ class Checkpointer:
                 f"{where} is terminal: the run already finished at step {p.step} ({p.path_in_repo}); nothing "
                 "to resume. Use a new repo to train again.")
         if p.config_hash != config_hash:
-            changed = self._stored_config_changes(p, run_config) if run_config is not None else []
-            what = ("changed: " + "; ".join(changed)) if changed else \
-                f"one of {', '.join(CONFIG_HASH_FIELDS)} changed"
-            raise ResumeRefused(
-                f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
-                f"{config_hash}: {what}, and resuming would mix two runs. Resume with the original "
-                "configuration or use a new repo.")
+            if run_config is None:
+                raise ResumeRefused(
+                    f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
+                    f"{config_hash}: one of {', '.join(CONFIG_HASH_FIELDS)} changed, and resuming would mix "
+                    "two runs. Resume with the original configuration or use a new repo.")
+            try:
+                self.config_changes = judge_config_change(self._stored_run_config(p), run_config,
+                                                          self.allow_changes, f"{where} (step {p.step})")
+            except ValueError as e:
+                raise ResumeRefused(str(e)) from None
         if p.step > horizon_step:
             raise ResumeRefused(
                 f"{where} is at step {p.step}, past this run's horizon step {horizon_step}; refusing to "
@@ -636,15 +690,14 @@ class Checkpointer:
                 f"{where} and {p.path_in_repo}/{STATE_FILE} disagree ({'; '.join(differ)}); refusing to guess "
                 "which one describes the run. Repair the pointer or resume into a new repo.")
 
-    def _stored_config_changes(self, p: Pointer, run_config: dict) -> list[str]:
-        """config_changes() against the run config in the pointer's trainer_state.json; [] where that file
-        cannot be read (the refusal then names the hashed fields instead)."""
+    def _stored_run_config(self, p: Pointer) -> dict | None:
+        """The run config in the pointer's trainer_state.json; None where that file cannot be read."""
         try:
             state = json.loads(self.store.read_bytes(f"{p.path_in_repo}/trainer_state.json"))
-            stored = state.get("run_config") if isinstance(state, dict) else None
         except (StoreError, ValueError, UnicodeDecodeError):
-            return []
-        return config_changes(stored, run_config) if isinstance(stored, dict) else []
+            return None
+        stored = state.get("run_config") if isinstance(state, dict) else None
+        return stored if isinstance(stored, dict) else None
 
     def fetch(self, pointer: Pointer, dest: Path) -> Path:
         """Download the pointer's files into ``dest``; each must match the pointer's sha256 (one retry)."""
