@@ -5,6 +5,7 @@ one `engine validate` shows the whole list.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any, Iterable, Iterator, Mapping
@@ -17,6 +18,19 @@ from engine.values import iter_refs, layer, refs, resolve, unknown_message
 
 # What a check can read: the evidence document minus `checks` and `verdict` (and its own `let`).
 EVIDENCE_ROOTS = ("steps", "state", "values", "mode", "spec")
+
+
+# Every mode looks at the same expressions again (a check reads the same text in smoke and soak):
+# what a text's syntax allows and what it reads depend on the text alone.
+@functools.lru_cache(maxsize=2048)
+def _problems(text: str) -> tuple[str, ...]:
+    return tuple(functions.problems(text))
+
+
+@functools.lru_cache(maxsize=2048)
+def _roots(text: str) -> tuple[tuple[str, ...], ...]:
+    """Field chains `text` reads from the root; raises on a syntax error (reported by _problems)."""
+    return tuple(functions.root_paths(functions.compile_expr(text)))
 
 
 def _check_texts(check: Mapping[str, Any]) -> Iterator[tuple[tuple, str]]:
@@ -53,7 +67,7 @@ def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
 
 
 def _compile_errors(spec: Spec) -> list[SpecError]:
-    return [spec.error(path, msg) for path, text in _expressions(spec) for msg in functions.problems(text)]
+    return [spec.error(path, msg) for path, text in _expressions(spec) for msg in _problems(text)]
 
 
 def _unique_names(spec: Spec) -> list[SpecError]:
@@ -123,7 +137,7 @@ def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = No
     errors = []
     for path, text in (_expressions(spec) if texts is None else texts):
         try:
-            chains = functions.root_paths(functions.compile_expr(text))
+            chains = _roots(text)
         except Exception:  # noqa: BLE001 - a parse error, already reported by _compile_errors
             continue
         for chain in chains:
@@ -310,7 +324,7 @@ def _unused_lets(check: Mapping[str, Any]) -> list[tuple[tuple, str]]:
     read: set[str] = set()
     for sub, text in _check_texts(check):
         try:
-            chains = functions.root_paths(functions.compile_expr(text))
+            chains = _roots(text)
         except Exception:  # noqa: BLE001
             continue
         read |= {c[1] for c in chains if len(c) >= 2 and c[0] == "let" and not (sub[0] == "let" and sub[1] == c[1])}
@@ -334,7 +348,7 @@ def _check_findings(spec: Spec, checks: list[Check], values: Mapping[str, Any]
         bad, warn = boolean_findings(check, values)
         errors += [spec.error(("checks", i) + sub, msg) for sub, msg in bad]
         warnings += [spec.error(("checks", i) + sub, msg) for sub, msg in warn + _unused_lets(check)]
-    errors += [spec.error(path, msg) for path, text in spliced for msg in functions.problems(text)]
+    errors += [spec.error(path, msg) for path, text in spliced for msg in _problems(text)]
     errors += _reference_errors(spec, spliced)
     return errors, warnings
 
