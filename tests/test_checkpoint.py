@@ -21,7 +21,8 @@ from trainer.store_url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_CONFIG = {"model": "tiny", "seq_len": 64, "micro_batch": 2, "accum": 1, "world_size": 1,
-              "tokens": 2560, "lr": 3e-4, "seed": 1, "schedule": "cosine",
+              "tokens": 2560, "lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 2, "weight_decay": 0.1,
+              "grad_clip": 1.0, "seed": 1, "schedule": "cosine", "precision": "fp32",
               "numerics": {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True}}
 CH = config_hash(RUN_CONFIG)
 
@@ -406,7 +407,8 @@ def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
     shuffled = dict(reversed(list(RUN_CONFIG.items())))
     assert config_hash(shuffled) == CH and len(CH) == 64
     assert config_hash({**RUN_CONFIG, "push_every": 99, "log_every": 3}) == CH
-    for key, value in (("seq_len", 128), ("world_size", 2), ("seed", 2), ("tokens", 5120)):
+    for key, value in (("seq_len", 128), ("world_size", 2), ("seed", 2), ("tokens", 5120), ("min_lr", 0.0),
+                       ("warmup_steps", 0), ("weight_decay", 0.0), ("grad_clip", 0.5), ("precision", "bf16")):
         assert config_hash({**RUN_CONFIG, key: value}) != CH
     with pytest.raises(ValueError, match="lacks \\['schedule'\\]"):
         config_hash({k: v for k, v in RUN_CONFIG.items() if k != "schedule"})

@@ -731,8 +731,10 @@ def sha256_source(store: Store) -> str:
     return "hub-lfs"                     # the Hub's LFS sha256; null for files stored without LFS
 
 
-def hub_state(store: Store) -> dict[str, Any]:
-    """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error."""
+def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
+    """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error.
+    ``hash_stored_bytes``: also read back every file the pointer names and hash the bytes themselves
+    (``pointer_target_sha256_stored``), where the listing only repeats the hash recorded at upload."""
     doc: dict[str, Any] = {"repo": None, "exists": False, "error": None, "files": [], "sha256": {},
                            "sha256_source": None, "checkpoints": [], "has_final": False, "pointer": None,
                            "pointer_error": None}
@@ -758,6 +760,10 @@ def hub_state(store: Store) -> dict[str, Any]:
         doc["pointer"] = pointer.to_json() if pointer else None
         if pointer:
             doc["pointer_target_sha256"] = _target_hashes(store, pointer, listing)
+            if hash_stored_bytes:
+                doc["pointer_target_sha256_stored"] = {
+                    name: store.sha256(path) if (path := f"{pointer.path_in_repo}/{name}") in listing else None
+                    for name in pointer.files}
     except Exception as e:  # noqa: BLE001
         doc["pointer_error"] = redact_url(f"{type(e).__name__}: {e}")
     return doc

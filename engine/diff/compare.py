@@ -31,7 +31,7 @@ def _expr_tree(text: Any) -> Any:
 
 def _normal(field_name: str, value: Any) -> Any:
     last = field_name.rsplit(".", 1)[-1]
-    if last in EXPR_FIELDS:
+    if last in EXPR_FIELDS or field_name.startswith("let."):
         return _expr_tree(value)
     if last in _PROSE_FIELDS:
         return words(value)
@@ -91,8 +91,11 @@ def _step_summary(step: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_body(check: Mapping[str, Any]) -> dict[str, Any]:
-    """What a check says, without its name and location."""
-    return {k: v for k, v in check.items() if k not in ("name", "file", "line")}
+    """What a check says, without its name and location; each named sub-expression is a field
+    (`let.first2`), so a changed one shows alone."""
+    body = {k: v for k, v in check.items() if k not in ("name", "file", "line", "disabled_at", "let")}
+    body.update({f"let.{k}": v for k, v in (check.get("let") or {}).items()})
+    return body
 
 
 def diff_values(old: Any, new: Any) -> list[Change]:
