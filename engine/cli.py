@@ -32,7 +32,7 @@ verified without re-running a leg; output-rule changes are allowed there, nothin
 `--markdown FILE` (run, check, replay, diff) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
 
-Exit codes: 0 pass, 5 a failed check or leg, 2 invalid spec or usage, 3 a precondition
+Exit codes: 0 pass, 5 a failed check or step, 2 invalid spec or usage, 3 a precondition
 failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid). A closed
 stdout changes no exit code: the output is dropped and the VERDICT line goes to stderr.
 """
@@ -50,7 +50,8 @@ from engine.verdict import Exit
 # Imports are lazy, per command: `engine check` must answer in well under a second, so nothing a
 # command does not use (the runner for `check`, the diff for `run`, never the trainer) loads.
 EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) + \
-    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or leg)"
+    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or step," \
+    " or a harvest problem)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
 

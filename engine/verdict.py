@@ -21,7 +21,7 @@ class Exit(enum.IntEnum):
     PASS = 0
     USAGE = 2  # invalid spec, bad arguments, refused re-check
     PRECONDITION = 3
-    FAILED = 5  # a failed check or a failed leg
+    FAILED = 5  # a failed check or step, or a harvest problem
     INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
@@ -65,7 +65,14 @@ def derive_statuses(steps: Iterable[Mapping[str, Any]], evidence: Mapping[str, A
     doc["steps"] = dict(evidence.get("steps") or {})
     notes = []
     for name, record in doc["steps"].items():
-        if not isinstance(record, Mapping) or record.get("kind", "run") != "run":
+        if not isinstance(record, Mapping):
+            continue
+        if record.get("kind", "run") != "run":
+            # A remove or collect step has no exit code; its recorded error is what failed it.
+            if record.get("status") == "ok" and record.get("error"):
+                notes.append(f"step {name}: the evidence says status 'ok', but it recorded the error "
+                             f"{str(record['error'])[:200]!r}: counted as failed")
+                doc["steps"][name] = {**record, "status": "failed"}
             continue
         codes = _ok_exit_codes(name, plan_steps, evidence)
         status = run_status(record, codes)
@@ -121,7 +128,7 @@ def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
             preconditions: Mapping[str, str] | None = None,
             harvest: Sequence[Mapping[str, Any]] = ()) -> Verdict:
     """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED, failed names (gate checks
-    that FAIL/NO_DATA/ERROR, ``step:<name>`` for failed run steps, ``harvest:<step>.<rule>`` for
+    that FAIL/NO_DATA/ERROR, ``step:<name>`` for failed steps of any kind, ``harvest:<step>.<rule>`` for
     harvest problems no rule opted into), warnings, exit code, seconds; `harvest` lists every
     harvest problem (failing or opted into) when there is one.
 
@@ -129,8 +136,9 @@ def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
     ``precondition`` field in the evidence is used when the plan is not at hand.
     """
     steps = evidence.get("steps") or {}
-    failed_steps = [f"step:{name}" for name, step in steps.items()
-                    if step.get("kind", "run") == "run" and step.get("status") == "failed"]
+    # Every kind: a wipe that failed leaves leg 2 a warm resume, a collector that failed leaves
+    # state that no check may happen to read; neither may pass quietly.
+    failed_steps = [f"step:{name}" for name, step in steps.items() if step.get("status") == "failed"]
     # A harvest problem is not a check, but a gate all the same: the value the checks read may
     # not be what the leg meant.
     failed_steps += list(dict.fromkeys(harvest_name(p) for p in harvest if p.get("fails")))

@@ -92,6 +92,27 @@ def test_check_validate_and_diff_keep_their_exit_codes_on_a_closed_pipe(tmp_path
     assert rc == 1 and "Traceback" not in err, err
 
 
+# ---------------------------------------------------------------- steps that are not legs
+
+def test_a_failed_wipe_or_collector_fails_the_verdict(tmp_path: Path) -> None:
+    # Nothing reads either step, and the leg passes: a failed wipe used to leave a PASS behind.
+    spec = write_spec(tmp_path / "s.yaml", "ran")
+    spec.write_text(spec.read_text().replace("steps:\n", """steps:
+  - name: wipe
+    remove: ["${work_dir}"]
+  - name: state
+    collect: {collector: json_file, args: {path: "${work_dir}/absent.json"}}
+""", 1))
+    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].startswith('VERDICT cut_short FAIL ["step:wipe", "step:state"]')
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    doc["steps"]["wipe"]["status"] = doc["steps"]["state"]["status"] = "ok"
+    (tmp_path / "r" / "evidence.json").write_text(json.dumps(doc))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED and 'FAIL ["step:wipe", "step:state"]' in r.stdout, r.stderr
+
+
 # ---------------------------------------------------------------- the budget at run time
 
 def test_a_set_that_breaks_the_budget_is_refused_like_validate(tmp_path: Path) -> None:
