@@ -72,6 +72,9 @@ def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version
         "seconds": None,
         "fingerprints": dict(plan.fingerprints),
         "definitions": {s["name"]: step_definition(s) for s in plan.steps},
+        # Not in the fingerprint (a replay may change them); `engine check` compares them.
+        "output_rules": {s["name"]: (s.get("run") or {}).get("output") for s in plan.steps
+                         if "run" in s},
         "steps": {},
         "state": {},
     }

@@ -180,6 +180,43 @@ def _yaml_scalar(value: Any) -> str:
     return json.dumps(value)
 
 
+# Harvest options the verdict applies when judging, not when harvesting: `engine check` honours them.
+_JUDGED = ("on_conflict", "on_malformed")
+
+
+def _harvesting(output: Any) -> Any:
+    """A step's output rules without the options that only judge the harvest."""
+    if not isinstance(output, Mapping):
+        return output
+    rules = output.get("harvest")
+    if not isinstance(rules, Mapping):
+        return dict(output)
+    return {**output, "harvest": {n: {k: v for k, v in r.items() if k not in _JUDGED}
+                                  if isinstance(r, Mapping) else r for n, r in rules.items()}}
+
+
+def output_changes(evidence: Mapping[str, Any], plan: Plan,
+                   environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per run step whose output rules (what made its harvest) changed since the run;
+    empty for evidence that did not record them."""
+    old_rules = evidence.get("output_rules")
+    if not isinstance(old_rules, Mapping):
+        return []
+    scrubber = Scrubber.for_plan(plan, os.environ if environ is None else environ)
+    lines = []
+    for step in plan.steps:
+        name = step["name"]
+        if step.get("kind") != "run" or name not in old_rules:
+            continue
+        old = {"output": _harvesting(old_rules[name])}
+        new = {"output": _harvesting(scrubber.scrub_obj(step["run"].get("output")))}
+        keys = changed_keys(old, new)
+        if keys:
+            lines.append(f"step {name}: output rules changed ("
+                         + "; ".join(_change(k, old, new) for k in keys) + ")")
+    return lines
+
+
 def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Plan:
     """The plan the saved run would have had with the CURRENT spec: same mode, same --set and
     env overrides, same builtins (run_dir, run_id, ... differ per run by design). SpecErrors or
@@ -251,6 +288,12 @@ def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool
     for text in notes:
         note(text)
     values = value_changes(saved, plan)
+    if not changes and not replay:
+        outputs = output_changes(saved, plan)
+        if outputs:
+            raise Refused(f"refusing to re-check {run_dir}: the output rules changed since the run, "
+                          "so its harvest is not what they would give (`engine replay` re-harvests "
+                          "the saved logs with them).\n" + "\n".join(outputs))
     if changes:
         hint = " (`engine replay` accepts changed output rules and checks, nothing else)" if replay \
             else " (`engine check` accepts changed checks; `engine replay` also changed output rules)"

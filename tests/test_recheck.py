@@ -92,6 +92,20 @@ def test_describe_change_cuts_long_values_around_their_difference() -> None:
     assert describe_change("run.argv", ["a", "--n", "1"], ["a", "--n", "2"]) == "run.argv: `--n 1` -> `--n 2`"
 
 
+def test_changed_output_rules_are_refused_by_check_but_not_the_judging_options(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    spec.write_text(spec.read_text().replace("pick: last}", "pick: last, on_conflict: pick}"))
+    assert engine("check", str(spec), "--evidence", "r", cwd=tmp_path).returncode == Exit.PASS
+    spec.write_text(spec.read_text().replace('marker: "RUN_JSON "', 'marker: "RUN "'))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.USAGE
+    assert ("step leg1: output rules changed (output.harvest.run_json.marker: "
+            '"RUN_JSON " -> "RUN ")') in r.stderr and "engine replay" in r.stderr
+    r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)  # re-harvested: no "RUN " line
+    assert r.returncode == Exit.FAILED and "steps.leg1.harvest.run_json.final_loss is missing" in r.stdout
+
+
 def test_evidence_of_another_spec_is_refused_naming_both(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "evidence" / "p4_soak", tmp_path / "p4_soak")
     r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), "--evidence", str(tmp_path / "p4_soak"),
