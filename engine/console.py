@@ -19,14 +19,15 @@ class SafeStream:
     """
 
     def __init__(self, stream: TextIO | None, name: str) -> None:
-        self.stream = stream
+        # Python sets sys.stdout to None when descriptor 1 was closed at start (`engine run >&-`).
+        self.stream: TextIO = stream if stream is not None else open(os.devnull, "w")
         self.name = name
         self.lost: str | None = None if stream is not None else "closed before the engine started"
 
     def write(self, text: str) -> int:
         if self.lost is None:
             try:
-                return self.stream.write(text)  # type: ignore[union-attr]
+                return self.stream.write(text)
             except (OSError, ValueError) as exc:
                 self._lose(exc)
         return len(text)
@@ -34,7 +35,7 @@ class SafeStream:
     def flush(self) -> None:
         if self.lost is None:
             try:
-                self.stream.flush()  # type: ignore[union-attr]
+                self.stream.flush()
             except (OSError, ValueError) as exc:
                 self._lose(exc)
 
@@ -42,7 +43,7 @@ class SafeStream:
         if self.lost is not None:
             return False
         try:
-            return bool(self.stream.isatty())  # type: ignore[union-attr]
+            return bool(self.stream.isatty())
         except (OSError, ValueError):
             return False
 
@@ -52,7 +53,7 @@ class SafeStream:
     def _lose(self, exc: BaseException) -> None:
         self.lost = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
         try:
-            fd = self.stream.fileno()  # type: ignore[union-attr]
+            fd = self.stream.fileno()
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, fd)
             os.close(null)

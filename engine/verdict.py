@@ -58,8 +58,9 @@ def _ok_exit_codes(name: str, plan_steps: Mapping[str, Mapping[str, Any]],
 
 def derive_statuses(steps: Iterable[Mapping[str, Any]], evidence: Mapping[str, Any]
                     ) -> tuple[dict[str, Any], list[str]]:
-    """The evidence with every run step's status derived by `run_status` (a copy; the input is
-    left as it is), and one note per step whose stored status said otherwise."""
+    """The evidence with every run step's status derived by `run_status`, and every remove or
+    collect step that recorded an error failed (a copy; the input is left as it is), plus one
+    note per step whose stored status said otherwise."""
     plan_steps = {s["name"]: s for s in steps}
     doc = dict(evidence)
     doc["steps"] = dict(evidence.get("steps") or {})
