@@ -73,6 +73,18 @@ def test_check_uses_the_specs_current_values_and_lists_each_change(tmp_path: Pat
     assert saved["values"]["ceiling"] == 6.0  # the evidence itself is never rewritten
 
 
+def test_a_value_edited_in_the_evidence_cannot_pass_a_failed_gate(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", ceiling="5.0")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.FAILED
+    path = tmp_path / "r" / "evidence.json"
+    doc = json.loads(path.read_text())
+    doc["values"]["ceiling"] = 100
+    path.write_text(json.dumps(doc))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED and "values.ceiling = 5.0" in r.stdout
+    assert "ceiling: run had 100, spec has 5.0" in r.stderr
+
+
 def test_a_changed_leg_is_refused_showing_the_tokens_that_moved(tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "s.yaml")
     assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
