@@ -121,7 +121,7 @@ class StopSignals:
                      "the evidence is still written" if killed else
                      f"engine: {signal.Signals(signum).name} again: still writing the evidence")
         elif self.count == 3:
-            _say_now("engine: stopping already; the evidence is written and the run exits 130")
+            _say_now("engine: stopping already; the evidence and the verdict are being written")
 
 
 def _say_now(text: str) -> None:
