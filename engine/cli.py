@@ -21,18 +21,20 @@ verdict in <run dir>/evidence.json and ends with one line:
 
 The default run directory is runs/<name>-<mode>-<UTC stamp> under the current directory.
 
-`check` re-evaluates the spec's CURRENT checks against a saved run without running anything
-(results go to <run dir>/check-<stamp>.json; evidence.json is left as it was). It refuses
-(exit 2) when a step's definition changed since the run, because the evidence would no longer
-describe the spec. `replay` additionally re-harvests every run step from its saved raw log with
+`check` re-evaluates the spec's CURRENT checks, with its current values, against a saved run
+without running anything (results go to <run dir>/check-<stamp>.json; evidence.json is left as it
+was; each value that differs from the run's is listed on stderr). It refuses (exit 2) evidence of
+another spec, and a run whose step definitions changed since, because the evidence would no
+longer describe the spec. `replay` additionally re-harvests every run step from its saved raw log with
 the spec's current output rules (prefix strip, markers), so a fixed harvest rule can be
 verified without re-running a leg; output-rule changes are allowed there, nothing else.
 
 `--markdown FILE` (run, check, replay, diff) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
 
-Exit codes: 0 pass, 5 a failed check or leg, 2 invalid spec or usage, 3 a precondition
-failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid).
+Exit codes: 0 pass, 5 a failed check or step, 2 invalid spec or usage, 3 a precondition
+failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid). A closed
+stdout changes no exit code: the output is dropped and the VERDICT line goes to stderr.
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ from engine.verdict import Exit
 # Imports are lazy, per command: `engine check` must answer in well under a second, so nothing a
 # command does not use (the runner for `check`, the diff for `run`, never the trainer) loads.
 EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) + \
-    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or leg)"
+    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or step," \
+    " or a harvest problem)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
 
@@ -92,6 +95,8 @@ def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any]
         print(markdown, end="", flush=True)
     else:
         print(report.table(evidence, results, verdict, verbose=args.verbose), flush=True)
+    if getattr(sys.stdout, "lost", None):  # the reader left: the verdict still reaches someone
+        _err(report.verdict_line((evidence.get("spec") or {}).get("name") or "spec", verdict))
     if args.junit:
         report.write_file(args.junit, report.junit(evidence, results, verdict))
     if args.markdown and args.markdown != "-":
@@ -132,7 +137,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from engine import evidence
     from engine.plan import build_plan, pick_mode, run_stamp, values_lines
-    from engine.runner import RunInterrupted, execute
+    from engine.runner import RunInterrupted, StopSignals, execute
+    from engine.spec import SpecErrors
+    from engine.validate import budget_error
     from engine.verdict import judge
     spec = _valid_spec(args.spec)
     mode = pick_mode(spec.data, args.mode, os.environ)
@@ -141,18 +148,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path.cwd() / "runs" / f"{name}-{mode}-{run_id}").absolute()
     plan = build_plan(spec, mode=mode, sets=args.set, environ=os.environ,
                       builtins={"run_dir": str(run_dir), "run_id": run_id})
+    # validate checked the budget with the spec's own values; a --set can still push it over.
+    over = budget_error(spec, plan.mode, plan.contributions())
+    if over:
+        raise SpecErrors([over])
     print(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}", flush=True)
     print("\n".join(values_lines(plan.values, plan.sources)), flush=True)
-    try:
-        doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev))
-    except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
-        doc = exc.doc
-    except KeyboardInterrupt:
-        stored = evidence.path_of(run_dir).is_file()
-        _err(f"interrupted before the verdict was stored in {run_dir}" if stored
-             else f"interrupted before any evidence was written to {run_dir}")
-        return Exit.INTERRUPTED
-    _emit(doc, doc["checks"], doc["verdict"], args)
+    # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
+    # verdict or its exit code short.
+    with StopSignals(linger=True) as stops:
+        try:
+            doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev), stops=stops)
+        except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
+            doc = exc.doc
+        except KeyboardInterrupt:
+            stored = evidence.path_of(run_dir).is_file()
+            _err(f"interrupted before the verdict was stored in {run_dir}" if stored
+                 else f"interrupted before any evidence was written to {run_dir}")
+            return Exit.INTERRUPTED
+        _emit(doc, doc["checks"], doc["verdict"], args)
+        if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
+            _err("engine: interrupted after the last step had finished; the verdict stands")
     return doc["verdict"]["exit_code"]
 
 
@@ -241,6 +257,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `engine` console script; returns the exit code."""
+    from engine.console import SafeStream
+    saved = sys.stdout, sys.stderr
+    # A reader that leaves early (`engine run SPEC | head -1`) must not decide the exit code.
+    out = sys.stdout = SafeStream(sys.stdout, "stdout")
+    sys.stderr = SafeStream(sys.stderr, "stderr")
+    try:
+        return _main(argv)
+    finally:
+        if out.lost and not out.lost.startswith("closed before"):
+            _err(f"engine: standard output was lost ({out.lost}); the rest of the output was dropped")
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
@@ -251,8 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return Exit.INTERRUPTED
-    except BrokenPipeError:  # `engine plan | head`: the reader left, nothing more to say
-        return Exit.PASS
     except _refusals() as exc:
         _err(str(exc))
         return Exit.USAGE

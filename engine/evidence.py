@@ -6,6 +6,7 @@ During a run the runner is its only writer; `engine check`/`replay` never rewrit
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,11 @@ from engine.spec import display_path
 
 EVIDENCE_VERSION = 1
 FILENAME = "evidence.json"
+# JSON has no NaN or infinity; Python writes them as bare tokens that strict readers (jq, JavaScript)
+# refuse or read as null. They are stored as {"$nonfinite": "NaN"|"Infinity"|"-Infinity"} instead,
+# and loaded back as the float, so checks see exactly what the live run saw.
+NONFINITE_KEY = "$nonfinite"
+_NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
 class EvidenceError(Exception):
@@ -66,9 +72,52 @@ def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version
         "seconds": None,
         "fingerprints": dict(plan.fingerprints),
         "definitions": {s["name"]: step_definition(s) for s in plan.steps},
+        # Not in the fingerprint (a replay may change them); `engine check` compares them.
+        "output_rules": {s["name"]: (s.get("run") or {}).get("output") for s in plan.steps
+                         if "run" in s},
         "steps": {},
         "state": {},
     }
+
+
+def _nonfinite_name(x: float) -> str:
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+
+def strict(obj: Any) -> Any:
+    """`obj` with every non-finite float replaced by its {"$nonfinite": ...} form (tuples -> lists)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {NONFINITE_KEY: _nonfinite_name(obj)}
+    if isinstance(obj, Mapping):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, indent: int | None = 1) -> str:
+    """Standard JSON for a document (evidence, a re-check record): non-finite numbers in their
+    documented form, anything else JSON lacks as its str()."""
+    try:
+        return json.dumps(obj, indent=indent, default=str, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: only then pay for a walk of the document
+        return json.dumps(strict(obj), indent=indent, default=str, allow_nan=False)
+
+
+def _revive(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and NONFINITE_KEY in obj:
+        name = obj[NONFINITE_KEY]
+        if name not in _NONFINITE:
+            raise ValueError(f'{{"{NONFINITE_KEY}": {json.dumps(name)}}}: expected one of '
+                             f'{", ".join(_NONFINITE)}')
+        return _NONFINITE[name]
+    return obj
+
+
+def loads(text: str) -> Any:
+    """The inverse of `dumps`: {"$nonfinite": ...} back to the float. Bare NaN/Infinity tokens
+    (evidence written before the strict form) still load. ValueError for a bad $nonfinite."""
+    return json.loads(text, object_hook=_revive)
 
 
 def path_of(run_dir: str | os.PathLike[str]) -> Path:
@@ -82,7 +131,7 @@ def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".evidence.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=1, sort_keys=False, default=str)
+            fh.write(dumps(doc))
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -106,9 +155,11 @@ def load(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as exc:
         raise EvidenceError(f"{target}: cannot read: {exc.strerror or exc}") from None
     try:
-        doc = json.loads(text)
+        doc = loads(text)
     except json.JSONDecodeError as exc:
         raise EvidenceError(f"{target}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except ValueError as exc:  # a malformed {"$nonfinite": ...}
+        raise EvidenceError(f"{target}: {exc}") from None
     if not isinstance(doc, dict):
         raise EvidenceError(f"{target}: expected a JSON object, found {type(doc).__name__}")
     version = doc.get("evidence_version")

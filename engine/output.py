@@ -22,7 +22,13 @@ from engine.lines import Block, LineMatcher
 
 ECHO_WIDTH = 300
 PICKS = ("first", "last", "all")
+ON_CONFLICT = ("fail", "pick")
+ON_MALFORMED = ("fail", "skip")
 MISSING = "missing"
+# Kinds of harvest error entries: no marker line at all, a marker line whose JSON does not parse,
+# marker lines that disagree (pick first/last would silently choose one of them).
+KIND_MISSING, KIND_MALFORMED, KIND_CONFLICT = "missing", "malformed", "conflict"
+LINES_KEPT = 20  # line numbers a conflict entry lists; `count` says how many there were
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,8 @@ class HarvestRule:
     name: str
     marker: str
     pick: str
+    on_conflict: str = defaults.HARVEST_ON_CONFLICT  # fail | pick
+    on_malformed: str = defaults.HARVEST_ON_MALFORMED  # fail | skip
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,13 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
     harvest = []
     for name, rule in (output.get("harvest") or {}).items():
         pick = rule.get("pick", defaults.HARVEST_PICK)
-        if pick not in PICKS:
-            raise ValueError(f"output.harvest.{name}.pick must be one of {PICKS}, got {pick!r}")
-        harvest.append(HarvestRule(name, str(rule["marker"]), pick))
+        on_conflict = rule.get("on_conflict", defaults.HARVEST_ON_CONFLICT)
+        on_malformed = rule.get("on_malformed", defaults.HARVEST_ON_MALFORMED)
+        for key, got, allowed in (("pick", pick, PICKS), ("on_conflict", on_conflict, ON_CONFLICT),
+                                  ("on_malformed", on_malformed, ON_MALFORMED)):
+            if got not in allowed:
+                raise ValueError(f"output.harvest.{name}.{key} must be one of {allowed}, got {got!r}")
+        harvest.append(HarvestRule(name, str(rule["marker"]), pick, on_conflict, on_malformed))
     progress = None
     if run.get("progress"):
         pattern = _regex(run["progress"]["match"], "progress.match")
@@ -104,6 +116,7 @@ class Capture:
         self.harvested: dict[str, Any] = {}
         self.harvest_errors: list[dict[str, Any]] = []
         self.marker_seen: set[str] = set()
+        self._markers: dict[str, _MarkerLines] = {}
         self.progress = ProgressState()
         self._lock = threading.Lock()
         # Every line any rule may concern contains one of these literals.
@@ -138,21 +151,29 @@ class Capture:
                 self._harvest(rule, line, lineno)
 
     def _harvest(self, rule: HarvestRule, line: str, lineno: int) -> None:
+        # Every marker line is parsed, whatever the pick: a malformed or disagreeing line after
+        # the one that is kept must be seen, not skipped.
         self.marker_seen.add(rule.name)
-        if rule.pick == "first" and rule.name in self.harvested:
-            return
         try:
             value = _json_after(line, rule.marker)
         except json.JSONDecodeError as exc:
             self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
+                                        "kind": KIND_MALFORMED,
                                         "error": f"invalid JSON: {exc.msg} (column "
                                                  f"{exc.colno + len(rule.marker)})",
                                         "text": line[:ECHO_WIDTH]})
             return
         if rule.pick == "all":
             self.harvested.setdefault(rule.name, []).append(value)
-        else:
+            return
+        seen = self._markers.get(rule.name)
+        key = json.dumps(value, sort_keys=True, default=str)  # NaN-safe, key-order-blind
+        if seen is None:
+            seen = self._markers[rule.name] = _MarkerLines(key)
+        seen.add(lineno, key)
+        if rule.pick == "last" or rule.name not in self.harvested:
             self.harvested[rule.name] = value
+            seen.picked = lineno
 
     def _observe(self, found: re.Match[str]) -> None:
         try:
@@ -167,7 +188,10 @@ class Capture:
         for rule in self.rules.harvest:
             if rule.name not in self.marker_seen:
                 errors.append({"name": rule.name, "marker": rule.marker, "line": None,
-                               "error": MISSING, "text": None})
+                               "kind": KIND_MISSING, "error": MISSING, "text": None})
+            seen = self._markers.get(rule.name)
+            if seen is not None and seen.differ:
+                errors.append(seen.conflict(rule))
         return dict(self.harvested), errors
 
     def failure_lines(self) -> list[str]:
@@ -175,6 +199,83 @@ class Capture:
 
     def tail_lines(self) -> list[str]:
         return list(self.tail)
+
+
+class _MarkerLines:
+    """The valid marker lines of one first/last rule: their numbers, and whether their JSON
+    differs from the first one's (only the first's canonical text is kept)."""
+
+    def __init__(self, first_key: str) -> None:
+        self.first_key = first_key
+        self.lines: list[int] = []
+        self.count = 0
+        self.differ = False
+        self.picked: int | None = None
+
+    def add(self, lineno: int, key: str) -> None:
+        self.count += 1
+        if len(self.lines) < LINES_KEPT:
+            self.lines.append(lineno)
+        if key != self.first_key:
+            self.differ = True
+
+    def conflict(self, rule: HarvestRule) -> dict[str, Any]:
+        shown = ", ".join(map(str, self.lines)) + (", ..." if self.count > len(self.lines) else "")
+        return {"name": rule.name, "marker": rule.marker, "line": self.picked,
+                "kind": KIND_CONFLICT, "lines": list(self.lines), "count": self.count,
+                "error": f"{self.count} marker lines, not all with the same JSON (lines {shown}); "
+                         f"pick {rule.pick} kept line {self.picked}",
+                "text": None}
+
+
+def error_kind(entry: Mapping[str, Any]) -> str:
+    """An entry's kind; evidence written before kinds existed had only missing and malformed."""
+    kind = entry.get("kind")
+    if kind in (KIND_MISSING, KIND_MALFORMED, KIND_CONFLICT):
+        return kind
+    return KIND_MISSING if entry.get("error") == MISSING else KIND_MALFORMED
+
+
+def harvest_problems(step: str, record: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]
+                     ) -> list[dict[str, Any]]:
+    """The harvest problems of one run step's record, for the verdict: one per rule and kind
+    (malformed marker lines, marker lines that disagree), naming the lines of the step's log.
+    `fails` is false where the rule opts in (`on_malformed: skip`, `on_conflict: pick`); a missing
+    marker is not a problem here (the checks that read it say NO_DATA)."""
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for entry in record.get("harvest_errors") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        kind = error_kind(entry)
+        if kind != KIND_MISSING:
+            grouped.setdefault((str(entry.get("name")), kind), []).append(entry)
+    log = record.get("log") or f"the log of {step}"
+    problems = []
+    for (name, kind), entries in grouped.items():
+        rule = rules.get(name) or {}
+        if kind == KIND_MALFORMED:
+            lines = [e.get("line") for e in entries]
+            fails = rule.get("on_malformed", defaults.HARVEST_ON_MALFORMED) != "skip"
+            first = entries[0]
+            detail = str(first.get("error") or "").removeprefix("invalid JSON: ")
+            where = f"line {lines[0]}" if len(lines) == 1 else f"lines {_lines_text(lines)}"
+            message = (f"{log} {where}: {str(first.get('marker', name))!r} followed by invalid "
+                       f"JSON" + (f" ({detail})" if len(lines) == 1 else f" (line {lines[0]}: {detail})"))
+            opt = "on_malformed: skip"
+        else:
+            entry = entries[0]
+            lines = list(entry.get("lines") or [])
+            fails = rule.get("on_conflict", defaults.HARVEST_ON_CONFLICT) != "pick"
+            message = f"{log}: {entry.get('error')}"
+            opt = "on_conflict: pick"
+        problems.append({"step": step, "harvest": name, "kind": kind, "lines": lines,
+                         "fails": fails, "message": message + ("" if fails else f" ({opt})")})
+    return problems
+
+
+def _lines_text(lines: list[Any]) -> str:
+    shown = [str(n) for n in lines[:LINES_KEPT]]
+    return ", ".join(shown) + (", ..." if len(lines) > LINES_KEPT else "")
 
 
 @dataclass

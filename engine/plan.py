@@ -221,9 +221,18 @@ class Plan:
         for sig in r["signals"]:
             out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
-            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({v['pick']})"
+            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({_harvest_opts(v)})"
                                                for k, v in r["output"]["harvest"].items()))
         return out
+
+
+def _harvest_opts(rule: Mapping[str, Any]) -> str:
+    """`last`, plus the opt-ins that keep a harvest problem from failing the verdict."""
+    opts = [str(rule["pick"])]
+    for key in ("on_conflict", "on_malformed"):
+        if rule.get(key, defaults.HARVEST[key]) != defaults.HARVEST[key]:
+            opts.append(f"{key} {rule[key]}")
+    return ", ".join(opts)
 
 
 def _quote(a: str) -> str:

@@ -64,10 +64,17 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _harvest_rows(verdict: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """One row per harvest problem: FAIL, or `note` where the spec opted in."""
+    return [(f"harvest:{p['step']}.{p['harvest']}", "FAIL" if p.get("fails") else "note",
+             f"{p.get('kind')}: {p.get('message')}") for p in verdict.get("harvest") or []]
+
+
 def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
           verbose: bool = False) -> str:
-    """The terminal summary: steps, checks, explain trees of failing checks, VERDICT last."""
-    rows = _step_rows(evidence) + [(r["name"], _MARK[r["outcome"]] + (" (warn)" if r.get(
+    """The terminal summary: steps, harvest problems, checks, explain trees of failing checks,
+    VERDICT last."""
+    rows = _step_rows(evidence) + _harvest_rows(verdict) + [(r["name"], _MARK[r["outcome"]] + (" (warn)" if r.get(
         "severity") == "warn" and r["outcome"] != "PASS" else ""), _shown(r)) for r in results]
     width = max([len(r[0]) for r in rows] + [5])
     mark_width = max([len(r[1]) for r in rows] + [7])
@@ -124,6 +131,15 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=status)
 
+    for problem in (verdict or {}).get("harvest") or []:
+        el = case(f"{name}.harvest", f"{problem['step']}.{problem['harvest']} ({problem.get('kind')})", 0)
+        if problem.get("fails"):
+            counts["failures"] += 1
+            ET.SubElement(el, "failure", message=str(problem.get("message")), type="HARVEST").text = \
+                "lines " + ", ".join(str(n) for n in problem.get("lines") or [])
+        else:
+            ET.SubElement(el, "system-out").text = f"NOTE (opted in): {problem.get('message')}"
+
     for r in results:
         el = case(f"{name}.checks", r["name"], 0)
         detail = "\n".join([f"{_where(r)} {r['expr']}".strip()]
@@ -169,6 +185,8 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
         lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]
     lines += [f"| `{_cell(n[5:])}` | {_cell(s)} | {_cell(d)} |" for n, s, d in _step_rows(evidence)]
+    lines += [f"| `{_cell(n)}` | {'❌ FAIL' if m == 'FAIL' else 'note'} | {_cell(d)} |"
+              for n, m, d in _harvest_rows(verdict)]
     lines += ["", "| check | outcome | value / reason |", "|---|---|---|"]
     for r in results:
         outcome = f"{_ICON[r['outcome']]} {r['outcome']}" + (

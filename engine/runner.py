@@ -13,14 +13,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from engine import collectors, defaults, evidence, version
 from engine.console import Console, ProgressDisplay
-from engine.output import Capture, compile_rules
+from engine.output import Capture, compile_rules, harvest_problems
 from engine.plan import step_kind
 from engine.process import Interrupted, compile_signal_rules, run_command
 from engine.secrets import Scrubber
@@ -57,22 +56,114 @@ def _env_text(value: Any) -> str:
     return str(value)
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the engine (a job scheduler's timeout) must clean up legs like Ctrl-C does:
-    they run in their own sessions and would otherwise keep going without us."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class StopSignals:
+    """Ctrl-C and SIGTERM (a job scheduler's timeout) during a run, however many arrive.
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+    The first one raises KeyboardInterrupt where the run is, once it is armed (a signal that
+    arrives before is held until then): the runner stops the leg (SIGTERM, then SIGKILL after its
+    grace), marks it interrupted and writes the evidence and the verdict. The ones after it never
+    raise: a KeyboardInterrupt inside that cleanup would lose the evidence, the verdict or the exit
+    code. The second SIGKILLs the engine's child processes (the running leg: its grace is not waited
+    out, process.py then removes the rest of its tree); later ones are only counted.
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    On leaving, the previous handlers come back; with `linger` (the `engine` program, about to
+    exit) not once a signal arrived: the exit code is decided, and a later Ctrl-C, ignored, must
+    not turn it into a traceback or a death by signal.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, linger: bool = False, kill: Callable[[], list[int]] | None = None) -> None:
+        self.linger = linger
+        self.kill = kill or kill_children
+        self.count = 0
+        self.armed = False
+        self._pending = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.armed = False
+        for sig, previous in self._previous.items():
+            # SIG_IGN, not a Python handler: the interpreter puts SIG_DFL back for those at its
+            # very end, and a Ctrl-C landing then would kill the process (-2) instead of 130.
+            signal.signal(sig, signal.SIG_IGN if self.linger and self.count else previous)
+        self._previous.clear()
+
+    def arm(self) -> None:
+        """From here the first signal raises; one that came before raises now."""
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt("interrupted before the first step")
+        self.armed = self.count == 0
+
+    def disarm(self) -> None:
+        """The steps are over (or stopping): nothing raises any more."""
+        self.armed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1:
+            if self.armed:
+                self.armed = False
+                raise KeyboardInterrupt(f"signal {signum}")
+            self._pending = True
+            return
+        if self.count == 2:
+            killed = self.kill()
+            _say_now(f"engine: {signal.Signals(signum).name} again: SIGKILL to the running leg "
+                     f"({len(killed)} process group{'s' if len(killed) != 1 else ''}); "
+                     "the evidence is still written" if killed else
+                     f"engine: {signal.Signals(signum).name} again: still writing the evidence")
+        elif self.count == 3:
+            _say_now("engine: stopping already; the evidence and the verdict are being written")
+
+
+def _say_now(text: str) -> None:
+    """Straight to fd 2: a signal handler must not re-enter a buffered stream the main thread may
+    be writing to at that very moment."""
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        os.write(2, (text + "\n").encode())
+    except OSError:
+        pass
+
+
+def _child_pids() -> list[int]:
+    """The engine's direct children (/proc/<pid>/task/<tid>/children); empty where unreadable."""
+    me = os.getpid()
+    pids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{me}/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/{me}/task/{tid}/children", "rb") as fh:
+                pids += [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_children() -> list[int]:
+    """SIGKILL every child of the engine, with its process group where it leads one (a leg runs
+    in a session of its own); the pids signalled."""
+    killed = []
+    for pid in _child_pids():
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
 
 
 class Runner:
@@ -95,16 +186,21 @@ class Runner:
     def say(self, text: str) -> None:
         self.console.line(self.scrubber.scrub(text))
 
-    def execute(self, judge: Judge | None = None) -> dict[str, Any]:
+    def execute(self, judge: Judge | None = None, stops: StopSignals | None = None
+                ) -> dict[str, Any]:
+        stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
         self.save()
         current: str | None = None
         try:
+            stops.arm()
             for step in self.plan.steps:
                 current = step["name"]
                 if not self.run_step(step):
                     break
             current = None
+            stops.disarm()
         except KeyboardInterrupt:
+            stops.disarm()
             if current is not None:
                 self.doc["steps"][current]["status"] = "interrupted"
             self.doc["interrupted"] = True
@@ -200,6 +296,9 @@ class Runner:
         record["status"] = "ok" if ok else "failed"
         record["error"] = result.error
         self._record_capture(record, capture, failed=not ok)
+        for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
+            self.say(f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
+                     f"({problem['kind']}): {problem['message']}")
         if result.error:
             self.say(f"   {result.error}")
         if result.timed_out:
@@ -379,13 +478,17 @@ def tail_file(path: Path, n: int) -> list[str]:
 
 
 def execute(plan: evidence.PlanLike, run_dir: str | os.PathLike[str], out: TextIO = sys.stdout, *,
-            is_tty: bool | None = None, judge: Judge | None = None) -> dict[str, Any]:
+            is_tty: bool | None = None, judge: Judge | None = None,
+            stops: StopSignals | None = None) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
-    interrupted step."""
+    interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
+    installed and keeps past the run; by default the run installs its own for its duration."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
     runner = Runner(plan, run_path, Console(out, is_tty))
-    with _sigterm_as_interrupt():
-        return runner.execute(judge)
+    if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
+        return runner.execute(judge, stops)
+    with StopSignals() as own:
+        return runner.execute(judge, own)

@@ -385,7 +385,9 @@ def _regex_errors(spec: Spec, index: int, raw_run: Mapping[str, Any],
     return errors
 
 
-def _budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecError | None:
+def budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecError | None:
+    """The budget_s error of one mode whose worst case does not fit, or None (also `engine run`'s
+    refusal after --set)."""
     budget = spec.data.get("budget_s")
     total = sum(c for _, c in costs)
     if budget is None or total <= budget:
@@ -438,7 +440,7 @@ def _mode_pass(spec: Spec, mode: str, environ: Mapping[str, str],
         if step["enabled"]:
             costs.append((step["name"], step_cost(step)))
     if complete:
-        err = _budget_error(spec, mode, [c for c in costs if c[1] > 0])
+        err = budget_error(spec, mode, [c for c in costs if c[1] > 0])
         if err:
             errors.append(err)
     return errors

@@ -47,7 +47,10 @@ def test_harvest_first_last_all() -> None:
     capture = capture_of(run, "M 1", "noise M 9", "M 2", "M 3")
     harvest, errors = capture.harvest_result()
     assert harvest == {"a": 1, "b": 3, "c": [1, 2, 3]}
-    assert errors == []
+    # first/last chose one of three different values: recorded as a conflict naming the lines;
+    # `all` keeps every one of them by design.
+    assert [(e["name"], e["kind"], e["lines"], e["line"]) for e in errors] == [
+        ("a", "conflict", [1, 3, 4], 1), ("b", "conflict", [1, 3, 4], 4)]
 
 
 def test_malformed_marker_line_is_an_error_entry_not_a_crash() -> None:
@@ -67,8 +70,8 @@ def test_missing_marker_leaves_the_value_absent_and_says_missing() -> None:
     capture = capture_of(run, "no marker here")
     harvest, errors = capture.harvest_result()
     assert "run_json" not in harvest
-    assert errors == [{"name": "run_json", "marker": "RUN_JSON ", "line": None, "error": MISSING,
-                       "text": None}]
+    assert errors == [{"name": "run_json", "marker": "RUN_JSON ", "line": None, "kind": "missing",
+                       "error": MISSING, "text": None}]
 
 
 def test_echo_prefixes_print_key_lines_truncated() -> None:
