@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jmespath
 from jmespath.visitor import TreeInterpreter
 
+from engine.functions import evaluation
 from engine.types import CheckResult
 
 OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR")
@@ -335,7 +336,8 @@ def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
     watch = _explained_nodes(parsed) if explain else []
     tracer = _Tracer(options, index_paths(document) if paths is None else paths, watch)
     try:
-        value = tracer.visit(parsed, document)
+        with evaluation():  # one budget of range() elements for the whole expression
+            value = tracer.visit(parsed, document)
     except Exception as exc:
         # What was computed before the failure is the best clue to it (a string operand...), and an
         # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error.

@@ -18,6 +18,8 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
+from engine import limits
+
 
 # Lists that merge BY NAME across extends/include; every other list is replaced wholesale.
 NAMED_LISTS = ("steps", "checks")
@@ -120,6 +122,38 @@ def _mark(node: yaml.Node, file: str) -> Mark:
     return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _flatten(node: yaml.MappingNode, done: set[int]) -> None:
+    """Resolve YAML merge keys (`<<: *base`) in place, like PyYAML's flatten_mapping, but keeping
+    ONE entry per merged-in key: PyYAML keeps every copy, so `<<: [*a, *a]` nested 30 deep builds
+    2**30 entries before anything can count them. Explicit keys are kept as written (a duplicate
+    explicit key is still reported); among merged ones the first source wins, as in YAML."""
+    if id(node) in done:
+        return
+    done.add(id(node))
+    merged: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
+    own = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE_TAG:
+            own.append((key_node, value_node))
+            continue
+        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"expected a mapping (or a list of mappings) to merge, found {source.id}",
+                    source.start_mark)
+            _flatten(source, done)
+            for pair in source.value:
+                key = pair[0].value if isinstance(pair[0], yaml.ScalarNode) else id(pair[0])
+                merged.setdefault(key, pair)
+    explicit = {k.value for k, _ in own if isinstance(k, yaml.ScalarNode)}
+    node.value = [pair for key, pair in merged.items() if key not in explicit] + own
+
+
 class _Builder:
     """Turns a composed YAML node tree into _Map/_Seq/plain scalars, recording marks."""
 
@@ -128,11 +162,21 @@ class _Builder:
         self.constructor = yaml.constructor.SafeConstructor()
         self.active: set[int] = set()  # node ids on the current path: a recursive alias would never end
         self.explicit: dict[int, set[int]] = {}  # mapping node id -> ids of its own (non-merged) key nodes
+        self.flattened: set[int] = set()
+        self.nodes = 0  # built so far: aliases are expanded, so an alias bomb is counted here
 
     def build(self, node: yaml.Node, path: tuple) -> Any:
         mark = _mark(node, self.file)
         if id(node) in self.active:
             raise SpecErrors([SpecError.at(mark, path, "recursive YAML alias")])
+        self.nodes += 1
+        if self.nodes > limits.SPEC_MAX_NODES:
+            raise SpecErrors([SpecError.at(mark, path, f"the document expands to more than "
+                                                       f"{limits.SPEC_MAX_NODES:,} nodes (a YAML alias "
+                                                       f"bomb?)")])
+        if len(path) > limits.SPEC_MAX_DEPTH:
+            raise SpecErrors([SpecError.at(mark, path, f"nested deeper than {limits.SPEC_MAX_DEPTH} "
+                                                       f"levels")])
         if isinstance(node, yaml.ScalarNode):
             try:
                 value = self.constructor.construct_object(node, deep=True)
@@ -156,9 +200,9 @@ class _Builder:
     def _mapping(self, node: yaml.MappingNode, mark: Mark, path: tuple) -> _Map:
         # Remember the explicit keys before flattening rewrites node.value (an alias revisits the same node).
         explicit = self.explicit.setdefault(
-            id(node), {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"})
+            id(node), {id(k) for k, _ in node.value if k.tag != _MERGE_TAG})
         try:
-            self.constructor.flatten_mapping(node)  # YAML merge keys (`<<: *base`)
+            _flatten(node, self.flattened)  # YAML merge keys (`<<: *base`)
         except yaml.YAMLError as e:
             raise SpecErrors([SpecError.at(mark, path, _yaml_problem(e))]) from None
         out = _Map(mark)
@@ -265,19 +309,32 @@ def merge(base: Any, over: Any, top: bool = True) -> Any:
 class _Loader:
     def __init__(self) -> None:
         self.files: dict[str, str] = {}  # display path -> sha256
+        # Each file is loaded once: a diamond of includes 22 levels deep would otherwise be read
+        # 2**22 times. Merging copies what it takes, so sharing a loaded document is safe.
+        self.loaded: dict[Path, _Map] = {}
 
     def load(self, path: Path, stack: tuple[Path, ...], ref: tuple[Mark, tuple] | None) -> _Map:
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a NUL in the name
+            mark, where = ref or (Mark(str(path), 0, 0), ())
+            raise SpecErrors([SpecError.at(mark, where, f"cannot resolve {path}: {e}")]) from None
         shown = display_path(path)
         if real in stack:
             chain = " -> ".join(display_path(p) for p in stack + (real,))
             mark, where = ref or (_NOWHERE, ())
             raise SpecErrors([SpecError.at(mark, where, f"extends/include cycle: {chain}")])
+        if real in self.loaded:
+            return self.loaded[real]
         try:
-            raw = path.read_bytes()
-        except OSError as e:
+            raw = limits.read_regular_file(path, limits.SPEC_MAX_BYTES, "spec")
+        except limits.LimitError as e:
             mark, where = ref or (Mark(shown, 0, 0), ())
-            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: {e.strerror or e}")]) from None
+            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: {e}")]) from None
+        except (OSError, ValueError) as e:
+            mark, where = ref or (Mark(shown, 0, 0), ())
+            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: "
+                                                        f"{getattr(e, 'strerror', None) or e}")]) from None
         self.files[shown] = hashlib.sha256(raw).hexdigest()
         try:
             text = raw.decode("utf-8")
@@ -287,7 +344,8 @@ class _Loader:
         if not isinstance(doc, _Map):
             kind = "empty" if doc is None else f"a {type(doc).__name__.strip('_').lower()}"
             raise SpecErrors([SpecError(shown, 1, 1, "$", f"a spec must be a YAML mapping, this is {kind}")])
-        return self._compose(doc, path, stack + (real,))
+        self.loaded[real] = self._compose(doc, path, stack + (real,))
+        return self.loaded[real]
 
     def _compose(self, doc: _Map, path: Path, stack: tuple[Path, ...]) -> _Map:
         errors: list[SpecError] = []
