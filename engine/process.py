@@ -234,18 +234,20 @@ class CappedLog:
             self.size += cut
             data = data[cut:]
             self._new_segment()
-        if len(data) > self.tail:  # more than the whole tail at once: keep its end
-            start = data.find(b"\n", len(data) - self.tail) + 1 or len(data)
-            self.dropped_bytes += start
-            self.dropped_lines += data.count(b"\n", 0, start)
-            data = data[start:]
-        segment = self.segments[-1]
-        if segment[2] and segment[2] + len(data) > self.segment_max:
-            segment = self._new_segment()
-        segment[1].write(data)
-        segment[1].flush()
-        segment[2] += len(data)
-        segment[3] += data.count(b"\n")
+        while data:
+            # At most one segment's worth, in whole lines (a longer line goes alone).
+            piece = data[:self.segment_max]
+            if len(piece) < len(data):
+                end = piece.rfind(b"\n") + 1 or data.find(b"\n", len(piece)) + 1 or len(data)
+                piece = data[:end]
+            data = data[len(piece):]
+            segment = self.segments[-1]
+            if segment[2] and segment[2] + len(piece) > self.segment_max:
+                segment = self._new_segment()
+            segment[1].write(piece)
+            segment[2] += len(piece)
+            segment[3] += piece.count(b"\n")
+        self.segments[-1][1].flush()
 
     def _new_segment(self) -> list[Any]:
         if len(self.segments) == LOG_TAIL_SEGMENTS:

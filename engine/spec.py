@@ -122,38 +122,6 @@ def _mark(node: yaml.Node, file: str) -> Mark:
     return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _flatten(node: yaml.MappingNode, done: set[int]) -> None:
-    """Resolve YAML merge keys (`<<: *base`) in place, like PyYAML's flatten_mapping, but keeping
-    ONE entry per merged-in key: PyYAML keeps every copy, so `<<: [*a, *a]` nested 30 deep builds
-    2**30 entries before anything can count them. Explicit keys are kept as written (a duplicate
-    explicit key is still reported); among merged ones the first source wins, as in YAML."""
-    if id(node) in done:
-        return
-    done.add(id(node))
-    merged: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
-    own = []
-    for key_node, value_node in node.value:
-        if key_node.tag != _MERGE_TAG:
-            own.append((key_node, value_node))
-            continue
-        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-        for source in sources:
-            if not isinstance(source, yaml.MappingNode):
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"expected a mapping (or a list of mappings) to merge, found {source.id}",
-                    source.start_mark)
-            _flatten(source, done)
-            for pair in source.value:
-                key = pair[0].value if isinstance(pair[0], yaml.ScalarNode) else id(pair[0])
-                merged.setdefault(key, pair)
-    explicit = {k.value for k, _ in own if isinstance(k, yaml.ScalarNode)}
-    node.value = [pair for key, pair in merged.items() if key not in explicit] + own
-
-
 class _Builder:
     """Turns a composed YAML node tree into _Map/_Seq/plain scalars, recording marks."""
 
@@ -162,7 +130,6 @@ class _Builder:
         self.constructor = yaml.constructor.SafeConstructor()
         self.active: set[int] = set()  # node ids on the current path: a recursive alias would never end
         self.explicit: dict[int, set[int]] = {}  # mapping node id -> ids of its own (non-merged) key nodes
-        self.flattened: set[int] = set()
         self.nodes = 0  # built so far: aliases are expanded, so an alias bomb is counted here
 
     def build(self, node: yaml.Node, path: tuple) -> Any:
@@ -200,9 +167,9 @@ class _Builder:
     def _mapping(self, node: yaml.MappingNode, mark: Mark, path: tuple) -> _Map:
         # Remember the explicit keys before flattening rewrites node.value (an alias revisits the same node).
         explicit = self.explicit.setdefault(
-            id(node), {id(k) for k, _ in node.value if k.tag != _MERGE_TAG})
+            id(node), {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"})
         try:
-            _flatten(node, self.flattened)  # YAML merge keys (`<<: *base`)
+            self.constructor.flatten_mapping(node)  # YAML merge keys (`<<: *base`)
         except yaml.YAMLError as e:
             raise SpecErrors([SpecError.at(mark, path, _yaml_problem(e))]) from None
         out = _Map(mark)
