@@ -58,10 +58,11 @@ def engine(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
     return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
 
 
-def engine_process(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def engine_process(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None
+                   ) -> subprocess.CompletedProcess:
     """`engine ARGS` as a subprocess: for the cases that would hang or eat the memory of the
     test process if the behaviour under test broke."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -503,3 +504,59 @@ def test_an_existing_non_empty_run_dir_is_refused_without_force(tmp_path):
     assert not (tmp_path / "r" / "evidence.json").exists()
     proc = engine("run", str(spec), "--run-dir", "r", "--force", cwd=tmp_path)
     assert proc.returncode == 0 and (tmp_path / "r" / "precious.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------ under real torchrun
+
+RANKS = str(Path(__file__).parent / "legs" / "ranks.py")
+
+
+def torchrun_leg(*args: str, timeout_s: int = 120) -> dict:
+    return {"name": "leg", "run": {
+        "argv": ["${python}", "-m", "torch.distributed.run", "--nproc_per_node=2", "--redirects", "3",
+                 "--tee", "3", "--log-dir", "${run_dir}/tlogs", RANKS, *args],
+        "timeout_s": timeout_s, "grace_s": 5, "env": {"OMP_NUM_THREADS": "1"},
+        "output": {"strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*"},
+        "on_failure": {"diagnostics": {"dir": "${run_dir}/tlogs"}}}}
+
+
+@pytest.mark.slow
+def test_a_failing_torchrun_leg_leaves_its_token_in_no_file_and_no_output(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", [torchrun_leg("leak")])
+    proc = engine_process("run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md",
+                          cwd=tmp_path, timeout=300, env={"HF_TOKEN": TOKEN})
+    # The ranks' tracebacks are in the report; the engine's own would be on stderr.
+    assert "Traceback" not in proc.stderr and proc.stdout.splitlines()[-1].startswith("VERDICT hostile FAIL")
+    assert proc.returncode == 5, proc.stdout[-3000:]
+    run = tmp_path / "r"
+    ranks_logs = [p for p in (run / "tlogs").rglob("*") if p.is_file()]
+    assert len(ranks_logs) >= 4  # stdout/stderr of both ranks, at least
+    masked = evidence(run)["steps"]["leg"]["secrets_masked_in"]
+    assert any(p.endswith("stdout.log") for p in masked) and any("error.json" in p for p in masked)
+    half = len(TOKEN) // 2
+    for needle in (TOKEN, TOKEN[:half], TOKEN[half:]):
+        assert files_holding(tmp_path, needle.encode()) == [], needle
+        assert needle not in proc.stdout + proc.stderr
+    assert "<redacted>" in (run / "logs" / "leg.log").read_text()
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_engine_takes_torchrun_and_its_ranks_with_it(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    spec = write_spec(tmp_path / "s.yaml", [torchrun_leg("sleep", str(pids), timeout_s=600)])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(ENGINE + ["run", str(spec), "--run-dir", "r"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ranks = [pid_in(pids / "rank0.pid", 120), pid_in(pids / "rank1.pid", 120)]
+    try:
+        import psutil
+        agent = psutil.Process(ranks[0]).parent()
+        victims = ranks + ([agent.pid] if agent is not None and agent.pid != proc.pid else [])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert all_gone(victims, timeout=20) == []
+    finally:
+        for pid in ranks:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
