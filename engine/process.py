@@ -444,7 +444,13 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             if log is not None:
                 log.write_text(message + "\n")
             return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
-        reaper = Reaper.get()
+        try:
+            reaper = Reaper.get()
+        except OSError as exc:
+            message = f"cannot start the reaper that guards the leg's processes: {exc.strerror or exc}"
+            if log is not None:
+                log.write_text(message + "\n")
+            return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
         marker = reaper.marker()
         full_env[marker[0]] = marker[1]
         try:

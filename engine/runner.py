@@ -131,9 +131,8 @@ class Runner:
         self.console.line(self.scrubber.scrub(text))
 
     def execute(self, judge: Judge | None = None) -> dict[str, Any]:
-        reaper = Reaper.get()
         # Should the engine die mid-run, the reaper masks what the legs left in the run dir.
-        reaper.scrub_at_end(self.run_dir, self.scrubber.secrets)
+        self._tell_reaper(lambda reaper: reaper.scrub_at_end(self.run_dir, self.scrubber.secrets))
         self.save()
         current: str | None = None
         try:
@@ -162,7 +161,15 @@ class Runner:
             self.doc["verdict"] = self.scrubber.scrub_obj(verdict)
             self._write()
         self.scrub_files()
-        Reaper.get().scrubbed(self.run_dir)
+        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+
+    def _tell_reaper(self, message: Callable[[Reaper], None]) -> None:
+        try:
+            message(Reaper.get())
+        except (RuntimeError, OSError) as exc:
+            # The run itself is not at stake, only the cleanup after a killed engine: say so.
+            self.say(f"WARNING: {exc}; should the engine be killed, the run dir's files keep "
+                     f"what secrets the legs wrote into them")
 
     def scrub_files(self, record: dict[str, Any] | None = None) -> None:
         """Mask every secret in the files under the run dir, saying which held one."""
