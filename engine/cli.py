@@ -61,7 +61,13 @@ class _Refused(Exception):
 
 
 def _err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    from engine.console import printable  # a spec's or a leg's text must not drive the terminal
+    print(printable(text), file=sys.stderr, flush=True)
+
+
+def _out(text: str, end: str = "\n") -> None:
+    from engine.console import printable
+    print(printable(text), end=end, flush=True)
 
 
 def _valid_spec(path: str) -> Any:
@@ -87,20 +93,43 @@ def _refusals() -> tuple[type[Exception], ...]:
     return _Refused, SpecErrors, UsageError, EvidenceError, Refused
 
 
-def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
-          args: argparse.Namespace) -> None:
+def _check_reports(args: argparse.Namespace) -> None:
+    """Refuse (exit 2) before anything runs when --junit/--markdown cannot be written: after
+    an hour of legs, a traceback after the VERDICT line is the wrong way to find out."""
     from engine import report
+    for flag, path in (("--junit", args.junit), ("--markdown", args.markdown)):
+        if path and path != "-":
+            problem = report.writable_problem(path)
+            if problem:
+                raise _Refused(f"{flag} {path}: {problem}")
+
+
+def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
+          args: argparse.Namespace) -> int | None:
+    """Write the report files, then print the report; Exit.USAGE when a file could not be
+    written (said before the verdict is printed), else None."""
+    from engine import report
+    from engine.console import printable
     markdown = report.markdown(evidence, results, verdict) if args.markdown else ""
+    failed = None
+    files = [(args.junit, lambda: report.junit(evidence, results, verdict))] if args.junit else []
+    if args.markdown and args.markdown != "-":
+        files.append((args.markdown, lambda: markdown))
+    for path, render in files:
+        try:
+            report.write_file(path, render())
+        except (OSError, ValueError) as exc:
+            _err(f"could not write the report {path}: {getattr(exc, 'strerror', None) or exc} "
+                 f"(the run's evidence is stored; `engine check` renders it again)")
+            failed = Exit.USAGE
+    # A leg's text inside the report (a harvested string, a failure line) must not drive the terminal.
     if args.markdown == "-":
-        print(markdown, end="", flush=True)
+        print(printable(markdown), end="", flush=True)
     else:
-        print(report.table(evidence, results, verdict, verbose=args.verbose), flush=True)
+        print(printable(report.table(evidence, results, verdict, verbose=args.verbose)), flush=True)
     if getattr(sys.stdout, "lost", None):  # the reader left: the verdict still reaches someone
         _err(report.verdict_line((evidence.get("spec") or {}).get("name") or "spec", verdict))
-    if args.junit:
-        report.write_file(args.junit, report.junit(evidence, results, verdict))
-    if args.markdown and args.markdown != "-":
-        report.write_file(args.markdown, markdown)
+    return failed
 
 
 # ---------------------------------------------------------------- commands
@@ -113,17 +142,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except _refusals() as exc:
             bad = True
             errors = str(exc).splitlines()
-            print(f"INVALID {path}: {len(errors)} problem{'s' if len(errors) > 1 else ''}", flush=True)
-            print("\n".join(errors), flush=True)
+            _out(f"INVALID {path}: {len(errors)} problem{'s' if len(errors) > 1 else ''}")
+            _out("\n".join(errors))
         else:
-            print(f"OK {path}", flush=True)
+            _out(f"OK {path}")
     return Exit.USAGE if bad else Exit.PASS
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from engine.plan import build_plan
     plan = build_plan(_valid_spec(args.spec), mode=args.mode, sets=args.set, environ=os.environ)
-    print(plan.describe(), end="", flush=True)
+    _out(plan.describe(), end="")
     return Exit.PASS
 
 
@@ -137,7 +166,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from engine import evidence
     from engine.plan import build_plan, pick_mode, run_stamp, values_lines
-    from engine.runner import RunInterrupted, StopSignals, execute
+    from engine.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
     from engine.spec import SpecErrors
     from engine.validate import budget_error
     from engine.verdict import judge
@@ -145,15 +174,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     mode = pick_mode(spec.data, args.mode, os.environ)
     run_id = run_stamp()
     name = spec.data.get("name", "spec")
-    run_dir = Path(args.run_dir or Path.cwd() / "runs" / f"{name}-{mode}-{run_id}").absolute()
+    run_dir = Path(args.run_dir).absolute() if args.run_dir else _fresh_run_dir(name, mode, run_id)
     plan = build_plan(spec, mode=mode, sets=args.set, environ=os.environ,
                       builtins={"run_dir": str(run_dir), "run_id": run_id})
     # validate checked the budget with the spec's own values; a --set can still push it over.
     over = budget_error(spec, plan.mode, plan.contributions())
     if over:
         raise SpecErrors([over])
-    print(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}", flush=True)
-    print("\n".join(values_lines(plan.values, plan.sources)), flush=True)
+    _check_reports(args)
+    try:
+        prepare_run_dir(run_dir, force=args.force)
+    except RunDirError as exc:
+        raise _Refused(str(exc)) from None
+    _out(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}")
+    _out("\n".join(values_lines(plan.values, plan.sources)))
     # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
     # verdict or its exit code short.
     with StopSignals(linger=True) as stops:
@@ -166,20 +200,31 @@ def cmd_run(args: argparse.Namespace) -> int:
             _err(f"interrupted before the verdict was stored in {run_dir}" if stored
                  else f"interrupted before any evidence was written to {run_dir}")
             return Exit.INTERRUPTED
-        _emit(doc, doc["checks"], doc["verdict"], args)
+        failed = _emit(doc, doc["checks"], doc["verdict"], args)
         if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
             _err("engine: interrupted after the last step had finished; the verdict stands")
-    return doc["verdict"]["exit_code"]
+    return failed or doc["verdict"]["exit_code"]
+
+
+def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:
+    """runs/<name>-<mode>-<stamp>, with -2, -3, ... when a run of the same second has it."""
+    base = Path.cwd() / "runs" / f"{name}-{mode}-{run_id}"
+    path, n = base, 1
+    while os.path.lexists(path):
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path.absolute()
 
 
 def _recheck(args: argparse.Namespace, replay: bool) -> int:
     from engine import evidence
     from engine.recheck import recheck
     saved = evidence.load(args.evidence)
-    done = recheck(_valid_spec(args.spec), saved, Path(args.evidence), replay=replay,
+    spec = _valid_spec(args.spec)
+    _check_reports(args)
+    done = recheck(spec, saved, Path(args.evidence), replay=replay,
                    spec_label=str(args.spec), note=_err)
-    _emit(done.evidence, done.results, done.verdict, args)
-    return done.verdict["exit_code"]
+    return _emit(done.evidence, done.results, done.verdict, args) or done.verdict["exit_code"]
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -227,6 +272,8 @@ def _parser() -> argparse.ArgumentParser:
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
     planning(p)
     p.add_argument("--run-dir", metavar="DIR", help="evidence directory (default runs/<name>-<mode>-<stamp>)")
+    p.add_argument("--force", action="store_true",
+                   help="run into an existing, non-empty --run-dir (its evidence and logs are replaced)")
     reports(p)
 
     p = command("validate", "check spec files (schema and semantics); nothing runs", cmd_validate)

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine import limits
 from engine.plan import step_definition
 from engine.secrets import redact
 from engine.spec import display_path
@@ -116,8 +117,9 @@ def _revive(obj: dict[str, Any]) -> Any:
 
 def loads(text: str) -> Any:
     """The inverse of `dumps`: {"$nonfinite": ...} back to the float. Bare NaN/Infinity tokens
-    (evidence written before the strict form) still load. ValueError for a bad $nonfinite."""
-    return json.loads(text, object_hook=_revive)
+    (evidence written before the strict form) still load. ValueError for a bad $nonfinite or a
+    document beyond the engine's limits (depth, integer size)."""
+    return limits.loads_json(text, limits.EVIDENCE_MAX_DEPTH, object_hook=_revive)
 
 
 def path_of(run_dir: str | os.PathLike[str]) -> Path:
@@ -145,27 +147,90 @@ def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
     return target
 
 
+# The fields a re-check reads, and the JSON type each must have (None: absent is fine).
+_OBJECTS = ("values", "sources", "fingerprints", "definitions", "steps", "state", "spec")
+_STEP_FIELDS: dict[str, tuple[type, ...]] = {
+    "kind": (str,), "status": (str,), "log": (str,), "harvest": (dict,),
+    "harvest_errors": (list,), "failure_lines": (list,), "tail": (list,), "lines": (int,),
+    "progress": (dict, type(None)), "precondition": (str, type(None))}
+_JSON_TYPE = {dict: "an object", list: "an array", str: "a string", int: "a number",
+              float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _kind_of(value: Any) -> str:
+    return _JSON_TYPE.get(type(value), type(value).__name__)
+
+
+def shape_problems(doc: Mapping[str, Any]) -> list[str]:
+    """What in a loaded evidence document has the wrong JSON type for a re-check to read it
+    (one line each, by path); empty when it can be read."""
+    problems = []
+    for key in _OBJECTS:
+        if key in doc and not isinstance(doc[key], dict):
+            problems.append(f"$.{key}: expected an object, found {_kind_of(doc[key])}")
+    if "mode" in doc and not isinstance(doc["mode"], (str, type(None))):
+        problems.append(f"$.mode: expected a string, found {_kind_of(doc['mode'])}")
+    for key in ("fingerprints", "sources"):
+        for name, value in (doc.get(key) if isinstance(doc.get(key), dict) else {}).items():
+            if not isinstance(value, str):
+                problems.append(f"$.{key}.{name}: expected a string, found {_kind_of(value)}")
+    for key in ("definitions", "steps"):
+        for name, value in (doc.get(key) if isinstance(doc.get(key), dict) else {}).items():
+            if not isinstance(value, dict):
+                problems.append(f"$.{key}.{name}: expected an object, found {_kind_of(value)}")
+    steps = doc.get("steps") if isinstance(doc.get("steps"), dict) else {}
+    for name, step in steps.items():
+        if not isinstance(step, dict):
+            continue
+        for field_name, types in _STEP_FIELDS.items():
+            value = step.get(field_name)
+            if field_name in step and not (isinstance(value, types) and not
+                                           (isinstance(value, bool) and bool not in types)):
+                problems.append(f"$.steps.{name}.{field_name}: expected "
+                                f"{' or '.join(dict.fromkeys(_JSON_TYPE[t] for t in types))}, "
+                                f"found {_kind_of(value)}")
+        log = step.get("log")
+        # `engine replay` reads the raw log: it must be one of the run's, not any file on the machine.
+        if isinstance(log, str) and (os.path.isabs(log) or ".." in Path(log).parts or "\0" in log):
+            problems.append(f"$.steps.{name}.log: {log!r} is not a path inside the run directory")
+    return problems
+
+
 def load(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The evidence document of a saved run; EvidenceError (naming the file and what is wrong)
+    when it is missing, not a regular file, too big, not UTF-8 JSON, nested too deeply, of the
+    wrong shape, or newer than this engine."""
     target = path_of(run_dir)
     try:
-        text = target.read_text(encoding="utf-8")
+        raw = limits.read_regular_file(target, limits.EVIDENCE_MAX_BYTES, "evidence file")
     except FileNotFoundError:
         raise EvidenceError(f"{target}: no evidence document (was a run started in this "
                             f"directory?)") from None
-    except OSError as exc:
-        raise EvidenceError(f"{target}: cannot read: {exc.strerror or exc}") from None
+    except limits.LimitError as exc:
+        raise EvidenceError(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise EvidenceError(f"{target}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EvidenceError(f"{target}: not UTF-8 (byte {exc.start}: {exc.reason})") from None
     try:
         doc = loads(text)
     except json.JSONDecodeError as exc:
         raise EvidenceError(f"{target}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except ValueError as exc:  # a malformed {"$nonfinite": ...}
+    except ValueError as exc:  # a limit, or a malformed {"$nonfinite": ...}
         raise EvidenceError(f"{target}: {exc}") from None
     if not isinstance(doc, dict):
-        raise EvidenceError(f"{target}: expected a JSON object, found {type(doc).__name__}")
+        raise EvidenceError(f"{target}: expected a JSON object, found {_kind_of(doc)}")
     version = doc.get("evidence_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise EvidenceError(f"{target}: missing or non-integer 'evidence_version'")
     if version > EVIDENCE_VERSION:
         raise EvidenceError(f"{target}: evidence_version {version} was written by a newer engine "
                             f"(this one reads up to {EVIDENCE_VERSION})")
+    problems = shape_problems(doc)
+    if problems:
+        raise EvidenceError(f"{target}: not an evidence document this engine can read:\n  "
+                            + "\n  ".join(problems[:20])
+                            + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""))
     return doc

@@ -7,7 +7,6 @@ any rule cares about at C speed; only those lines get per-line Python work.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections import deque
@@ -16,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import defaults
+from engine import defaults, limits
 from engine.console import Console
-from engine.lines import Block, LineMatcher
+from engine.lines import Block, LineMatcher, Pattern
 
 ECHO_WIDTH = 300
 PICKS = ("first", "last", "all")
@@ -42,13 +41,13 @@ class HarvestRule:
 
 @dataclass(frozen=True)
 class ProgressRule:
-    pattern: re.Pattern[str]
+    pattern: Pattern
     every_s: float
 
 
 @dataclass(frozen=True)
 class OutputRules:
-    strip_prefix: re.Pattern[str] | None = None
+    strip_prefix: Pattern | None = None
     echo_prefixes: tuple[str, ...] = ()
     harvest: tuple[HarvestRule, ...] = ()
     failure_patterns: tuple[str, ...] = defaults.FAILURE_PATTERNS
@@ -56,12 +55,14 @@ class OutputRules:
     tail_lines: int = defaults.TAIL_LINES
     progress: ProgressRule | None = None
 
+    def pattern_errors(self) -> list[str]:
+        """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
+        patterns = [self.strip_prefix, self.progress.pattern if self.progress else None]
+        return [p.error for p in patterns if p is not None and p.error]
 
-def _regex(text: str, where: str) -> re.Pattern[str]:
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise ValueError(f"{where} {text!r}: {exc}") from None
+
+def _regex(text: str, where: str) -> Pattern:
+    return Pattern(text, where)
 
 
 def compile_rules(run: Mapping[str, Any]) -> OutputRules:
@@ -100,7 +101,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
 
 
 def _json_after(line: str, marker: str) -> Any:
-    return json.loads(line[len(marker):].strip())
+    return limits.loads_json(line[len(marker):].strip())
 
 
 class Capture:
@@ -129,7 +130,7 @@ class Capture:
         with self._lock:
             self.lines += block.count
             if self.tail.maxlen:
-                self.tail.extend(block.tail(self.tail.maxlen))
+                self.tail.extend(limits.cut_text(line) for line in block.tail(self.tail.maxlen))
             if self._literals:
                 for lineno, line in block.find_lines(self._literals):
                     self._handle(line, lineno)
@@ -143,7 +144,7 @@ class Capture:
         if rules.failure_patterns and any(p in line for p in rules.failure_patterns):
             self.failure_hits += 1
             if self.failures.maxlen:
-                self.failures.append(line)
+                self.failures.append(limits.cut_text(line))
         if rules.echo_prefixes and line.startswith(rules.echo_prefixes) and self.console:
             self.console.line("  KEY> " + line[:ECHO_WIDTH])
         for rule in rules.harvest:
@@ -155,6 +156,9 @@ class Capture:
         # the one that is kept must be seen, not skipped.
         self.marker_seen.add(rule.name)
         try:
+            if line.endswith(limits.CUT_MARKER):
+                raise limits.LimitError(f"the line is longer than the {limits.LINE_MAX_CHARS // limits.MiB} "
+                                        f"MiB line limit and was cut; its JSON is incomplete")
             value = _json_after(line, rule.marker)
         except json.JSONDecodeError as exc:
             self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
@@ -162,6 +166,10 @@ class Capture:
                                         "error": f"invalid JSON: {exc.msg} (column "
                                                  f"{exc.colno + len(rule.marker)})",
                                         "text": line[:ECHO_WIDTH]})
+            return
+        except ValueError as exc:  # a limit: too deep, a 5,000-digit integer, a cut line
+            self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
+                                        "error": f"not harvested: {exc}", "text": line[:ECHO_WIDTH]})
             return
         if rule.pick == "all":
             self.harvested.setdefault(rule.name, []).append(value)
@@ -175,7 +183,7 @@ class Capture:
             self.harvested[rule.name] = value
             seen.picked = lineno
 
-    def _observe(self, found: re.Match[str]) -> None:
+    def _observe(self, found: Any) -> None:
         try:
             step, total = int(found["step"]), int(found["total"])
         except (TypeError, ValueError):
@@ -319,7 +327,14 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
     status was; the caller keeps them only for a failed step."""
     rules = compile_rules(step.get("run") or {})
     capture = Capture(rules)
-    raw = Path(log_path).read_text(encoding="utf-8", errors="replace")
+    # A log the engine wrote is never bigger (limits.LOG_HEAD_BYTES + LOG_TAIL_BYTES); a bigger
+    # one, or a FIFO, is not one of them.
+    try:
+        raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log").decode(
+            "utf-8", errors="replace")
+    except (OSError, ValueError) as exc:
+        from engine.evidence import EvidenceError
+        raise EvidenceError(f"raw log {log_path}: {getattr(exc, 'strerror', None) or exc}") from None
     lines = raw.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -205,7 +205,8 @@ class Plan:
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
         if s["kind"] == "remove":
-            return [f"remove {p}" for p in s["remove"]]
+            return [f"remove {p}" for p in s["remove"]] + \
+                [f"(outside the work and run dirs only under {d})" for d in s.get("remove_also_under", [])]
         if s["kind"] == "collect":
             c = s["collect"]
             return [f"collector {c['collector']} args {json.dumps(c.get('args') or {})}"]
@@ -372,7 +373,12 @@ def resolve_step(spec: Spec, index: int, raw: dict[str, Any], values: Mapping[st
     if kind == "run":
         step["run"] = _fill_run(step["run"])
     elif kind == "remove":
-        step["remove"] = [step["remove"]] if isinstance(step["remove"], str) else list(step["remove"])
+        spec_ = step["remove"]
+        paths = spec_.get("paths") if isinstance(spec_, dict) else spec_
+        step["remove"] = [paths] if isinstance(paths, str) else list(paths)
+        if isinstance(spec_, dict) and spec_.get("also_under"):
+            # Only when given: a new key in every remove step would change every fingerprint.
+            step["remove_also_under"] = list(spec_["also_under"])
     else:
         step["collect"] = {"args": {}, **step["collect"]}
     step["when"] = raw.get("when")

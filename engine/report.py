@@ -7,9 +7,15 @@ the live run rendered; `write_file` is the one place a report reaches the disk. 
 from __future__ import annotations
 
 import json
+import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping
+
+# Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
+# would make the whole JUnit file unparsable.
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 EXPLAIN_LINES = 8
 _MARK = {"PASS": "ok", "FAIL": "FAIL", "NO_DATA": "NO_DATA", "SKIPPED": "skip", "ERROR": "ERROR",
@@ -164,7 +170,8 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
         suite.set(key, str(value))
     suite.set("time", str((verdict or {}).get("seconds", evidence.get("seconds") or 0)))
     ET.indent(suite)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    text = ET.tostring(suite, encoding="unicode")
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("", text) + "\n"
 
 
 # ---------------------------------------------------------------- Markdown
@@ -205,3 +212,24 @@ def write_file(path: str | Path, text: str) -> None:
     """Write a report file (`--junit FILE`, `--markdown FILE`), creating its directory."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text, encoding="utf-8")
+
+
+def writable_problem(path: str | Path) -> str | None:
+    """Why a report could not be written to `path` (None when it can), found before a run spends
+    an hour: the file is created (and removed again when it was not there)."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{target} is a directory"
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except (OSError, ValueError) as exc:
+        return f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}"
+    if not existed:
+        try:
+            os.unlink(target)
+        except OSError:
+            pass
+    return None

@@ -10,22 +10,54 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine import collectors, defaults, evidence, version
+from engine import collectors, defaults, evidence, limits, version
 from engine.console import Console, ProgressDisplay
 from engine.output import Capture, compile_rules, harvest_problems
 from engine.plan import step_kind
 from engine.process import Interrupted, compile_signal_rules, run_command
-from engine.secrets import Scrubber
+from engine.reaper import Reaper
+from engine.secrets import Scrubber, TreeScrubber
 from engine.types import CheckResult, Verdict
 
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used (a file, not writable, or holding another run)."""
+
+
+def prepare_run_dir(run_dir: Path, force: bool = False) -> None:
+    """Create the run directory and prove it writable before anything runs; refuse one that
+    holds files already unless `force` (a run would silently mix its evidence with theirs)."""
+    if run_dir.exists() or run_dir.is_symlink():
+        if not run_dir.is_dir():
+            raise RunDirError(f"--run-dir {run_dir}: exists and is not a directory")
+        try:
+            entries = sorted(os.listdir(run_dir))
+        except OSError as exc:
+            raise RunDirError(f"--run-dir {run_dir}: cannot list it: {exc.strerror or exc}") from None
+        if entries and not force:
+            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+            raise RunDirError(f"--run-dir {run_dir}: exists and is not empty ({shown}); choose "
+                              f"another, empty it, or pass --force to run into it (the run's "
+                              f"evidence.json and logs replace theirs, other files stay)")
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".writable.", dir=run_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"--run-dir {run_dir}: cannot write there: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
 
 # Evidence -> (check results, verdict): engine.verdict.judge bound to the plan.
 Judge = Callable[[Mapping[str, Any]], tuple[list[CheckResult], Verdict]]
@@ -171,6 +203,9 @@ class Runner:
         self.plan, self.run_dir, self.console = plan, run_dir, console
         self.t0 = time.monotonic()
         self.scrubber = Scrubber.for_plan(plan, os.environ)
+        # Legs write into the run dir too (torchrun's per-rank logs hold the environment and the
+        # exception message): after every step, every file there is masked.
+        self.files = TreeScrubber(run_dir, self.scrubber.secrets)
         self.doc = evidence.new_document(plan, run_dir, version())
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
@@ -189,6 +224,8 @@ class Runner:
     def execute(self, judge: Judge | None = None, stops: StopSignals | None = None
                 ) -> dict[str, Any]:
         stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
+        # Should the engine die mid-run, the reaper masks what the legs left in the run dir.
+        self._tell_reaper(lambda reaper: reaper.scrub_at_end(self.run_dir, self.scrubber.secrets))
         self.save()
         current: str | None = None
         try:
@@ -219,6 +256,24 @@ class Runner:
             self.doc["checks"] = self.scrubber.scrub_obj(results)
             self.doc["verdict"] = self.scrubber.scrub_obj(verdict)
             self._write()
+        self.scrub_files()
+        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+
+    def _tell_reaper(self, message: Callable[[Reaper], None]) -> None:
+        try:
+            message(Reaper.get())
+        except (RuntimeError, OSError) as exc:
+            # The run itself is not at stake, only the cleanup after a killed engine: say so.
+            self.say(f"WARNING: {exc}; should the engine be killed, the run dir's files keep "
+                     f"what secrets the legs wrote into them")
+
+    def scrub_files(self, record: dict[str, Any] | None = None) -> None:
+        """Mask every secret in the files under the run dir, saying which held one."""
+        found = self.files.scrub()
+        for path in found:
+            self.say(f"   masked a secret in {path}")
+        if record is not None and found:
+            record["secrets_masked_in"] = found
 
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
@@ -235,11 +290,12 @@ class Runner:
             if kind == "run":
                 rc = self._run(step, record)
             elif kind == "remove":
-                rc = self._remove(step["remove"], record)
+                rc = self._remove(step["remove"], record, step.get("remove_also_under") or ())
             else:
                 rc = self._collect(name, step["collect"], record)
         finally:
             record.setdefault("seconds", round(time.monotonic() - started, 3))
+            self.scrub_files(record)
         self.say(f"{name}_RC {rc} seconds {time.monotonic() - started:.1f} "
                  f"elapsed {time.monotonic() - self.t0:.0f}")
         go_on = True
@@ -282,7 +338,7 @@ class Runner:
                 grace_s=float(run.get("grace_s", defaults.GRACE_S)), log_path=self.run_dir / log_rel,
                 on_block=capture.feed, on_tick=display.tick,
                 signals=signal_rules,
-                strip_prefix=rules.strip_prefix, scrub=self.scrubber.scrub,
+                strip_prefix=rules.strip_prefix, scrub=self.scrubber,
                 notify=lambda text: self.say("   " + text))
         except Interrupted as exc:
             display.close()
@@ -290,17 +346,19 @@ class Runner:
             record.update(exc.result.as_dict())
             raise
         display.close()
+        # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.
+        problems = result.problems + rules.pattern_errors()
         ok = result.rc in run.get("ok_exit_codes", [0]) and not result.timed_out \
-            and result.error is None
+            and result.error is None and not problems
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
-        record["error"] = result.error
+        record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
         self._record_capture(record, capture, failed=not ok)
         for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
             self.say(f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
                      f"({problem['kind']}): {problem['message']}")
-        if result.error:
-            self.say(f"   {result.error}")
+        if record["error"]:
+            self.say(f"   {record['error']}")
         if result.timed_out:
             self.say(f"   TIMEOUT after {run.get('timeout_s')} s")
         for sent in result.signals_sent:
@@ -354,12 +412,13 @@ class Runner:
         return report
 
     # --- remove ------------------------------------------------------------------------------
-    def _remove(self, spec: str | Sequence[str], record: dict[str, Any]) -> int:
+    def _remove(self, spec: str | Sequence[str], record: dict[str, Any],
+                also_under: Sequence[str] = ()) -> int:
         paths = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
         removed, absent = [], []
         record.update({"paths": [str(p) for p in paths], "error": None})
         try:
-            targets = [check_removable(p, self.run_dir) for p in paths]
+            targets = [check_removable(p, self.run_dir, also_under) for p in paths]
             for target in targets:
                 if remove_path(target):
                     removed.append(str(target))
@@ -383,7 +442,7 @@ class Runner:
         record.update({"collector": collector, "error": None})
         context = {"cwd": os.getcwd(), "run_dir": str(self.run_dir), "step": name,
                    "log_path": str(self.run_dir / "logs" / f"{_safe_name(name)}.log"),
-                   "scrub": self.scrubber.scrub}
+                   "scrub": self.scrubber.scrub, "scrubber": self.scrubber}
         try:
             state = collectors.collect(collector, spec.get("args") or {}, context)
         except collectors.CollectorError as exc:
@@ -400,10 +459,13 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "step"
 
 
-def check_removable(path: str | os.PathLike[str], run_dir: Path) -> Path:
+def check_removable(path: str | os.PathLike[str], run_dir: Path,
+                    also_under: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """The absolute path to remove, or ValueError when removing it would destroy something the
     run (or the user) cannot lose: /, the home directory, the working directory or one of its
-    parents, the run's evidence directory or one of its parents."""
+    parents, the run's evidence directory or one of its parents; and anything that is not inside
+    the working directory, the run directory or one of the directories the step names in
+    `also_under` (the engine may run as root: `runs/../../etc` must not be one typo away)."""
     if not str(path).strip():
         raise ValueError("refusing to remove an empty path")
     target = Path(os.path.abspath(os.path.expanduser(str(path))))
@@ -424,6 +486,12 @@ def check_removable(path: str | os.PathLike[str], run_dir: Path) -> Path:
     if real == run or real in run.parents:
         raise ValueError(f"refusing to remove {target}: it is (or contains) the run directory "
                          f"{run}")
+    roots = [cwd, run] + [Path(os.path.abspath(os.path.expanduser(str(r)))).resolve() for r in also_under]
+    if not any(limits.under(real, root) for root in roots):
+        extra = "".join(f", {r}" for r in roots[2:])
+        raise ValueError(f"refusing to remove {target}: it is outside the working directory {cwd}"
+                         f", the run directory {run}{extra}; a step that must remove it says so with "
+                         f"`remove: {{paths: [...], also_under: [<a directory above it>]}}`")
     return target
 
 
@@ -459,18 +527,24 @@ def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: i
         for f in sorted(filenames):
             entries.append(str((base / f).relative_to(root)))
             files.append(base / f)
-    tails = [{"path": str(f), "tail": tail_file(f, tail_lines)} for f in files[:max_files]]
+    tails = [{"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
+             for f in files[:max_files]]
     return {"dir": str(root), "exists": True, "listing": entries[:list_max],
             "listing_more": max(len(entries) - list_max, 0), "files": tails}
 
 
 def tail_file(path: Path, n: int) -> list[str]:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - DIAG_READ_BYTES, 0))
-            data = fh.read()
+        # O_NONBLOCK: a FIFO a leg left in the directory must not block the engine.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ["<not a regular file: not read>"]
+            size = os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, max(size - DIAG_READ_BYTES, 0), os.SEEK_SET)
+            data = os.read(fd, DIAG_READ_BYTES)
+        finally:
+            os.close(fd)
     except OSError as exc:
         return [f"<cannot read: {exc.strerror or exc}>"]
     lines = data.decode("utf-8", errors="replace").splitlines()
