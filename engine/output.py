@@ -28,8 +28,10 @@ MISSING = "missing"
 @dataclass(frozen=True)
 class HarvestRule:
     name: str
-    marker: str
+    marker: str | None
     pick: str
+    # A `match` rule: the regex's named groups of a matching line, instead of JSON after a marker.
+    pattern: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,14 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
         pick = rule.get("pick", defaults.HARVEST_PICK)
         if pick not in PICKS:
             raise ValueError(f"output.harvest.{name}.pick must be one of {PICKS}, got {pick!r}")
-        harvest.append(HarvestRule(name, str(rule["marker"]), pick))
+        if rule.get("match") is not None:
+            pattern = _regex(rule["match"], f"output.harvest.{name}.match")
+            if not pattern.groupindex:
+                raise ValueError(f"output.harvest.{name}.match {pattern.pattern!r} has no named group "
+                                 f"(?P<name>...) to harvest")
+            harvest.append(HarvestRule(name, None, pick, pattern))
+        else:
+            harvest.append(HarvestRule(name, str(rule["marker"]), pick))
     progress = None
     if run.get("progress"):
         pattern = _regex(run["progress"]["match"], "progress.match")
@@ -91,6 +100,23 @@ def _json_after(line: str, marker: str) -> Any:
     return json.loads(line[len(marker):].strip())
 
 
+def _group_value(text: str | None) -> Any:
+    """A named group's text: a number when it reads as a JSON number, else the text (None when
+    the group did not take part in the match)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text, parse_constant=_not_a_number)
+    except ValueError:
+        return text
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
+
+
+def _not_a_number(text: str) -> Any:
+    # "NaN" and "Infinity" stay text: evidence is strict JSON, and a plot shows them as gaps.
+    raise ValueError(text)
+
+
 class Capture:
     """Consumes the blocks of one run step and keeps only what the rules need."""
 
@@ -108,9 +134,10 @@ class Capture:
         self._lock = threading.Lock()
         # Every line any rule may concern contains one of these literals.
         self._literals = tuple(dict.fromkeys(
-            list(rules.echo_prefixes) + [h.marker for h in rules.harvest]
+            list(rules.echo_prefixes) + [h.marker for h in rules.harvest if h.marker is not None]
             + list(rules.failure_patterns)))
         self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
+        self._matched = [(rule, LineMatcher(rule.pattern)) for rule in rules.harvest if rule.pattern is not None]
 
     def feed(self, block: Block) -> None:
         with self._lock:
@@ -120,6 +147,8 @@ class Capture:
             if self._literals:
                 for lineno, line in block.find_lines(self._literals):
                     self._handle(line, lineno)
+            for rule, matcher in self._matched:
+                self._harvest_matches(rule, matcher, block)
             if self._progress is not None:
                 found = self._progress.last(block)
                 if found is not None:
@@ -134,8 +163,26 @@ class Capture:
         if rules.echo_prefixes and line.startswith(rules.echo_prefixes) and self.console:
             self.console.line("  KEY> " + line[:ECHO_WIDTH])
         for rule in rules.harvest:
-            if line.startswith(rule.marker):
+            if rule.marker is not None and line.startswith(rule.marker):
                 self._harvest(rule, line, lineno)
+
+    def _harvest_matches(self, rule: HarvestRule, matcher: LineMatcher, block: Block) -> None:
+        if rule.pick == "first" and rule.name in self.harvested:
+            return
+        candidates = block.find_lines([matcher.literal]) if matcher.literal is not None else \
+            ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        for _, line in candidates:
+            found = matcher.pattern.search(line)
+            if found is None:
+                continue
+            self.marker_seen.add(rule.name)
+            value = {k: _group_value(v) for k, v in found.groupdict().items()}
+            if rule.pick == "all":
+                self.harvested.setdefault(rule.name, []).append(value)
+            else:
+                self.harvested[rule.name] = value
+                if rule.pick == "first":
+                    return
 
     def _harvest(self, rule: HarvestRule, line: str, lineno: int) -> None:
         self.marker_seen.add(rule.name)
@@ -167,7 +214,8 @@ class Capture:
         for rule in self.rules.harvest:
             if rule.name not in self.marker_seen:
                 errors.append({"name": rule.name, "marker": rule.marker, "line": None,
-                               "error": MISSING, "text": None})
+                               "error": MISSING, "text": None,
+                               **({"match": rule.pattern.pattern} if rule.pattern is not None else {})})
         return dict(self.harvested), errors
 
     def failure_lines(self) -> list[str]:

@@ -216,7 +216,8 @@ class Plan:
         for sig in r["signals"]:
             out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
-            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({v['pick']})"
+            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({v['pick']})" if v.get("marker") is not None
+                                               else f"{k} <- /{v['match']}/ ({v['pick']})"
                                                for k, v in r["output"]["harvest"].items()))
         return out
 
