@@ -30,6 +30,9 @@ verified without re-running a leg; output-rule changes are allowed there, nothin
 
 `--markdown FILE` (run, check, replay, diff) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
+It draws the spec's plots as Mermaid charts. `--html FILE` (run, check, replay) writes one
+self-contained page: the verdict, the failure trees, the plots as SVG, the checks and the steps (no
+script, nothing fetched); `--html -` prints it instead of the text report.
 
 Exit codes: 0 pass, 5 a failed check or leg, 2 invalid spec or usage, 3 a precondition
 failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid).
@@ -51,6 +54,7 @@ EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) 
     " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or leg)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
+HTML_HELP = "also write a self-contained HTML report (plots as SVG) to FILE; `-` prints it instead of the text report"
 
 
 class _Refused(Exception):
@@ -83,17 +87,29 @@ def _refusals() -> tuple[type[Exception], ...]:
 
 
 def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
-          args: argparse.Namespace) -> None:
+          args: argparse.Namespace, spec: Any = None) -> None:
     from engine import report
-    markdown = report.markdown(evidence, results, verdict) if args.markdown else ""
+    figures: list = []
+    if (args.markdown or args.html) and spec is not None:
+        from engine.plots import for_spec
+        figures = for_spec(spec, evidence)
+    markdown = report.markdown(evidence, results, verdict, figures) if args.markdown else ""
+    page = ""
+    if args.html:
+        from engine import htmlreport
+        page = htmlreport.render(evidence, results, verdict, figures)
     if args.markdown == "-":
         print(markdown, end="", flush=True)
+    elif args.html == "-":
+        print(page, end="", flush=True)
     else:
         print(report.table(evidence, results, verdict, verbose=args.verbose), flush=True)
     if args.junit:
         report.write_file(args.junit, report.junit(evidence, results, verdict))
     if args.markdown and args.markdown != "-":
         report.write_file(args.markdown, markdown)
+    if args.html and args.html != "-":
+        report.write_file(args.html, page)
 
 
 # ---------------------------------------------------------------- commands
@@ -150,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(f"interrupted before the verdict was stored in {run_dir}" if stored
              else f"interrupted before any evidence was written to {run_dir}")
         return Exit.INTERRUPTED
-    _emit(doc, doc["checks"], doc["verdict"], args)
+    _emit(doc, doc["checks"], doc["verdict"], args, spec)
     return doc["verdict"]["exit_code"]
 
 
@@ -158,9 +174,10 @@ def _recheck(args: argparse.Namespace, replay: bool) -> int:
     from engine import evidence
     from engine.recheck import recheck
     saved = evidence.load(args.evidence)
-    done = recheck(_valid_spec(args.spec), saved, Path(args.evidence), replay=replay,
+    spec = _valid_spec(args.spec)
+    done = recheck(spec, saved, Path(args.evidence), replay=replay,
                    spec_label=str(args.spec), note=_err)
-    _emit(done.evidence, done.results, done.verdict, args)
+    _emit(done.evidence, done.results, done.verdict, args, spec)
     return done.verdict["exit_code"]
 
 
@@ -204,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     def reports(p: argparse.ArgumentParser) -> None:
         p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
         p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
+        p.add_argument("--html", metavar="FILE", help=HTML_HELP)
         p.add_argument("-v", "--verbose", action="store_true", help="full explain trees")
 
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
@@ -244,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as exc:  # argparse: 0 for --help/--version, 2 for usage errors
         return int(exc.code or 0)
+    if getattr(args, "markdown", None) == "-" and getattr(args, "html", None) == "-":
+        _err("--markdown - and --html - would both print on stdout; give one of them a FILE")
+        return Exit.USAGE
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
