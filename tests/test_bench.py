@@ -30,7 +30,7 @@ def test_ratio_is_against_the_mean_of_hf_compile_rows_of_the_same_shape_only():
 def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     jsonl = tmp_path / "rows.jsonl"
     configs = ["micro=2,steps=2,warmup=1,prof=1,pbwd=autograd",
-               "micro=2,steps=2,warmup=1,compile=regional,res=0,cefuse=inplace,wacc=0,pbwd=grouped,rope=roll",
+               "micro=2,steps=2,warmup=1,compile=regional,res=0,wacc=0,gqa=1,ce_rows=16",
                "impl=hf,micro=2,steps=2,warmup=1", "task=check,micro=2,steps=3,noise=1",
                "task=drift,micro=2,warmup=1,windows=1/2/3",
                "task=graphs,micro=2,accum=2,compile=regional,steps=2,gsteps=2"]
@@ -52,8 +52,8 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
     assert {f"FAMILY {fam}" for fam, _ in train_bench.PROF_FAMILIES} <= prof.keys()
     assert len(rows[0]["prof_top"]) <= 2 + len(train_bench.PROF_FAMILIES) + train_bench.PROF_TOP
     check = rows[3]
-    assert set(check["pairs"]) == {"plain_fuse_vs_plain", "fast_vs_plain", "plain_vs_plain_fp32",
-                                   "plain_fuse_vs_plain_fp32", "fast_vs_plain_fp32"}
+    assert set(check["pairs"]) == {"plain_split_vs_plain", "fast_vs_plain", "plain_vs_plain_fp32",
+                                   "plain_split_vs_plain_fp32", "fast_vs_plain_fp32"}
     assert abs(check["fast_first"] - check["plain_first"]) < 1e-4   # same init, same first batch (CPU fp32)
     assert [w["steps_to"] for w in rows[4]["drift_windows"]] == [1, 2, 3]
     graphs = rows[5]    # on CPU Inductor skips the CUDA graphs: the two compiled paths agree exactly

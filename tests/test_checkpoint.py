@@ -14,11 +14,13 @@ import pytest
 
 from trainer.checkpoint import (CHECKPOINT_FILES, Checkpointer, Pointer, ResumeRefused, config_hash,
                                 prune_local, prune_plan, read_pointer, write_checkpoint_dir)
-from trainer.store import LocalStore, StoreError, open_store, sha256_file
+from trainer.store import LocalStore, StoreError, sha256_file
+from trainer.store_url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_CONFIG = {"model": "tiny", "seq_len": 64, "micro_batch": 2, "accum": 1, "world_size": 1,
-              "tokens": 2560, "lr": 3e-4, "seed": 1, "schedule": "cosine"}
+              "tokens": 2560, "lr": 3e-4, "seed": 1, "schedule": "cosine",
+              "numerics": {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True}}
 CH = config_hash(RUN_CONFIG)
 
 
@@ -355,7 +357,8 @@ KILL_PUSH = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     from trainer.checkpoint import Checkpointer, CHECKPOINT_FILES
-    from trainer.store import open_store, sha256_file
+    from trainer.store import sha256_file
+    from trainer.store_url import open_store
     url, phase, local, ch = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     def log(line):
         print(line, flush=True)
@@ -417,7 +420,8 @@ def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(
     assert state["optimizer"]["state"][0]["step"].item() == 1
     assert torch.equal(torch.load(dest / "rng.pt", weights_only=False)[0]["torch"], rng[0]["torch"])
     from safetensors.torch import load_file
-    sd, expected = load_file(dest / "model.safetensors"), model_mod.hf_state_dict(model)
+    from trainer.hf import hf_state_dict
+    sd, expected = load_file(dest / "model.safetensors"), hf_state_dict(model)
     assert sorted(sd) == sorted(expected) and "model.embed_tokens.weight" in sd
     assert all(torch.equal(sd[k], expected[k].detach()) for k in sd)
 

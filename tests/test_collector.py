@@ -12,7 +12,8 @@ import pytest
 
 from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, hub_state
 from trainer.collector import collect
-from trainer.store import open_store, sha256_file
+from trainer.store import sha256_file
+from trainer.store_url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -282,6 +282,11 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     assert leg1.rc == 0 and leg1.run_json is not None, leg1.explain()
     assert leg1.run_json["final_step"] == STOP and leg1.run_json["segment_stop"] is True
     assert leg1.run_json["push_steps"] == [2, 4]
+    # The Hub client's retries are diagnostics through `logging`, each with its time and the rank it ran on.
+    retries = [line for line in leg1.lines if "trainer.hub: hub: " in line and "; retrying in " in line]
+    assert len(retries) >= 2, leg1.explain()           # the 503 and the 429
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} rank 0 WARNING trainer\.hub: hub: ")
+    assert all(stamp.match(line) for line in retries), retries
     assert [(f.kind, f.fired) for f in (lost, s503, s429, reset)] == \
         [("lost_response", 1), ("status", 1), ("status", 1), ("reset", 1)], hub_server.faults
     # The first checkpoint commit is the one whose answer was lost: settled by reading the history back, it is

@@ -14,7 +14,8 @@ import pytest
 from conftest import HUB_TOKEN
 from hubserver import HubServer
 from trainer.hub import HubStore, RetryPolicy
-from trainer.store import RepoMissing, StoreError, open_store
+from trainer.store import RepoMissing, StoreError
+from trainer.store_url import open_store
 
 
 def test_token_is_the_bearer_and_never_leaks(hub_server: HubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture,

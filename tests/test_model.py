@@ -1,4 +1,6 @@
-"""trainer/model.py: geometry, loss equivalences, attention paths, and the HF Llama on-disk format."""
+"""trainer/model.py and the modules applied to it: geometry, loss equivalences, attention paths, the model
+options, the compile policy (trainer/compile.py), the kernels (trainer/kernels.py) and the HF Llama on-disk
+format (trainer/hf.py)."""
 import json
 
 import pytest
@@ -7,8 +9,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainer import kernels as K
 from trainer import model as M
-from trainer.model import GEOMETRIES, Llama, ModelConfig, count_params, hf_state_dict, load_hf_state_dict, save_pretrained
+from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
+from trainer.hf import from_hf_config, hf_state_dict, load_hf_state_dict, save_pretrained, to_hf_config
+from trainer.model import GEOMETRIES, Llama, ModelConfig, count_params
+from trainer.options import ModelOptions
 
 TINY = GEOMETRIES["tiny"]
 
@@ -66,10 +72,10 @@ def test_untrained_loss_is_near_log_vocab():
     assert abs(loss.item() - torch.log(torch.tensor(512.0)).item()) < 0.1
 
 
-def test_chunked_loss_and_its_gradients_equal_plain_cross_entropy(monkeypatch):
-    monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 7)  # 2x24 rows -> 7 chunks, the last one partial
+def test_chunked_loss_and_its_gradients_equal_plain_cross_entropy():
     x, y = batch(b=2, t=24)
-    m_chunked, m_plain = tiny(), tiny()
+    m_chunked = tiny(options=ModelOptions(loss_chunk_rows=7))  # 2x24 rows -> 7 chunks, the last one partial
+    m_plain = tiny()
     _, loss = m_chunked(x, y)
     logits, _ = m_plain(x)
     ref = F.cross_entropy(logits.reshape(-1, TINY.vocab_size), y.reshape(-1))
@@ -121,7 +127,7 @@ def test_bad_geometry_is_refused_with_the_reason():
 
 def test_hf_config_round_trips_and_has_every_llamaconfig_key():
     cfg = GEOMETRIES["ounce100m-22l"]
-    d = cfg.to_hf_config()
+    d = to_hf_config(cfg)
     assert d["architectures"] == ["LlamaForCausalLM"] and d["model_type"] == "llama"
     assert {k: d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                               "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")} == {
@@ -129,11 +135,11 @@ def test_hf_config_round_trips_and_has_every_llamaconfig_key():
         "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 2048}
     assert (d["rms_norm_eps"], d["rope_theta"], d["hidden_act"], d["tie_word_embeddings"]) == (1e-5, 10000.0, "silu", True)
     assert (d["attention_bias"], d["mlp_bias"], d["torch_dtype"]) == (False, False, "float32")
-    assert ModelConfig.from_hf_config(d) == cfg
+    assert from_hf_config(d) == cfg
     # the transformers-5 spelling of the same model
     d5 = {k: v for k, v in d.items() if k not in ("rope_theta", "rope_scaling")}
     d5["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    assert ModelConfig.from_hf_config(d5) == cfg
+    assert from_hf_config(d5) == cfg
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -143,17 +149,17 @@ def test_hf_config_round_trips_and_has_every_llamaconfig_key():
     ("head_dim", 32, "head_dim 32"),
 ])
 def test_hf_config_this_model_cannot_represent_is_refused(field, value, match):
-    d = TINY.to_hf_config()
+    d = to_hf_config(TINY)
     d[field] = value
     with pytest.raises(ValueError, match=match):
-        ModelConfig.from_hf_config(d)
+        from_hf_config(d)
 
 
 def test_hf_config_missing_field_is_named():
-    d = TINY.to_hf_config()
+    d = to_hf_config(TINY)
     del d["vocab_size"]
     with pytest.raises(ValueError, match="lacks the field 'vocab_size'"):
-        ModelConfig.from_hf_config(d)
+        from_hf_config(d)
 
 
 def test_hf_state_dict_uses_exactly_llama_names_without_the_tied_head():
@@ -171,7 +177,7 @@ def test_save_pretrained_writes_hf_files_that_load_back_identically(tmp_path):
     hashes = save_pretrained(m, TINY, tmp_path)
     assert sorted(hashes) == ["config.json", "model.safetensors"] and all(len(h) == 64 for h in hashes.values())
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert ModelConfig.from_hf_config(cfg) == TINY and cfg["torch_dtype"] == "float32"
+    assert from_hf_config(cfg) == TINY and cfg["torch_dtype"] == "float32"
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert f.metadata() == {"format": "pt"}
         sd = {k: f.get_tensor(k) for k in f.keys()}
@@ -238,21 +244,11 @@ def test_loss_without_grad_equals_loss_with_grad():
     torch.testing.assert_close(l_eval, l_train.detach(), rtol=1e-6, atol=1e-6)
 
 
-def test_fused_projections_compute_the_same_function(monkeypatch):
-    x, y = batch()
-    losses = []
-    for fused in (False, True):
-        monkeypatch.setattr(M, "FUSED_PROJ", fused)
-        losses.append(tiny(seed=2)(x, y)[1])
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-6)
-
-
-def test_sdpa_enable_gqa_computes_the_same_function_and_gradients(monkeypatch):
+def test_sdpa_enable_gqa_computes_the_same_function_and_gradients():
     x, y = batch()
     out = []
     for gqa in (False, True):
-        monkeypatch.setattr(M, "SDPA_GQA", gqa)
-        m = tiny(seed=3)
+        m = tiny(seed=3, options=ModelOptions(sdpa_gqa=gqa))
         logits, _ = m(x)
         _, loss = m(x, y)
         loss.backward()
@@ -261,40 +257,37 @@ def test_sdpa_enable_gqa_computes_the_same_function_and_gradients(monkeypatch):
     torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-5, atol=1e-6)
 
 
-def test_loss_chunk_rule_is_eight_chunks_per_micro_batch_between_512_and_4096_rows(monkeypatch):
-    monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 0)
-    assert [M.loss_chunk_rows(n) for n in (48, 4096, 8192, 16384, 32768, 65536)] == [512, 512, 1024, 2048, 4096, 4096]
-    monkeypatch.setattr(M, "LOSS_CHUNK_ROWS", 7)
-    assert M.loss_chunk_rows(32768) == 7
+def test_loss_chunk_rule_is_eight_chunks_per_micro_batch_between_512_and_4096_rows():
+    assert [K.loss_chunk_rows(n) for n in (48, 4096, 8192, 16384, 32768, 65536)] == [512, 512, 1024, 2048, 4096, 4096]
+    assert K.loss_chunk_rows(32768, fixed=7) == 7
 
 
 def test_compile_blocks_keeps_the_parameter_names():
     m = tiny()
     before = list(hf_state_dict(m))
-    m.compile_blocks()  # compiles lazily: nothing runs until the first forward
+    compile_blocks(m, ModelOptions())  # compiles lazily: nothing runs until the first forward
     assert list(hf_state_dict(m)) == before and count_params(m) == 119_104
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
 def test_pointwise_softmax_gradient_pass_equals_the_in_place_one(compiled):
-    # _ce_grad_pointwise is what CUDA compiles; it must be _ce_grad_eager's function, eagerly and as
+    # ce_grad_pointwise is what CUDA compiles; it must be ce_grad_eager's function, eagerly and as
     # Inductor builds it (here its CPU backend), including a target in the first and the last column.
     g = torch.Generator().manual_seed(11)
     logits = (torch.randn(37, 300, generator=g) * 4).to(torch.bfloat16)
     y = torch.randint(0, 300, (37,), generator=g)
     y[0], y[-1] = 0, 299
-    fn = torch.compile(M._ce_grad_pointwise, dynamic=False) if compiled else M._ce_grad_pointwise
+    fn = torch.compile(K.ce_grad_pointwise, dynamic=False) if compiled else K.ce_grad_pointwise
     loss, grad = fn(logits, y)
-    ref_loss, ref_grad = M._ce_grad_eager(logits.clone(), y)
+    ref_loss, ref_grad = K.ce_grad_eager(logits.clone(), y)
     assert grad.dtype == torch.bfloat16 and grad.shape == (37, 300)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=0, atol=2 ** -8)
     assert torch.allclose(grad.float().sum(1), torch.zeros(37), atol=0.05)  # softmax - one-hot sums to 0
 
 
-def _residual_dtype(monkeypatch, lowp: bool, dtype: torch.dtype | None) -> torch.dtype:
-    monkeypatch.setattr(M, "BF16_RESIDUAL", lowp)
-    m = tiny(seed=4)
+def _residual_dtype(lowp: bool, dtype: torch.dtype | None) -> torch.dtype:
+    m = tiny(seed=4, options=ModelOptions(bf16_residual=lowp))
     seen = []
     m.layers[1].register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
     x, y = batch()
@@ -303,19 +296,18 @@ def _residual_dtype(monkeypatch, lowp: bool, dtype: torch.dtype | None) -> torch
     return seen[0]
 
 
-def test_residual_stream_is_bf16_only_under_bf16_autocast_with_the_switch_on(monkeypatch):
-    assert _residual_dtype(monkeypatch, True, torch.bfloat16) == torch.bfloat16
-    assert _residual_dtype(monkeypatch, False, torch.bfloat16) == torch.float32
-    assert _residual_dtype(monkeypatch, True, torch.float16) == torch.float32  # fp16's range: kept fp32
-    assert _residual_dtype(monkeypatch, True, None) == torch.float32
+def test_residual_stream_is_bf16_only_under_bf16_autocast_with_the_switch_on():
+    assert _residual_dtype(True, torch.bfloat16) == torch.bfloat16
+    assert _residual_dtype(False, torch.bfloat16) == torch.float32
+    assert _residual_dtype(True, torch.float16) == torch.float32  # fp16's range: kept fp32
+    assert _residual_dtype(True, None) == torch.float32
 
 
-def test_bf16_residual_stream_changes_the_loss_and_gradients_only_by_bf16_rounding(monkeypatch):
+def test_bf16_residual_stream_changes_the_loss_and_gradients_only_by_bf16_rounding():
     x, y = batch(b=2, t=40)
     out = []
     for lowp in (False, True):
-        monkeypatch.setattr(M, "BF16_RESIDUAL", lowp)
-        m = tiny(seed=6)
+        m = tiny(seed=6, options=ModelOptions(bf16_residual=lowp))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, loss = m(x, y)
         loss.backward()
@@ -326,20 +318,20 @@ def test_bf16_residual_stream_changes_the_loss_and_gradients_only_by_bf16_roundi
 
 
 def test_sdpa_gqa_is_on_from_cuda_capability_8_and_off_below_and_on_cpu(monkeypatch):
-    monkeypatch.setattr(M, "SDPA_GQA", None)
     caps = {"t4": (7, 5), "a100": (8, 0), "h200": (9, 0)}
     for card, cap in caps.items():
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
         assert M.sdpa_gqa(torch.device("cuda", 0)) is (cap >= (8, 0)), card
+        assert ModelOptions().resolved("cuda", cap).sdpa_gqa is (cap >= (8, 0)), card
     assert M.sdpa_gqa(torch.device("cpu")) is False
+    assert ModelOptions().resolved("cpu", None).sdpa_gqa is False
     for forced in (True, False):
-        monkeypatch.setattr(M, "SDPA_GQA", forced)
-        assert M.sdpa_gqa(torch.device("cpu")) is forced
+        assert M.sdpa_gqa(torch.device("cpu"), forced) is forced
+        assert ModelOptions(sdpa_gqa=forced).resolved("cuda", (7, 5)).sdpa_gqa is forced
 
 
-def _saved_by_compiled_block(monkeypatch, lean: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
+def _saved_by_compiled_block(lean: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
     from torch._functorch import config as partitioner
-    monkeypatch.setattr(M, "LEAN_ACTIVATIONS", lean)
     saved = []
 
     def pack(t):
@@ -348,20 +340,20 @@ def _saved_by_compiled_block(monkeypatch, lean: bool) -> list[tuple[tuple[int, .
     # The config module's own patch(): monkeypatch's undo would delete a config attribute, not restore it.
     with partitioner.patch(ban_recompute_materialized_backward=True):   # torch's default
         m = tiny(seed=8)
-        m.compile_blocks()
+        compile_blocks(m, ModelOptions(lean_activations=lean))
         x, y = batch()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
             m(x, y)
     return saved
 
 
-def test_lean_activations_make_compiled_blocks_save_the_weights_not_their_bf16_copies(monkeypatch):
+def test_lean_activations_make_compiled_blocks_save_the_weights_not_their_bf16_copies():
     # A bf16 copy of each block matrix kept for the backward is memory the parameters already hold in fp32.
     torch._dynamo.reset()
     shapes = {tuple(p.shape) for n, p in tiny().layers[0].named_parameters() if p.dim() == 2}
-    default = _saved_by_compiled_block(monkeypatch, lean=False)
+    default = _saved_by_compiled_block(lean=False)
     torch._dynamo.reset()
-    lean = _saved_by_compiled_block(monkeypatch, lean=True)
+    lean = _saved_by_compiled_block(lean=True)
     torch._dynamo.reset()
     bf16_weights = lambda saved: [s for s, dt in saved if s in shapes and dt == torch.bfloat16]  # noqa: E731
     assert len(bf16_weights(default)) >= 7 * TINY.n_layer     # q, k, v, o, gate, up, down per block
@@ -382,22 +374,18 @@ def test_a_second_backward_through_the_loss_is_refused_not_scaled_twice():
         loss.backward()
 
 
-@pytest.mark.parametrize("grouped_rolled", [False, True], ids=["default", "grouped_dgrad+rope_roll"])
-def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch, grouped_rolled):
+def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch):
     from torch._inductor import config as inductor
-    monkeypatch.setattr(M, "GROUPED_DGRAD", grouped_rolled)   # the opt-in paths, traced by dynamo too
-    monkeypatch.setattr(M, "ROPE_ROLL", grouped_rolled)
     monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
-    monkeypatch.setattr(M, "COMBO_KERNELS", False)
     torch._dynamo.reset()
     ref, m = tiny(seed=9), tiny(seed=9)
     before = list(hf_state_dict(m))
     x, y = batch()
     with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
-        m.compile_model()
+        compile_model(m, ModelOptions())
         assert m._compiled_call_impl is not None                 # compiled in place, not wrapped
         assert inductor.coordinate_descent_tuning is True        # the kernel tuning comes with the scope
-        assert inductor.combo_kernels is False                   # combo kernels are opt-in (run 18)
+        assert inductor.combo_kernels is False                   # combo kernels are opt-in
         loss = m(x, y)[1]
         loss.backward()
     torch._dynamo.reset()
@@ -413,20 +401,18 @@ def test_compile_model_leaves_tuning_to_inductors_own_switch_when_set(monkeypatc
     from torch._inductor import config as inductor
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0")
     with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
-        tiny().compile_model()          # lazy: nothing is built before the first forward
+        compile_model(tiny(), ModelOptions())   # lazy: nothing is built before the first forward
         assert inductor.coordinate_descent_tuning is False
-        assert M.inductor_kernel_settings() == "coordinate-descent tuning off, combo kernels off"
+        assert inductor_kernel_settings() == "coordinate-descent tuning off, combo kernels off"
 
 
-@pytest.mark.parametrize("switch, arg, expected", [(False, None, False), (True, None, True),
-                                                   (True, False, False), (False, True, True)])
-def test_combo_kernels_follow_the_switch_unless_the_caller_decides(monkeypatch, switch, arg, expected):
+@pytest.mark.parametrize("combo", [False, True])
+def test_combo_kernels_follow_the_model_option(combo):
     from torch._inductor import config as inductor
-    monkeypatch.setattr(M, "COMBO_KERNELS", switch)   # what SPECPROBE_COMBO_KERNELS=1 sets at import
     with inductor.patch(combo_kernels=False):
-        tiny().compile_model(combo=arg)
-        assert inductor.combo_kernels is expected
-        assert M.inductor_kernel_settings().endswith(f"combo kernels {'on' if expected else 'off'}")
+        compile_model(tiny(), ModelOptions(combo_kernels=combo))   # what SPECPROBE_COMBO_KERNELS=1 sets
+        assert inductor.combo_kernels is combo
+        assert inductor_kernel_settings().endswith(f"combo kernels {'on' if combo else 'off'}")
 
 
 @pytest.mark.parametrize("graphs, kwargs", [(False, {}), (True, {"mode": "reduce-overhead"})])
@@ -435,7 +421,7 @@ def test_compile_model_asks_for_cuda_graphs_only_when_told(monkeypatch, graphs, 
     seen = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append(kw))
     with inductor.patch(coordinate_descent_tuning=False):
-        tiny().compile_model(graphs=graphs)
+        compile_model(tiny(), ModelOptions(), graphs=graphs)
     assert seen == [kwargs]
 
 
@@ -444,7 +430,7 @@ def test_keep_grads_allocated_gives_zero_gradients_only_where_none_exist():
     m.norm.weight.requires_grad_(False)                     # frozen: left without a gradient
     up = m.layers[0].mlp.up_proj.weight
     kept = up.grad = torch.full_like(up, 3.0)
-    M.keep_grads_allocated(m)
+    keep_grads_allocated(m)
     assert m.norm.weight.grad is None
     assert up.grad is kept and bool((kept == 3.0).all())     # an existing gradient is left as it is
     others = [p for p in m.parameters() if p.requires_grad and p is not up]
@@ -462,7 +448,7 @@ def test_accumulating_into_kept_gradients_zeroed_in_place_equals_set_to_none_bit
         m = tiny(seed=6)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
         if in_place:
-            M.keep_grads_allocated(m)
+            keep_grads_allocated(m)
             ptrs.append([p.grad.data_ptr() for p in m.parameters()])
         for _ in range(2):                                   # two steps of two accumulated micro-steps
             for x, y in ((x1, y1), (x2, y2)):
@@ -478,16 +464,15 @@ def test_accumulating_into_kept_gradients_zeroed_in_place_equals_set_to_none_bit
 
 
 def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):
-    """[(loss, grads, LinearFp32Grad calls as weight counts)] of one model and batch with trainer.model's
+    """[(loss, grads, LinearFp32Grad calls as weight counts)] of one model and batch with the model option
     `switch` off, then on."""
     x, y = batch()
-    apply, calls = M.LinearFp32Grad.apply, []
-    monkeypatch.setattr(M.LinearFp32Grad, "apply", lambda *a: calls.append(len(a) - 1) or apply(*a))
+    apply, calls = K.LinearFp32Grad.apply, []
+    monkeypatch.setattr(K.LinearFp32Grad, "apply", lambda *a: calls.append(len(a) - 1) or apply(*a))
     out = []
     for on in (False, True):
-        monkeypatch.setattr(M, switch, on)
         calls.clear()
-        m = tiny(seed=4)
+        m = tiny(seed=4, options=ModelOptions(**{switch: on}))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             _, loss = m(x, y)
         loss.backward()
@@ -496,7 +481,7 @@ def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):
 
 
 def test_fp32_weight_gradients_equal_nn_linear_in_fp32(monkeypatch):
-    (ref_loss, ref, ref_calls), (loss, got, calls) = switch_off_then_on(monkeypatch, "FP32_WGRAD")
+    (ref_loss, ref, ref_calls), (loss, got, calls) = switch_off_then_on(monkeypatch, "fp32_wgrad")
     assert ref_calls == [] and calls == [1] * 7 * TINY.n_layer   # every projection went through it, once
     assert loss == ref_loss and got.keys() == ref.keys()   # the same matmuls in the same order
     for name in ref:
@@ -504,7 +489,7 @@ def test_fp32_weight_gradients_equal_nn_linear_in_fp32(monkeypatch):
 
 
 def test_fp32_weight_gradients_under_bf16_autocast_are_fp32_and_differ_from_nn_linear_by_rounding_only(monkeypatch):
-    (ref_loss, ref, _), (loss, got, _) = switch_off_then_on(monkeypatch, "FP32_WGRAD", autocast=True)
+    (ref_loss, ref, _), (loss, got, _) = switch_off_then_on(monkeypatch, "fp32_wgrad", autocast=True)
     assert loss == ref_loss
     for name in ref:
         assert got[name].dtype == torch.float32
@@ -516,7 +501,7 @@ def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
     torch.manual_seed(0)
     x = torch.randn(3, 5, 8, requires_grad=True)
     w = torch.randn(6, 8, requires_grad=True)
-    out = M.LinearFp32Grad.apply(x, w)
+    out = K.LinearFp32Grad.apply(x, w)
     torch.testing.assert_close(out, x @ w.t())
     g = torch.randn_like(out)
     out.backward(g)
@@ -524,51 +509,10 @@ def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
     torch.testing.assert_close(w.grad, g.reshape(-1, 6).t() @ x.reshape(-1, 8))
     w.requires_grad_(False)
     x.grad = w.grad = None
-    out = M.LinearFp32Grad.apply(x, w)
+    out = K.LinearFp32Grad.apply(x, w)
     with MatmulCounter() as mm:
         out.backward(g)                                        # a frozen weight gets no gradient computed
     assert mm.calls == 1 and w.grad is None and x.grad is not None
-
-
-def test_grouped_backward_gives_the_separate_projections_loss_and_gradients(monkeypatch):
-    monkeypatch.setattr(M, "FP32_WGRAD", True)
-    (ref_loss, ref, ref_calls), (loss, got, got_calls) = switch_off_then_on(monkeypatch, "GROUPED_DGRAD")
-    assert ref_calls == [1] * 7 * TINY.n_layer
-    assert got_calls == sorted([3, 1, 2, 1] * TINY.n_layer)   # q/k/v, o, gate/up, down: one call each
-    assert loss == ref_loss                                     # the forward's GEMMs are the same
-    for name in ref:                                            # the backward sums in another order
-        torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=name)
-
-
-def test_linear_fp32_grad_with_several_weights_runs_one_gemm_for_the_input_and_one_for_the_weights():
-    torch.manual_seed(0)
-    x = torch.randn(3, 5, 8, requires_grad=True)
-    ws = [torch.randn(n, 8, requires_grad=True) for n in (6, 2, 2)]
-    outs = M.LinearFp32Grad.apply(x, *ws)
-    for o, w in zip(outs, ws):
-        torch.testing.assert_close(o, x @ w.t())
-    gs = [torch.randn_like(o) for o in outs]
-    with MatmulCounter() as mm:
-        torch.autograd.backward(outs, gs)
-    assert mm.calls == 2
-    torch.testing.assert_close(x.grad, sum(g @ w for g, w in zip(gs, ws)))
-    for g, w in zip(gs, ws):
-        torch.testing.assert_close(w.grad, g.reshape(-1, w.shape[0]).t() @ x.reshape(-1, 8))
-    ws[1].requires_grad_(False)                 # a frozen weight among them: no gradient for it alone
-    for t in (x, *ws):
-        t.grad = None
-    torch.autograd.backward(M.LinearFp32Grad.apply(x, *ws), gs)
-    assert ws[1].grad is None and ws[0].grad is not None and ws[2].grad is not None
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rolled_rope_is_bitwise_the_concatenated_rotation(monkeypatch, dtype):
-    cos, sin = (t.to(dtype) for t in M.rope_cos_sin(16, 24, 10000.0))
-    x = torch.randn(2, 3, 24, 16).to(dtype)
-    monkeypatch.setattr(M, "ROPE_ROLL", False)
-    ref = M.apply_rope(x, cos, sin)
-    monkeypatch.setattr(M, "ROPE_ROLL", True)
-    assert torch.equal(M.apply_rope(x, cos, sin), ref)
 
 
 class MatmulCounter(TorchDispatchMode):

@@ -108,6 +108,19 @@ def test_config_change_refuses(tmp_path, tmp_path_factory):
     assert pointer(repo)["step"] == 4
 
 
+@pytest.mark.parametrize("var, change", [("SPECPROBE_FP32_WGRAD", "numerics.fp32_wgrad: true -> false"),
+                                         ("SPECPROBE_BF16_RESIDUAL", "numerics.bf16_residual: true -> false")])
+def test_a_changed_numerics_option_refuses_the_resume_naming_it(tmp_path, tmp_path_factory, var, change):
+    """A model option that changes what is computed is part of the run, like the learning rate: resuming
+    with it changed would splice two different runs together."""
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    run = run_trainer(torchrun_cmd(trainer_args(root=mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS,
+                                                push_every=BASELINE_PUSH_EVERY)), env={var: "0"}, timeout=90)
+    _refused(run, "config_hash", f"changed: {change},", "Resume with the original configuration")
+    assert pointer(repo)["step"] == 4
+
+
 def test_resume_never_refuses_an_existing_run(tmp_path, tmp_path_factory):
     mix, seg = _segment_repo(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)

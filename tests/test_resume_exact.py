@@ -6,13 +6,18 @@ matters because a data position restored once but not re-saved shows up only on 
 """
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
-from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, TOKENS_PER_STEP, baseline, explain,
-                             pointer, repo_files, run_trainer, store_url, torchrun_cmd, trainer_args,
+from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, TOKENS_PER_STEP, baseline, copy_repo, explain,
+                             open_repo, pointer, repo_files, run_trainer, store_url, torchrun_cmd, trainer_args,
                              weights_sha256)
+
+# The model options of a CPU run with no SPECPROBE_* variable set: the defaults, sdpa_gqa decided (off on cpu).
+CPU_OPTIONS = {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True, "sdpa_gqa": False,
+               "loss_chunk_rows": 0, "fused_ce": True, "lean_activations": False, "combo_kernels": False}
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +65,15 @@ def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
     # pruned: only the newest ckpt keeps its optimizer state
     assert "ckpt/checkpoint-2/optimizer.pt" not in files and "ckpt/checkpoint-6/optimizer.pt" in files
     assert base.run.starting("TRAIN DONE step=6 tokens=1536")
+    # The model options: one line at the start, the same values in RUN_JSON and in each checkpoint's state,
+    # whose run config carries the numerics ones into the config hash.
+    assert base.run.starting("model options: ") == [
+        "model options: bf16_residual=on fp32_wgrad=on addmm_fp32=on sdpa_gqa=off loss_chunk_rows=auto "
+        "fused_ce=on lean_activations=off combo_kernels=off"]
+    assert rj["model_options"] == CPU_OPTIONS
+    state = json.loads(open_repo(base.repo).read_bytes("final/trainer_state.json"))
+    assert state["model_options"] == CPU_OPTIONS
+    assert state["run_config"]["numerics"] == {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True}
 
 
 def test_one_stop_and_cold_resume_is_bitwise_identical(tmp_path, tmp_path_factory):
@@ -141,3 +155,21 @@ def test_compiled_trainer_under_ddp_trains_the_eager_runs_losses(tmp_path, tmp_p
     assert list(r.run_json["losses"]) == list(want)
     for step, loss in r.run_json["losses"].items():   # fused kernels reorder fp32 sums: rounding, no more
         assert loss == pytest.approx(want[step], rel=1e-4), f"step {step}: {loss} vs eager {want[step]}"
+
+
+def test_an_option_that_only_picks_kernels_may_change_across_a_resume(tmp_path, tmp_path_factory):
+    """SPECPROBE_LOSS_CHUNK_ROWS changes how the loss is chunked, not what it computes: not in the config hash,
+    so the resume goes ahead, and the session's line and RUN_JSON say what it ran with."""
+    base = baseline(tmp_path_factory)
+    repo, out = store_url(tmp_path / "store"), tmp_path / "out"
+    leg1 = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=out, repo=repo, steps=BASELINE_STEPS,
+                                                 push_every=BASELINE_PUSH_EVERY, stop=4)))
+    assert leg1.rc == 0, explain(leg1)
+    shutil.rmtree(out)
+    leg2 = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=out, repo=copy_repo(repo, tmp_path / "c"),
+                                                 steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)),
+                       env={"SPECPROBE_LOSS_CHUNK_ROWS": "16"})
+    assert leg2.rc == 0, explain(leg2)
+    assert leg2.run_json["resumed_from_step"] == 4 and leg2.run_json["final_step"] == BASELINE_STEPS
+    assert leg2.run_json["model_options"] == {**CPU_OPTIONS, "loss_chunk_rows": 16}
+    assert " loss_chunk_rows=16 " in leg2.starting("model options: ")[0]

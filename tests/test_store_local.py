@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from trainer.store import (EntryMissing, FileInfo, LocalStore, RepoMissing, StoreError, open_store,
-                           parse_store_url, redact_url)
+from trainer.store import EntryMissing, FileInfo, LocalStore, RepoMissing, StoreError, redact_url
+from trainer.store_url import open_store, parse_store_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,6 +214,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     from trainer import store as S
+    from trainer.store_url import open_store
     url, point, src = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     def die():
         print("DYING", point, flush=True)
@@ -235,7 +236,7 @@ KILL_SCRIPT = textwrap.dedent("""
             die()
         orig_sync(self, files)
     S.LocalStore._stage_object, S.LocalStore._publish, S.LocalStore._sync_visible = stage, publish, sync
-    st = S.open_store(url)
+    st = open_store(url)
     st.commit({"ckpt/a.bin": src, "ckpt/b.bin": src, "ckpt/c.bin": src}, delete=["old.txt"])
     print("COMMITTED", flush=True)
 """)
@@ -285,7 +286,7 @@ def test_commit_killed_after_publish_is_complete_and_the_visible_tree_is_repaire
 CONCURRENT_SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from trainer.store import open_store
+    from trainer.store_url import open_store
     url, tag, tmp = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     st = open_store(url)
     for i in range(8):

@@ -16,9 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer.preflight import check as preflight_check
-from trainer.train import (HostBuffers, UsageError, build_parser, checkpoint_steps, choose_compile,
-                           choose_cuda_graphs, choose_precision, copy_runs, lr_at, pack_object,
-                           session_tok_per_s, snapshot_diff, snapshot_mode, unpack_object, validate_args)
+from trainer.cli import (UsageError, build_parser, checkpoint_steps, choose_compile, choose_cuda_graphs,
+                         choose_precision, lr_at, snapshot_mode, validate_args)
+from trainer.dist import pack_object, unpack_object
+from trainer.snapshot import HostBuffers, copy_runs, snapshot_diff
+from trainer.train import session_tok_per_s
 from trainer_helpers import REPO_ROOT
 
 BASE = ["--root", "/nonexistent/mix", "--out", "/tmp/x", "--hub-repo", "file:///tmp/s/o/n", "--model", "tiny",
@@ -351,7 +353,7 @@ _DDP_PROBE = r'''
 import json, sys
 import torch, torch.distributed as dist
 from trainer.model import GEOMETRIES, Llama
-from trainer.train import wrap_ddp
+from trainer.dist import wrap_ddp
 
 dist.init_process_group("gloo")
 rank, out, keep = dist.get_rank(), {}, []

@@ -47,16 +47,17 @@ from trainer.store import (EntryMissing, FileInfo, LocalStore, RepoMissing, Stor
 __all__ = [
     "POINTER_PATH", "POINTER_FORMAT", "CHECKPOINT_FILES", "PRUNABLE_FILES", "CONFIG_HASH_FIELDS",
     "ResumeRefused", "Pointer", "read_pointer", "write_checkpoint_dir", "Checkpointer", "prune_plan",
-    "prune_local", "hub_state", "config_hash", "checkpoint_path",
+    "prune_local", "hub_state", "config_hash", "config_changes", "checkpoint_path",
 ]
 
 POINTER_PATH = "latest.json"
 POINTER_FORMAT = "specprobe-pointer/1"
 CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.json", "optimizer.pt", "rng.pt")
 PRUNABLE_FILES = ("optimizer.pt", "rng.pt")
-# What a resume cannot silently change: the token stream, the step shape and the optimisation recipe.
+# What a resume cannot silently change: the token stream, the step shape, the optimisation recipe and the
+# model options that change what is computed (trainer/options.py). Widening the check = adding a name.
 CONFIG_HASH_FIELDS = ("model", "seq_len", "micro_batch", "accum", "world_size", "tokens", "lr", "seed",
-                      "schedule")
+                      "schedule", "numerics")
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
@@ -142,6 +143,27 @@ def config_hash(run_config: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
+def config_changes(old: dict, new: dict) -> list[str]:
+    """'field: old -> new' (values as JSON) for each CONFIG_HASH_FIELDS field that differs between two run
+    configs; a dict-valued field (numerics) is compared key by key, as field.key."""
+    def show(value: Any) -> str:
+        return "(absent)" if value is _ABSENT else json.dumps(value, sort_keys=True, default=str)
+
+    out = []
+    for k in CONFIG_HASH_FIELDS:
+        a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
+        if isinstance(a, dict) or isinstance(b, dict):
+            a, b = (a if isinstance(a, dict) else {}), (b if isinstance(b, dict) else {})
+            out += [f"{k}.{n}: {show(a.get(n, _ABSENT))} -> {show(b.get(n, _ABSENT))}"
+                    for n in sorted(set(a) | set(b)) if a.get(n, _ABSENT) != b.get(n, _ABSENT)]
+        elif a != b:
+            out.append(f"{k}: {show(a)} -> {show(b)}")
+    return out
+
+
+_ABSENT = object()
+
+
 def write_checkpoint_dir(out_dir: Path, *, model: Any, cfg: Any, trainer_state: dict,
                          optimizer_state: dict, rng_states: list[dict]) -> dict[str, str]:
     """Write the five checkpoint files into ``out_dir``; returns {file name: sha256}.
@@ -151,7 +173,7 @@ def write_checkpoint_dir(out_dir: Path, *, model: Any, cfg: Any, trainer_state: 
     """
     import torch
 
-    from trainer.model import save_pretrained
+    from trainer.hf import save_pretrained
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -283,7 +305,10 @@ class Checkpointer:
             self._say(f"CKPT prune step={step} failed (training continues): {type(e).__name__}: {e}")
 
     # -- resume path ------------------------------------------------------------------------------
-    def resume_decision(self, *, config_hash: str, horizon_step: int, create_if_missing: bool = True) -> Pointer | None:
+    def resume_decision(self, *, config_hash: str, horizon_step: int, create_if_missing: bool = True,
+                        run_config: dict | None = None) -> Pointer | None:
+        """The pointer to resume from (None: fresh start), or ResumeRefused. `run_config`, when given, lets a
+        config_hash mismatch name the fields that changed (read from the pointer's trainer_state.json)."""
         if not self.store.exists():
             if not create_if_missing:
                 raise ResumeRefused(f"repo {self.url} does not exist and creating it was not allowed; "
@@ -307,11 +332,13 @@ class Checkpointer:
                     "history. Delete the repo or resume into a new one.")
             self._say(f"auto-resume: no pointer in {self.url}, fresh start")
             return None
-        self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step)
+        self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step,
+                            run_config=run_config)
         self._say(f"auto-resume: pointer step={pointer.step} path={pointer.path_in_repo}")
         return pointer
 
-    def _check_pointer(self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int) -> None:
+    def _check_pointer(self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int,
+                       run_config: dict | None = None) -> None:
         where = f"{POINTER_PATH} in {self.url}"
         if p.terminal:
             if horizon_step > p.step:
@@ -323,10 +350,13 @@ class Checkpointer:
                 f"{where} is terminal: the run already finished at step {p.step} ({p.path_in_repo}); nothing "
                 "to resume. Use a new repo to train again.")
         if p.config_hash != config_hash:
+            changed = self._stored_config_changes(p, run_config) if run_config is not None else []
+            what = ("changed: " + "; ".join(changed)) if changed else \
+                f"one of {', '.join(CONFIG_HASH_FIELDS)} changed"
             raise ResumeRefused(
                 f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
-                f"{config_hash}: one of {', '.join(CONFIG_HASH_FIELDS)} changed, and resuming would mix two "
-                "runs. Resume with the original configuration or use a new repo.")
+                f"{config_hash}: {what}, and resuming would mix two runs. Resume with the original "
+                "configuration or use a new repo.")
         if p.step > horizon_step:
             raise ResumeRefused(
                 f"{where} is at step {p.step}, past this run's horizon step {horizon_step}; refusing to "
@@ -350,6 +380,16 @@ class Checkpointer:
                     f"{POINTER_PATH} points at {p.path_in_repo} but {path} in {self.url} has sha256 {got}, the "
                     f"pointer says {want}: the checkpoint changed after it was verified. Delete the repo or "
                     "resume into a new one.")
+
+    def _stored_config_changes(self, p: Pointer, run_config: dict) -> list[str]:
+        """config_changes() against the run config in the pointer's trainer_state.json; [] where that file
+        cannot be read (the refusal then names the hashed fields instead)."""
+        try:
+            state = json.loads(self.store.read_bytes(f"{p.path_in_repo}/trainer_state.json"))
+            stored = state.get("run_config") if isinstance(state, dict) else None
+        except (StoreError, ValueError, UnicodeDecodeError):
+            return []
+        return config_changes(stored, run_config) if isinstance(stored, dict) else []
 
     def fetch(self, pointer: Pointer, dest: Path) -> Path:
         """Download the pointer's files into ``dest``; each must match the pointer's sha256 (one retry)."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Sequence
 
 from trainer.checkpoint import hub_state
-from trainer.store import open_store
+from trainer.log import setup_logging
+from trainer.store_url import open_store
 
 
 def collect(args: dict, context: dict) -> dict[str, Any]:
@@ -42,4 +44,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    setup_logging(int(os.environ.get("RANK", "0")))   # a Hub retry's warning carries the time and the rank
     sys.exit(main())

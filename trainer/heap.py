@@ -1,9 +1,9 @@
 """Python's garbage collector during training: freeze what the compile leaves, then watch what is left.
 
 A compile (Dynamo + Inductor) leaves ~1M tracked objects that live for the whole session. Python's next
-full (generation-2) collection walks them all: 0.50-1.03 s on this project's CI CPU after compiling the
-frozen model (bench/RESULTS.md, after run 34), at a step nobody chose, and under DDP on every rank's clock,
-since the other ranks wait in the all-reduce. ``freeze_heap`` moves them out of the collector's reach once,
+full (generation-2) collection walks them all, up to a second after compiling the frozen model
+(docs/performance.md), at a step nobody chose, and under DDP on every rank's clock, since the other ranks
+wait in the all-reduce. ``freeze_heap`` moves them out of the collector's reach once,
 at a chosen point; ``FullCollections`` counts the full collections that still happen and times them, so a
 run's report says whether the collector cost it anything.
 """

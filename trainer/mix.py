@@ -41,6 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trainer.data import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, verify_files
+from trainer.log import setup_logging
 from trainer.store import sha256_file
 
 EOS_ID = 0            # the synthetic mix's end-of-document token
@@ -207,7 +208,7 @@ def build_text(out: Path, *, files: Sequence[Path], tokenizer: Path, eos_token: 
 # ------------------------------------------------------------------------------------- store side
 
 def _open(url: str) -> Any:
-    from trainer.store import open_store
+    from trainer.store_url import open_store
 
     try:
         return open_store(url)
@@ -358,4 +359,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    setup_logging(int(os.environ.get("RANK", "0")))   # a Hub retry's warning carries the time and the rank
     sys.exit(main())

@@ -44,7 +44,8 @@ def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str
     token_set = bool(environ.get("HF_TOKEN", "").strip())
     hub_repo = False
     if repo is not None:
-        from trainer.store import parse_store_url, redact_url
+        from trainer.store import redact_url
+        from trainer.store_url import parse_store_url
         try:
             url = parse_store_url(repo)
         except ValueError as e:

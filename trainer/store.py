@@ -1,22 +1,12 @@
-"""The checkpoint store: one protocol, two backends (a local directory and a Hugging Face Hub repo).
-
-URL forms accepted by :func:`open_store` (and :func:`parse_store_url`):
-
-- ``file:///abs/root/owner/name``  local store, absolute root ``/abs/root``; repo dir ``/abs/root/owner/name``
-- ``file://rel/root/owner/name``   local store, root relative to the current directory
-  (the last two path components are always the repo id ``owner/name``; everything before them is the root)
-- ``hf://owner/name``              Hub dataset repo
-- ``hf://datasets/owner/name``     Hub dataset repo (explicit)
-- ``hf://models/owner/name``       Hub model repo
-- ``owner/name``                   bare repo id = Hub dataset repo
+"""The checkpoint store: one protocol, two backends (a local directory here, a Hugging Face Hub repo in
+trainer/hub.py). trainer/store_url.py turns a URL into the right one (`open_store`).
 
 A local URL may end in ``?link_mb_s=R``: every commit then takes as long as uploading its bytes at R MB/s
 would (the pause sits between staging and publishing, where a Hub upload's time goes). A local commit of
 a tiny checkpoint takes milliseconds, a Hub push seconds to minutes; a probe that kills a session
 mid-push (specs/p4_preempt.yaml) needs the push to last long enough for the kill to land inside it.
 
-Hub endpoint comes from ``HF_ENDPOINT``; the token from the ``token`` argument or ``HF_TOKEN``. The token is
-never printed: every URL that reaches a message goes through :func:`redact_url`.
+The token is never printed: every URL that reaches a message goes through :func:`redact_url`.
 
 Local store layout. The visible tree mirrors the Hub repo (``<repo>/ckpt/checkpoint-10/model.safetensors`` ...),
 but the truth lives under ``<repo>/.specprobe/``:
@@ -54,17 +44,14 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = [
-    "StoreError", "RepoMissing", "EntryMissing", "FileInfo", "Store", "LocalStore", "StoreUrl",
-    "parse_store_url", "open_store", "redact_url", "sha256_file",
+    "StoreError", "RepoMissing", "EntryMissing", "FileInfo", "Store", "LocalStore", "redact_url", "sha256_file",
+    "META_DIR",
 ]
 
-ACCEPTED_FORMS = ("file:///abs/root/owner/name, file://rel/root/owner/name, hf://owner/name, "
-                  "hf://datasets/owner/name, hf://models/owner/name, owner/name")
 MANIFEST_FORMAT = "specprobe-local-store/1"
-_META = ".specprobe"
+META_DIR = ".specprobe"   # the local store's own folder inside a repo dir
 _LOG_KEEP = 50          # the manifest's commit log is a short history for humans, not an audit trail
 _CHUNK = 1 << 20
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class StoreError(Exception):
@@ -118,74 +105,6 @@ class Store(Protocol):
         """Delete the whole repo; raises RepoMissing when absent."""
 
 
-# ----------------------------------------------------------------------------------------------- URLs
-
-@dataclass(frozen=True)
-class StoreUrl:
-    kind: str               # "file" | "hf"
-    repo_id: str            # owner/name
-    root: Path | None = None        # file: the store root (absolute)
-    repo_type: str = "dataset"      # hf: dataset | model
-    link_mb_s: float | None = None  # file: emulated upload rate (see the module docstring)
-
-
-def _valid_repo_id(owner: str, name: str) -> bool:
-    return all(_NAME.match(p) and ".." not in p for p in (owner, name))
-
-
-def _bad_url(url: str, why: str) -> ValueError:
-    return ValueError(f"invalid store URL {redact_url(url)!r}: {why}; accepted forms: {ACCEPTED_FORMS}")
-
-
-def parse_store_url(url: str) -> StoreUrl:
-    """Parse one of the URL forms in the module docstring; ValueError naming the URL otherwise."""
-    if not isinstance(url, str) or not url.strip():
-        raise _bad_url(str(url), "empty")
-    url = url.strip()
-    if url.startswith("file://"):
-        rest, _, query = url[len("file://"):].partition("?")
-        link_mb_s = _parse_link(url, query)
-        parts = [p for p in rest.split("/") if p]
-        if len(parts) < 2:
-            raise _bad_url(url, "a file:// URL needs at least owner/name after the root")
-        owner, name = parts[-2], parts[-1]
-        if not _valid_repo_id(owner, name):
-            raise _bad_url(url, f"repo id {owner}/{name} must be two names of letters, digits, '.', '_', '-'")
-        root_parts = parts[:-2]
-        if ".." in root_parts or _META in root_parts:
-            raise _bad_url(url, "the root may not contain '..' or '.specprobe'")
-        root = Path("/" + "/".join(root_parts)) if rest.startswith("/") else Path.cwd().joinpath(*root_parts)
-        return StoreUrl("file", f"{owner}/{name}", root=root, link_mb_s=link_mb_s)
-    if url.startswith("hf://"):
-        parts = url[len("hf://"):].strip("/").split("/")
-        repo_type = "dataset"
-        if len(parts) == 3 and parts[0] in ("datasets", "models"):
-            repo_type = "dataset" if parts[0] == "datasets" else "model"
-            parts = parts[1:]
-        if len(parts) != 2 or not _valid_repo_id(*parts):
-            raise _bad_url(url, "an hf:// URL is hf://[datasets/|models/]owner/name")
-        return StoreUrl("hf", "/".join(parts), repo_type=repo_type)
-    if "://" in url:
-        raise _bad_url(url, "unknown scheme")
-    parts = url.split("/")
-    if len(parts) != 2 or not _valid_repo_id(*parts):
-        raise _bad_url(url, "a bare repo id is exactly owner/name")
-    return StoreUrl("hf", url, repo_type="dataset")
-
-
-def _parse_link(url: str, query: str) -> float | None:
-    if not query:
-        return None
-    key, _, value = query.partition("=")
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = -1.0
-    if key != "link_mb_s" or "&" in value or not rate > 0:
-        raise _bad_url(url, "the only query a file:// URL takes is ?link_mb_s=<positive MB/s>")
-    return rate
-
-
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
 _HF_TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{8,}")
 _QUERY_SECRET = re.compile(r"(?i)([?&](?:token|access_token|key|secret|password)=)[^&#]*")
@@ -200,17 +119,6 @@ def redact_url(url: object) -> str:
     if token and len(token) >= 4:
         text = text.replace(token, "<redacted>")
     return _HF_TOKEN_SHAPE.sub("<redacted>", text)
-
-
-def open_store(url: str, token: str | None = None) -> Store:
-    """The store for ``url`` (forms in the module docstring). Hub support is imported only when needed."""
-    parsed = parse_store_url(url)
-    if parsed.kind == "file":
-        assert parsed.root is not None
-        return LocalStore(parsed.root, parsed.repo_id, url=url, link_mb_s=parsed.link_mb_s)
-    from trainer.hub import HubStore     # lazy: the local store must work without touching the network stack
-    return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None,
-                    token=token if token is not None else os.environ.get("HF_TOKEN"))
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -239,8 +147,8 @@ def normalize_repo_path(path: str, *, folder: bool = False) -> str:
     parts = path.split("/")
     if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
         raise StoreError(f"invalid path in repo {raw!r}: must be relative, '/'-separated, without '.' or '..'")
-    if parts[0] == _META:
-        raise StoreError(f"invalid path in repo {raw!r}: {_META}/ is reserved for the local store's metadata")
+    if parts[0] == META_DIR:
+        raise StoreError(f"invalid path in repo {raw!r}: {META_DIR}/ is reserved for the local store's metadata")
     return str(PurePosixPath(path)) + ("/" if folder else "")
 
 
@@ -256,7 +164,7 @@ class LocalStore:
         self.repo_id = repo_id
         self.dir = self.root / repo_id
         self.url = url or f"file://{self.dir}"
-        self._meta = self.dir / _META
+        self._meta = self.dir / META_DIR
         self._manifest = self._meta / "manifest.json"
         self._objects = self._meta / "objects"
         self._staging = self._meta / "staging"

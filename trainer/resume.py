@@ -1,0 +1,134 @@
+"""Where a session starts. Rank 0 alone reads the store and decides (the pointer to resume from, a fresh
+start, or a refusal) and broadcasts the decision; each host's local rank 0 downloads and verifies the
+pointer's files; every rank then loads the checkpoint, which must have been written under this run's
+configuration (its config_hash), and all ranks agree on any error so that they exit together.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainer.checkpoint import Checkpointer, ResumeRefused, config_changes, read_pointer
+from trainer.cli import RunPlan
+from trainer.dist import Dist
+from trainer.hf import load_hf_state_dict
+from trainer.log import emit
+from trainer.store import RepoMissing, Store, StoreError, redact_url
+from trainer.store_url import open_store
+
+
+class Refused(Exception):
+    """A precondition the run refuses to proceed without (exit code 3)."""
+
+
+@dataclass
+class Start:
+    step: int                           # the step this session starts after (0: a fresh start)
+    loaded: dict[str, Any] | None       # the checkpoint's step, tokens, optimizer state and this rank's RNG
+    checkpointer: Checkpointer | None   # rank 0's, over the store the pushes go to
+
+
+def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.Module, *,
+           run_config: dict, config_hash: str, log: Callable[[str], None]) -> Start:
+    """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
+    token = os.environ.get("HF_TOKEN") or None
+    url = redact_url(args.hub_repo)
+    decision: dict[str, Any] = {"error": None, "pointer": None}
+    checkpointer = None
+    if dist.master:
+        try:
+            store = open_store(args.hub_repo, token=token)
+            checkpointer = Checkpointer(store, log=emit, prune=args.prune,
+                                        keep_optimizer_states=args.keep_optimizer_states)
+            if plan.resume_mode == "auto":
+                decision["pointer"] = checkpointer.resume_decision(
+                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config)
+            else:
+                _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
+        except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
+            # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
+            decision["error"] = str(e)
+    decision = dist.from_master(decision)
+    if decision["error"]:
+        raise Refused(decision["error"])
+    pointer = decision["pointer"]
+    ckpt_dir: Path | None = plan.resume_path
+    if pointer is not None:
+        err = None
+        if dist.local_rank == 0:
+            try:
+                ck = checkpointer or Checkpointer(open_store(args.hub_repo, token=token), log=emit)
+                ckpt_dir = ck.fetch(pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
+            except (StoreError, OSError) as e:
+                err = f"fetching {pointer.path_in_repo} from {url}: {e}"
+        if (err := dist.agree(err)):
+            raise Refused(err)
+        # Every rank reads the directory its host's local rank 0 fetched into (torchrun numbers the ranks
+        # of one host contiguously).
+        paths = dist.gather(str(ckpt_dir) if dist.local_rank == 0 else None)
+        ckpt_dir = Path(paths[dist.rank - dist.local_rank])
+    start, loaded = 0, None
+    if ckpt_dir is not None:
+        err = None
+        try:
+            loaded = load_checkpoint(Path(ckpt_dir), model, dist, run_config=run_config, config_hash=config_hash)
+        except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
+            err = f"resume from {ckpt_dir}: {e}"
+        if (err := dist.agree(err)):
+            raise Refused(err)
+        start = loaded["step"]
+        where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
+        log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
+    # A pointer AT the horizon that is not terminal: the session that trained to the horizon died between
+    # its ckpt/ push and its final/ push. Resuming finishes that push, with no training.
+    finishing = start == plan.total_steps == plan.stop_step
+    if start >= plan.stop_step and not finishing:
+        raise Refused(f"nothing to train: resumed at step {start} but this session stops at step "
+                      f"{plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale stop step "
+                      "would overwrite newer checkpoints")
+    return Start(start, loaded, checkpointer)
+
+
+def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
+    """--resume never / PATH: the store must be usable for the pushes to come; `never` also insists that it
+    holds no run yet, so a fresh start cannot silently fork an existing one."""
+    try:
+        ptr = read_pointer(store)
+    except RepoMissing:
+        store.create()
+        ptr = None
+    if not store.exists():
+        store.create()
+    if refuse_a_run and ptr is not None:
+        raise Refused(f"--resume never but {url} already has a pointer at step {ptr.step} "
+                      f"({ptr.path_in_repo}); use --resume auto or a fresh repo")
+
+
+def load_checkpoint(ckpt_dir: Path, model: torch.nn.Module, dist: Dist, *, run_config: dict,
+                    config_hash: str) -> dict[str, Any]:
+    """Weights into `model`; the optimizer/scheduler/scaler state and this rank's RNG state read."""
+    from safetensors.torch import load_file
+    state_path = ckpt_dir / "trainer_state.json"
+    if not state_path.is_file():
+        raise Refused(f"{state_path} is missing")
+    state = json.loads(state_path.read_text())
+    if state.get("config_hash") != config_hash:
+        changed = config_changes(state.get("run_config") or {}, run_config)
+        raise Refused(f"config changed since the checkpoint (config_hash {state.get('config_hash')} "
+                      f"!= {config_hash}; differing: {'; '.join(changed) or 'unknown'})")
+    for name in ("model.safetensors", "optimizer.pt", "rng.pt"):
+        if not (ckpt_dir / name).is_file():
+            raise Refused(f"{ckpt_dir / name} is missing")
+    load_hf_state_dict(model, load_file(str(ckpt_dir / "model.safetensors")))
+    opt_state = torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True)
+    rngs = torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True)
+    if len(rngs) != dist.world_size:
+        raise Refused(f"rng.pt holds {len(rngs)} ranks, this run has {dist.world_size}")
+    return {"step": int(state["step"]), "tokens": int(state["tokens_consumed"]),
+            "opt": opt_state, "rng": rngs[dist.rank]}
