@@ -7,7 +7,7 @@ Usage (results go to stdout, diagnostics to stderr):
     engine run specs/p4_smoke.yaml --mode smoke --junit out/junit.xml --markdown out/summary.md
     engine run specs/p4_smoke.yaml --set repo=file:///tmp/store/probe/ckpt-1 --run-dir runs/try1
     engine check specs/p4_smoke.yaml --evidence runs/try1 --junit out/junit.xml
-    engine replay specs/p4_smoke.yaml --evidence runs/try1
+    engine replay specs/p4_smoke.yaml --evidence runs/try1 --html out/report.html
     engine schema > spec.schema.json
     engine diff specs/p4_soak.yaml --base origin/main --evidence runs/try1 --markdown -
     engine --version

@@ -201,7 +201,7 @@ def test_saved_soak_run_report_is_valid_and_draws_every_loss(tmp_path, monkeypat
     assert polylines(svgs["plot-tokens_per_s"], "leg 2") == [rates] and len(rates) == 13
     # On the CPU there are no device memory figures: the plot says so instead of drawing zeros.
     assert polylines(svgs["plot-peak_memory"], "leg 1") == []
-    assert "leg 1: no data: steps.leg1.harvest.run_json.peak_reserved_gb_by_rank is missing" in \
+    assert "leg 1: no data: `steps.leg1.harvest.run_json.peak_reserved_gb_by_rank` is null" in \
         page_path.read_text()
 
 
