@@ -7,7 +7,7 @@ Usage (results go to stdout, diagnostics to stderr):
     engine run specs/p4_smoke.yaml --mode smoke --junit out/junit.xml --markdown out/summary.md
     engine run specs/p4_smoke.yaml --set repo=file:///tmp/store/probe/ckpt-1 --run-dir runs/try1
     engine check specs/p4_smoke.yaml --evidence runs/try1 --junit out/junit.xml
-    engine replay specs/p4_smoke.yaml --evidence runs/try1
+    engine replay specs/p4_smoke.yaml --evidence runs/try1 --html out/report.html
     engine schema > spec.schema.json
     engine diff specs/p4_soak.yaml --base origin/main --evidence runs/try1 --markdown -
     engine --version
@@ -31,6 +31,9 @@ verified without re-running a leg; output-rule changes are allowed there, nothin
 
 `--markdown FILE` (run, check, replay, diff) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
+It draws the spec's plots as Mermaid charts. `--html FILE` (run, check, replay) writes one
+self-contained page: the verdict, the failure trees, the plots as SVG, the checks and the steps (no
+script, nothing fetched); `--html -` prints it instead of the text report.
 
 Exit codes: 0 pass, 5 a failed check or step, 2 invalid spec or usage, 3 a precondition
 failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid). A closed
@@ -54,6 +57,7 @@ EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) 
     " or a harvest problem)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
+HTML_HELP = "also write a self-contained HTML report (plots as SVG) to FILE; `-` prints it instead of the text report"
 
 
 class _Refused(Exception):
@@ -94,10 +98,10 @@ def _refusals() -> tuple[type[Exception], ...]:
 
 
 def _check_reports(args: argparse.Namespace) -> None:
-    """Refuse (exit 2) before anything runs when --junit/--markdown cannot be written: after
+    """Refuse (exit 2) before anything runs when --junit/--markdown/--html cannot be written: after
     an hour of legs, a traceback after the VERDICT line is the wrong way to find out."""
     from engine import report
-    for flag, path in (("--junit", args.junit), ("--markdown", args.markdown)):
+    for flag, path in (("--junit", args.junit), ("--markdown", args.markdown), ("--html", args.html)):
         if path and path != "-":
             problem = report.writable_problem(path)
             if problem:
@@ -105,16 +109,26 @@ def _check_reports(args: argparse.Namespace) -> None:
 
 
 def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
-          args: argparse.Namespace) -> int | None:
+          args: argparse.Namespace, spec: Any = None) -> int | None:
     """Write the report files, then print the report; Exit.USAGE when a file could not be
     written (said before the verdict is printed), else None."""
     from engine import report
     from engine.console import printable
-    markdown = report.markdown(evidence, results, verdict) if args.markdown else ""
+    figures: list = []
+    if (args.markdown or args.html) and spec is not None:
+        from engine.plots import for_spec
+        figures = for_spec(spec, evidence)
+    markdown = report.markdown(evidence, results, verdict, figures) if args.markdown else ""
+    page = ""
+    if args.html:
+        from engine import htmlreport
+        page = htmlreport.render(evidence, results, verdict, figures)
     failed = None
     files = [(args.junit, lambda: report.junit(evidence, results, verdict))] if args.junit else []
     if args.markdown and args.markdown != "-":
         files.append((args.markdown, lambda: markdown))
+    if args.html and args.html != "-":
+        files.append((args.html, lambda: page))
     for path, render in files:
         try:
             report.write_file(path, render())
@@ -125,6 +139,8 @@ def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any]
     # A leg's text inside the report (a harvested string, a failure line) must not drive the terminal.
     if args.markdown == "-":
         print(printable(markdown), end="", flush=True)
+    elif args.html == "-":
+        print(printable(page), end="", flush=True)
     else:
         print(printable(report.table(evidence, results, verdict, verbose=args.verbose)), flush=True)
     if getattr(sys.stdout, "lost", None):  # the reader left: the verdict still reaches someone
@@ -200,7 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             _err(f"interrupted before the verdict was stored in {run_dir}" if stored
                  else f"interrupted before any evidence was written to {run_dir}")
             return Exit.INTERRUPTED
-        failed = _emit(doc, doc["checks"], doc["verdict"], args)
+        failed = _emit(doc, doc["checks"], doc["verdict"], args, spec)
         if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
             _err("engine: interrupted after the last step had finished; the verdict stands")
     return failed or doc["verdict"]["exit_code"]
@@ -224,7 +240,7 @@ def _recheck(args: argparse.Namespace, replay: bool) -> int:
     _check_reports(args)
     done = recheck(spec, saved, Path(args.evidence), replay=replay,
                    spec_label=str(args.spec), note=_err)
-    return _emit(done.evidence, done.results, done.verdict, args) or done.verdict["exit_code"]
+    return _emit(done.evidence, done.results, done.verdict, args, spec) or done.verdict["exit_code"]
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -267,6 +283,7 @@ def _parser() -> argparse.ArgumentParser:
     def reports(p: argparse.ArgumentParser) -> None:
         p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
         p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
+        p.add_argument("--html", metavar="FILE", help=HTML_HELP)
         p.add_argument("-v", "--verbose", action="store_true", help="full explain trees")
 
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
@@ -323,6 +340,9 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as exc:  # argparse: 0 for --help/--version, 2 for usage errors
         return int(exc.code or 0)
+    if getattr(args, "markdown", None) == "-" and getattr(args, "html", None) == "-":
+        _err("--markdown - and --html - would both print on stdout; give one of them a FILE")
+        return Exit.USAGE
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

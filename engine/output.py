@@ -33,10 +33,12 @@ LINES_KEPT = 20  # line numbers a conflict entry lists; `count` says how many th
 @dataclass(frozen=True)
 class HarvestRule:
     name: str
-    marker: str
+    marker: str | None
     pick: str
     on_conflict: str = defaults.HARVEST_ON_CONFLICT  # fail | pick
     on_malformed: str = defaults.HARVEST_ON_MALFORMED  # fail | skip
+    # A `match` rule: the regex's named groups of a matching line, instead of JSON after a marker.
+    pattern: Pattern | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class OutputRules:
 
     def pattern_errors(self) -> list[str]:
         """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
-        patterns = [self.strip_prefix, self.progress.pattern if self.progress else None]
+        patterns = [self.strip_prefix, self.progress.pattern if self.progress else None,
+                    *(rule.pattern for rule in self.harvest)]
         return [p.error for p in patterns if p is not None and p.error]
 
 
@@ -78,7 +81,14 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
                                   ("on_malformed", on_malformed, ON_MALFORMED)):
             if got not in allowed:
                 raise ValueError(f"output.harvest.{name}.{key} must be one of {allowed}, got {got!r}")
-        harvest.append(HarvestRule(name, str(rule["marker"]), pick, on_conflict, on_malformed))
+        if rule.get("match") is not None:
+            pattern = _regex(rule["match"], f"output.harvest.{name}.match")
+            if not pattern.groupindex:
+                raise ValueError(f"output.harvest.{name}.match {pattern.pattern!r} has no named group "
+                                 f"(?P<name>...) to harvest")
+            harvest.append(HarvestRule(name, None, pick, on_conflict, on_malformed, pattern))
+        else:
+            harvest.append(HarvestRule(name, str(rule["marker"]), pick, on_conflict, on_malformed))
     progress = None
     if run.get("progress"):
         pattern = _regex(run["progress"]["match"], "progress.match")
@@ -104,6 +114,23 @@ def _json_after(line: str, marker: str) -> Any:
     return limits.loads_json(line[len(marker):].strip())
 
 
+def _group_value(text: str | None) -> Any:
+    """A named group's text: a number when it reads as a JSON number, else the text (None when
+    the group did not take part in the match)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text, parse_constant=_not_a_number)
+    except ValueError:
+        return text
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
+
+
+def _not_a_number(text: str) -> Any:
+    # "NaN" and "Infinity" stay text: evidence is strict JSON, and a plot shows them as gaps.
+    raise ValueError(text)
+
+
 class Capture:
     """Consumes the blocks of one run step and keeps only what the rules need."""
 
@@ -122,9 +149,10 @@ class Capture:
         self._lock = threading.Lock()
         # Every line any rule may concern contains one of these literals.
         self._literals = tuple(dict.fromkeys(
-            list(rules.echo_prefixes) + [h.marker for h in rules.harvest]
+            list(rules.echo_prefixes) + [h.marker for h in rules.harvest if h.marker is not None]
             + list(rules.failure_patterns)))
         self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
+        self._matched = [(rule, LineMatcher(rule.pattern)) for rule in rules.harvest if rule.pattern is not None]
 
     def feed(self, block: Block) -> None:
         with self._lock:
@@ -134,6 +162,8 @@ class Capture:
             if self._literals:
                 for lineno, line in block.find_lines(self._literals):
                     self._handle(line, lineno)
+            for rule, matcher in self._matched:
+                self._harvest_matches(rule, matcher, block)
             if self._progress is not None:
                 found = self._progress.last(block)
                 if found is not None:
@@ -148,8 +178,26 @@ class Capture:
         if rules.echo_prefixes and line.startswith(rules.echo_prefixes) and self.console:
             self.console.line("  KEY> " + line[:ECHO_WIDTH])
         for rule in rules.harvest:
-            if line.startswith(rule.marker):
+            if rule.marker is not None and line.startswith(rule.marker):
                 self._harvest(rule, line, lineno)
+
+    def _harvest_matches(self, rule: HarvestRule, matcher: LineMatcher, block: Block) -> None:
+        if rule.pick == "first" and rule.name in self.harvested:
+            return
+        candidates = block.find_lines([matcher.literal]) if matcher.literal is not None else \
+            ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        for _, line in candidates:
+            found = matcher.pattern.search(line)
+            if found is None:
+                continue
+            self.marker_seen.add(rule.name)
+            value = {k: _group_value(v) for k, v in found.groupdict().items()}
+            if rule.pick == "all":
+                self.harvested.setdefault(rule.name, []).append(value)
+            else:
+                self.harvested[rule.name] = value
+                if rule.pick == "first":
+                    return
 
     def _harvest(self, rule: HarvestRule, line: str, lineno: int) -> None:
         # Every marker line is parsed, whatever the pick: a malformed or disagreeing line after
@@ -196,7 +244,8 @@ class Capture:
         for rule in self.rules.harvest:
             if rule.name not in self.marker_seen:
                 errors.append({"name": rule.name, "marker": rule.marker, "line": None,
-                               "kind": KIND_MISSING, "error": MISSING, "text": None})
+                               "kind": KIND_MISSING, "error": MISSING, "text": None,
+                               **({"match": rule.pattern.pattern} if rule.pattern is not None else {})})
             seen = self._markers.get(rule.name)
             if seen is not None and seen.differ:
                 errors.append(seen.conflict(rule))

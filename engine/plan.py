@@ -223,6 +223,8 @@ class Plan:
             out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
             out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({_harvest_opts(v)})"
+                                               if v.get("marker") is not None
+                                               else f"{k} <- /{v['match']}/ ({v['pick']})"
                                                for k, v in r["output"]["harvest"].items()))
         return out
 

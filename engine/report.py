@@ -11,7 +11,7 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
 # would make the whole JUnit file unparsable.
@@ -180,8 +180,10 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any]) -> str:
-    """A PR-comment / step-summary table with the verdict on top."""
+def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
+             figures: Sequence[Any] = ()) -> str:
+    """A PR-comment / step-summary table with the verdict on top, then the plots (`figures`,
+    engine/plots.py) as Mermaid charts."""
     name = _spec_name(evidence)
     head = f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): " \
            f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
@@ -205,6 +207,9 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
         for r in failing:
             lines += [f"**{r['name']}** ({_where(r)})", "```", *explain_lines(r, verbose=True), "```"]
         lines += ["</details>"]
+    if figures:
+        from engine import mermaid
+        lines += ["", mermaid.section(list(figures)).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
