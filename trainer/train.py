@@ -69,8 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              model_max_seq_len=GEOMETRIES[args.model].max_seq_len)
         runtime = choose_runtime(args, os.environ)   # a bad SPECPROBE_* value is a usage error too
     except UsageError as e:
-        if rank == 0:
-            emit(f"python -m trainer.train: error: {e}", sys.stderr)
+        # Every rank says it: torchrun stops the others as soon as the first rank exits, so a message
+        # left to rank 0 alone is lost whenever another rank gets there first.
+        emit(f"python -m trainer.train: error: {e}", sys.stderr)
         return EXIT_USAGE
     trainer = Trainer(args, plan, runtime)
     _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
