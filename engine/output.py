@@ -217,7 +217,8 @@ class Capture:
             return
         except ValueError as exc:  # a limit: too deep, a 5,000-digit integer, a cut line
             self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
-                                        "error": f"not harvested: {exc}", "text": line[:ECHO_WIDTH]})
+                                        "kind": KIND_MALFORMED, "error": f"not harvested: {exc}",
+                                        "text": line[:ECHO_WIDTH]})
             return
         if rule.pick == "all":
             self.harvested.setdefault(rule.name, []).append(value)

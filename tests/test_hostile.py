@@ -121,7 +121,10 @@ def test_run_json_nested_100000_deep_or_with_a_5000_digit_integer_is_a_harvest_e
         checks=[{"name": "fine", "why": "the sane marker is still read", "expr": "steps.leg.harvest.fine.n == `1`"}])
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)
-    assert proc.returncode == 0 and "VERDICT hostile PASS" in proc.stdout
+    # The engine reads on and the sane marker passes its check; the two it could not read fail the
+    # verdict as harvest problems (the value a check would read is not what the leg meant).
+    assert proc.returncode == 5 and 'VERDICT hostile FAIL ["harvest:leg.deep", "harvest:leg.big"]' in proc.stdout
+    assert "fine" in proc.stdout and evidence(tmp_path / "r")["checks"][0]["outcome"] == "PASS"
     errors = {e["name"]: e["error"] for e in evidence(tmp_path / "r")["steps"]["leg"]["harvest_errors"]}
     assert "nested" in errors["deep"] and "5,000 digits" in errors["big"], errors
 

@@ -205,8 +205,8 @@ def test_match_rule_that_never_matches_is_a_missing_harvest_error() -> None:
     capture = capture_of(run, "hello", "world")
     harvest, errors = capture.harvest_result()
     assert "progress" not in harvest
-    assert errors == [{"name": "progress", "marker": None, "line": None, "error": MISSING, "text": None,
-                       "match": r"^step (?P<step>\d+)"}]
+    assert errors == [{"name": "progress", "marker": None, "line": None, "kind": "missing", "error": MISSING,
+                       "text": None, "match": r"^step (?P<step>\d+)"}]
 
 
 def test_match_rule_without_a_named_group_is_refused() -> None:
