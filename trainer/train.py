@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, config_hash, prune_local, write_checkpoint_dir
+from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, prune_local, write_checkpoint_dir
+from trainer.runconfig import config_hash
 from trainer.cli import (Runtime, RunPlan, UsageError, build_parser, checkpoint_steps, choose_runtime,
                          lr_factor, run_config, validate_args)
 from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
