@@ -85,11 +85,11 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         piped = timed(["bash", "-c", f'"{sys.executable}" "{printer}" {lines} | cat > /dev/null'],
                       work, repeat)
         # The engine's own stdout goes to /dev/null too, so both sides pay the same terminal cost.
-        through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run")], work, repeat)
+        through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run"), "--force"], work, repeat)
         # The same run with a 1-line leg: the engine's fixed cost (imports, validation, evidence),
         # paid once per run whatever the leg prints; what is left is the per-line cost.
         spec.write_text(STREAM_SPEC.format(lines=1, printer=printer))
-        fixed = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run1")], work, repeat)
+        fixed = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run1"), "--force"], work, repeat)
         tiny = timed([sys.executable, str(printer), "1"], work, repeat)
     fixed_cost = (fixed[0] - tiny[0], fixed[1] - tiny[1])
     per_line = (through[0] - plain[0] - fixed_cost[0], through[1] - plain[1] - fixed_cost[1])
@@ -128,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'measurement'.ljust(width)}  {'best s':>8}  {'median s':>8}  rc")
     for name, best, median, rc in rows:
         print(f"{name.ljust(width)}  {best:8.3f}  {median:8.3f}  {rc}")
+    failed = sorted({name.strip() for name, *_, rc in rows if rc != 0})
+    if failed:  # a refused or failed command is timed all the same: its figures measure nothing
+        print(f"FAILED (rc != 0, figures void): {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
