@@ -2,7 +2,6 @@
 file it extends or includes, at that same revision), validated and planned for every mode."""
 from __future__ import annotations
 
-import os
 import posixpath
 import subprocess
 from pathlib import Path
@@ -81,30 +80,22 @@ def materialise(spec: Path, rev: str, dest: Path) -> Path | None:
     return dest / rel
 
 
-def _relabel(text: str, tmp: Path | None, prefix: str) -> str:
-    """Errors in a materialised revision name `REV:path`, not a temp directory."""
-    if tmp is None:
-        return text
-    # load_spec shows paths relative to the cwd when below it, else absolute: undo every form.
-    for form in sorted({str(tmp), str(tmp.resolve()), os.path.relpath(tmp)}, key=len, reverse=True):
-        text = text.replace(form + os.sep, prefix)
-    return text
-
-
 def load_side(path: Path, label: str, tmp: Path | None = None, rev_prefix: str = "") -> Side:
-    """Load + validate + plan every mode; DiffError (exit 2) listing every problem when invalid."""
+    """Load + validate + plan every mode; DiffError (exit 2) listing every problem when invalid. A
+    side written out from a git revision under `tmp` names its files `rev_prefix` + path."""
+    side = Side(label, None, tmp=None if tmp is None else str(tmp), rev_prefix=rev_prefix)
     try:
         spec = load_spec(path)
         errors = [str(e) for e in validate(spec, environ={})]
         if errors:
             raise DiffError("\n".join(errors))
-        side = Side(label, spec)
+        side.spec = spec
         for mode in mode_names(spec.data) or ["default"]:
             side.plans[mode] = build_plan(spec, mode=mode, environ={}, builtins=FIXED_BUILTINS)
         return side
     except SpecErrors as exc:
-        raise DiffError(_relabel(f"{label}: invalid spec\n{exc}", tmp, rev_prefix)) from None
+        raise DiffError(side.shown(f"{label}: invalid spec\n{exc}")) from None
     except UsageError as exc:
-        raise DiffError(_relabel(f"{label}: {exc}", tmp, rev_prefix)) from None
+        raise DiffError(side.shown(f"{label}: {exc}")) from None
     except DiffError as exc:
-        raise DiffError(_relabel(f"{label}: invalid spec\n{exc}", tmp, rev_prefix)) from None
+        raise DiffError(side.shown(f"{label}: invalid spec\n{exc}")) from None
