@@ -7,6 +7,12 @@ The evaluator below is a TreeInterpreter that records every lookup on a value th
 any such miss makes the outcome NO_DATA, even when the result happens to be ``true``, because
 missing data must never pass. The same interpreter remembers the values of comparator operands,
 ``&&``/``||``/``!`` operands and function calls so that a failing check can show *why* (explain).
+
+A check may name sub-expressions (``let: {first2: "..."}``), read as ``let.first2``: pure JMESPath
+over the same document, evaluated on first read (their misses count like any other) and shown first
+in the explain trace. Its ``when`` decides whether it is evaluated: exactly ``false`` skips it,
+absent data is NO_DATA, anything but a boolean is an ERROR; a check the spec disables is DISABLED
+(reported with its reason, never evaluated, never failing the verdict).
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from jmespath.visitor import TreeInterpreter
 
 from engine.types import CheckResult
 
-OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR")
+OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR", "DISABLED")
 FAILING = ("FAIL", "NO_DATA", "ERROR")
 VALUE_CUT = 240
 NOT_EVALUATED = "not evaluated"
@@ -221,12 +227,48 @@ def _explained_nodes(node: dict) -> list[dict]:
     return list(unique.values())
 
 
+class _Lets(dict):
+    """`let.<name>` for one evaluation: each named sub-expression is evaluated on its first read, by the
+    tracer reading it (so its missing lookups count), and only if something reads it."""
+
+    def __init__(self, texts: Mapping[str, str], tracer: "_Tracer") -> None:
+        super().__init__((name, None) for name in texts)  # membership only: values come from __getitem__
+        self.texts = dict(texts)
+        self.tracer = tracer
+        self.values: dict[str, Any] = {}
+        self.misses: set[str] = set()
+        self.origins: dict[str, tuple] = {}  # a let that read absent data -> the path that was absent
+        self._active: list[str] = []
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.values:
+            return self.values[name]
+        if name in self._active:
+            raise ValueError(f"let.{name} reads itself (through {' -> '.join(self._active)})")
+        self._active.append(name)
+        before = self.tracer.miss_count
+        try:
+            value = self.tracer.evaluate_let(self.texts[name])
+        finally:
+            self._active.pop()
+        if self.tracer.miss_count != before:
+            self.misses.add(name)
+            if value is None and self.tracer.last_miss is not None:
+                self.origins[name] = self.tracer.last_miss
+        self.values[name] = value
+        return value
+
+
 class _Tracer(TreeInterpreter):
     """A TreeInterpreter that records missing lookups and the values of chosen nodes."""
 
-    def __init__(self, options: Any, paths: dict[int, tuple], watch: Iterable[dict] = ()) -> None:
+    def __init__(self, options: Any, paths: dict[int, tuple], watch: Iterable[dict] = (),
+                 root: Any = None) -> None:
         super().__init__(options)
         self._paths = paths
+        self._root = root  # the document as evaluated (with `let` added): its path is ()
+        self.miss_count = 0
+        self.last_miss: tuple | None = None
         # Path of the value being visited when it is not a container (a scalar or None):
         # set by the constructs that step into a value, restored after.
         self._hint: tuple | None = ()
@@ -242,11 +284,24 @@ class _Tracer(TreeInterpreter):
         return result
 
     def _path_of(self, value: Any) -> tuple | None:
+        if value is self._root and value is not None:
+            return ()
         if isinstance(value, (dict, list)):
             return self._paths.get(id(value))
         return self._hint
 
+    def evaluate_let(self, text: str) -> Any:
+        """A named sub-expression, over the whole document, wherever in the expression it is read."""
+        saved = self._hint
+        self._hint = ()
+        try:
+            return self.visit(jmespath.compile(text).parsed, self._root)
+        finally:
+            self._hint = saved
+
     def _miss(self, path: tuple) -> None:
+        self.miss_count += 1
+        self.last_miss = path
         # A lookup below an already-missing value names the longer, more telling path.
         self.missing = [p for p in self.missing if p != path[: len(p)]]
         if not any(p[: len(path)] == path for p in self.missing):
@@ -281,9 +336,14 @@ class _Tracer(TreeInterpreter):
         for child in node["children"]:
             self._hint = path
             next_path = self._step_path(child, path)
+            before = result
             result = self.visit(child, result)
-            path = next_path if next_path is not None else (
-                self._paths.get(id(result)) if isinstance(result, (dict, list)) else None)
+            # A container of the document is named by its own path (`let.s.files` is state.X.files),
+            # and so is a let that read absent data (below it, the missing path grows from there).
+            known = self._paths.get(id(result)) if isinstance(result, (dict, list)) else None
+            if isinstance(before, _Lets) and child["type"] == "field":
+                known = before.origins.get(child["value"], known)
+            path = known if known is not None else next_path
         self._hint = saved
         return result
 
@@ -328,28 +388,51 @@ class _Tracer(TreeInterpreter):
 # ---------------------------------------------------------------- one expression
 
 def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
-          paths: dict[int, tuple] | None = None) -> tuple[Any, list[str], list[list[str]]]:
+          paths: dict[int, tuple] | None = None, lets: Mapping[str, str] | None = None
+          ) -> tuple[Any, list[str], list[list[str]]]:
     """Evaluate ``expr``: (value, missing paths, explain pairs). Raises on evaluation errors.
-    ``paths`` is ``index_paths(document)``, passed in to index a big document only once."""
+    ``paths`` is ``index_paths(document)``, passed in to index a big document only once. ``lets``
+    (name -> JMESPath) are readable as ``let.<name>``; the explain pairs start with each one's value."""
     parsed = jmespath.compile(expr).parsed
     watch = _explained_nodes(parsed) if explain else []
-    tracer = _Tracer(options, index_paths(document) if paths is None else paths, watch)
+    root = dict(document) if lets else document
+    tracer = _Tracer(options, index_paths(document) if paths is None else paths, watch, root)
+    named = _Lets(lets, tracer) if lets else None
+    if named is not None:
+        root["let"] = named
     try:
-        value = tracer.visit(parsed, document)
+        value = tracer.visit(parsed, root)
     except Exception as exc:
         # What was computed before the failure is the best clue to it (a string operand...), and an
         # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error.
         missing = [path_text(p) for p in tracer.missing]
         exc.missing = missing  # type: ignore[attr-defined]
-        exc.explain = _pairs(tracer, watch, missing)  # type: ignore[attr-defined]
+        exc.explain = _pairs(tracer, watch, missing, named)  # type: ignore[attr-defined]
         raise
     missing = [path_text(p) for p in tracer.missing]
-    return value, missing, _pairs(tracer, watch, missing)
+    return value, missing, _pairs(tracer, watch, missing, named)
 
 
-def _pairs(tracer: _Tracer, watch: list[dict], missing: list[str]) -> list[list[str]]:
-    return [[text, _shown(tracer.seen, n, text, missing)] for n, text in
-            ((n, unparse(n)) for n in watch)]
+def _pairs(tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None
+           ) -> list[list[str]]:
+    pairs: list[list[str]] = []
+    for n in watch:  # a sub-expression written twice has one value: shown once
+        text = unparse(n)
+        if all(p[0] != text for p in pairs):
+            pairs.append([text, _shown(tracer.seen, n, text, missing)])
+    if named is None:
+        return pairs
+    # Each named value once, first: a reviewer reads the names, then how the expression used them.
+    head = [[f"let.{name}", _let_shown(named, name)] for name in named.texts]
+    shown = {text for text, _ in head}
+    return head + [p for p in pairs if p[0] not in shown]
+
+
+def _let_shown(named: _Lets, name: str) -> str:
+    if name not in named.values:
+        return NOT_EVALUATED
+    value = named.values[name]
+    return MISSING if value is None and name in named.misses else compact(value)
 
 
 def _shown(seen: dict[int, Any], node: dict, text: str, missing: list[str]) -> str:
@@ -379,17 +462,33 @@ def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
         "line": check.get("line"), "outcome": "PASS", "value": None, "missing": [],
         "explain": [], "reason": "",
     }
+    lets = check.get("let") or None
+    if lets:
+        result["let"] = dict(lets)
+    if check.get("disabled"):
+        where = f" (disabled at {check['disabled_at']})" if check.get("disabled_at") else " (disabled)"
+        return {**result, "outcome": "DISABLED", "reason": f"{' '.join(check['disabled'].split())}{where}"}
     when = check.get("when")
     if when:
         try:
-            cond, missing, _ = trace(when, document, options, explain=False, paths=paths)
+            cond, missing, _ = trace(when, document, options, explain=False, paths=paths, lets=lets)
         except Exception as exc:  # noqa: BLE001 - any failure is the check's ERROR, not a crash
+            missing = getattr(exc, "missing", [])
+            if missing:
+                return {**result, "outcome": "NO_DATA", "missing": missing,
+                        "reason": f"when `{when}`: {_no_data_reason(missing)}"}
             return {**result, "outcome": "ERROR", "reason": f"when `{when}`: {_error_text(exc)}"}
-        if cond is not True or missing:
-            shown = f"no data ({missing[0]} is missing)" if missing else compact(cond, 80)
-            return {**result, "outcome": "SKIPPED", "reason": f"when `{when}` was {shown}"}
+        # Only an exact false skips: a condition over absent data must not turn a gate into a pass.
+        if missing:
+            return {**result, "outcome": "NO_DATA", "missing": missing,
+                    "reason": f"when `{when}`: {_no_data_reason(missing)}"}
+        if cond is False:
+            return {**result, "outcome": "SKIPPED", "reason": f"when `{when}` was false"}
+        if cond is not True:
+            return {**result, "outcome": "ERROR",
+                    "reason": f"when `{when}` gave {compact(cond, 80)}, not true or false"}
     try:
-        value, missing, pairs = trace(check["expr"], document, options, paths=paths)
+        value, missing, pairs = trace(check["expr"], document, options, paths=paths, lets=lets)
     except Exception as exc:  # noqa: BLE001 - a plugin function may raise anything
         missing = getattr(exc, "missing", [])
         if missing:
@@ -412,7 +511,8 @@ def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
 def evaluate(checks: Sequence[Mapping[str, Any]], evidence: Mapping[str, Any], options: Any = None
              ) -> list[CheckResult]:
     """Evaluate every check over the evidence. Each result: name, why, expr, severity, file, line,
-    outcome (PASS|FAIL|NO_DATA|SKIPPED|ERROR), value, missing, explain, reason."""
+    outcome (PASS|FAIL|NO_DATA|SKIPPED|ERROR|DISABLED), value, missing, explain, reason, and `let`
+    (name -> expression) when the check names sub-expressions. A DISABLED check is not evaluated."""
     document = check_document(evidence)
     paths = index_paths(document)
     return [evaluate_one(check, document, options, paths) for check in checks]

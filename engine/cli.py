@@ -64,11 +64,13 @@ def _err(text: str) -> None:
 def _valid_spec(path: str) -> Any:
     """The spec at `path`, loaded and validated; SpecErrors or _Refused listing every problem."""
     from engine.spec import load_spec
-    from engine.validate import validate
+    from engine.validate import findings
     spec = load_spec(path)
-    errors = validate(spec, dict(os.environ))
+    errors, warnings = findings(spec, dict(os.environ))
     if errors:
         raise _Refused("\n".join(str(e) for e in errors))
+    for w in warnings:  # legal but easy to misread: said, never refused
+        _err(f"warning: {w}")
     return spec
 
 

@@ -188,8 +188,39 @@ class Functions(jfn.Functions):
         """Does the string start with any of the prefixes. Example: ``startswith_any('final/a', ['final/', 'ckpt/'])`` -> ``true``."""
         return s is not None and s.startswith(tuple(prefixes))
 
+    @signature({"types": ["array"]}, {"types": ["array"]})
+    def _func_difference(self, items, remove):
+        """The elements of the first array that are not in the second, in order. Example: ``difference(['a', 'b'], ['b'])`` -> ``['a']``."""
+        gone = {json.dumps(x, sort_keys=True) for x in remove}
+        return [x for x in items if json.dumps(x, sort_keys=True) not in gone]
+
 
 OPTIONS = jmespath.Options(custom_functions=Functions())
+
+# What each function can return (JMESPath type names; "any" when it depends on the data): `engine
+# validate` refuses a check whose top-level call can never give a boolean. Every function, built-in or
+# specprobe's, must be listed (a test holds this).
+RETURNS: dict[str, tuple[str, ...]] = {
+    "add": ("number",), "sub": ("number",), "mul": ("number",), "div": ("number", "null"),
+    "floordiv": ("number", "null"), "mod": ("number", "null"), "range": ("array",),
+    "to_int": ("number", "null"), "suffix_int": ("number", "null"), "sort_numeric": ("array",),
+    "unique": ("array",), "split": ("array",), "is_finite": ("boolean",), "all_finite": ("boolean",),
+    "regex_match": ("boolean",), "get": ("any",), "startswith_any": ("boolean",), "difference": ("array",),
+    # JMESPath's own
+    "abs": ("number",), "avg": ("number", "null"), "ceil": ("number",), "contains": ("boolean",),
+    "ends_with": ("boolean",), "floor": ("number",), "join": ("string",), "keys": ("array",),
+    "length": ("number",), "map": ("array",), "max": ("number", "string", "null"), "max_by": ("any",),
+    "merge": ("object",), "min": ("number", "string", "null"), "min_by": ("any",), "not_null": ("any",),
+    "reverse": ("array", "string"), "sort": ("array",), "sort_by": ("array",), "starts_with": ("boolean",),
+    "sum": ("number",), "to_array": ("array",), "to_number": ("number", "null"), "to_string": ("string",),
+    "type": ("string",), "values": ("array",),
+}
+
+
+def returns(name: str) -> tuple[str, ...] | None:
+    """The JMESPath types a function can return; None when unknown or data-dependent ("any")."""
+    types = RETURNS.get(name)
+    return None if types is None or "any" in types else types
 
 _CUSTOM = sorted(n[len("_func_"):] for n in vars(Functions) if n.startswith("_func_"))
 

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ import jsonschema
 from jmespath import exceptions as jexc
 
 from engine import defaults, functions
+from engine.checks import compact, trace
 from engine.secrets import REDACTED, is_secret, redact, redact_text
 from engine.spec import Spec, SpecError, SpecErrors, best_error, validator
 from engine.types import Check, Step
-from engine.values import UsageError, layer, parse_sets, resolve, template
+from engine.values import (UnknownVariable, UsageError, layer, parse_sets, refs, resolve, substitute, template,
+                           unknown_message)
 
 __all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
 
@@ -195,7 +198,9 @@ class Plan:
         lines.append("checks:")
         for c in self.checks:
             when = f" when {c['when']}" if c.get("when") else ""
-            lines.append(f"  - {c['name']} [{c['severity']}] {c['expr']}{when}")
+            disabled = f"  (DISABLED: {c['disabled']})" if c.get("disabled") else ""
+            lines.append(f"  - {c['name']} [{c['severity']}] {c['expr']}{when}{disabled}")
+            lines.extend(f"      let {k} = {t}" for k, t in (c.get("let") or {}).items())
         return redact_text("\n".join(lines), self.values) + "\n"
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
@@ -263,6 +268,8 @@ def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str
 
 
 def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]) -> tuple[bool, SpecError | None]:
+    """A step's `when` over the values: exactly true runs it, exactly false skips it. Anything else (a
+    null from a missing key, a number, a string) is a spec error, never a quiet skip."""
     if when is None:
         return True, None
     where = ("steps", index, "when")
@@ -270,9 +277,70 @@ def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]
     if bad:
         return False, spec.error(where, bad[0])
     try:
-        return functions.search(functions.compile_expr(when), dict(values)) is True, None
+        value, missing, _ = trace(when, dict(values), functions.OPTIONS, explain=False)
     except (jexc.JMESPathError, TypeError, ValueError) as e:
         return False, spec.error(where, f"{when!r} failed: {' '.join(str(e).split())}")
+    if missing:
+        what = unknown_message(missing[0], values, ref=False) if missing[0] not in values and \
+            "." not in missing[0] else f"{missing[0]}, which is missing"
+        return False, spec.error(where, f"step condition {when!r} reads {what}")
+    if not isinstance(value, bool):
+        return False, spec.error(where, f"step condition {when!r} must yield true or false, got {compact(value, 80)}")
+    return value, None
+
+
+# In a check, `${x}` is spliced into the JMESPath text, so it may only stand for a name (a step, a
+# collect step) or an integer (a slice bound): anything else could change the expression's meaning.
+_SPLICEABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _splice(text: str, values: Mapping[str, Any], path: tuple, spec: Spec) -> tuple[str, SpecError | None]:
+    for name in dict.fromkeys(refs(text)):
+        if name not in values:
+            return text, spec.error(path, unknown_message(name, values))
+        v = values[name]
+        if not ((isinstance(v, str) and _SPLICEABLE.match(v)) or (isinstance(v, int) and not isinstance(v, bool))):
+            return text, spec.error(path, f"${{{name}}} is {compact(v, 60)}: in a check, ${{x}} may only stand for "
+                                          f"a name or an integer (it is spliced into the expression); read other "
+                                          f"values as values.{name}")
+    try:
+        return str(substitute(text, values, path)), None
+    except UnknownVariable as e:  # pragma: no cover - every name was looked up above
+        return text, spec.error(path, unknown_message(e.name, values))
+
+
+def resolve_checks(spec: Spec, values: Mapping[str, Any]) -> tuple[list[Check], list[SpecError]]:
+    """The spec's checks for one mode: `${x}` spliced into expr/when/let, where each is written, and the
+    reason of each disabled one (`disable:`)."""
+    data = spec.data
+    disabled = data.get("disable") or {}
+    checks: list[Check] = []
+    errors: list[SpecError] = []
+    for i, c in enumerate(data.get("checks") or []):
+        file, line, _ = spec.locate(("checks", i))
+        check: dict[str, Any] = {"name": c["name"], "why": c["why"], "expr": c["expr"], "when": c.get("when"),
+                                 "severity": c.get("severity", "gate"), "file": file, "line": line}
+        texts = [("expr", c["expr"], ("checks", i, "expr")), ("when", c.get("when"), ("checks", i, "when"))]
+        lets = dict(c.get("let") or {})
+        texts += [(f"let.{k}", t, ("checks", i, "let", k)) for k, t in lets.items()]
+        for key, text, path in texts:
+            if not isinstance(text, str):
+                continue
+            done, err = _splice(text, values, path, spec)
+            if err:
+                errors.append(err)
+            elif key.startswith("let."):
+                lets[key[4:]] = done
+            else:
+                check[key] = done
+        if lets:
+            check["let"] = lets
+        if c["name"] in disabled:
+            dfile, dline, _ = spec.locate_key(("disable", c["name"]))
+            check["disabled"] = disabled[c["name"]]
+            check["disabled_at"] = f"{dfile}:{dline}"
+        checks.append(check)  # type: ignore[arg-type]
+    return checks, errors
 
 
 def resolve_step(spec: Spec, index: int, raw: dict[str, Any], values: Mapping[str, Any],
@@ -330,11 +398,9 @@ def build_plan(spec: Spec, mode: str | None = None, sets: Sequence[str] = (),
             steps.append(step)
     if errors:
         raise SpecErrors(sorted(errors, key=SpecError.sort_key))
-    checks = []
-    for i, c in enumerate(data.get("checks") or []):
-        file, line, _ = spec.locate(("checks", i))
-        checks.append({"name": c["name"], "why": c["why"], "expr": c["expr"], "when": c.get("when"),
-                       "severity": c.get("severity", "gate"), "file": file, "line": line})
+    checks, errors = resolve_checks(spec, values)
+    if errors:
+        raise SpecErrors(sorted(errors, key=SpecError.sort_key))
     plan = Plan(spec=spec, name=data.get("name", ""), mode=chosen, values=values, sources=resolved.sources,
                 secret_names=sorted(k for k in values if is_secret(k)), steps=steps, checks=checks,
                 budget_s=data.get("budget_s"), worst_case_s=0.0,

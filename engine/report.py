@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 EXPLAIN_LINES = 8
-_MARK = {"PASS": "ok", "FAIL": "FAIL", "NO_DATA": "NO_DATA", "SKIPPED": "skip", "ERROR": "ERROR"}
-_ICON = {"PASS": "✅", "FAIL": "❌", "NO_DATA": "❔", "SKIPPED": "⏭️", "ERROR": "💥",
+_MARK = {"PASS": "ok", "FAIL": "FAIL", "NO_DATA": "NO_DATA", "SKIPPED": "skip", "ERROR": "ERROR",
+         "DISABLED": "DISABLED"}
+_ICON = {"PASS": "✅", "FAIL": "❌", "NO_DATA": "❔", "SKIPPED": "⏭️", "ERROR": "💥", "DISABLED": "🚫",
          "PRECONDITION": "⛔", "INTERRUPTED": "✋"}
 
 
@@ -84,6 +85,7 @@ def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
 def explain_lines(result: Mapping[str, Any], verbose: bool = False) -> list[str]:
     """The indented explanation under a failing check: where, expression, sub-values."""
     out = [f"    {_where(result)}  {result['expr']}".rstrip()]
+    out += [f"    let {name} = {text}" for name, text in (result.get("let") or {}).items()]
     if result["outcome"] != "FAIL" or result.get("value") is not False:
         out.append(f"    {result.get('reason', '')}")
     pairs = result.get("explain") or []
@@ -125,11 +127,15 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
     for r in results:
         el = case(f"{name}.checks", r["name"], 0)
         detail = "\n".join([f"{_where(r)} {r['expr']}".strip()]
+                           + [f"let {n} = {t}" for n, t in (r.get("let") or {}).items()]
                            + [f"{t} = {v}" for t, v in r.get("explain") or []])
         warn = r.get("severity") == "warn"
         if r["outcome"] == "SKIPPED":
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=r.get("reason", ""))
+        elif r["outcome"] == "DISABLED":  # reported, never a failure: the reason is the message
+            counts["skipped"] += 1
+            ET.SubElement(el, "skipped", message=f"DISABLED: {r.get('reason', '')}")
         elif r["outcome"] in ("FAIL", "NO_DATA", "ERROR") and warn:
             ET.SubElement(el, "system-out").text = f"WARNING {r['outcome']}: {r.get('reason')}\n{detail}"
         elif r["outcome"] in ("FAIL", "NO_DATA"):

@@ -229,37 +229,137 @@ def _copy_marks(src: Any) -> Any:
     return src
 
 
-def _merge_named(base: _Seq, over: _Seq) -> _Seq:
-    """Same name replaces in place, new names append; unnamed items append."""
-    out = _copy_marks(base)
-    index = {item.get("name"): i for i, item in enumerate(out)
-             if isinstance(item, dict) and isinstance(item.get("name"), str)}
-    for item, m in zip(over, over.item_marks):
-        name = item.get("name") if isinstance(item, dict) else None
-        if isinstance(name, str) and name in index:
-            out[index[name]] = _copy_marks(item)
-            out.item_marks[index[name]] = m
-        else:
-            out.put(_copy_marks(item), m)
-            if isinstance(name, str):
-                index[name] = len(out) - 1
+def _name_of(item: Any) -> str | None:
+    name = item.get("name") if isinstance(item, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _where(mark: Mark) -> str:
+    return f"{mark.file}:{mark.line}"
+
+
+def _without(item: _Map, key: str) -> _Map:
+    out = _copy_marks(item)
+    out.pop(key, None)
+    out.key_marks.pop(key, None)
+    out.val_marks.pop(key, None)
     return out
 
 
-def merge(base: Any, over: Any, top: bool = True) -> Any:
-    """Deep-merge `over` onto `base` (both located): maps merge, steps/checks by name, other lists replace."""
+def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) -> _Seq:
+    """New names append; an inherited name is replaced only under `override: true` (a check whole, a
+    step merged deeply: mappings merge, lists replace); unnamed items append. `override` never stays."""
+    out = _copy_marks(base)
+    index = {name: i for i, item in enumerate(out) if (name := _name_of(item)) is not None}
+    inherited = set(index)
+    what = section[:-1]
+    for i, (item, m) in enumerate(zip(over, over.item_marks)):
+        name = _name_of(item)
+        marked = isinstance(item, _Map) and item.get("override") is True
+        body = _without(item, "override") if marked else item
+        if name is not None and name in index and name not in inherited:
+            # The same name twice in one file: both stay, so that validation names both places.
+            out.put(_copy_marks(body), m)
+            continue
+        if name is not None and name in inherited:
+            j = index[name]
+            if not marked:
+                errors.append(SpecError.at(m, (section, i), (
+                    f"{what} {name!r} replaces the one inherited from {_where(out.item_marks[j])}; "
+                    f"write `override: true` in it to replace it on purpose, or rename it")))
+                continue
+            if section == "steps" and isinstance(out[j], _Map) and isinstance(body, _Map):
+                replaced = merge(out[j], body, top=False)
+                replaced.mark = body.mark
+            else:
+                replaced = _copy_marks(body)
+            out[j], out.item_marks[j] = replaced, m
+            inherited.discard(name)  # overridden once; a second copy in this file is a duplicate
+            continue
+        if marked:
+            errors.append(SpecError.at(item.key_marks["override"], (section, i, "override"),
+                                       f"{what} {name!r} has `override: true` but inherits no {what} of that "
+                                       f"name; remove the marker (or fix the name)"))
+        out.put(_copy_marks(body), m)
+        if name is not None:
+            index[name] = len(out) - 1
+    return out
+
+
+def _disable_errors(base: _Map, over: _Map) -> list[SpecError]:
+    """`disable: {check: reason}` drops an INHERITED check; a check this file writes itself is deleted, not
+    disabled, and a check disabled above cannot be silently brought back by an override."""
+    errors = []
+    inherited = {name: m for item, m in zip(base.get("checks") or [], getattr(base.get("checks"), "item_marks", []))
+                 if (name := _name_of(item)) is not None}
+    disabled = base.get("disable") if isinstance(base.get("disable"), _Map) else _Map(_NOWHERE)
+    own = over.get("checks") if isinstance(over.get("checks"), _Seq) else _Seq(_NOWHERE)
+    own_names = {name: m for item, m in zip(own, own.item_marks) if (name := _name_of(item)) is not None}
+    table = over.get("disable")
+    if isinstance(table, _Map):
+        for name in table:
+            where = table.key_marks[name]
+            if name in own_names:
+                errors.append(SpecError.at(where, ("disable", name), (
+                    f"check {name!r} is both disabled here and written at {_where(own_names[name])}; "
+                    f"delete the check instead")))
+            elif name not in inherited:
+                known = ", ".join(sorted(inherited)) or "none"
+                errors.append(SpecError.at(where, ("disable", name), (
+                    f"disable names {name!r}, which is not an inherited check; inherited: {known}")))
+    for name, m in own_names.items():
+        if name in disabled:
+            errors.append(SpecError.at(m, ("checks", name), (
+                f"check {name!r} was disabled at {_where(disabled.key_marks[name])}; an override cannot "
+                f"bring it back silently: remove that disable entry")))
+    return errors
+
+
+def merge(base: Any, over: Any, top: bool = True, errors: list[SpecError] | None = None) -> Any:
+    """Deep-merge `over` onto `base` (both located): maps merge, steps/checks by name, other lists replace.
+    At the top, `errors` collects the inheritance rules broken (`override`, `disable`)."""
     if not (isinstance(base, _Map) and isinstance(over, _Map)):
         return _copy_marks(over)
+    errors = [] if errors is None else errors
+    if top:
+        errors.extend(_disable_errors(base, over))
     out = _copy_marks(base)
     for k, v in over.items():
-        if k in out and top and k in NAMED_LISTS and isinstance(out[k], _Seq) and isinstance(v, _Seq):
-            merged = _merge_named(out[k], v)
+        if top and k in NAMED_LISTS and isinstance(v, _Seq) and isinstance(out.get(k, _Seq(v.mark)), _Seq):
+            merged = _merge_named(out.get(k, _Seq(v.mark)), v, k, errors)
         elif k in out and isinstance(out[k], _Map) and isinstance(v, _Map):
             merged = merge(out[k], v, top=False)
         else:
             merged = _copy_marks(v)
         out.put(k, merged, over.key_marks[k], over.val_marks[k])
     return out
+
+
+def resolve_likes(doc: _Map) -> list[SpecError]:
+    """`like: other` makes a step a copy of an EARLIER step, merged deeply with what it writes itself
+    (mappings merge, lists replace): a leg written once, reused with one field changed."""
+    steps = doc.get("steps")
+    if not isinstance(steps, _Seq):
+        return []
+    errors = []
+    done: dict[str, _Map] = {}
+    for i, item in enumerate(steps):
+        name = _name_of(item)
+        if isinstance(item, _Map) and "like" in item:
+            ref = item["like"]
+            source = done.get(ref) if isinstance(ref, str) else None
+            if source is None:
+                errors.append(SpecError.at(item.val_marks["like"], ("steps", i, "like"), (
+                    f"like names {ref!r}, which is not an earlier step; earlier steps: "
+                    f"{', '.join(done) or 'none'}")))
+                continue
+            body = _without(item, "like")
+            copied = merge(_without(source, "name"), body, top=False)
+            copied.mark = item.mark
+            steps[i] = item = copied
+        if name is not None and isinstance(item, _Map):
+            done.setdefault(name, item)
+    return errors
 
 
 class _Loader:
@@ -320,10 +420,14 @@ class _Loader:
         own = _copy_marks(doc)
         for k in ("extends", "include"):
             own.pop(k, None)
+        errors = []
         result = base if base is not None else _Map(doc.mark)
         for frag in fragments:  # parent < fragments < this file's own keys
-            result = merge(result, frag)
-        return merge(result, own)
+            result = merge(result, frag, errors=errors)
+        result = merge(result, own, errors=errors)
+        if errors:
+            raise SpecErrors(sorted(errors, key=SpecError.sort_key))
+        return result
 
 
 # --- schema ------------------------------------------------------------------------------------
@@ -457,6 +561,9 @@ def load_spec(path: str | os.PathLike) -> Spec:
     p = Path(path)
     loader = _Loader()
     doc = loader.load(p, (), None)
+    likes = resolve_likes(doc)
+    if likes:
+        raise SpecErrors(likes)
     vals: dict[tuple, Mark] = {}
     keys: dict[tuple, Mark] = {}
     _index_marks(doc, (), vals, keys)

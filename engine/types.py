@@ -4,7 +4,7 @@ the contract is written where it is used rather than only in prose.
 """
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class RunBody(TypedDict, total=False):
@@ -46,6 +46,9 @@ class Check(TypedDict):
     severity: str  # gate | warn
     file: str | None
     line: int | None
+    let: NotRequired[dict[str, str]]  # name -> JMESPath, read as let.<name>
+    disabled: NotRequired[str]  # the reason, when the spec disables this (inherited) check
+    disabled_at: NotRequired[str]  # file:line of that `disable:` entry
 
 
 class CheckResult(TypedDict):
@@ -56,11 +59,12 @@ class CheckResult(TypedDict):
     severity: str
     file: str | None
     line: int | None
-    outcome: str  # PASS | FAIL | NO_DATA | SKIPPED | ERROR
+    outcome: str  # PASS | FAIL | NO_DATA | SKIPPED | ERROR | DISABLED
     value: Any
     missing: list[str]
-    explain: list[list[str]]  # [sub-expression text, its value]
-    reason: str
+    explain: list[list[str]]  # [sub-expression text, its value]; let.<name> values first
+    reason: str  # for DISABLED: where and why it was disabled
+    let: NotRequired[dict[str, str]]
 
 
 class Verdict(TypedDict, total=False):
@@ -68,6 +72,7 @@ class Verdict(TypedDict, total=False):
     outcome: str  # PASS | FAIL | PRECONDITION | INTERRUPTED
     failed: list[str]
     warnings: list[str]
+    disabled: list[str]  # checks the spec disables (never failures), only when there are some
     exit_code: int
     seconds: float
     message: str

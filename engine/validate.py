@@ -5,26 +5,56 @@ one `engine validate` shows the whole list.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from engine import functions
-from engine.plan import command_timeout, default_builtins, mode_names, resolve_step, step_cost
+from engine.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
 from engine.spec import Spec, SpecError
-from engine.values import iter_refs, layer, resolve, unknown_message
+from engine.types import Check
+from engine.values import iter_refs, layer, refs, resolve, unknown_message
 
-# What a check can read: the evidence document minus `checks` and `verdict`.
+# What a check can read: the evidence document minus `checks` and `verdict` (and its own `let`).
 EVIDENCE_ROOTS = ("steps", "state", "values", "mode", "spec")
 
 
+# Every mode looks at the same expressions again (a check reads the same text in smoke and soak):
+# what a text's syntax allows and what it reads depend on the text alone.
+@functools.lru_cache(maxsize=2048)
+def _problems(text: str) -> tuple[str, ...]:
+    return tuple(functions.problems(text))
+
+
+@functools.lru_cache(maxsize=2048)
+def _roots(text: str) -> tuple[tuple[str, ...], ...]:
+    """Field chains `text` reads from the root; raises on a syntax error (reported by _problems)."""
+    return tuple(functions.root_paths(functions.compile_expr(text)))
+
+
+def _check_texts(check: Mapping[str, Any]) -> Iterator[tuple[tuple, str]]:
+    """(path below the check, text) of a check's JMESPath: expr, when, each let."""
+    for key in ("expr", "when"):
+        if isinstance(check.get(key), str):
+            yield (key,), check[key]
+    for name, text in (check.get("let") or {}).items():
+        if isinstance(text, str):
+            yield ("let", name), text
+
+
+def _templated(text: str) -> bool:
+    """A check expression with `${x}` is JMESPath only once spliced: it is checked per mode."""
+    return bool(refs(text))
+
+
 def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
-    """(path, text) of every JMESPath in the spec."""
+    """(path, text) of every JMESPath in the spec, but the checks' templated ones (see `_mode_pass`)."""
     data = spec.data
     for i, c in enumerate(data.get("checks") or []):
-        for key in ("expr", "when"):
-            if isinstance(c.get(key), str):
-                yield ("checks", i, key), c[key]
+        for sub, text in _check_texts(c):
+            if not _templated(text):
+                yield ("checks", i) + sub, text
     for i, s in enumerate(data.get("steps") or []):
         if isinstance(s.get("when"), str):
             yield ("steps", i, "when"), s["when"]
@@ -37,7 +67,7 @@ def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
 
 
 def _compile_errors(spec: Spec) -> list[SpecError]:
-    return [spec.error(path, msg) for path, text in _expressions(spec) for msg in functions.problems(text)]
+    return [spec.error(path, msg) for path, text in _expressions(spec) for msg in _problems(text)]
 
 
 def _unique_names(spec: Spec) -> list[SpecError]:
@@ -48,8 +78,10 @@ def _unique_names(spec: Spec) -> list[SpecError]:
             name = item.get("name")
             if name in first:
                 file, line, _ = spec.locate((section, first[name]))
+                file2, line2, _ = spec.locate((section, i))
                 errors.append(spec.error((section, i, "name"),
-                                         f"duplicate {what} name {name!r} (first at {file}:{line})"))
+                                         f"duplicate {what} name {name!r}: {file}:{line} and {file2}:{line2}; "
+                                         f"rename one (a repeated name would replace the first)"))
             else:
                 first[name] = i
     return errors
@@ -93,8 +125,9 @@ def _harvest_names(step: Mapping[str, Any]) -> set[str]:
     return set(((run.get("output") or {}).get("harvest") or {}))
 
 
-def _reference_errors(spec: Spec) -> list[SpecError]:
-    """Checks read evidence some step produces; step `when` reads known values."""
+def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = None) -> list[SpecError]:
+    """Checks read evidence some step produces (and their own lets); step `when` reads known values.
+    `texts`: the (path, text) pairs to look at, by default every untemplated expression."""
     data = spec.data
     steps: dict[str, Any] = {}
     for s in data.get("steps") or []:
@@ -102,9 +135,9 @@ def _reference_errors(spec: Spec) -> list[SpecError]:
     collects = sorted(n for n, s in steps.items() if "collect" in s)
     values = _value_names(spec)
     errors = []
-    for path, text in _expressions(spec):
+    for path, text in (_expressions(spec) if texts is None else texts):
         try:
-            chains = functions.root_paths(functions.compile_expr(text))
+            chains = _roots(text)
         except Exception:  # noqa: BLE001 - a parse error, already reported by _compile_errors
             continue
         for chain in chains:
@@ -113,10 +146,27 @@ def _reference_errors(spec: Spec) -> list[SpecError]:
                 if chain[0] not in values:
                     msg = f"step condition {text!r} reads {unknown_message(chain[0], values, ref=False)}"
             elif path[0] == "checks":
-                msg = _evidence_problem(chain, steps, collects, values)
+                lets = list((data["checks"][path[1]].get("let") or {}))
+                msg = _let_problem(chain, path, lets) if chain[0] == "let" else \
+                    _evidence_problem(chain, steps, collects, values)
             if msg:
                 errors.append(spec.error(path, msg))
     return errors
+
+
+def _let_problem(chain: tuple[str, ...], path: tuple, lets: list[str]) -> str | None:
+    """`let.<name>` names one of the check's lets; a let reads only the lets written above it."""
+    if len(chain) < 2:
+        return "`let` alone is not a value: read a named sub-expression as let.<name>"
+    name = chain[1]
+    if name not in lets:
+        return f"let.{name}: this check has no let named {name!r}; its lets: {', '.join(lets) or 'none'}"
+    if len(path) >= 4 and path[2] == "let":
+        me = path[3]
+        if lets.index(name) >= lets.index(me):
+            return (f"let.{me} reads let.{name}, which is {'itself' if name == me else 'written after it'}; "
+                    f"a let reads only the lets above it")
+    return None
 
 
 def _evidence_problem(chain: tuple[str, ...], steps: Mapping[str, Any], collects: list[str],
@@ -147,6 +197,160 @@ def _evidence_problem(chain: tuple[str, ...], steps: Mapping[str, Any], collects
     elif root == "values" and name not in values:
         return f"{dotted}: no value named {name!r}; values: {', '.join(sorted(values))}"
     return None
+
+
+# --- what a check can yield ------------------------------------------------------------------------
+
+Types = frozenset[str] | None  # the JMESPath types a node can yield; None: anything (data decides)
+_BOOL: frozenset[str] = frozenset({"boolean"})
+_A_LIST = frozenset({"array", "null"})
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object", type(None): "null"}.get(type(value), "any")
+
+
+def _field_chain(node: dict) -> tuple[str, ...] | None:
+    """`a.b.c` -> ("a", "b", "c"); None unless the node is exactly a chain of plain fields."""
+    if node["type"] == "field":
+        return (node["value"],)
+    if node["type"] == "subexpression":
+        parts: tuple[str, ...] = ()
+        for kid in node["children"]:
+            sub = _field_chain(kid)
+            if sub is None:
+                return None
+            parts += sub
+        return parts
+    return None
+
+
+def _types(node: dict, values: Mapping[str, Any], lets: Mapping[str, Types]) -> Types:
+    """What a node can yield, from the AST alone: literals, operators, functions' return types, and the
+    values (known per mode) and lets it reads; None where only the data can tell."""
+    kind, kids = node["type"], node.get("children", [])
+    if kind == "literal":
+        return frozenset({_json_type(node["value"])})
+    if kind == "comparator":  # JMESPath's ordering of non-numbers is null, equality always a boolean
+        return _BOOL if node["value"] in ("eq", "ne") else frozenset({"boolean", "null"})
+    if kind == "not_expression":
+        return _BOOL
+    if kind in ("and_expression", "or_expression"):  # either operand is what comes out
+        a, b = _types(kids[0], values, lets), _types(kids[1], values, lets)
+        return None if a is None or b is None else a | b
+    if kind == "function_expression":
+        found = functions.returns(node["value"])
+        return None if found is None else frozenset(found)
+    if kind in ("projection", "filter_projection", "value_projection", "flatten", "multi_select_list"):
+        return _A_LIST
+    if kind == "multi_select_dict":
+        return frozenset({"object", "null"})
+    if kind == "expref":
+        return frozenset({"expression"})
+    if kind == "pipe":
+        return _types(kids[1], values, lets)
+    chain = _field_chain(node)
+    if chain is not None:
+        if len(chain) == 2 and chain[0] == "values" and chain[1] in values:
+            return frozenset({_json_type(values[chain[1]])})
+        if len(chain) == 2 and chain[0] == "let":
+            return lets.get(chain[1])
+        return None
+    if kind in ("subexpression", "index_expression") and kids and kids[-1]["type"] not in ("field", "index"):
+        return _types(kids[-1], values, lets)
+    return None
+
+
+_A = {"number": "a number", "string": "a string", "array": "a list", "object": "an object", "null": "null",
+      "boolean": "a boolean", "expression": "an expression reference"}
+
+
+def _what(node: dict, types: frozenset[str]) -> str:
+    shown = " or ".join(_A.get(t, t) for t in sorted(types))
+    kind = node["type"]
+    if kind == "function_expression":
+        return f"{node['value']}() returns {shown}"
+    if kind == "literal":
+        return f"it is a literal ({shown})"
+    if kind in ("projection", "filter_projection", "value_projection", "flatten"):
+        return "a projection yields a list"
+    return f"it yields {shown}"
+
+
+def _bare(node: dict) -> bool:
+    return node["type"] in ("field", "subexpression", "index_expression", "current")
+
+
+def boolean_findings(check: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[list[tuple[tuple, str]],
+                                                                                  list[tuple[tuple, str]]]:
+    """(errors, warnings) as (path below the check, message): an expr or when whose top can never be a
+    boolean would read as a system failure at run time ("got 120, not true"), so it is a spec error; a
+    bare field reference passes only on an exact true, which deserves a word."""
+    lets: dict[str, Types] = {}
+    for name, text in (check.get("let") or {}).items():
+        try:
+            lets[name] = _types(functions.compile_expr(text).parsed, values, lets)
+        except Exception:  # noqa: BLE001 - a parse error is reported on its own
+            lets[name] = None
+    errors, warnings = [], []
+    for key in ("expr", "when"):
+        text = check.get(key)
+        if not isinstance(text, str):
+            continue
+        try:
+            node = functions.compile_expr(text).parsed
+        except Exception:  # noqa: BLE001
+            continue
+        types = _types(node, values, lets)
+        role = "a check passes only on exactly true" if key == "expr" else \
+            "a condition must be exactly true or false"
+        if types is not None and "boolean" not in types:
+            errors.append(((key,), f"{key} {text!r} can never be true: {_what(node, types)}, and {role}; "
+                                   f"compare it (e.g. `... == ...`)"))
+        elif types is None and _bare(node):
+            warnings.append(((key,), f"{key} {text!r} is a bare field reference: it holds only when that field "
+                                     f"is exactly true; compare it (e.g. {text} == `true`) to say so"))
+    return errors, warnings
+
+
+def _unused_lets(check: Mapping[str, Any]) -> list[tuple[tuple, str]]:
+    lets = list(check.get("let") or {})
+    if not lets:
+        return []
+    read: set[str] = set()
+    for sub, text in _check_texts(check):
+        try:
+            chains = _roots(text)
+        except Exception:  # noqa: BLE001
+            continue
+        read |= {c[1] for c in chains if len(c) >= 2 and c[0] == "let" and not (sub[0] == "let" and sub[1] == c[1])}
+    return [(("let", n), f"let.{n} is never read (by expr, when or another let)") for n in lets if n not in read]
+
+
+def _check_findings(spec: Spec, checks: list[Check], values: Mapping[str, Any]
+                    ) -> tuple[list[SpecError], list[SpecError]]:
+    """Per mode: the templated expressions once spliced (syntax, what they read), then what every
+    check can yield. (errors, warnings)."""
+    errors: list[SpecError] = []
+    warnings: list[SpecError] = []
+    raw = spec.data.get("checks") or []
+    spliced = []
+    for i, (check, written) in enumerate(zip(checks, raw)):
+        for sub, text in _check_texts(written):
+            if _templated(text):
+                done = check.get(sub[0]) if len(sub) == 1 else (check.get("let") or {}).get(sub[1])
+                if isinstance(done, str) and not _templated(done):  # else: not spliced, said already
+                    spliced.append((("checks", i) + sub, done))
+        bad, warn = boolean_findings(check, values)
+        errors += [spec.error(("checks", i) + sub, msg) for sub, msg in bad]
+        warnings += [spec.error(("checks", i) + sub, msg) for sub, msg in warn + _unused_lets(check)]
+    errors += [spec.error(path, msg) for path, text in spliced for msg in _problems(text)]
+    errors += _reference_errors(spec, spliced)
+    return errors, warnings
 
 
 def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
@@ -192,12 +396,18 @@ def _budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> Spec
 
 
 def _mode_pass(spec: Spec, mode: str, environ: Mapping[str, str],
-               unknown: dict[tuple, set[str]]) -> list[SpecError]:
-    """Resolve values and every step in one mode; unknown `${x}` go to `unknown` (reported across modes)."""
+               unknown: dict[tuple, set[str]], warnings: list[SpecError]) -> list[SpecError]:
+    """Resolve values, every step and every check in one mode; unknown `${x}` go to `unknown` (reported
+    across modes), warnings to `warnings`."""
     data = spec.data
     defs = layer(data, mode, environ, {}, default_builtins(spec, mode))
     res = resolve(defs, spec.locate)
     errors = list(res.errors)
+    if not res.errors:
+        checks, errs = resolve_checks(spec, res.values)
+        found, warned = _check_findings(spec, checks, res.values)
+        errors += errs + found
+        warnings += warned
     failed = set(defs) - set(res.values)
     costs: list[tuple[str, float]] = []
     complete = not failed
@@ -236,7 +446,14 @@ def _mode_pass(spec: Spec, mode: str, environ: Mapping[str, str],
 
 def validate(spec: Spec, environ: Mapping[str, str] | None = None) -> list[SpecError]:
     """Every semantic problem of a (schema-valid) spec, sorted by location; empty means valid."""
+    return findings(spec, environ)[0]
+
+
+def findings(spec: Spec, environ: Mapping[str, str] | None = None) -> tuple[list[SpecError], list[SpecError]]:
+    """(errors, warnings) of a (schema-valid) spec, each sorted by location. Warnings do not make it
+    invalid: they point at what is legal but easy to misread (a bare field reference, an unused let)."""
     env = os.environ if environ is None else environ
+    warnings: list[SpecError] = []
     errors: list[SpecError] = []
     errors += _unique_names(spec)
     errors += _compile_errors(spec)
@@ -250,9 +467,10 @@ def validate(spec: Spec, environ: Mapping[str, str] | None = None) -> list[SpecE
     modes = mode_names(spec.data) or ["default"]
     unknown: dict[tuple, set[str]] = {}
     for mode in modes:
-        errors += _mode_pass(spec, mode, env, unknown)
+        errors += _mode_pass(spec, mode, env, unknown, warnings)
     for (path, name), in_modes in unknown.items():
         where = "" if len(in_modes) == len(modes) else f" in mode {', '.join(sorted(in_modes))}"
         errors.append(spec.error(path, f"unknown value ${{{name}}}{where}"))
     unique = {str(e): e for e in errors}
-    return sorted(unique.values(), key=SpecError.sort_key)
+    seen = {str(w): w for w in warnings}
+    return sorted(unique.values(), key=SpecError.sort_key), sorted(seen.values(), key=SpecError.sort_key)

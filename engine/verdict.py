@@ -61,12 +61,15 @@ def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
                      if r["outcome"] in FAILING and r.get("severity", "gate") != "warn"]
     warnings = [r["name"] for r in results
                 if r["outcome"] in FAILING and r.get("severity", "gate") == "warn"]
+    disabled = [r["name"] for r in results if r["outcome"] == "DISABLED"]
     seconds = evidence.get("seconds")
     if seconds is None:
         seconds = 0.0
     out: Verdict = {"outcome": "PASS", "failed": failed_steps + failed_checks,
                     "warnings": warnings, "exit_code": int(Exit.PASS),
                     "seconds": round(float(seconds), 1)}
+    if disabled:
+        out["disabled"] = disabled
     precondition = _precondition_failure(evidence, preconditions or {})
     if evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
         out.update(outcome="INTERRUPTED", exit_code=int(Exit.INTERRUPTED))
@@ -92,6 +95,7 @@ def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResu
         results: list[CheckResult] = [
             {**_result_head(check), "outcome": "SKIPPED", "value": None, "missing": [],  # type: ignore[typeddict-item]
              "explain": [], "reason": f"not evaluated: precondition step {blocked} failed"}
+            if not check.get("disabled") else evaluate([check], {})[0]
             for check in plan.checks]
     else:
         results = evaluate(list(plan.checks), evidence, OPTIONS)

@@ -15,7 +15,11 @@ It speaks the subset of the Hub API that the UNMODIFIED ``huggingface_hub`` clie
   verify actions point back at this server (``/__lfs__/...``), the upload URL carries a signature instead of
   the bearer token, like a presigned storage URL
 - ``GET|HEAD /{prefix}{id}/resolve/{rev}/{path}``             ETag, X-Repo-Commit, X-Linked-Etag/Size, Range
+- ``GET /api/{type}s/{id}/lfs-files``, ``POST /api/{type}s/{id}/lfs-files/batch``  list / permanently delete LFS
+  objects (``rewriteHistory`` drops the files that referenced them from every commit)
 - ``POST /api/validate-yaml``, ``GET /api/whoami-v2``
+- ``/api/{type}s/{id}/xet-*``: 501 (this server speaks LFS, not Xet); a ``status`` fault on those paths gives a
+  client with Xet enabled the 4xx that hf_xet turns into ``ConnectionError``
 - errors carry ``X-Error-Code`` (RepoNotFound, EntryNotFound, RevisionNotFound) and ``X-Error-Message`` so
   the client raises its own exception types.
 
@@ -27,8 +31,11 @@ driving a subprocess can arm them): ``status`` (any code, e.g. 429 with Retry-Af
 (412), ``reset`` (connection reset while the request body is being received), ``lost_response`` (the request
 is fully processed, e.g. a commit lands, then the connection drops without a response), ``truncate`` (a
 download is cut mid-file: ``mode="close"`` keeps the full Content-Length and closes early, ``mode="short"``
-declares and sends a shortened body) and ``corrupt`` (after a commit lands, the stored bytes of the added
-files matching ``file_pattern`` are changed while every piece of metadata keeps the uploaded hash). A fault
+declares and sends a shortened body), ``truncate_upload`` (storage receives only the first half of an LFS
+upload's body, as behind a proxy that cut it, and rejects it with its own 400) and ``corrupt`` (after a commit
+lands, the stored bytes of the added files matching ``file_pattern`` are changed while every piece of metadata
+keeps the uploaded hash). LFS objects are content-addressed and never replaced by an upload of the same oid,
+like the Hub's: a corrupt object stays until it is permanently deleted. A fault
 fires on the ``nth`` matching request and the ``times - 1`` matching requests after it.
 :meth:`HubServer.corrupt` changes a stored file directly.
 """
@@ -60,7 +67,7 @@ _URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 DEFAULT_LFS_PATTERNS = ("*.safetensors", "*.pt", "*.pth", "*.bin", "*.ckpt", "*.h5", "*.onnx", "*.npy", "*.npz",
                         "*.pkl", "*.zip", "*.gz", "*.tar", "*.parquet", "*.arrow")
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in DEFAULT_LFS_PATTERNS).encode()
-FAULT_KINDS = ("status", "conflict", "reset", "lost_response", "truncate", "corrupt")
+FAULT_KINDS = ("status", "conflict", "reset", "lost_response", "truncate", "truncate_upload", "corrupt")
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -176,7 +183,7 @@ class HubServer:
         self._lock = threading.RLock()
         self._secret = uuid.uuid4().bytes     # signs LFS upload URLs
         self._counter = 0
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
+        self._httpd = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -296,6 +303,16 @@ class HubServer:
         if size == 0:
             return False
         return size >= self.lfs_threshold or any(_glob_match(p, path) for p in self.lfs_patterns)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client killed mid-request (the kill tests do it on purpose) resets its connection: not a server error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
@@ -503,6 +520,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         m = re.match(r"^commits/([^/]+)$", rest)
         if m and method == "GET":
             return self._commits(repo, unquote(m.group(1)))
+        if rest == "lfs-files" and method == "GET":
+            return self._lfs_files(repo)
+        if rest == "lfs-files/batch" and method == "POST":
+            return self._lfs_files_delete(repo)
         self._read_body()
         raise _Reply(404, f"test hub server: no route for {method} /api/{repo_type}s/{repo_id}/{rest}")
 
@@ -774,6 +795,29 @@ class _HubHandler(BaseHTTPRequestHandler):
                       "authors": [{"user": c.author, "avatar": None}]} for c in chain])
 
     # --------------------------------------------------------------------------------- LFS
+    def _lfs_files(self, repo: Repo) -> None:
+        self._need_write_auth()
+        with repo.lock:
+            seen: dict[str, dict[str, Any]] = {}
+            for c in repo.commits:
+                for path, e in c.tree.items():
+                    if e.lfs_sha256 is not None and e.lfs_sha256 in repo.blobs:
+                        seen.setdefault(e.lfs_sha256, {"fileOid": e.lfs_sha256, "oid": e.oid, "filename": path,
+                                                       "pushedAt": c.date, "ref": "main", "size": e.size})
+        self._paged(list(seen.values()))
+
+    def _lfs_files_delete(self, repo: Repo) -> None:
+        self._need_write_auth()
+        deletions = self._json_body().get("deletions") or {}
+        shas, rewrite = set(deletions.get("sha") or []), bool(deletions.get("rewriteHistory"))
+        with repo.lock:
+            for sha in shas:
+                repo.blobs.pop(sha, None)
+            if rewrite:
+                for c in repo.commits:
+                    c.tree = {p: e for p, e in c.tree.items() if e.lfs_sha256 not in shas}
+        self._send(204)
+
     def _lfs_batch(self, repo_type: str, repo_id: str) -> None:
         repo = self._get_repo(repo_type, repo_id)
         self._need_write_auth()
@@ -804,6 +848,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             oid, size = m.group(3), int(m.group(4))
             sig = self._query.get("sig", [""])[0]
             data = self._read_body()
+            if self._fault is not None and self._fault.kind == "truncate_upload":
+                data = data[: len(data) // 2]
             if not hmac.compare_digest(sig, self.hub._sign(oid)):
                 raise _Reply(403, "bad upload signature")
             if len(data) != size or hashlib.sha256(data).hexdigest() != oid:
@@ -835,6 +881,9 @@ class _HubHandler(BaseHTTPRequestHandler):
             entry = commit.tree.get(path)
             if entry is None:
                 raise _Reply(404, f"Entry not found: {path}", code="EntryNotFound", headers={
+                    "X-Repo-Commit": commit.oid})
+            if entry.key not in repo.blobs:
+                raise _Reply(404, f"the LFS object of {path} was permanently deleted", headers={
                     "X-Repo-Commit": commit.oid})
             data = bytes(repo.blobs[entry.key])
         headers = {"X-Repo-Commit": commit.oid, "Accept-Ranges": "bytes"}

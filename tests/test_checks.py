@@ -98,14 +98,39 @@ def test_quoted_keys_in_missing_paths():
     assert r["missing"] == ['steps.leg1.harvest.run_json.losses."15"']
 
 
-def test_when_not_exactly_true_skips_and_shows_the_condition():
+def test_only_an_exact_false_when_skips():
     r = _one("values.stop1 == `99`", when="values.gate_peak")
     assert r["outcome"] == "SKIPPED"
     assert r["reason"] == "when `values.gate_peak` was false"
-    r = _one("values.stop1 == `99`", when="values.nothing")
-    assert r["outcome"] == "SKIPPED"
-    assert "values.nothing is missing" in r["reason"]
     assert _one("values.stop1 == `10`", when="values.stop1 == `10`")["outcome"] == "PASS"
+
+
+def test_when_over_absent_data_is_no_data_and_fails_the_verdict():
+    """A gate whose condition reads a fact the run never reported must not be skipped: it would
+    turn into a pass by the absence of the very data it guards."""
+    evidence = _evidence()
+    r = _one("values.stop1 == `99`", when="values.nothing", evidence=evidence)
+    assert r["outcome"] == "NO_DATA"
+    assert r["missing"] == ["values.nothing"]
+    assert r["reason"] == "when `values.nothing`: no data: values.nothing is missing"
+    # Even when the condition's value would happen to be true (a projection drops the miss).
+    r = _one("`true`", when="length(steps.*.harvest.run_json.nope) == `0`", evidence=evidence)
+    assert r["outcome"] == "NO_DATA"
+    # Absent data fed to a typed function in the condition: NO_DATA, not an ERROR about types.
+    r = _one("`true`", when="length(state.hub.nothing) > `0`", evidence=evidence)
+    assert (r["outcome"], r["missing"]) == ("NO_DATA", ["state.hub.nothing"])
+    v = verdict(evidence, [r])
+    assert (v["outcome"], v["failed"]) == ("FAIL", ["c"])
+
+
+@pytest.mark.parametrize("when, shown", [
+    ("values.stop1", "10"), ("steps.leg1.harvest.run_json.val_ppl", "null"), ("'false'", '"false"'),
+    ("state.hub.checkpoints", "[10,20]"),
+])
+def test_when_that_is_not_a_boolean_is_an_error(when, shown):
+    r = _one("`true`", when=when)
+    assert r["outcome"] == "ERROR"
+    assert r["reason"] == f"when `{when}` gave {shown}, not true or false"
 
 
 def test_expression_raising_is_error_with_the_message():

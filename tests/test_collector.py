@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -127,3 +128,34 @@ def test_hub_state_over_the_hub_backend_reports_lfs_hashes(hub_store, tmp_path):
     assert doc["sha256"]["ckpt/checkpoint-10/model.safetensors"] == files["model.safetensors"]
     assert doc["sha256"]["latest.json"] is None                     # small file: no LFS hash on the Hub
     assert doc["pointer"]["path_in_repo"] == "ckpt/checkpoint-10"
+
+
+def test_hash_stored_bytes_sees_an_object_damaged_after_its_upload(tmp_path):
+    """The listing repeats the hash recorded at commit (as the Hub's LFS metadata does at upload): a stored
+    object damaged later still lists as intact. Only reading the bytes back shows it."""
+    url = f"file://{tmp_path}/o/run"
+    store = open_store(url)
+    store.create()
+    recorded = checkpoint_dir(tmp_path / "l", 10)
+    Checkpointer(store, log=lambda _l: None).push(10, tmp_path / "l", recorded, tokens=10, config_hash="c")
+    clean = collect({"repo": url, "hash_stored_bytes": True}, {})
+    assert clean["pointer_target_sha256_stored"] == clean["pointer"]["files"] == recorded
+    assert "pointer_target_sha256_stored" not in collect({"repo": url}, {})   # off by default: no download
+
+    sha = recorded["model.safetensors"]
+    (obj,) = [p for p in (tmp_path / "o").rglob(sha) if p.is_file()]
+    obj.chmod(0o644)
+    obj.write_bytes(b"bit rot")
+    damaged = collect({"repo": url, "hash_stored_bytes": True}, {})
+    assert damaged["pointer_target_sha256"] == recorded                    # the listing: still as recorded
+    assert damaged["pointer_target_sha256_stored"]["model.safetensors"] == \
+        hashlib.sha256(b"bit rot").hexdigest()
+    assert {k: v for k, v in damaged["pointer_target_sha256_stored"].items() if k != "model.safetensors"} == \
+        {k: v for k, v in recorded.items() if k != "model.safetensors"}
+
+
+def test_hash_stored_bytes_must_be_a_boolean_and_unknown_args_are_refused():
+    with pytest.raises(ValueError, match="hash_stored_bytes must be true or false"):
+        collect({"repo": "file:///tmp/o/x", "hash_stored_bytes": "yes"}, {})
+    with pytest.raises(ValueError, match="unknown args hash_stored_byte; it takes repo, hash_stored_bytes"):
+        collect({"repo": "file:///tmp/o/x", "hash_stored_byte": True}, {})

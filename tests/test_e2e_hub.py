@@ -44,8 +44,10 @@ def hub_env(server: HubServer) -> dict[str, str]:
 
 
 def titles(server: HubServer, repo_id: str) -> list[str]:
-    """Commit titles on main, oldest first, without the per-commit unique marker."""
-    return [MARKER_SUFFIX.sub("", c.title) for c in server.repo(repo_id).commits]
+    """Commit titles on main, oldest first, without the per-commit unique marker and the writers' lease commits
+    (a run of two legs takes and releases the lease twice)."""
+    return [t for t in (MARKER_SUFFIX.sub("", c.title) for c in server.repo(repo_id).commits)
+            if not t.startswith("lease ")]
 
 
 def stored_sha(server: HubServer, repo_id: str, path: str) -> str:
@@ -65,11 +67,12 @@ def settled_by_reading_back(server: HubServer, repo_id: str, start: int) -> int:
 
 def assert_lost_answer_was_the_checkpoint_commit(server: HubServer, repo_id: str, start: int, step: int,
                                                  dest: str, output: str) -> None:
-    """The first commit request at or after log index `start` is the one whose answer was lost; it is the commit
-    of checkpoint `step` (the history holds it once), and the trainer reported that commit's revision."""
+    """The second commit request at or after log index `start` (the first takes the lease) is the one whose answer
+    was lost; it is the commit of checkpoint `step` (the history holds it once), and the trainer reported that
+    commit's revision."""
     commit_posts = [r for r in server.log[start:] if r["method"] == "POST"
                     and r["path"] == f"/api/datasets/{repo_id}/commit/main"]
-    assert commit_posts and commit_posts[0]["fault"] == "lost_response", commit_posts[:3]
+    assert [r["fault"] for r in commit_posts[:2]] == [None, "lost_response"], commit_posts[:3]
     title = f"checkpoint step {step} -> {dest}"
     landed = [c for c in server.repo(repo_id).commits if MARKER_SUFFIX.sub("", c.title) == title]
     assert len(landed) == 1, titles(server, repo_id)
@@ -274,7 +277,8 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     commit = rf"^/api/datasets/{repo_path}/commit/main$"
     n_log = len(hub_server.log)
     # Faults are matched in the order they are armed; a request taken by one is not counted by the later ones.
-    lost = hub_server.inject("lost_response", commit, method="POST", nth=1)     # checkpoint-2's commit lands, answer lost
+    # The first commit takes the lease; the second is checkpoint-2's: it lands, its answer is lost.
+    lost = hub_server.inject("lost_response", commit, method="POST", nth=2)
     s503 = hub_server.inject("status", commit, method="POST", status=503, nth=2)
     s429 = hub_server.inject("status", commit, method="POST", status=429, retry_after=1, nth=3)
     reset = hub_server.inject("reset", rf"^/__lfs__/upload/datasets/{repo_path}/", method="PUT", nth=4)
@@ -303,7 +307,7 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     n_log = len(hub_server.log)
     trunc = hub_server.inject("truncate", rf"/datasets/{repo_path}/resolve/[^/]+/ckpt/checkpoint-4/model\.safetensors",
                               method="GET", nth=1)
-    lost2 = hub_server.inject("lost_response", commit, method="POST", nth=1)   # checkpoint-6's commit
+    lost2 = hub_server.inject("lost_response", commit, method="POST", nth=2)   # checkpoint-6's (after the lease)
     leg2 = train(faulted_id, tmp_path / "out", 0, tmp_path / "tlogs2")
     assert leg2.rc == 0 and leg2.run_json is not None, leg2.explain()
     assert leg2.run_json["resumed_from_step"] == STOP and leg2.run_json["first_step"] == STOP + 1
@@ -321,6 +325,9 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     assert stored_sha(hub_server, faulted_id, "final/model.safetensors") == clean_final
     for step in range(PUSH_EVERY, STEPS + 1, PUSH_EVERY):
         path = f"ckpt/checkpoint-{step}/model.safetensors"
+        assert stored_sha(hub_server, faulted_id, path) == stored_sha(hub_server, clean_id, path), path
+    # The retries' jittered backoff never touched the training RNG: every rank's RNG state is the clean run's.
+    for path in (f"ckpt/checkpoint-{STEPS}/rng.pt", "final/rng.pt"):
         assert stored_sha(hub_server, faulted_id, path) == stored_sha(hub_server, clean_id, path), path
     pointer = json.loads(hub_server.files(faulted_id)["latest.json"])
     assert pointer["step"] == STEPS and pointer["terminal"] is True and pointer["path_in_repo"] == "final"

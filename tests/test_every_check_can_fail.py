@@ -145,13 +145,20 @@ def val(doc: dict, name: str) -> Any:
     return doc["values"][name]
 
 
-def _drop_checkpoint(state: dict, step: int) -> None:
-    """The store lost ckpt/checkpoint-<step>/ (pruned too far): gone from the list and the listing."""
+def _drop_checkpoint(state: dict, step: int) -> bool:
+    """The store lost ckpt/checkpoint-<step>/ (pruned too far): gone from the list and the listing, and
+    from what the collector found under the pointer's target when it was that. Returns whether it was."""
     prefix = f"ckpt/checkpoint-{step}/"
     assert step in state["checkpoints"], (step, state["checkpoints"])
     state["checkpoints"] = [c for c in state["checkpoints"] if c != step]
     state["files"] = [f for f in state["files"] if not f.startswith(prefix)]
     state["sha256"] = {k: v for k, v in state["sha256"].items() if not k.startswith(prefix)}
+    target = state["pointer"]["path_in_repo"] == prefix[:-1]
+    if target:
+        for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
+            if key in state:
+                state[key] = {n: None for n in state[key]}
+    return target
 
 
 def _torn_model_file(state: dict) -> None:
@@ -162,6 +169,28 @@ def _torn_model_file(state: dict) -> None:
     assert pointer["files"]["model.safetensors"] != bad
     state["pointer_target_sha256"]["model.safetensors"] = bad
     state["sha256"][f"{pointer['path_in_repo']}/model.safetensors"] = bad
+    if "pointer_target_sha256_stored" in state:  # p4_soak's collector read the bytes back too
+        state["pointer_target_sha256_stored"]["model.safetensors"] = bad
+
+
+def _lose_files(state: dict, directory: str, names: tuple[str, ...]) -> bool:
+    """The store lost these files of `directory` (a prune gone too far, a bad commit): gone from the
+    listing, and, when the directory is the pointer's target, missing from what the collector found
+    there. Returns whether it was the pointer's target."""
+    gone = {f"{directory}/{n}" for n in names}
+    assert gone <= set(state["files"]), (gone, state["files"])
+    state["files"] = [f for f in state["files"] if f not in gone]
+    state["sha256"] = {k: v for k, v in state["sha256"].items() if k not in gone}
+    target = state["pointer"]["path_in_repo"] == directory
+    if target:
+        for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
+            if key in state:
+                state[key].update({n: None for n in names if n in state[key]})
+    return target
+
+
+# Checks that read what the store holds under the pointer's target: they flip with it.
+TARGET_READERS_AFTER_LEG1 = {"pointer_target_complete_after_leg1": "FAIL", "pointer_targets_read_back_intact": "FAIL"}
 
 
 # ------------------------------------------------------------------ the tamper cases
@@ -170,9 +199,10 @@ def _torn_model_file(state: dict) -> None:
 class Tamper:
     """One realistic way the check's fact is false. `also`: checks that read the very same fact
     and therefore flip with it, with the outcome they must have (only those present in the spec
-    under test are expected)."""
+    under test are expected); `apply` may return more of them when that depends on the bundle
+    (a damaged checkpoint directory that is, in one spec, the pointer's target)."""
     fact: str
-    apply: Callable[[dict], None]
+    apply: Callable[[dict], Mapping[str, str] | None]
     also: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -184,8 +214,10 @@ def _leg1_reported_horizon(d: dict) -> None:
     run_json(d, "leg1")["segment_stop"] = False
 
 
-def _leg1_checkpoint_missing(d: dict) -> None:
-    _drop_checkpoint(hub(d, "hub_after_leg1"), val(d, "push_every"))
+def _leg1_checkpoint_missing(d: dict) -> Mapping[str, str]:
+    # In the smoke the first push is also the stop: the pointer's target went with it.
+    target = _drop_checkpoint(hub(d, "hub_after_leg1"), val(d, "push_every"))
+    return {**TARGET_READERS_AFTER_LEG1, "checkpoints_complete_after_leg1": "FAIL"} if target else {}
 
 
 def _leg1_pointer_stale(d: dict) -> None:
@@ -401,38 +433,125 @@ def _leg2_repeated_a_step(d: dict) -> None:
     run_json(d, "leg2")["losses"][str(val(d, "last_verified_step"))] = 5.0
 
 
-LEG2_LOSS_READERS = {"no_nan_and_loss_moved": "FAIL", "loss_at_horizon_below_step_one": "FAIL"}
+def _leg1_nan_mid_run(d: dict) -> None:
+    # A NaN in the middle of leg 1, recovered from: the final loss is finite, only the count says it.
+    leg1 = run_json(d, "leg1")
+    leg1["losses"][str(val(d, "stop1") // 2)] = None
+    leg1["nonfinite_losses"] = 1
+
+
+def _leg2_nan_mid_run(d: dict) -> None:
+    leg2 = run_json(d, "leg2")
+    first = leg2["first_step"]
+    leg2["losses"][str((first + val(d, "steps")) // 2)] = None
+    leg2["nonfinite_losses"] = 1
+
+
+def _leg1_pointer_names_no_weights(d: dict) -> None:
+    # A pointer written from a partial file list: the weights are not among the files it names, so
+    # the collector (which looks up what the pointer names) has no hash for them either.
+    state = hub(d, "hub_after_leg1")
+    del state["pointer"]["files"]["model.safetensors"]
+    for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
+        state.get(key, {}).pop("model.safetensors", None)
+
+
+def _leg1_target_lost_its_weights(d: dict) -> Mapping[str, str]:
+    state = hub(d, "hub_after_leg1")
+    _lose_files(state, state["pointer"]["path_in_repo"], ("model.safetensors",))
+    return {"checkpoints_complete_after_leg1": "FAIL", "pointer_targets_read_back_intact": "FAIL"}
+
+
+def _leg1_oldest_checkpoint_kept_only_its_state(d: dict) -> Mapping[str, str]:
+    # Pruning that went too far: the oldest checkpoint lists, but holds only trainer_state.json.
+    state = hub(d, "hub_after_leg1")
+    oldest = f"ckpt/checkpoint-{min(state['checkpoints'])}"
+    names = tuple(n for n in ("model.safetensors", "config.json", "optimizer.pt", "rng.pt")
+                  if f"{oldest}/{n}" in state["files"])
+    return TARGET_READERS_AFTER_LEG1 if _lose_files(state, oldest, names) else {}
+
+
+def _leg1_newest_checkpoint_lost_optimizer_state(d: dict) -> Mapping[str, str]:
+    state = hub(d, "hub_after_leg1")
+    newest = f"ckpt/checkpoint-{max(state['checkpoints'])}"
+    return TARGET_READERS_AFTER_LEG1 if _lose_files(state, newest, ("optimizer.pt", "rng.pt")) else {}
+
+
+def _horizon_first_checkpoint_kept_only_its_state(d: dict) -> None:
+    _lose_files(hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'push_every')}",
+                ("model.safetensors", "config.json"))
+
+
+def _horizon_newest_checkpoint_lost_optimizer_state(d: dict) -> None:
+    # The pointer names final/ at the horizon: the newest ckpt/ directory must keep its state anyway.
+    _lose_files(hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'steps')}", ("optimizer.pt", "rng.pt"))
+
+
+def _final_lost_its_rng_state(d: dict) -> None:
+    assert _lose_files(hub(d, "hub_after_leg2"), "final", ("rng.pt",))
+
+
+def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        # The bytes under the pointer's target changed after the upload: the listing still gives the
+        # hash recorded then, only reading the bytes back shows it.
+        state = hub(d, state_name)
+        state["pointer_target_sha256_stored"]["model.safetensors"] = hashlib.sha256(b"bit rot").hexdigest()
+    return apply
+
+
+LEG2_LOSS_READERS = {"loss_at_horizon_below_step_one": "FAIL"}
+READ_BACK = {"pointer_targets_read_back_intact": "FAIL"}
 
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_common (all three specs)
-    "leg2_resumed_and_finished": (
+    "final_leg_reached_the_horizon": (
         Tamper("leg 2 stopped one step before the horizon", _leg2_stopped_one_step_early),),
-    "leg2_was_not_a_segment": (
+    "final_leg_was_not_a_segment": (
         Tamper("leg 2 reported a segment boundary", _leg2_reported_a_segment),),
-    "leg2_pushed_final": (
-        Tamper("final/ never reached the store", _final_not_pushed),),
+    "final_pushed": (
+        # The pointer still names final/: the retention check finds its target's files gone too.
+        Tamper("final/ never reached the store", _final_not_pushed,
+               also={"checkpoints_complete_at_horizon": "FAIL"}),),
     "all_steps_present": (
         Tamper("the first push interval was pruned from ckpt/", _first_checkpoint_pruned),),
-    "leg2_pointer_terminal": (
+    "pointer_terminal_at_horizon": (
         Tamper("the horizon pointer is not terminal", _horizon_pointer_not_terminal),
         Tamper("the horizon pointer is one push stale", _horizon_pointer_stale),
         Tamper("the horizon pointer names ckpt/ instead of final/", _horizon_pointer_names_a_ckpt),),
     "pointer_hashes_match_listing": (
-        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn),),
+        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn, also=READ_BACK),),
+    "pointer_target_complete_after_leg1": (
+        Tamper("the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target,
+               also=READ_BACK),
+        Tamper("the pointer after leg 1 does not name the weights", _leg1_pointer_names_no_weights),
+        Tamper("the pointer's target after leg 1 lost its weights", _leg1_target_lost_its_weights),),
+    "checkpoints_complete_after_leg1": (
+        Tamper("the oldest checkpoint after leg 1 kept only its trainer state",
+               _leg1_oldest_checkpoint_kept_only_its_state),
+        Tamper("the newest checkpoint after leg 1 lost optimizer.pt and rng.pt",
+               _leg1_newest_checkpoint_lost_optimizer_state),),
+    "checkpoints_complete_at_horizon": (
+        Tamper("the first checkpoint kept only its trainer state", _horizon_first_checkpoint_kept_only_its_state),
+        Tamper("the newest ckpt/ directory lost optimizer.pt and rng.pt (the pointer names final/)",
+               _horizon_newest_checkpoint_lost_optimizer_state),
+        Tamper("final/ lost rng.pt", _final_lost_its_rng_state,
+               also={"pointer_hashes_match_listing": "FAIL", **READ_BACK}),),
     "params_are_the_expected_model": (
         Tamper("leg 2 trained another geometry", _leg2_wrong_geometry),),
-    "leg2_validation_actually_ran": (
+    "final_leg_validation_actually_ran": (
         Tamper("validation skipped on leg 2", _leg2_validation_skipped),
         Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error),),
-    # p4_segment's tokens_match_the_arithmetic also compares leg 2's tokens: it must fail too.
     "horizon_tokens_match_the_arithmetic": (
-        Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short,
-               also={"tokens_match_the_arithmetic": "FAIL"}),),
-    # p4_segment's loss checks read leg 2's final loss too.
-    "leg2_loss_finite_and_below_ceiling": (
+        Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short),),
+    # p4_segment's loss check reads leg 2's final loss too; the count flips with a null loss.
+    "final_loss_finite_and_below_ceiling": (
         Tamper("leg 2 ended on a NaN loss (JSON NaN)", _leg2_nan_literal, also=LEG2_LOSS_READERS),
         Tamper("leg 2 ended on a non-finite loss (null, as the trainer writes it)",
-               _leg2_nan_as_the_trainer_writes_it, also=LEG2_LOSS_READERS),),
+               _leg2_nan_as_the_trainer_writes_it,
+               also={**LEG2_LOSS_READERS, "final_leg_had_no_nonfinite_loss": "FAIL"}),),
+    "final_leg_had_no_nonfinite_loss": (
+        Tamper("a NaN in the middle of leg 2, recovered from (final loss finite)", _leg2_nan_mid_run),),
     # ---- p4_segment (p4_smoke, p4_soak)
     "leg1_stopped_at_the_stop_step": (
         Tamper("leg 1 stopped one step late", _leg1_one_step_late),),
@@ -448,7 +567,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 2 started fresh", _leg2_fresh_start),),
     "leg2_continues_leg1_trajectory": (
         Tamper("leg 2's first loss jumped 50 % above leg 1's last", _leg2_first_loss_jumped),),
-    "tokens_match_the_arithmetic": (
+    "tokens_at_the_stop_match_the_arithmetic": (
         Tamper("leg 1 consumed one step's tokens too few", _leg1_tokens_one_step_short),),
     "params_are_the_frozen_model": (
         Tamper("leg 1 trained another geometry", _leg1_wrong_geometry),),
@@ -458,18 +577,25 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 1 ran validation", _leg1_validated),
         Tamper("leg 1 reports a perplexity although it skipped validation",
                _leg1_ppl_without_validation),),
-    "no_nan_and_loss_moved": (
+    "leg1_loss_finite_and_below_ceiling": (
         Tamper("leg 1 ended on a loss spike above ln(vocab)", _leg1_ended_on_a_spike),
         # The trajectory check compares leg 2's first loss with leg 1's final loss: it cannot
         # hold when that loss is not a number, and says so by failing (is_finite guard).
         Tamper("leg 1 ended on a non-finite loss (null, as the trainer writes it)",
                _leg1_nan_as_the_trainer_writes_it,
-               also={"leg2_continues_leg1_trajectory": "FAIL"}),),
+               also={"leg2_continues_leg1_trajectory": "FAIL", "leg1_had_no_nonfinite_loss": "FAIL"}),),
+    "leg1_had_no_nonfinite_loss": (
+        Tamper("a NaN in the middle of leg 1, recovered from (final loss finite)", _leg1_nan_mid_run),),
     "loss_at_horizon_below_step_one": (
         Tamper("leg 2's loss at the horizon is only 5 % below step 1's", _leg2_loss_barely_moved),),
     # ---- p4_soak
     "peak_memory_during_training_below_gate": (
         Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),),
+    "pointer_targets_read_back_intact": (
+        Tamper("an object under the horizon pointer's target was damaged after its upload",
+               _stored_object_damaged_after_upload("hub_after_leg2")),
+        Tamper("an object under leg 1's pointer target was damaged after its upload",
+               _stored_object_damaged_after_upload("hub_after_leg1")),),
     "collector_never_stalled_a_step": (
         Tamper("a full garbage collection stopped leg 1 for 0.62 s", _leg1_collector_stalled),
         Tamper("leg 2's longest full collection took exactly the 0.1 s gate", _leg2_collector_stalled_just_at_the_gate),),
@@ -482,8 +608,6 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 1 printed a RUN_JSON: the kill came after the run ended", _leg1_ran_to_the_end),),
     "pointer_never_named_the_unfinished_checkpoint": (
         Tamper("the pointer names the checkpoint whose push was killed", _pointer_moved_before_verify),),
-    "pointer_target_intact_after_kill": (
-        Tamper("the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target),),
     "leg2_resumed_from_last_verified": (
         Tamper("leg 2 resumed from the half-pushed checkpoint", _leg2_resumed_from_half_pushed),
         Tamper("leg 2 started fresh", _leg2_fresh_start),),
@@ -623,19 +747,19 @@ def test_tampered_fact_fails_exactly_its_check(stem: str, name: str, index: int,
     bundle = copy_bundle(stem, tmp_path)
     doc = read_evidence(bundle)
     before = copy.deepcopy(doc)
-    tamper.apply(doc)
+    more = tamper.apply(doc) or {}
     assert doc != before, f"tamper {tamper.fact!r} changed nothing"
     write_evidence(bundle, doc)
 
     got = engine_check(stem, bundle, capsys)
 
-    expected = {name: "FAIL", **{n: o for n, o in tamper.also.items() if n in check_names(stem)}}
+    expected = {name: "FAIL", **{n: o for n, o in {**tamper.also, **more}.items() if n in check_names(stem)}}
     expected_fail = set(expected)
     flipped = {n: o for n, o in got.outcomes.items() if o != baselines[stem][n]}
     assert flipped == expected, f"{tamper.fact}: expected {expected} to flip, got {flipped}"
     for failed in expected_fail:
         result = got.result(failed)
-        assert result["missing"] == [], result["missing"]
+        assert (result["missing"] == []) == (expected[failed] != "NO_DATA"), result["missing"]
     # The intended check says what it saw: a false (or non-true) value, with its operands.
     mine = got.result(name)
     assert mine["value"] is not True
@@ -722,6 +846,21 @@ def _paths(expr: str | None) -> set[str]:
     return set(_PATH.findall(expr or ""))
 
 
+def _read_paths(check: Mapping[str, Any], key: str) -> set[str]:
+    """Evidence paths `check[key]` reads, through its lets: `let.store.files` with `store:
+    "state.hub_after_leg1"` reads state.hub_after_leg1.files."""
+    lets = dict(check.get("let") or {})
+    plain = {n: t for n, t in lets.items() if re.fullmatch(r"[A-Za-z_][\w.]*", t)}
+
+    def expand(text: str | None) -> str:
+        for name, target in plain.items():
+            text = re.sub(rf"\blet\.{name}\b", target, text or "")
+        return text or ""
+
+    texts = [check.get(key)] + (list(lets.values()) if key == "expr" else [])
+    return set().union(*(_paths(expand(t)) for t in texts))
+
+
 def _reads(path: str, deleted: str) -> bool:
     return path == deleted or path.startswith(deleted + ".")
 
@@ -731,7 +870,7 @@ def _deletions(stem: str) -> list[str]:
     the harvested RUN_JSON): each is deleted in turn."""
     out: set[str] = set()
     for check in _checks(stem):
-        for path in _paths(check["expr"]) | _paths(check["when"]):
+        for path in _read_paths(check, "expr") | _read_paths(check, "when"):
             parts = path.split(".")
             out.add(path)
             if parts[0] in ("steps", "state"):
@@ -790,13 +929,16 @@ def test_missing_data_is_no_data(stem: str, deleted: str, tmp_path: Path,
         name = check["name"]
         base = baselines[stem][name]
         result = got.result(name)
-        in_when = any(_reads(p, deleted) for p in _paths(check["when"]))
-        in_expr = any(_reads(p, deleted) for p in _paths(check["expr"]))
-        if base == "SKIPPED" or in_when:
-            # A `when` that cannot be read (or was false) skips the check; the reason says why.
-            assert result["outcome"] == "SKIPPED", (name, result)
-            if in_when:
-                assert f"no data ({deleted} is missing)" in result["reason"], result["reason"]
+        in_when = any(_reads(p, deleted) for p in _read_paths(check, "when"))
+        in_expr = any(_reads(p, deleted) for p in _read_paths(check, "expr"))
+        if in_when:
+            # A `when` that cannot be read does not skip the gate: its data is missing.
+            affected.add(name)
+            assert result["outcome"] == "NO_DATA", (name, result)
+            assert result["reason"] == f"when `{check['when']}`: no data: {result['missing'][0]} is missing"
+            assert all(_reads(m, deleted) for m in result["missing"]), result["missing"]
+        elif base == "SKIPPED":
+            assert result["outcome"] == "SKIPPED", (name, result)  # `when` false: nothing is read
         elif in_expr:
             affected.add(name)
             assert _missing_outcome_ok(name, result), (name, result["outcome"], result["reason"])
@@ -847,9 +989,10 @@ def test_leg_without_run_json_is_no_data_for_every_reader(tmp_path: Path,
     write_evidence(bundle, doc)
     got = engine_check("p4_smoke", bundle, capsys)
     readers = {c["name"] for c in _checks("p4_smoke")
-               if any(_reads(p, "steps.leg2.harvest.run_json") for p in _paths(c["expr"]))}
-    assert readers >= {"leg2_resumed_and_finished", "tokens_match_the_arithmetic",
-                       "leg2_validation_actually_ran", "loss_at_horizon_below_step_one"}
+               if any(_reads(p, "steps.leg2.harvest.run_json") for p in _read_paths(c, "expr"))}
+    assert readers >= {"final_leg_reached_the_horizon", "horizon_tokens_match_the_arithmetic",
+                       "final_leg_validation_actually_ran", "loss_at_horizon_below_step_one",
+                       "final_leg_had_no_nonfinite_loss", "leg2_continues_leg1_trajectory"}
     not_pass = {n: o for n, o in got.outcomes.items() if o != baselines["p4_smoke"][n]}
     assert set(not_pass) == readers
     for name in readers:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SleepRecorder
+from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
 from trainer.hub import COMMIT_MARKER, HubStore
+from trainer.lease import LEASE_PATH
 from trainer.store import StoreError
 from blobs import sha, write
 
@@ -187,21 +188,41 @@ def run_pushes(store: HubStore, tmp: Path, steps: list[int], log: list[str]) -> 
 
 
 def final_state(server: HubServer, repo_id: str) -> dict[str, str]:
-    return {p: sha(b) for p, b in server.files(repo_id).items() if p != POINTER_PATH}
+    return {p: sha(b) for p, b in server.files(repo_id).items() if p not in (POINTER_PATH, LEASE_PATH)}
 
 
-def test_checkpointer_pointer_does_not_move_on_silent_corruption(hub_server: HubServer, hub_store,
-                                                                 tmp_path: Path) -> None:
+def test_checkpointer_pointer_does_not_move_on_corruption_that_persists(hub_server: HubServer, hub_store,
+                                                                       tmp_path: Path) -> None:
     store = hub_store("ckcorrupt")
     log: list[str] = []
     run_pushes(store, tmp_path, [10], log)          # step 10 is clean; final=True for that one push though
     ck = Checkpointer(store, log=log.append)
-    hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$")
+    hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$", times=10)
     folder, files = make_ckpt(tmp_path, 20)
-    with pytest.raises(StoreError, match="verify step=20 FAILED.*NOT moved"):
+    with pytest.raises(StoreError, match="verify step=20 FAILED.*even after a repair.*NOT moved"):
         ck.push(20, folder, files, tokens=2000, config_hash="cfg")
     pointer = read_pointer(store)
     assert pointer is not None and pointer.step == 10 and pointer.path_in_repo == "final"
+
+
+def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_succeeds(
+        hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    store = hub_store("ckrepair")
+    run_pushes(store, tmp_path, [10], [])
+    folder, files = make_ckpt(tmp_path, 20)
+    path = "ckpt/checkpoint-20/model.safetensors"
+    # A session pushed step 20 and its stored model bytes went bad (the Hub's metadata keeps the uploaded hash).
+    store.commit({f"ckpt/checkpoint-20/{n}": folder / n for n in files}, message="checkpoint step 20")
+    hub_server.corrupt("tester/ckrepair", path)
+    assert sha(hub_server.files("tester/ckrepair")[path]) != files["model.safetensors"]
+    # The next session pushes the same bytes: verify finds the old bad object, the repair replaces it.
+    log: list[str] = []
+    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash="cfg")
+    assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
+    assert sha(hub_server.files("tester/ckrepair")[path]) == files["model.safetensors"] == pointer.files[
+        "model.safetensors"]
+    assert hub_server.requests("POST", r"/lfs-files/batch$")          # the bad object was purged, then uploaded
+    assert read_pointer(store).step == 20
 
 
 def test_checkpointer_landed_but_unacknowledged_push_is_not_pushed_twice(hub_server: HubServer, hub_store,
@@ -236,8 +257,9 @@ def test_nothing_is_lost_under_faults_same_final_state_as_a_clean_run(hub_server
     assert final_state(hub_server, "tester/faulty") == final_state(hub_server, "tester/clean")
     clean_ptr = json.loads(hub_server.files("tester/clean")[POINTER_PATH])
     faulty_ptr = json.loads(hub_server.files("tester/faulty")[POINTER_PATH])
-    for doc in (clean_ptr, faulty_ptr):
-        doc.pop("time")
+    for doc in (clean_ptr, faulty_ptr):      # when and at which revision differ between two repos
+        doc.pop("time"), doc.pop("revision")
+        assert doc.pop("previous")["step"] == 20 and doc["path_in_repo"] == "final"
     assert faulty_ptr == clean_ptr and faulty_ptr["files"]["model.safetensors"] == \
         final_state(hub_server, "tester/clean")["final/model.safetensors"]
 
@@ -252,3 +274,101 @@ def test_control_endpoint_arms_a_fault_for_another_process(hub_server: HubServer
     before = hub_server.commit_count("tester/sctl")
     store.commit({"a": write(tmp_path, "a", b"1")})
     assert hub_server.commit_count("tester/sctl") == before + 1
+
+
+# ----------------------------------------------------------------- upload-phase errors, auth, jitter, tokens
+
+LFS_PUT = r"^/__lfs__/upload/"
+
+
+def test_a_4xx_in_the_upload_phase_is_retried_and_the_commit_lands_once(hub_server: HubServer, hub_store,
+                                                                       sleeps: SleepRecorder, tmp_path: Path) -> None:
+    store = ready(hub_store, "sup400")
+    before = hub_server.commit_count("tester/sup400")
+    hub_server.inject("truncate_upload", LFS_PUT, method="PUT")   # storage gets half the body: its own 400
+    data = os.urandom(8192)
+    store.commit({"m.safetensors": write(tmp_path, "m", data)})
+    assert [r["status"] for r in hub_server.requests("PUT", LFS_PUT)] == [400, 200]
+    assert hub_server.files("tester/sup400")["m.safetensors"] == data
+    assert hub_server.commit_count("tester/sup400") == before + 1 and len(sleeps.delays) == 1
+
+
+def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(hub_server: HubServer, hub_store,
+                                                                  tmp_path: Path) -> None:
+    store = ready(hub_store, "sup400b")
+    before = hub_server.commit_count("tester/sup400b")
+    hub_server.inject("truncate_upload", LFS_PUT, method="PUT", times=100)
+    with pytest.raises(StoreError) as e:
+        store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(8192))})
+    msg = str(e.value)
+    assert "after 5 tries" in msg and "Error while uploading 'm.safetensors'" in msg
+    assert "uploaded bytes do not match oid" in msg, msg         # storage's own words, not only the wrapper
+    assert len(hub_server.requests("PUT", LFS_PUT)) == 5 and hub_server.commit_count("tester/sup400b") == before
+
+
+def test_a_permanent_4xx_that_hf_xet_raises_as_connection_error_is_not_retried(
+        hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf_constants
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False, raising=False)   # the client as shipped
+    store = ready(hub_store, "sxet404")
+    hub_server.inject("status", r"/xet-write-token/", status=404, times=100)
+    with pytest.raises(StoreError) as e:
+        store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(8192))})
+    msg = str(e.value)
+    assert "ConnectionError" in msg and "404 Not Found" in msg and "tries" not in msg, msg
+    assert sleeps.delays == [] and len(hub_server.requests("GET", r"/xet-write-token/")) == 1
+
+
+def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(hub_server: HubServer, hub_store,
+                                                                    sleeps: SleepRecorder, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf_constants
+    ready(hub_store, "s401")
+    wrong = hub_store("s401", token="hf_WrongTokenValue12345")
+    with pytest.raises(StoreError) as e:
+        wrong.commit({"a.json": write(tmp_path, "a", b"{}")})
+    msg = str(e.value)
+    assert "HTTP 401" in msg and "HF_TOKEN" in msg and "`hf auth login`" in msg and "invalid" in msg
+    assert "Invalid credentials in Authorization header" in msg          # the server's cause
+    assert "hf_WrongTokenValue12345" not in msg and sleeps.delays == []
+    # No token anywhere: the message says so.
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "no-login" / "token"))
+    anonymous = hub_store("s401", token=None)
+    with pytest.raises(StoreError, match=r"HTTP 401\): no token was found: set HF_TOKEN or run `hf auth login`"):
+        anonymous.create()
+
+
+def test_the_token_hf_auth_login_saved_is_used_without_hf_token(hub_server: HubServer, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf_constants
+    from trainer.store_url import open_store
+    (tmp_path / "token").write_text(HUB_TOKEN + "\n")
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
+    store = open_store("hf://tester/login")
+    store.create()
+    store.commit({"a.json": write(tmp_path, "a", b"{}")})
+    writes = hub_server.requests("POST", r"^/api/repos/create$") + hub_server.requests("POST", COMMIT)
+    assert writes and all(r["authorized"] for r in writes)
+    assert HUB_TOKEN not in repr(store)
+    # The store knows it holds that token: a rejected one is named as the token in use, never "no token".
+    (tmp_path / "token").write_text("hf_ExpiredLoginToken9876\n")
+    with pytest.raises(StoreError) as e:
+        open_store("hf://tester/login").commit({"b.json": write(tmp_path, "b", b"{}")})
+    assert "the token in use (HF_TOKEN, or the one `hf auth login` saved) is invalid" in str(e.value)
+    assert "hf_ExpiredLoginToken9876" not in str(e.value)
+
+
+def test_retry_backoff_never_touches_the_global_random(hub_server: HubServer, hub_store, sleeps: SleepRecorder,
+                                                       tmp_path: Path) -> None:
+    import random
+    store = ready(hub_store, "sjitter")
+    random.seed(1234)
+    state = random.getstate()
+    hub_server.inject("status", COMMIT, status=503, times=3)
+    store.commit({"a.json": write(tmp_path, "a", b"{}")})
+    assert len(sleeps.delays) == 3 and len(set(sleeps.delays)) == 3     # jittered, exponential
+    assert random.getstate() == state          # training state (saved in rng.pt) is not moved by a retry

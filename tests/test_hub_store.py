@@ -3,6 +3,7 @@ HTTP against tests/hubserver.py, on the regular path (small files, Xet left enab
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,7 +141,7 @@ def test_retry_policy_backoff_is_exponential_bounded_and_honours_retry_after() -
 
 
 def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
-    from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, hub_state
+    from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, hub_state, seal_trainer_state
 
     store = hub_store("resume")
     lines: list[str] = []
@@ -150,7 +151,10 @@ def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, h
     assert store.exists() and any("repo missing, created" in line for line in lines)
     for step in (10, 20):
         files = {n: sha(write(tmp_path / f"s{step}", n, f"{n}@{step}".encode() * 400).read_bytes())
-                 for n in CHECKPOINT_FILES}
+                 for n in CHECKPOINT_FILES if n != "trainer_state.json"}
+        state = seal_trainer_state({"step": step, "tokens_consumed": step * 64, "config_hash": "cfg"}, files)
+        files["trainer_state.json"] = sha(write(tmp_path / f"s{step}", "trainer_state.json",
+                                                json.dumps(state).encode()).read_bytes())
         ck.push(step, tmp_path / f"s{step}", files, tokens=step * 64, config_hash="cfg")
     # Cold resume: a fresh Checkpointer, nothing local, everything from the Hub.
     again = Checkpointer(hub_store("resume"), log=lines.append)

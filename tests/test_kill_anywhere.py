@@ -1,67 +1,180 @@
-"""A crash at any phase of a checkpoint (save, push, pushed, verify, pointer move, prune, and the final
-push) loses at most the unverified work: the next session, on a wiped disk, resumes from the newest
-VERIFIED checkpoint (what latest.json names) and ends with the uninterrupted run's final weights.
+"""A crash at any line of the checkpoint protocol (save, push, pushed, verify, pointer, prune), at the very
+first push and at later ones, the horizon's final/ push included, loses at most the unverified work: the
+next session, on a wiped disk, resumes (or recovers, when the first pointer never landed) and the run ends
+with the uninterrupted run's final weights, bit for bit. On the local store and on the Hub test server.
 
-Each case SIGKILLs torchrun and every rank at once when the phase line appears on stdout.
+Each trial SIGKILLs torchrun and every rank (2 gloo CPU ranks, tiny geometry, 6 steps, a push every 2) when
+its first phase line appears at the first push (step 2); the next session, cold, is killed the same way at a
+later push; a third session finishes. Every kill is checked: what the store holds right after it, and which
+decision the next session takes from that (resume from the pointer, recover the newest verified checkpoint,
+or start fresh).
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
-from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, baseline, explain, pointer, run_trainer,
-                             store_url, torchrun_cmd, trainer_args, weights_sha256)
+from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN
+from hubserver import HubServer
+from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, explain, open_repo, run_trainer,
+                             store_url, torchrun_cmd, trainer_args)
 
 pytestmark = pytest.mark.slow
 
-# The kill lands on the second push (step 4), so an older verified checkpoint (step 2) exists; the last
-# case kills the horizon's final/ push after ckpt/checkpoint-6 was pointed at.
-PHASES = {
-    "save": (r"^CKPT save step=4 ", (2,)),
-    "push": (r"^CKPT push step=4 -> ckpt/checkpoint-4", (2, 4)),
-    "pushed": (r"^CKPT pushed step=4 ", (2, 4)),
-    "verify": (r"^CKPT verify step=4 ok", (2, 4)),
-    "pointer": (r"^latest\.json -> step=4 ", (4,)),
-    "prune": (r"^CKPT prune step=4 ", (4,)),
-    "final_push": (r"^CKPT push step=6 -> final", (6,)),
+LAST = BASELINE_STEPS          # 6: pushes at 2 (the first), 4, 6 (ckpt/checkpoint-6, then final/)
+
+
+def line(phase: str, step: int) -> str:
+    """The regex of a protocol line of the ckpt/ push of ``step``."""
+    return {"save": rf"^CKPT save step={step} ", "push": rf"^CKPT push step={step} -> ckpt/",
+            "pushed": rf"^CKPT pushed step={step} ", "verify": rf"^CKPT verify step={step} ok",
+            "pointer": rf"^latest\.json -> step={step} path=ckpt/", "prune": rf"^CKPT prune step={step} "}[phase]
+
+
+FINAL_PUSH = rf"^CKPT push step={LAST} -> final"
+PHASES = ("save", "push", "pushed", "verify", "pointer", "prune")
+# (name, kill_on, kill_after): the second kill of each trial, at a later push; the final/ push's own lines are
+# told from the ckpt/checkpoint-6 ones by arming the kill only after its "-> final" line.
+LATER = {
+    "local": [("save@4", line("save", 4), None), ("pushed@4", line("pushed", 4), None),
+              ("verify@4", line("verify", 4), None), ("pointer@4", line("pointer", 4), None),
+              ("prune@4", line("prune", 4), None), ("push@final", FINAL_PUSH, None)],
+    "hub": [("push@4", line("push", 4), None), ("pushed@6", line("pushed", 6), None),
+            ("verify@6", line("verify", 6), None), ("pointer@6", line("pointer", 6), None),
+            ("pushed@final", line("pushed", LAST), FINAL_PUSH), ("verify@final", line("verify", LAST), FINAL_PUSH)],
 }
+TRIALS = [(backend, first, *LATER[backend][i]) for backend in ("local", "hub") for i, first in enumerate(PHASES)]
 RESULTS: dict[str, str] = {}
 
 
-@pytest.mark.parametrize("phase", list(PHASES))
-def test_kill_at_phase_then_cold_resume_finishes_identically(phase, tmp_path, tmp_path_factory):
+class Backend:
+    """Where a trial's store lives, and how the test reads it (the bytes stored, not metadata)."""
+
+    def __init__(self, kind: str, tmp_path: Path, server: HubServer | None, name: str):
+        self.kind, self.server = kind, server
+        self.repo_id = f"probe/kill-{name}"
+        self.url = store_url(tmp_path / "store") if kind == "local" else f"hf://{self.repo_id}"
+        self.env = {} if server is None else {**server.env(), "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                                              "SPECPROBE_HUB_RETRIES": "6", "SPECPROBE_HUB_BACKOFF_S": "0.05"}
+
+    def files(self) -> dict[str, bytes]:
+        if self.server is not None:
+            if ("dataset", self.repo_id) not in self.server.repos:
+                return {}
+            return {p: b for p, b in self.server.files(self.repo_id).items() if p != ".gitattributes"}
+        store = open_repo(self.url)
+        return {p: store.read_bytes(p) for p in store.list_files()} if store.exists() else {}
+
+    def pointer(self) -> dict | None:
+        raw = self.files().get("latest.json")
+        return None if raw is None else json.loads(raw)
+
+    def final_sha(self) -> str:
+        return hashlib.sha256(self.files()["final/model.safetensors"]).hexdigest()
+
+
+def expected_decision(files: dict[str, bytes], url: str) -> str:
+    """The line the next session must log, from what the store holds after a kill."""
+    if "latest.json" in files:
+        p = json.loads(files["latest.json"])
+        return f"auto-resume: pointer step={p['step']} path={p['path_in_repo']}"
+    steps = sorted({int(m.group(1)) for f in files if (m := re.match(r"^ckpt/checkpoint-(\d+)/", f))})
+    if steps:       # the first push landed, its pointer did not: the checkpoint is recovered
+        return f"latest.json -> step={steps[-1]} path=ckpt/checkpoint-{steps[-1]} (recovered)"
+    return f"auto-resume: no pointer in {url}, fresh start"
+
+
+def allowed_after(phase: str, step: int, previous: int | None) -> set:
+    """Pointer steps a kill at ``phase`` of the push of ``step`` may leave (a line is read a moment after it
+    is printed, so the process may have finished that phase's next commit)."""
+    if phase in ("pointer", "prune"):
+        return {step}
+    return {previous} if phase == "save" else {previous, step}
+
+
+def kill_and_check(backend: Backend, args: list[str], kill_on: str, kill_after: str | None, what: str) -> Run:
+    run = run_trainer(torchrun_cmd(args), kill_on=kill_on, kill_after=kill_after, env=backend.env, timeout=240)
+    assert run.killed_at is not None, f"{what}: the line never appeared:\n" + explain(run)
+    assert run.rc != 0 and run.run_json is None, explain(run)
+    return run
+
+
+@pytest.fixture
+def server_for(request):
+    """A Hub test server for the hub trials (none for the local ones)."""
+    def make(kind: str) -> HubServer | None:
+        if kind != "hub":
+            return None
+        server = HubServer(token=HUB_TOKEN, lfs_threshold=HUB_LFS_THRESHOLD).start()
+        request.addfinalizer(server.stop)
+        return server
+    return make
+
+
+@pytest.mark.parametrize("backend_kind,first,later,later_on,later_after", TRIALS,
+                         ids=[f"{b}-{f}@2-{n}" for b, f, n, _, _ in TRIALS])
+def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
+        backend_kind, first, later, later_on, later_after, tmp_path, tmp_path_factory, server_for):
     base = baseline(tmp_path_factory)
-    regex, allowed = PHASES[phase]
-    repo, out = store_url(tmp_path / "store"), tmp_path / "out"
-    args = trainer_args(root=base.mix, out=out, repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)
+    trial = f"{backend_kind}-{first}@2-{later}"
+    RESULTS[trial] = "not finished"
+    backend = Backend(backend_kind, tmp_path, server_for(backend_kind), f"{first}-{later}".replace("@", "-"))
+    out = tmp_path / "out"
+    args = trainer_args(root=base.mix, out=out, repo=backend.url, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)
 
-    killed = run_trainer(torchrun_cmd(args), kill_on=regex)
-    RESULTS[phase] = "not killed"
-    assert killed.killed_at is not None, "phase line never appeared:\n" + explain(killed)
-    assert killed.rc != 0 and killed.run_json is None
-    after_kill = pointer(repo)
-    assert after_kill is not None and after_kill["terminal"] is False
-    # A line is read a moment after it is printed, so the process may have finished that phase's commit.
-    assert after_kill["step"] in allowed, (phase, after_kill)
+    # Kill 1: the very first push (step 2); no pointer can exist before it.
+    kill_and_check(backend, args, line(first, 2), None, trial)
+    ptr = backend.pointer()
+    assert (ptr["step"] if ptr else None) in allowed_after(first, 2, None), (trial, ptr)
+    decision = expected_decision(backend.files(), backend.url)
+    decisions = [decision]
+    shutil.rmtree(out, ignore_errors=True)                      # cold: nothing local survives the crash
 
-    shutil.rmtree(out)                                     # cold: nothing local survives the crash
-    resumed = run_trainer(torchrun_cmd(args))
-    assert resumed.rc == 0, explain(resumed)
-    step = after_kill["step"]
-    assert resumed.starting(f"auto-resume: pointer step={step} path={after_kill['path_in_repo']}")
-    assert resumed.run_json["resumed_from_step"] == step
-    assert resumed.run_json["final_step"] == BASELINE_STEPS
-    for s, loss in resumed.run_json["losses"].items():
-        assert loss == base.run.run_json["losses"][s], s
-    assert weights_sha256(repo) == base.final_sha
-    assert pointer(repo)["terminal"] is True
-    RESULTS[phase] = f"survived (resumed from step {step})"
+    # Kill 2: the next session, at a later push.
+    later_phase, _, at = later.partition("@")
+    run = kill_and_check(backend, args, later_on, later_after, trial)
+    assert decision in run.lines, (decision, explain(run))
+    ptr = backend.pointer()
+    if at == "final":           # the non-terminal pointer at 6 stays until final/ is pointed at
+        assert ptr["step"] == LAST and ptr["path_in_repo"] in (f"ckpt/checkpoint-{LAST}", "final"), (trial, ptr)
+    else:
+        step = int(at)
+        assert ptr["step"] in allowed_after(later_phase, step, step - BASELINE_PUSH_EVERY), (trial, ptr)
+    decision = expected_decision(backend.files(), backend.url)
+    decisions.append(decision if not ptr["terminal"] else "finished")
+    shutil.rmtree(out, ignore_errors=True)
+
+    # The third session finishes the run (or, if the kill landed after the terminal pointer, nothing is left).
+    if not ptr["terminal"]:
+        done = run_trainer(torchrun_cmd(args), env=backend.env, timeout=240)
+        assert done.rc == 0 and done.run_json is not None, explain(done)
+        assert decision in done.lines, (decision, explain(done))
+        assert done.run_json["final_step"] == BASELINE_STEPS
+        for s, loss in done.run_json["losses"].items():
+            assert loss == base.run.run_json["losses"][s], (trial, s)
+        assert "lease.json" not in backend.files()      # the session that finished released the store
+    final = backend.pointer()
+    assert final["terminal"] is True and final["step"] == LAST
+    assert backend.final_sha() == base.final_sha, trial
+    RESULTS[trial] = "bit-identical after: " + " | ".join(
+        "recovered" if "(recovered)" in d else "fresh" if "fresh start" in d else d.split(": ", 1)[-1]
+        for d in decisions)
 
 
 def test_zz_report_kills(capsys):
-    """Prints the tally (runs last in this module: pytest keeps definition order)."""
+    """Prints the tally for the README (runs last in this module: pytest keeps definition order)."""
     with capsys.disabled():
-        survived = sum(v.startswith("survived") for v in RESULTS.values())
-        print(f"\nkill-anywhere: tried {len(RESULTS)}, survived {survived}: {RESULTS}")
-    assert survived == len(RESULTS) == len(PHASES)
+        same = sum(v.startswith("bit-identical") for v in RESULTS.values())
+        print(f"\nkill-anywhere: {len(RESULTS)} trials ({2 * len(RESULTS)} kills), {same} of {len(RESULTS)} ended "
+              f"bit-identical to the uninterrupted run: {RESULTS}")
+    assert same == len(RESULTS) == len(TRIALS)
+    # The kills at the first push must have reached every branch a first session can leave behind, on both
+    # backends: nothing pushed (fresh start), pushed without a pointer (recovered), pointed at (resumed).
+    for kind in ("local", "hub"):
+        firsts = {v.split("after: ")[1].split(" | ")[0] for k, v in RESULTS.items() if k.startswith(kind)}
+        assert {"fresh", "recovered"} <= firsts and any(f.startswith("pointer") for f in firsts), (kind, firsts)

@@ -76,7 +76,8 @@ def test_options_line_names_every_option():
 def test_only_the_numerics_options_enter_the_config_hash():
     assert ModelOptions().numerics() == {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True}
     base = {"model": "tiny", "seq_len": 32, "micro_batch": 2, "accum": 2, "world_size": 2, "tokens": 1536,
-            "lr": 3e-3, "seed": 1337, "schedule": "cosine"}
+            "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "weight_decay": 0.1, "grad_clip": 1.0,
+            "seed": 1337, "schedule": "cosine", "precision": "fp32"}
 
     def h(**kw) -> str:
         return config_hash({**base, "numerics": ModelOptions(**kw).numerics()})
@@ -87,8 +88,9 @@ def test_only_the_numerics_options_enter_the_config_hash():
 def test_config_changes_name_the_field_with_old_and_new_values():
     old = {"lr": 0.001, "numerics": {"bf16_residual": True, "fp32_wgrad": True}, "grad_clip": 1.0}
     new = {"lr": 0.001, "numerics": {"bf16_residual": False, "fp32_wgrad": True}, "grad_clip": 0.5}
-    assert config_changes(old, new) == ["numerics.bf16_residual: true -> false"]   # grad_clip: not hashed
-    assert config_changes({"lr": 0.001}, new) == ["numerics.bf16_residual: (absent) -> false",
+    assert config_changes(old, new) == ["grad_clip: 1.0 -> 0.5", "numerics.bf16_residual: true -> false"]
+    assert config_changes({"lr": 0.001}, new) == ["grad_clip: (absent) -> 0.5",
+                                                  "numerics.bf16_residual: (absent) -> false",
                                                   "numerics.fp32_wgrad: (absent) -> true"]
     assert config_changes({**old, "lr": 0.002}, old) == ["lr: 0.002 -> 0.001"]
 

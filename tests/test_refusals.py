@@ -15,7 +15,7 @@ import pytest
 
 from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, build_tiny_mix, copy_repo,
                              explain, open_repo, pointer, rank_exit_codes, repo_dir, run_trainer, shared,
-                             single_cmd, store_url, torchrun_cmd, trainer_args)
+                             single_cmd, store_url, torchrun_cmd, trainer_args, weights_sha256)
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,51 @@ def test_pointer_hash_mismatch_refuses(tmp_path, tmp_path_factory):
 def test_config_change_refuses(tmp_path, tmp_path_factory):
     mix, seg = _segment_repo(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
-    _refused(_train(mix, repo, tmp_path, lr=1e-3), "config_hash", "changed")
+    # --min-lr defaults to lr/10: both change, and both are named.
+    _refused(_train(mix, repo, tmp_path, lr=1e-3), "another configuration (changed: lr: 0.003 -> 0.001; "
+             "min_lr: 0.0003 -> 0.0001)", "--allow-config-change lr,min_lr")
+    assert pointer(repo)["step"] == 4
+
+
+@pytest.mark.parametrize("flags, change", [(["--grad-clip", "0.5"], "grad_clip: 1.0 -> 0.5"),
+                                           (["--warmup-steps", "1"], "warmup_steps: 2 -> 1"),
+                                           (["--min-lr", "0.001"], "min_lr: 0.0003 -> 0.001"),
+                                           (["--weight-decay", "0.0"], "weight_decay: 0.1 -> 0.0")])
+def test_every_recipe_flag_that_changes_the_weights_refuses_a_silent_change(tmp_path, tmp_path_factory, flags,
+                                                                           change):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    _refused(_train(mix, repo, tmp_path, extra=flags), f"(changed: {change})",
+             f"--allow-config-change {change.split(':')[0]}")
+    assert pointer(repo)["step"] == 4
+
+
+def test_an_allowed_change_is_logged_recorded_and_takes_effect(tmp_path, tmp_path_factory):
+    # --weight-decay came back from the optimizer state before: the allowed change must reach the weights.
+    mix, seg = _segment_repo(tmp_path_factory)
+    same, changed = copy_repo(seg, tmp_path / "a"), copy_repo(seg, tmp_path / "b")
+    kept = _train(mix, same, tmp_path / "a")
+    assert kept.rc == 0 and kept.run_json["config_changes"] == [], explain(kept)
+    run = _train(mix, changed, tmp_path / "b",
+                 extra=["--weight-decay", "0.0", "--grad-clip", "0.5", "--allow-config-change", "weight_decay",
+                        "--allow-config-change", "grad_clip"])
+    assert run.rc == 0, explain(run)
+    assert run.starting("config change allowed: ") == [
+        "config change allowed: weight_decay: 0.1 -> 0.0 (--allow-config-change)",
+        "config change allowed: grad_clip: 1.0 -> 0.5 (--allow-config-change)"]
+    assert run.run_json["config_changes"] == [{"field": "weight_decay", "old": 0.1, "new": 0.0},
+                                              {"field": "grad_clip", "old": 1.0, "new": 0.5}]
+    assert weights_sha256(changed) != weights_sha256(same)
+    # The next session resumes from the changed run's own checkpoints: no change left to allow.
+    assert pointer(changed)["terminal"] is True
+
+
+def test_a_field_that_defines_the_run_cannot_be_allowed_to_change(tmp_path, tmp_path_factory):
+    mix, seg = _segment_repo(tmp_path_factory)
+    repo = copy_repo(seg, tmp_path)
+    run = _train(mix, repo, tmp_path, extra=["--seed", "7", "--allow-config-change", "seed"])
+    assert run.rc != 0 and set(rank_exit_codes(run).values()) <= {2, -15}, explain(run)
+    assert "--allow-config-change seed: this field cannot change across a resume" in run.text, explain(run)
     assert pointer(repo)["step"] == 4
 
 
@@ -117,7 +161,7 @@ def test_a_changed_numerics_option_refuses_the_resume_naming_it(tmp_path, tmp_pa
     repo = copy_repo(seg, tmp_path)
     run = run_trainer(torchrun_cmd(trainer_args(root=mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS,
                                                 push_every=BASELINE_PUSH_EVERY)), env={var: "0"}, timeout=90)
-    _refused(run, "config_hash", f"changed: {change},", "Resume with the original configuration")
+    _refused(run, f"(changed: {change})", "--allow-config-change " + change.split(":")[0])
     assert pointer(repo)["step"] == 4
 
 

@@ -43,7 +43,7 @@ def test_extends_and_include_merge_maps_deeply_and_named_lists_by_name():
 def test_every_merged_node_keeps_the_file_and_line_it_came_from():
     spec = load_spec(LOAD / "child.yaml")
     assert spec.locate(("checks", 0)) == ("tests/specs/load/lib/parent.yaml", 14, 5)
-    assert spec.locate(("checks", 1, "expr")) == ("tests/specs/load/child.yaml", 16, 11)
+    assert spec.locate(("checks", 1, "expr")) == ("tests/specs/load/child.yaml", 18, 11)
     assert spec.locate(("checks", 2)) == ("tests/specs/load/lib/fragment.yaml", 4, 5)
     assert spec.locate(("values", "nested", "x")) == ("tests/specs/load/lib/parent.yaml", 6, 15)
     assert spec.locate(("values", "nested", "z")) == ("tests/specs/load/child.yaml", 6, 22)

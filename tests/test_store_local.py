@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import time
 
 import pytest
 
-from trainer.store import EntryMissing, FileInfo, LocalStore, RepoMissing, StoreError, redact_url
+from trainer.store import (Conflict, EntryMissing, FileInfo, LocalStore, MetadataMissing, RepoMissing, StoreError,
+                           redact_url)
 from trainer.store_url import open_store, parse_store_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +173,56 @@ def test_stray_file_on_disk_is_not_in_the_repo(store, tmp_path):
     with pytest.raises(EntryMissing):
         store.sha256("stray.bin")
     store.commit({"real2": write(tmp_path / "r2", b"r2")})
-    assert not (store.dir / "stray.bin").exists()      # the next commit tidies the visible tree
+    assert (store.dir / "stray.bin").read_bytes() == b"not committed"   # not the store's: never deleted
+
+
+def test_no_commit_deletes_a_file_it_did_not_write(store, tmp_path):
+    store.commit({"ckpt/checkpoint-10/model.safetensors": write(tmp_path / "m", b"weights"),
+                  "latest.json": write(tmp_path / "l", b"{}")})
+    notes = write(store.dir / "ckpt/checkpoint-10/NOTES.md", b"someone's notes")
+    mine = write(store.dir / "ckpt/checkpoint-10/model.safetensors.bak", b"weights")   # same bytes, a copy by hand
+    store.commit({}, delete=["ckpt/checkpoint-10/"])           # the folder goes from the repo ...
+    store.commit({"latest.json": write(tmp_path / "l2", b'{"v": 2}')})
+    assert notes.read_bytes() == b"someone's notes"              # ... the files the store did not write stay
+    assert mine.read_bytes() == b"weights"
+    assert not (store.dir / "ckpt/checkpoint-10/model.safetensors").exists()   # its own file is gone
+    assert sorted(store.list_files()) == ["latest.json"]
+
+
+def test_a_repo_folder_without_its_metadata_is_refused_never_recreated(store, tmp_path):
+    store.commit({"ckpt/checkpoint-10/model.safetensors": write(tmp_path / "m", b"weights"),
+                  "latest.json": write(tmp_path / "l", b'{"step": 10}')})
+    copy = tmp_path / "copy/probe/ckpt-a"
+    copy.mkdir(parents=True)
+    for child in store.dir.iterdir():                  # what `cp -r repo/* copy/` copies: no dot-folders
+        if not child.name.startswith("."):
+            (shutil.copytree if child.is_dir() else shutil.copy2)(child, copy / child.name)
+    before = {p.relative_to(copy).as_posix(): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    s = open_store(f"file://{tmp_path}/copy/probe/ckpt-a")
+    for call in (s.exists, s.create, s.list_files, lambda: s.read_bytes("latest.json"),
+                 lambda: s.commit({"x": write(tmp_path / "x", b"x")})):
+        with pytest.raises(MetadataMissing) as e:
+            call()
+        assert "latest.json" in str(e.value) and ".specprobe/manifest.json" in str(e.value)
+        assert "cp -r repo/*" in str(e.value)
+    after = {p.relative_to(copy).as_posix(): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert after == before and not (copy / ".specprobe").exists()      # nothing created, nothing deleted
+
+
+def test_commit_with_expect_revision_is_a_compare_and_swap(store, tmp_path):
+    rev = store.commit({"a": write(tmp_path / "a", b"a")})
+    rev2 = store.commit({"b": write(tmp_path / "b", b"b")}, expect_revision=rev)
+    with pytest.raises(Conflict, match=f"expected revision {rev}, the repo is at {rev2}"):
+        store.commit({"c": write(tmp_path / "c", b"c")}, expect_revision=rev)
+    assert sorted(store.list_files()) == ["a", "b"] and store.revision() == rev2
+
+
+def test_store_objects_without_a_manifest_are_refused(store, tmp_path):
+    store.commit({"a": write(tmp_path / "a", b"a")})
+    (store.dir / ".specprobe/manifest.json").unlink()
+    (store.dir / "a").unlink()
+    with pytest.raises(MetadataMissing, match="objects/ without .specprobe/manifest.json"):
+        store.exists()
 
 
 def test_missing_repo_raises_repo_missing_naming_the_url(tmp_path, monkeypatch):
@@ -231,10 +282,10 @@ KILL_SCRIPT = textwrap.dedent("""
         if point == "before_publish" and doc.get("revision", 0) > 0:
             die()
         orig_publish(self, doc)
-    def sync(self, files):
+    def sync(self, files, **kw):
         if point == "after_publish":
             die()
-        orig_sync(self, files)
+        orig_sync(self, files, **kw)
     S.LocalStore._stage_object, S.LocalStore._publish, S.LocalStore._sync_visible = stage, publish, sync
     st = open_store(url)
     st.commit({"ckpt/a.bin": src, "ckpt/b.bin": src, "ckpt/c.bin": src}, delete=["old.txt"])

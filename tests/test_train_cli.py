@@ -324,9 +324,10 @@ def test_schedule_is_bounded_and_monotone_after_warmup(total, warm_frac, lr, min
 
 def test_preflight_reports_each_missing_requirement():
     problems, _ = preflight_check(gpus=2, need_token=True, repo="hf://owner/name", environ={},
-                                  cuda=lambda: (True, 1, ["Tesla T4"]))
+                                  cuda=lambda: (True, 1, ["Tesla T4"]), login_token=lambda: None)
     assert problems == ["1 GPU(s) visible, 2 required (Tesla T4)",
-                        "HF_TOKEN is not set in the environment (--need-token)"]
+                        "no Hugging Face token: HF_TOKEN is not set in the environment and `hf auth login` saved "
+                        "none (--need-token)"]
     problems, summary = preflight_check(gpus=2, need_token=False, repo="owner/name",
                                         environ={"HF_TOKEN": "hf_secretsecret123"},
                                         cuda=lambda: (True, 2, ["Tesla T4", "Tesla T4"]))
@@ -334,19 +335,31 @@ def test_preflight_reports_each_missing_requirement():
     assert summary == "preflight ok: gpus=2 (Tesla T4) repo=owner/name (hub) HF_TOKEN=set"
 
 
-def test_preflight_cli_exit_3_without_printing_the_token():
-    env = {"PATH": "/usr/bin:/bin", "HF_TOKEN": ""}
+def test_preflight_cli_exit_3_without_printing_the_token(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HF_TOKEN": "", "HF_HOME": str(tmp_path / "no-login")}
     r = subprocess.run([sys.executable, "-m", "trainer.preflight", "--gpus", "1", "--repo", "hf://o/n"],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 3
     assert r.stderr.splitlines() == [
         "preflight: CUDA is not available (torch sees no GPU), 1 GPU(s) required",
-        "preflight: HF_TOKEN is not set in the environment (--repo hf://o/n is a Hub repo)"]
+        "preflight: no Hugging Face token: HF_TOKEN is not set in the environment and `hf auth login` saved "
+        "none (--repo hf://o/n is a Hub repo)"]
     r = subprocess.run([sys.executable, "-m", "trainer.preflight", "--repo", "o/n"], cwd=REPO_ROOT,
                        capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_topsecretvalue99"})
     assert r.returncode == 0 and "hf_topsecretvalue99" not in r.stdout + r.stderr
     assert r.stdout.strip() == "preflight ok: repo=o/n (hub) HF_TOKEN=set"
+
+
+def test_preflight_accepts_the_token_hf_auth_login_saved(tmp_path):
+    # What `hf auth login` leaves behind: $HF_HOME/token. No HF_TOKEN in the environment.
+    (tmp_path / "token").write_text("hf_savedbyloginvalue42\n")
+    r = subprocess.run([sys.executable, "-m", "trainer.preflight", "--need-token", "--repo", "o/n"], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "preflight ok: repo=o/n (hub) token=saved (hf auth login)"
+    assert "hf_savedbyloginvalue42" not in r.stdout + r.stderr
 
 
 _SYNC_PROBE = r'''

@@ -128,11 +128,13 @@ def kill_tree(pid: int) -> None:
 
 
 def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180,
-                on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None) -> Run:
+                on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
+                kill_after: str | None = None) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
     kill_on: a regex; at the first output line matching it torchrun and every rank get SIGKILL (a real
-    crash at that phase: no handler, no flush, no cleanup). on_line: called with every line as it
+    crash at that phase: no handler, no flush, no cleanup); with kill_after, only a match after a line
+    matching kill_after counts (the second push of a step: final/). on_line: called with every line as it
     arrives (to change the world at a precise phase, e.g. break the store). env: set on top of the
     test environment."""
     t0 = time.time()
@@ -141,6 +143,7 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
     lines: list[str] = []
     killed_at = None
     pat = re.compile(kill_on) if kill_on else None
+    armed_by = re.compile(kill_after) if kill_after else None
     # A watchdog, not a per-line check: a hung rank prints nothing, and then no line would ever come.
     timed_out = threading.Event()
 
@@ -165,7 +168,10 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
             lines.append(line)
             if on_line is not None:
                 on_line(line)
-            if pat is not None and killed_at is None and pat.search(line):
+            if armed_by is not None and armed_by.search(line):
+                armed_by = None
+                continue
+            if pat is not None and killed_at is None and armed_by is None and pat.search(line):
                 killed_at = line
                 kill_tree(p.pid)
         rc = p.wait()

@@ -14,6 +14,25 @@ test or a probe can tell exactly which phase a killed process was in:
 
 A crash anywhere leaves the store resumable: before 4 the old pointer still names an intact, verified
 checkpoint (the new files are orphans that the next push of that step overwrites); after 4 the new one does.
+Before the very first pointer there is none to name, and resume recovers (below).
+
+Every write goes through the store's lease (trainer/lease.py): one writer per store, claimed by
+compare-and-swap, renewed while training, released by ``close()``. A second trainer is refused, naming the holder.
+
+The checkpoint records itself. ``trainer_state.json`` is written last and carries ``files`` (the sha256 of
+the other four files) and ``manifest_sha256`` (the sha256 of its own canonical JSON without that field), so a
+checkpoint folder can be verified without a pointer: every file re-hashed from the stored bytes and compared
+with what the checkpoint recorded at save time. A missing, truncated or altered file, or an altered
+trainer_state.json, never verifies.
+
+When verify finds stored bytes that differ from the local ones, the push repairs once (``CKPT repair``):
+it deletes those files, purges their stored objects (``Store.purge_objects``: the Hub would otherwise
+deduplicate the re-upload onto the corrupt object) and uploads them again, then verifies again.
+
+The pointer keeps its own history: ``revision`` (the store revision of the commit that pushed the checkpoint
+it names) and ``previous`` (the step, path, revision and time of the pointer it replaced). A move to an
+earlier step than the current pointer's (a second writer, ``--resume PATH`` over a newer run) is refused
+unless ``allow_rollback`` (``--allow-pointer-rollback``); an allowed one is marked ``backward: true``.
 
 Pruning policy. After the pointer has moved, ``optimizer.pt`` and ``rng.pt`` are deleted, in one commit,
 from every ``ckpt/checkpoint-<step>/`` except the pointer's target and the newest
@@ -22,10 +41,14 @@ are never pruned, so every pushed step stays listed under ``ckpt/checkpoint-<ste
 weights, while only the checkpoint(s) a resume can use carry the (large) optimizer state. A failed prune
 is reported and does not fail training: the pointer is already durable.
 
-Resume (``Checkpointer.resume_decision``) starts fresh only from a missing repo or an empty one. It refuses
-(``ResumeRefused``, saying what was found, why, and what to do) a repo with checkpoints but no pointer, a
-malformed pointer, a pointer whose files are missing or whose hashes differ, a terminal pointer, a pointer
-written under a different run configuration, and a pointer past this run's horizon.
+Resume (``Checkpointer.resume_decision``) starts fresh only from a missing repo or one without checkpoints.
+A repo with checkpoints but no pointer (a session killed after its first verify, before its first pointer)
+resumes from the newest checkpoint that fully verifies against the stored bytes, and the pointer is moved
+there (logged); it is refused only when none verifies, saying what was found in each. It refuses
+(``ResumeRefused``, saying what was found, why, and what to do) a malformed pointer, a pointer whose files
+are missing or whose hashes differ, a pointer that disagrees with its checkpoint's trainer_state.json (step,
+tokens, config hash, recorded file hashes), a pointer that moved backwards (unless allowed), a terminal
+pointer, a pointer written under a different run configuration, and a pointer past this run's horizon.
 """
 
 from __future__ import annotations
@@ -41,23 +64,34 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from trainer.lease import Lease
 from trainer.store import (EntryMissing, FileInfo, LocalStore, RepoMissing, Store, StoreError, redact_url,
                            sha256_file)
 
 __all__ = [
     "POINTER_PATH", "POINTER_FORMAT", "CHECKPOINT_FILES", "PRUNABLE_FILES", "CONFIG_HASH_FIELDS",
     "ResumeRefused", "Pointer", "read_pointer", "write_checkpoint_dir", "Checkpointer", "prune_plan",
-    "prune_local", "hub_state", "config_hash", "config_changes", "checkpoint_path",
+    "prune_local", "hub_state", "config_hash", "config_changes", "config_diff", "judge_config_change",
+    "CHANGEABLE_FIELDS", "show_value", "checkpoint_path", "seal_trainer_state",
+    "unseal_trainer_state",
 ]
 
 POINTER_PATH = "latest.json"
 POINTER_FORMAT = "specprobe-pointer/1"
 CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.json", "optimizer.pt", "rng.pt")
+STATE_FILE = "trainer_state.json"       # the checkpoint's own record: its step, tokens and the other files' hashes
 PRUNABLE_FILES = ("optimizer.pt", "rng.pt")
-# What a resume cannot silently change: the token stream, the step shape, the optimisation recipe and the
-# model options that change what is computed (trainer/options.py). Widening the check = adding a name.
-CONFIG_HASH_FIELDS = ("model", "seq_len", "micro_batch", "accum", "world_size", "tokens", "lr", "seed",
-                      "schedule", "numerics")
+# What a resume cannot silently change: every run_config field that changes the weights the run ends
+# with (the token stream, the step shape, the optimisation recipe, the precision and the model options that
+# change what is computed, trainer/options.py). Left out: tokens_per_step and total_steps, which are
+# functions of the fields here.
+CONFIG_HASH_FIELDS = ("model", "seq_len", "micro_batch", "accum", "world_size", "tokens", "lr", "min_lr",
+                      "warmup_steps", "weight_decay", "grad_clip", "schedule", "seed", "precision", "numerics")
+# What `--allow-config-change` may let a resume change on purpose: the recipe. The others decide which
+# samples each rank reads and the tensors' shapes (model, seq_len, micro_batch, accum, world_size) or the
+# data order and the init (seed): a resume with another of them is another run, not a changed one.
+CHANGEABLE_FIELDS = ("tokens", "lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip", "schedule",
+                     "precision", "numerics")
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
@@ -75,9 +109,15 @@ class Pointer:
     time: str
     config_hash: str
     terminal: bool
+    revision: str = ""                          # the store revision of the commit that pushed the checkpoint
+    previous: dict[str, Any] | None = None      # {step, path_in_repo, revision, time} of the pointer replaced
+    backward: bool = False                      # written by an explicitly allowed move to an earlier step
 
     def to_json(self) -> dict[str, Any]:
         return {"format": POINTER_FORMAT, **asdict(self)}
+
+    def summary(self) -> dict[str, Any]:
+        return {"step": self.step, "path_in_repo": self.path_in_repo, "revision": self.revision, "time": self.time}
 
 
 def checkpoint_path(step: int, *, final: bool = False) -> str:
@@ -118,9 +158,20 @@ def parse_pointer(text: str | bytes, where: str) -> Pointer:
     path = field("path_in_repo", str)
     if not path or path.startswith("/") or ".." in path.split("/"):
         raise ValueError(f"{where}: path_in_repo {path!r} is not a repo-relative folder")
+    # History fields came later: a pointer without them is read as having none.
+    revision = doc.get("revision", "")
+    previous = doc.get("previous")
+    backward = doc.get("backward", False)
+    if not isinstance(revision, str) or not isinstance(backward, bool):
+        raise ValueError(f"{where}: 'revision' must be a string and 'backward' a bool, got {revision!r}, {backward!r}")
+    if previous is not None and not (isinstance(previous, dict) and isinstance(previous.get("step"), int)
+                                     and not isinstance(previous.get("step"), bool)
+                                     and isinstance(previous.get("path_in_repo"), str)):
+        raise ValueError(f"{where}: 'previous' must be null or an object with an int 'step' and a "
+                         f"'path_in_repo', got {previous!r}")
     return Pointer(step=step, path_in_repo=path.rstrip("/"), files=dict(files), tokens=tokens,
                    time=field("time", str), config_hash=field("config_hash", str),
-                   terminal=field("terminal", bool))
+                   terminal=field("terminal", bool), revision=revision, previous=previous, backward=backward)
 
 
 def read_pointer(store: Store) -> Pointer | None:
@@ -143,25 +194,102 @@ def config_hash(run_config: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def config_changes(old: dict, new: dict) -> list[str]:
-    """'field: old -> new' (values as JSON) for each CONFIG_HASH_FIELDS field that differs between two run
-    configs; a dict-valued field (numerics) is compared key by key, as field.key."""
-    def show(value: Any) -> str:
-        return "(absent)" if value is _ABSENT else json.dumps(value, sort_keys=True, default=str)
-
-    out = []
+def config_diff(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field, old, new) for each CONFIG_HASH_FIELDS field that differs between two run configs (None for an
+    absent value); a dict-valued field (numerics) is compared key by key, as field.key."""
+    out: list[tuple[str, Any, Any]] = []
     for k in CONFIG_HASH_FIELDS:
         a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
         if isinstance(a, dict) or isinstance(b, dict):
             a, b = (a if isinstance(a, dict) else {}), (b if isinstance(b, dict) else {})
-            out += [f"{k}.{n}: {show(a.get(n, _ABSENT))} -> {show(b.get(n, _ABSENT))}"
-                    for n in sorted(set(a) | set(b)) if a.get(n, _ABSENT) != b.get(n, _ABSENT)]
+            out += [(f"{k}.{n}", a.get(n), b.get(n)) for n in sorted(set(a) | set(b))
+                    if a.get(n, _ABSENT) != b.get(n, _ABSENT)]
         elif a != b:
-            out.append(f"{k}: {show(a)} -> {show(b)}")
+            out.append((k, None if a is _ABSENT else a, None if b is _ABSENT else b))
     return out
 
 
+def config_changes(old: dict, new: dict) -> list[str]:
+    """config_diff() as 'field: old -> new' lines (values as JSON)."""
+    return [f"{k}: {show_value(a)} -> {show_value(b)}" for k, a, b in config_diff(old, new)]
+
+
+def show_value(value: Any) -> str:
+    """A run-config value for a message: floats to 6 significant digits (lr/10 is 0.00030000000000000003),
+    the rest as JSON."""
+    if value is None:
+        return "(absent)"
+    if isinstance(value, float):
+        return repr(value) if len(repr(value)) <= 12 else format(value, ".6g")
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def unallowed_changes(diff: list[tuple[str, Any, Any]], allowed: frozenset[str]) -> list[str]:
+    """The fields of `diff` that `allowed` (names from --allow-config-change; `numerics` covers every
+    numerics.* option) does not cover."""
+    return [k for k, _, _ in diff if k not in allowed and k.split(".")[0] not in allowed]
+
+
+def judge_config_change(stored: dict | None, run_config: dict, allowed: frozenset[str],
+                        where: str) -> list[dict[str, Any]]:
+    """A config_hash mismatch between a checkpoint (its stored run config) and this run: the changes, as
+    [{field, old, new}], when --allow-config-change covers every one; ValueError saying what changed and
+    what to do otherwise."""
+    if not isinstance(stored, dict):
+        raise ValueError(f"{where} was written under another configuration (config_hash differs) and its "
+                         "run config cannot be read to say what changed; resume with the original flags or "
+                         "use a new repo")
+    diff = config_diff(stored, run_config)
+    lines = "; ".join(f"{k}: {show_value(a)} -> {show_value(b)}" for k, a, b in diff) or "no recorded field differs"
+    bad = unallowed_changes(diff, allowed)
+    if diff and not bad:
+        return [{"field": k, "old": a, "new": b} for k, a, b in diff]
+    fixed = [k for k in bad if k.split(".")[0] not in CHANGEABLE_FIELDS]
+    how = (f"these fields cannot change across a resume: {', '.join(fixed)} (they decide the step's shape, "
+           "the samples each rank reads or the data order): use the original values or a new repo" if fixed else
+           f"to change it on purpose, resume with --allow-config-change {','.join(bad)}; otherwise use the "
+           "original flags or a new repo") if diff else "use the original flags or a new repo"
+    raise ValueError(f"{where} was written under another configuration (changed: {lines}); resuming would "
+                     f"mix two runs silently. {how[0].upper()}{how[1:]}.")
+
+
 _ABSENT = object()
+
+
+def _canonical_sha(doc: dict) -> str:
+    canon = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def seal_trainer_state(state: dict, files: dict[str, str]) -> dict:
+    """``state`` plus ``files`` (the other checkpoint files' sha256) and ``manifest_sha256`` over the rest."""
+    doc = {k: v for k, v in state.items() if k not in ("files", "manifest_sha256")}
+    doc["files"] = dict(sorted(files.items()))
+    doc["manifest_sha256"] = _canonical_sha(doc)
+    return doc
+
+
+def unseal_trainer_state(raw: bytes | str, where: str) -> dict:
+    """The parsed trainer_state.json, its seal checked; ValueError naming ``where`` and what is wrong."""
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where} must be a JSON object")
+    seal = doc.pop("manifest_sha256", None)
+    if seal is None or not isinstance(doc.get("files"), dict):
+        raise ValueError(f"{where} records no file hashes (written before checkpoints recorded their own): "
+                         "it cannot be verified without a pointer")
+    if _canonical_sha(doc) != seal:
+        raise ValueError(f"{where} does not match its own manifest_sha256: it changed after it was written")
+    want = sorted(n for n in CHECKPOINT_FILES if n != STATE_FILE)
+    if sorted(doc["files"]) != want or not all(isinstance(h, str) and _SHA.match(h) for h in doc["files"].values()):
+        raise ValueError(f"{where}: 'files' must give the sha256 of exactly {want}")
+    for key in ("step", "tokens_consumed"):
+        if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool):
+            raise ValueError(f"{where}: {key!r} must be an int, got {doc.get(key)!r}")
+    return doc
 
 
 def write_checkpoint_dir(out_dir: Path, *, model: Any, cfg: Any, trainer_state: dict,
@@ -170,6 +298,7 @@ def write_checkpoint_dir(out_dir: Path, *, model: Any, cfg: Any, trainer_state: 
 
     ``optimizer_state`` is saved as given (the caller bundles optimizer, scheduler and scaler state dicts);
     ``rng_states`` is the list of every rank's RNG state, saved as given so ``torch.load`` returns it.
+    trainer_state.json is written last, sealed with the other files' hashes (:func:`seal_trainer_state`).
     """
     import torch
 
@@ -178,11 +307,13 @@ def write_checkpoint_dir(out_dir: Path, *, model: Any, cfg: Any, trainer_state: 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hashes = dict(save_pretrained(model, cfg, out_dir))
-    (out_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1, sort_keys=True) + "\n")
     torch.save(optimizer_state, out_dir / "optimizer.pt")
     torch.save(list(rng_states), out_dir / "rng.pt")
-    for name in ("trainer_state.json", "optimizer.pt", "rng.pt"):
+    for name in ("optimizer.pt", "rng.pt"):
         hashes[name] = sha256_file(out_dir / name)
+    sealed = seal_trainer_state(trainer_state, {n: hashes[n] for n in CHECKPOINT_FILES if n != STATE_FILE})
+    (out_dir / STATE_FILE).write_text(json.dumps(sealed, indent=1, sort_keys=True) + "\n")
+    hashes[STATE_FILE] = sha256_file(out_dir / STATE_FILE)
     return {name: hashes[name] for name in CHECKPOINT_FILES}
 
 
@@ -217,18 +348,29 @@ def prune_local(out_dir: Path, keep: Path) -> list[Path]:
     return removed
 
 
+class _Unverified(Exception):
+    """Internal: why a checkpoint folder does not verify."""
+
+
 class Checkpointer:
-    """push -> verify -> pointer -> prune over one store; resume decisions and cold fetch."""
+    """push -> verify -> pointer -> prune over one store, under its lease; resume decisions and cold fetch."""
 
     def __init__(self, store: Store, *, log: Callable[[str], None] = print, prune: bool = True,
-                 keep_optimizer_states: int = 1) -> None:
+                 keep_optimizer_states: int = 1, allow_rollback: bool = False,
+                 allow_changes: frozenset[str] = frozenset(), lease_ttl_s: float | None = None) -> None:
         if keep_optimizer_states < 1:
             raise ValueError(f"keep_optimizer_states must be >= 1 (the pointer's target always keeps its "
                              f"optimizer state), got {keep_optimizer_states}")
         self.store = store
         self.prune = prune
         self.keep_optimizer_states = keep_optimizer_states
+        self.allow_rollback = allow_rollback
+        self.allow_changes = allow_changes
+        self.config_changes: list[dict[str, Any]] = []   # what --allow-config-change let the resume change
         self._log = log
+        self.lease = Lease(store, ttl_s=lease_ttl_s, log=self._say)
+        self._pointer: Pointer | None = None     # the store's pointer as this writer last read or wrote it
+        self._pointer_known = False
 
     @property
     def url(self) -> str:
@@ -237,6 +379,19 @@ class Checkpointer:
     def _say(self, line: str) -> None:
         self._log(line)
         sys.stdout.flush()    # a kill right after this line must not lose it
+
+    def close(self) -> None:
+        """Release the lease (the end of a session, finished or failed). A failure is reported, not raised:
+        the next writer then waits for the lease to expire."""
+        try:
+            self.lease.release()
+        except (StoreError, OSError) as e:
+            self._say(f"lease: release FAILED ({type(e).__name__}: {e}); the next writer waits until it expires")
+
+    def _current_pointer(self) -> Pointer | None:
+        if not self._pointer_known:
+            self._pointer, self._pointer_known = read_pointer(self.store), True
+        return self._pointer
 
     # -- save path --------------------------------------------------------------------------------
     def push(self, step: int, local_dir: Path, files: dict[str, str], *, tokens: int, config_hash: str,
@@ -248,50 +403,91 @@ class Checkpointer:
             if "/" in name or not (local_dir / name).is_file():
                 raise StoreError(f"push step={step}: {local_dir / name} is not a file in the checkpoint folder")
         dest = checkpoint_path(step, final=final)
+        if not self.lease.held:
+            self.lease.acquire()
+        self._check_forward(step, dest, final)     # before uploading anything a backward move would waste
 
         self._say(f"CKPT push step={step} -> {dest}")
         t0 = time.monotonic()
         # Files of an earlier, different push to the same folder would otherwise survive next to ours.
         stale = [p for p in self.store.list_files() if p.startswith(dest + "/") and p[len(dest) + 1:] not in files]
-        revision = self.store.commit({f"{dest}/{n}": local_dir / n for n in sorted(files)}, delete=stale,
+        revision = self.lease.commit({f"{dest}/{n}": local_dir / n for n in sorted(files)}, delete=stale,
                                      message=f"checkpoint step {step} -> {dest}")
         self._say(f"CKPT pushed step={step} revision={revision} seconds={time.monotonic() - t0:.2f}")
 
-        self._verify(step, dest, files)
+        bad = self._verify(dest, files)
+        if bad:
+            self._repair(step, dest, local_dir, files, bad)
         self._say(f"CKPT verify step={step} ok files={len(files)}")
 
+        current = self._current_pointer()
+        backward = current is not None and (step, final) < (current.step, current.terminal)
         pointer = Pointer(step=step, path_in_repo=dest, files=dict(sorted(files.items())), tokens=tokens,
-                          time=_utc_now(), config_hash=config_hash, terminal=final)
+                          time=_utc_now(), config_hash=config_hash, terminal=final, revision=revision,
+                          previous=current.summary() if current is not None else None, backward=backward)
         self._write_pointer(pointer)
-        self._say(f"latest.json -> step={step} path={dest}")
+        self._say(f"latest.json -> step={step} path={dest}" + (
+            f" (moved BACK from step {current.step}, allowed by --allow-pointer-rollback)" if backward else ""))
 
         if self.prune:
             self._prune(step, pointer)
         return pointer
 
-    def _verify(self, step: int, dest: str, files: dict[str, str]) -> None:
-        bad = []
+    def _check_forward(self, step: int, dest: str, final: bool) -> None:
+        current = self._current_pointer()
+        if current is None or (step, final) >= (current.step, current.terminal) or self.allow_rollback:
+            return
+        raise StoreError(
+            f"push step={step} to {self.url}: {POINTER_PATH} is at step {current.step} ({current.path_in_repo}"
+            f"{', terminal' if current.terminal else ''}); moving it back to step {step} ({dest}) would fork the "
+            "run. Nothing was pushed. Resume from the store's pointer (--resume auto), or pass "
+            "--allow-pointer-rollback to move it back on purpose.")
+
+    def _verify(self, dest: str, files: dict[str, str]) -> dict[str, str]:
+        """{file name: what the store holds} for the files whose stored bytes differ from the local hashes."""
+        bad = {}
         for name, want in sorted(files.items()):
-            path = f"{dest}/{name}"
             try:
-                got = self.store.sha256(path)
+                got = self.store.sha256(f"{dest}/{name}")
             except EntryMissing:
                 got = "<missing>"
             if got != want:
-                bad.append(f"{path}: stored sha256 {got}, local sha256 {want}")
-        if bad:
-            raise StoreError(f"CKPT verify step={step} FAILED in {self.url}: " + "; ".join(bad)
-                             + f"; {POINTER_PATH} was NOT moved")
+                bad[name] = got
+        return bad
+
+    @staticmethod
+    def _mismatches(dest: str, files: dict[str, str], bad: dict[str, str]) -> str:
+        return "; ".join(f"{dest}/{n}: stored sha256 {got}, local sha256 {files[n]}" for n, got in bad.items())
+
+    def _repair(self, step: int, dest: str, local_dir: Path, files: dict[str, str], bad: dict[str, str]) -> None:
+        """Replace the files whose stored bytes are wrong: delete them, purge their objects (so the upload is
+        not deduplicated onto the bad ones), upload them again; verify again. StoreError when still wrong."""
+        names = sorted(bad)
+        self._say(f"CKPT repair step={step}: verify found {self._mismatches(dest, files, bad)}; deleting, purging "
+                  f"the stored objects and uploading again: {', '.join(names)}")
+        listed = self.store.list_files()
+        gone = [f"{dest}/{n}" for n in names if f"{dest}/{n}" in listed]
+        if gone:
+            self.lease.commit({}, delete=gone, message=f"repair step {step}: drop corrupt {', '.join(names)}")
+        self.store.purge_objects(sorted({files[n] for n in names}))
+        self.lease.commit({f"{dest}/{n}": local_dir / n for n in names},
+                          message=f"repair step {step}: upload {', '.join(names)} again")
+        still = self._verify(dest, files)
+        if still:
+            raise StoreError(f"CKPT verify step={step} FAILED in {self.url} even after a repair: "
+                             f"{self._mismatches(dest, files, still)}; {POINTER_PATH} was NOT moved")
 
     def _write_pointer(self, pointer: Pointer) -> None:
         with tempfile.TemporaryDirectory(prefix="specprobe-pointer-") as tmp:
             path = Path(tmp) / POINTER_PATH
             path.write_text(json.dumps(pointer.to_json(), indent=1, sort_keys=True) + "\n")
-            self.store.commit({POINTER_PATH: path}, message=f"latest.json -> step {pointer.step} {pointer.path_in_repo}")
+            self.lease.commit({POINTER_PATH: path},
+                              message=f"latest.json -> step {pointer.step} {pointer.path_in_repo}")
         # Read it back: a commit call that errored or "succeeded" is not proof of what the repo now says.
         back = read_pointer(self.store)
         if back != pointer:
             raise StoreError(f"{POINTER_PATH} in {self.url} reads back as {back} after writing step={pointer.step}")
+        self._pointer, self._pointer_known = pointer, True
 
     def _prune(self, step: int, pointer: Pointer) -> None:
         keep_step = None if pointer.path_in_repo == "final" else pointer.step
@@ -300,7 +496,7 @@ class Checkpointer:
         if not removed:
             return
         try:
-            self.store.commit({}, delete=removed, message=f"prune optimizer/rng state older than step {step}")
+            self.lease.commit({}, delete=removed, message=f"prune optimizer/rng state older than step {step}")
         except (StoreError, OSError) as e:   # the pointer is durable; a failed prune only costs space
             self._say(f"CKPT prune step={step} failed (training continues): {type(e).__name__}: {e}")
 
@@ -314,8 +510,11 @@ class Checkpointer:
                 raise ResumeRefused(f"repo {self.url} does not exist and creating it was not allowed; "
                                     "create it first or point --hub-repo at an existing repo")
             self.store.create()
+            self.lease.acquire()
+            self._pointer, self._pointer_known = None, True
             self._say(f"auto-resume: repo missing, created {self.url}, fresh start")
             return None
+        self.lease.acquire()        # before reading: from here on nobody else moves the pointer
         listing = self.store.list_files()
         try:
             pointer = read_pointer(self.store)
@@ -323,19 +522,85 @@ class Checkpointer:
             raise ResumeRefused(f"{e}; refusing to guess which checkpoint is current. Repair or delete "
                                 f"{POINTER_PATH}, or resume into a new repo.") from None
         if pointer is None:
-            history = sorted({p.split("/")[0] if p.startswith("final/") else "/".join(p.split("/")[:2])
-                              for p in listing if p.startswith(("ckpt/", "final/"))})
-            if history:
-                raise ResumeRefused(
-                    f"{self.url} has no {POINTER_PATH} but holds checkpoints ({', '.join(history)}): a push whose "
-                    "pointer never landed, or a deleted pointer; refusing to start fresh over a repo with "
-                    "history. Delete the repo or resume into a new one.")
-            self._say(f"auto-resume: no pointer in {self.url}, fresh start")
-            return None
-        self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step,
-                            run_config=run_config)
+            if any(p.startswith(("ckpt/", "final/")) for p in listing):
+                pointer = self._recover(listing, config_hash=config_hash, horizon_step=horizon_step,
+                                        run_config=run_config)
+            else:
+                self._pointer, self._pointer_known = None, True
+                self._say(f"auto-resume: no pointer in {self.url}, fresh start")
+                return None
+        else:
+            self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step,
+                                run_config=run_config)
+            self._pointer, self._pointer_known = pointer, True
+            self._note_newer(pointer, listing)
         self._say(f"auto-resume: pointer step={pointer.step} path={pointer.path_in_repo}")
         return pointer
+
+    def _recover(self, listing: dict[str, FileInfo], *, config_hash: str, horizon_step: int,
+                 run_config: dict | None = None) -> Pointer:
+        """No pointer, but checkpoints: point at the newest one that fully verifies, or refuse saying why none does."""
+        steps = sorted({int(m.group(1)) for p in listing if (m := _CKPT_DIR.match(p))}, reverse=True)
+        # A ckpt/ folder before final/ at the same step: resuming there only re-does the final push.
+        candidates = [checkpoint_path(s) for s in steps] + (["final"] if any(p.startswith("final/") for p in listing)
+                                                           else [])
+        found: list[str] = []
+        for path in candidates:
+            try:
+                state, files = self._verify_checkpoint(path, listing)
+            except _Unverified as e:
+                found.append(f"{path}: {e}")
+                continue
+            pointer = Pointer(step=state["step"], path_in_repo=path, files=files, tokens=state["tokens_consumed"],
+                              time=_utc_now(), config_hash=str(state.get("config_hash", "")),
+                              terminal=path == "final", revision=self.store.revision())
+            self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step,
+                                run_config=run_config)
+            skipped = f"; newer ones do not verify: {'; '.join(found)}" if found else ""
+            self._say(f"auto-resume: {self.url} has no {POINTER_PATH}; {path} verifies ({len(files)} files re-hashed "
+                      f"from the stored bytes match what it recorded){skipped}; moving {POINTER_PATH} there")
+            self._pointer, self._pointer_known = None, True
+            self._write_pointer(pointer)
+            self._say(f"latest.json -> step={pointer.step} path={path} (recovered)")
+            return pointer
+        raise ResumeRefused(
+            f"{self.url} has no {POINTER_PATH} and none of its checkpoints verifies against the bytes the store "
+            f"holds: {'; '.join(found)}. Refusing to start fresh over a repo with history. Delete the repo or "
+            "resume into a new one.")
+
+    def _verify_checkpoint(self, path: str, listing: dict[str, FileInfo]) -> tuple[dict, dict[str, str]]:
+        """(trainer_state, {file: sha256}) when every file of ``path`` re-hashes, from the stored bytes, to what
+        its trainer_state.json recorded at save time; _Unverified saying why not otherwise."""
+        missing = [n for n in CHECKPOINT_FILES if f"{path}/{n}" not in listing]
+        if missing:
+            pruned = " (pruned: only the newest checkpoints keep them)" if set(missing) <= set(PRUNABLE_FILES) else ""
+            raise _Unverified(f"{', '.join(missing)} missing{pruned}")
+        try:
+            raw = self.store.read_bytes(f"{path}/{STATE_FILE}")
+            state = unseal_trainer_state(raw, STATE_FILE)
+        except (StoreError, ValueError) as e:
+            raise _Unverified(str(e)) from None
+        m = _CKPT_DIR.match(path + "/")
+        if m and int(m.group(1)) != state["step"]:
+            raise _Unverified(f"{STATE_FILE} says step {state['step']}, the folder is step {m.group(1)}")
+        bad = []
+        for name, want in sorted(state["files"].items()):
+            try:
+                got = self.store.sha256(f"{path}/{name}")
+            except StoreError as e:
+                got = f"<unreadable: {e}>"
+            if got != want:
+                bad.append(f"{name} stored sha256 {got}, {STATE_FILE} records {want}")
+        if bad:
+            raise _Unverified("; ".join(bad))
+        return state, {**state["files"], STATE_FILE: hashlib.sha256(raw).hexdigest()}
+
+    def _note_newer(self, pointer: Pointer, listing: dict[str, FileInfo]) -> None:
+        newer = sorted({s for p in listing if (m := _CKPT_DIR.match(p)) and (s := int(m.group(1))) > pointer.step})
+        if newer:
+            self._say(f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
+                      f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "
+                      "pointer); the next push of that step replaces it")
 
     def _check_pointer(self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int,
                        run_config: dict | None = None) -> None:
@@ -350,17 +615,34 @@ class Checkpointer:
                 f"{where} is terminal: the run already finished at step {p.step} ({p.path_in_repo}); nothing "
                 "to resume. Use a new repo to train again.")
         if p.config_hash != config_hash:
-            changed = self._stored_config_changes(p, run_config) if run_config is not None else []
-            what = ("changed: " + "; ".join(changed)) if changed else \
-                f"one of {', '.join(CONFIG_HASH_FIELDS)} changed"
-            raise ResumeRefused(
-                f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
-                f"{config_hash}: {what}, and resuming would mix two runs. Resume with the original "
-                "configuration or use a new repo.")
+            if run_config is None:
+                raise ResumeRefused(
+                    f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
+                    f"{config_hash}: one of {', '.join(CONFIG_HASH_FIELDS)} changed, and resuming would mix "
+                    "two runs. Resume with the original configuration or use a new repo.")
+            try:
+                self.config_changes = judge_config_change(self._stored_run_config(p), run_config,
+                                                          self.allow_changes, f"{where} (step {p.step})")
+            except ValueError as e:
+                raise ResumeRefused(str(e)) from None
         if p.step > horizon_step:
             raise ResumeRefused(
                 f"{where} is at step {p.step}, past this run's horizon step {horizon_step}; refusing to "
                 "resume backwards. Use the original --tokens or a new repo.")
+        prev = p.previous
+        if prev is not None and prev["step"] > p.step and not p.backward:
+            if not self.allow_rollback:
+                raise ResumeRefused(
+                    f"{where} moved backwards: it is at step {p.step} ({p.path_in_repo}) but the pointer it "
+                    f"replaced was at step {prev['step']} ({prev['path_in_repo']}, revision "
+                    f"{prev.get('revision') or '?'}): resuming would silently drop steps {p.step + 1}..{prev['step']}. "
+                    "Find out who moved it; pass --allow-pointer-rollback to resume from the older step on purpose.")
+            self._say(f"auto-resume: {POINTER_PATH} moved back from step {prev['step']} to {p.step}; resuming "
+                      "from it as --allow-pointer-rollback asks")
+        m = _CKPT_DIR.match(p.path_in_repo + "/")
+        if m and int(m.group(1)) != p.step:
+            raise ResumeRefused(f"{where} says step {p.step} but points at {p.path_in_repo}; refusing to guess "
+                                "which is right. Repair or delete the pointer.")
         missing_req = [n for n in CHECKPOINT_FILES if n not in p.files]
         if missing_req:
             raise ResumeRefused(
@@ -380,16 +662,42 @@ class Checkpointer:
                     f"{POINTER_PATH} points at {p.path_in_repo} but {path} in {self.url} has sha256 {got}, the "
                     f"pointer says {want}: the checkpoint changed after it was verified. Delete the repo or "
                     "resume into a new one.")
+        self._check_against_state(p, where)
 
-    def _stored_config_changes(self, p: Pointer, run_config: dict) -> list[str]:
-        """config_changes() against the run config in the pointer's trainer_state.json; [] where that file
-        cannot be read (the refusal then names the hashed fields instead)."""
+    def _check_against_state(self, p: Pointer, where: str) -> None:
+        """The pointer and its checkpoint's own record must agree: a resume starts from what trainer_state.json
+        says, so a pointer naming another step, token count or configuration would silently change the run."""
+        raw = self.store.read_bytes(f"{p.path_in_repo}/{STATE_FILE}")
+        try:
+            state = json.loads(raw)
+            if not isinstance(state, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            raise ResumeRefused(f"{p.path_in_repo}/{STATE_FILE} in {self.url} is unreadable ({e})") from None
+        if "manifest_sha256" in state:
+            try:
+                state = unseal_trainer_state(raw, f"{p.path_in_repo}/{STATE_FILE}")
+            except ValueError as e:
+                raise ResumeRefused(f"{e}. Delete the repo or resume into a new one.") from None
+        differ = [f"{what}: pointer {mine!r}, {STATE_FILE} {theirs!r}" for what, mine, theirs in (
+            ("step", p.step, state.get("step")), ("tokens", p.tokens, state.get("tokens_consumed")),
+            ("config_hash", p.config_hash, state.get("config_hash")))
+            if mine != theirs]
+        differ += [f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h}" for n, h in sorted(state.get("files", {}).items())
+                   if p.files.get(n) != h]
+        if differ:
+            raise ResumeRefused(
+                f"{where} and {p.path_in_repo}/{STATE_FILE} disagree ({'; '.join(differ)}); refusing to guess "
+                "which one describes the run. Repair the pointer or resume into a new repo.")
+
+    def _stored_run_config(self, p: Pointer) -> dict | None:
+        """The run config in the pointer's trainer_state.json; None where that file cannot be read."""
         try:
             state = json.loads(self.store.read_bytes(f"{p.path_in_repo}/trainer_state.json"))
-            stored = state.get("run_config") if isinstance(state, dict) else None
         except (StoreError, ValueError, UnicodeDecodeError):
-            return []
-        return config_changes(stored, run_config) if isinstance(stored, dict) else []
+            return None
+        stored = state.get("run_config") if isinstance(state, dict) else None
+        return stored if isinstance(stored, dict) else None
 
     def fetch(self, pointer: Pointer, dest: Path) -> Path:
         """Download the pointer's files into ``dest``; each must match the pointer's sha256 (one retry)."""
@@ -423,8 +731,10 @@ def sha256_source(store: Store) -> str:
     return "hub-lfs"                     # the Hub's LFS sha256; null for files stored without LFS
 
 
-def hub_state(store: Store) -> dict[str, Any]:
-    """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error."""
+def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
+    """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error.
+    ``hash_stored_bytes``: also read back every file the pointer names and hash the bytes themselves
+    (``pointer_target_sha256_stored``), where the listing only repeats the hash recorded at upload."""
     doc: dict[str, Any] = {"repo": None, "exists": False, "error": None, "files": [], "sha256": {},
                            "sha256_source": None, "checkpoints": [], "has_final": False, "pointer": None,
                            "pointer_error": None}
@@ -450,6 +760,10 @@ def hub_state(store: Store) -> dict[str, Any]:
         doc["pointer"] = pointer.to_json() if pointer else None
         if pointer:
             doc["pointer_target_sha256"] = _target_hashes(store, pointer, listing)
+            if hash_stored_bytes:
+                doc["pointer_target_sha256_stored"] = {
+                    name: store.sha256(path) if (path := f"{pointer.path_in_repo}/{name}") in listing else None
+                    for name in pointer.files}
     except Exception as e:  # noqa: BLE001
         doc["pointer_error"] = redact_url(f"{type(e).__name__}: {e}")
     return doc

@@ -4,12 +4,17 @@ resume must match. Pure functions, except choose_runtime(), which asks torch abo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from trainer.checkpoint import CHANGEABLE_FIELDS, CONFIG_HASH_FIELDS
 from trainer.options import ModelOptions, OptionError
+
+# The model options a resume may change one by one (--allow-config-change numerics.NAME).
+NUMERICS_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelOptions) if f.metadata["numerics"])
 
 DESCRIPTION = "Resumable Llama-style trainer with store-backed checkpoints (the system specprobe checks)."
 MODEL_CHOICES = ("ounce100m-22l", "tiny")
@@ -52,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-tokens", type=int, default=0, help="0 skips validation")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     p.add_argument("--resume", default="auto", help="auto | never | PATH of a local checkpoint dir")
+    p.add_argument("--allow-config-change", action="append", default=[], metavar="FIELD[,FIELD...]",
+                   help="let a resume change these run-config fields on purpose (lr, min_lr, warmup_steps, "
+                        "weight_decay, grad_clip, schedule, precision, tokens, numerics or numerics.OPTION); "
+                        "each change is logged and recorded in RUN_JSON config_changes")
+    p.add_argument("--allow-pointer-rollback", action="store_true",
+                   help="resume from (or push over) a latest.json that moved back to an earlier step")
     p.add_argument("--stop-after-steps", type=int, default=0, help="absolute stop step; 0 = horizon")
     p.add_argument("--seed", type=int, default=1337, help="model init and data order")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto = cuda when available")
@@ -83,6 +94,7 @@ class RunPlan:
     grad_ckpt: bool
     resume_mode: str        # "auto" | "never" | "path"
     resume_path: Path | None
+    allowed_changes: frozenset[str] = frozenset()   # --allow-config-change
 
     @property
     def horizon_leg(self) -> bool:
@@ -126,6 +138,17 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
     warmup = args.warmup_steps if args.warmup_steps is not None else min(100, total // 10)
     if not 0 <= warmup <= total:
         raise UsageError(f"--warmup-steps must be within [0, {total}], got {warmup}")
+    allowed = frozenset(n.strip() for item in args.allow_config_change for n in item.split(",") if n.strip())
+    for name in sorted(allowed):
+        if name.split(".")[0] not in CHANGEABLE_FIELDS or (name.startswith("numerics.") and
+                                                           name.split(".", 1)[1] not in NUMERICS_OPTIONS):
+            fixed = name in CONFIG_HASH_FIELDS
+            raise UsageError(
+                f"--allow-config-change {name}: " + (
+                    "this field cannot change across a resume (it decides the step's shape, the samples each "
+                    "rank reads or the data order)" if fixed else "not a run-config field") +
+                f"; changeable: {', '.join(CHANGEABLE_FIELDS)} (numerics.OPTION for one of "
+                f"{', '.join(NUMERICS_OPTIONS)})")
     if args.resume in ("auto", "never"):
         mode, path = args.resume, None
     else:
@@ -137,7 +160,7 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
     return RunPlan(world_size=world_size, tokens_per_step=tps, total_steps=total,
                    stop_step=args.stop_after_steps or total, warmup_steps=warmup,
                    min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
-                   grad_ckpt=bool(args.grad_ckpt), resume_mode=mode, resume_path=path)
+                   grad_ckpt=bool(args.grad_ckpt), resume_mode=mode, resume_path=path, allowed_changes=allowed)
 
 
 def checkpoint_steps(start_step: int, stop_step: int, push_every: int) -> list[int]:
@@ -262,11 +285,11 @@ def lr_factor(done: int, *, total: int, warmup: int, lr: float, min_lr: float, s
 
 
 def run_config(args: argparse.Namespace, plan: RunPlan, runtime: "Runtime") -> dict[str, Any]:
-    """What defines the run, recorded in every checkpoint's trainer_state.json. A resume compares the
-    fields named by trainer.checkpoint.CONFIG_HASH_FIELDS through their config_hash: today model, seq_len,
-    micro_batch, accum, world_size, tokens, lr, seed, schedule and `numerics` (the model options that
-    change what is computed, trainer/options.py). The other fields (precision, min_lr, warmup_steps,
-    weight_decay, grad_clip and the derived step counts) are recorded but not compared."""
+    """What defines the run, recorded in every checkpoint's trainer_state.json. A resume compares every
+    field but the two derived step counts (tokens_per_step, total_steps: functions of the others) through
+    config_hash (trainer.checkpoint.CONFIG_HASH_FIELDS); `numerics` holds the model options that change
+    what is computed (trainer/options.py). A change refuses the resume unless --allow-config-change names
+    it (and only the recipe fields may be named: trainer.checkpoint.CHANGEABLE_FIELDS)."""
     return {"model": args.model, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
             "accum": args.accum, "world_size": plan.world_size, "tokens": args.tokens,
             "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps, "lr": args.lr,

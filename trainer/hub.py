@@ -12,6 +12,8 @@ Client calls used (kept small on purpose; ``tests/test_hub_store.py`` drives eve
 - ``hf_hub_download``           read_bytes(), download(), sha256() (a fresh cache dir every time: the bytes are
   always read back from the Hub, never from a local cache)
 - ``HfApi.delete_repo``, ``HfApi.whoami``
+- ``HfApi.list_lfs_files`` + ``HfApi.permanently_delete_lfs_files``   purge_objects(): the repair of a corrupt
+  stored object (without it, pushing the same bytes again deduplicates onto the bad object forever)
 
 Version notes: 0.26 .. 0.x run on ``requests``, 1.x on ``httpx``, 2.x on ``httpx2``; transport errors of all
 three are recognised. ``LocalEntryNotFoundError`` is a subclass of ``EntryNotFoundError`` in every release and
@@ -19,15 +21,24 @@ means "the Hub could not be reached", so it is checked first. ``delete_repo(miss
 in older releases).
 
 Failure handling. Transient failures (HTTP 408/429/500/502/503/504, connection resets, timeouts) are retried
-with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``). A
-commit's failure after the request may have reached the Hub is ambiguous: every commit carries a unique
-``specprobe-commit`` marker, and before pushing again the history is read back; a commit that landed is
-returned, not pushed twice. A 412 (the head moved under ``parent_commit``) re-reads the head and retries.
-Downloads compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id
-for regular ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists
+with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``; the
+jitter draws from the policy's own ``random.Random``, never the global one that training state saves). In
+the upload phase of a commit (preupload, LFS batch, the storage PUT, Xet), before anything is committed, a
+400 (storage rejecting a cut body), 409, 422 and a 403 from storage (an expired presigned URL) are retried
+too; 401, 404 and any 4xx from the commit endpoint itself are final. An HTTP status carried in the text of a
+transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
+classified like the status itself. Messages keep every cause in the exception chain (the server's message
+included), and a 401 names HF_TOKEN and ``hf auth login``. A commit's failure after the request may have
+reached the Hub is ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing
+again the history is read back; a commit that landed is returned, not pushed twice. A 412 (the head moved
+under ``parent_commit``) re-reads the head and retries, unless the caller asked for a compare-and-swap
+(``expect_revision``): then it raises ``Conflict``. Downloads compare the bytes with the hash the Hub
+recorded at upload (sha256 for LFS files, the git blob id for regular ones) and re-download on a mismatch,
+which catches truncated transfers; a mismatch that persists
 is silent corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
 
-The token is never logged, put in a message or a repr: messages pass through :meth:`HubStore._safe`.
+The token is ``token=`` or else ``huggingface_hub.get_token()`` (HF_TOKEN, or the token ``hf auth login``
+saved). It is never logged, put in a message or a repr: messages pass through :meth:`HubStore._safe`.
 """
 
 from __future__ import annotations
@@ -45,13 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, get_hf_file_metadata,
+from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, get_hf_file_metadata, get_token,
                              hf_hub_download, hf_hub_url)
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
+from huggingface_hub.utils import (EntryNotFoundError, LocalEntryNotFoundError,
                                    RepositoryNotFoundError, RevisionNotFoundError)
 
-from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
+from trainer.store import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
 
 __all__ = ["HubStore", "RetryPolicy", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
@@ -59,6 +70,16 @@ log = logging.getLogger("trainer.hub")
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# 4xx answers to the upload phase of a commit that a new try can change (nothing was committed): a cut or
+# rejected body (400), a presigned storage URL that expired (403, storage only), a conflict (409, 422).
+UPLOAD_RETRY_STATUS = frozenset({400, 403, 409, 422})
+_COMMIT_URL = re.compile(r"/api/(?:models|datasets|spaces)/[^/]+/[^/]+/commit/")
+_API_URL = re.compile(r"/api/")
+# How an HTTP status reads inside the text of a transport error (hf_xet's reqwest errors, httpx, requests).
+_TEXT_STATUS = (re.compile(r"status (?:client |server )?error \((\d{3})\b"),
+                re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"),
+                re.compile(r"\bstatus(?: code)?\s*[=:]\s*(\d{3})\b"))
+_TEXT_URL = re.compile(r"(?:domain|url|URL):\s*(\S+)")
 COMMIT_MARKER = "specprobe-commit"
 # Files the Hub itself keeps in every repo: bookkeeping, not store content (a local store has no such file).
 HUB_BOOKKEEPING = frozenset({".gitattributes"})
@@ -95,6 +116,8 @@ class RetryPolicy:
     max_retry_after_s: float = 300.0    # a Retry-After beyond this is capped (never waits forever)
     verify_attempts: int = 3            # downloads whose bytes do not match the recorded hash
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+    # Its own generator: the global `random` is training state (saved in rng.pt), which a retry must not move.
+    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "RetryPolicy":
@@ -112,7 +135,7 @@ class RetryPolicy:
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait after failed try number ``attempt`` (1-based)."""
         d = min(self.max_s, self.base_s * (2 ** (attempt - 1)))
-        d *= 1.0 - random.uniform(0.0, max(0.0, min(1.0, self.jitter)))
+        d *= 1.0 - self.rng.uniform(0.0, max(0.0, min(1.0, self.jitter)))
         if retry_after is not None:
             d = max(d, min(float(retry_after), self.max_retry_after_s))
         return d
@@ -153,17 +176,57 @@ def _retry_after(exc: BaseException) -> float | None:
         return None     # an HTTP date: fall back to our own backoff
 
 
-def _transient(exc: BaseException) -> _Transient | None:
-    """Whether ``exc`` (or anything it wraps, e.g. the client's "Error while uploading") is transient."""
+def _request_url(exc: BaseException) -> str:
+    """The URL of the request that failed, from the error's response (or its text); "" when unknown."""
+    try:
+        request = getattr(getattr(exc, "response", None), "request", None)   # httpx raises if unset
+    except RuntimeError:
+        request = None
+    url = getattr(request, "url", None)
+    if url:
+        return str(url)
+    m = _TEXT_URL.search(str(exc))
+    return m.group(1) if m else ""
+
+
+def _text_status(exc: BaseException) -> int | None:
+    text = str(exc)
+    for rx in _TEXT_STATUS:
+        m = rx.search(text)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _status_anywhere(exc: BaseException, code: int) -> bool:
+    return any(_status(e) == code or (isinstance(e, TRANSPORT_ERRORS) and _text_status(e) == code)
+               or type(e).__name__ == "XetAuthenticationError" and code == 401 for e in _chain(exc))
+
+
+def _by_status(code: int, url: str, *, uploading: bool, retry_after: float | None) -> "_Transient | None":
+    if code in TRANSIENT_STATUS:
+        return _Transient(f"HTTP {code}", retry_after)
+    # Upload phase: the failing request is not the commit itself, so nothing was committed. A 403 from the
+    # Hub API is a permission answer; from storage it is typically an expired presigned URL.
+    if uploading and code in UPLOAD_RETRY_STATUS and not _COMMIT_URL.search(url) \
+            and not (code == 403 and _API_URL.search(url)):
+        return _Transient(f"HTTP {code} during the upload, before anything was committed")
+    return None     # a definite answer (4xx): not transient
+
+
+def _transient(exc: BaseException, *, uploading: bool = False) -> _Transient | None:
+    """Whether ``exc`` (or anything it wraps, e.g. the client's "Error while uploading") is transient.
+    ``uploading``: ``exc`` came out of a commit call, whose upload phase is retried on more 4xx answers."""
     for e in _chain(exc):
-        if isinstance(e, HfHubHTTPError) and _status(e) is not None:
-            code = _status(e)
-            if code in TRANSIENT_STATUS:
-                return _Transient(f"HTTP {code}", _retry_after(e))
-            return None     # a definite answer from the Hub (4xx): not transient
+        code = _status(e)
+        if code is not None:        # an HTTP answer (HfHubHTTPError, or the HTTP stack's own status error)
+            return _by_status(code, _request_url(e), uploading=uploading, retry_after=_retry_after(e))
         if isinstance(e, LocalEntryNotFoundError):
             return _Transient("the Hub could not be reached")
         if isinstance(e, TRANSPORT_ERRORS):
+            code = _text_status(e)
+            if code is not None and code >= 400:
+                return _by_status(code, _request_url(e), uploading=uploading, retry_after=None)
             return _Transient(f"{type(e).__name__}")
     return None
 
@@ -196,7 +259,8 @@ class HubStore:
         self.repo_id = repo_id
         self.repo_type = repo_type
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-        self._token = token if token is not None else (os.environ.get("HF_TOKEN") or None)
+        # get_token(): HF_TOKEN, else the token `hf auth login` saved (what every other Hub tool uses).
+        self._token = token if token is not None else (get_token() or None)
         self.private = private
         self.retry = retry if retry is not None else RetryPolicy.from_env()
         self.url = f"hf://{repo_id}" if repo_type == "dataset" else f"hf://{repo_type}s/{repo_id}"
@@ -222,6 +286,9 @@ class HubStore:
         info = self._call("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
         return str(info.sha)
 
+    def revision(self) -> str:
+        return self.head()
+
     def list_files(self) -> dict[str, FileInfo]:
         def listing() -> list[Any]:
             return list(self._api.list_repo_tree(self.repo_id, repo_type=self.repo_type, recursive=True))
@@ -238,7 +305,8 @@ class HubStore:
             out[e.path] = FileInfo(path=e.path, size=int(e.size), sha256=sha)
         return out
 
-    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "",
+               expect_revision: str | None = None) -> str:
         add = {str(p): Path(local) for p, local in add.items()}
         for p, local in add.items():
             if not local.is_file():
@@ -266,7 +334,7 @@ class HubStore:
                     log.warning("hub: %s: commit %s landed although its answer was lost (%s); not pushing again",
                                 self.url, landed, last)
                     return landed
-            parent = self.head()
+            parent = expect_revision if expect_revision is not None else self.head()
             try:
                 info = self._api.create_commit(self.repo_id, operations(), commit_message=summary,
                                                commit_description=description, repo_type=self.repo_type,
@@ -282,11 +350,21 @@ class HubStore:
                                               f"({', '.join(delete)}): {self._describe(e)}")) from e
             except Exception as e:      # noqa: BLE001 - classified below; anything else is re-raised
                 last = self._describe(e)
+                if _status_anywhere(e, 401):
+                    raise StoreError(self._auth_message("commit", e)) from e
                 if _status(e) == 412:
+                    if expect_revision is not None:
+                        # Compare-and-swap: a commit of ours whose answer was lost is found above; anything
+                        # else that moved the head is someone else's, and the caller decides.
+                        landed = self._find_commit(marker) if maybe_landed else None
+                        if landed is not None:
+                            return landed
+                        raise Conflict(self._safe(f"{self.url}: commit expected revision {expect_revision}, "
+                                                  f"the head moved: {last}; nothing committed")) from e
                     # The head moved under parent_commit (another writer, or our own earlier try): re-read it.
                     t = _Transient("HTTP 412 conflict")
                 else:
-                    t = _transient(e)
+                    t = _transient(e, uploading=True)
                     if t is None:
                         # Not an answer from the Hub (e.g. the client failing to parse the reply): the commit
                         # may have landed before the client failed, so look before reporting a failure.
@@ -354,6 +432,29 @@ class HubStore:
                 maybe_landed = True
                 self._backoff("delete repo", attempt, t)
 
+    def purge_objects(self, sha256s: Sequence[str]) -> None:
+        """Permanently delete the LFS objects with these sha256 ids, so that the next upload of that content
+        really uploads instead of deduplicating onto a corrupt object. History is not rewritten: commits
+        that referenced the object keep a dangling (already corrupt) file. Non-LFS files need no purge: a
+        commit that deleted the path makes the client send the bytes again."""
+        wanted = set(sha256s)
+        if not wanted:
+            return
+        lister = getattr(self._api, "list_lfs_files", None)
+        deleter = getattr(self._api, "permanently_delete_lfs_files", None)
+        if lister is None or deleter is None:
+            log.warning("hub: %s: this huggingface_hub has no list_lfs_files; cannot purge %s", self.url,
+                        sorted(wanted))
+            return
+        try:
+            listed = self._call("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
+            found = [f for f in listed if getattr(f, "file_oid", None) in wanted]
+            if found:
+                self._call("purge LFS objects", lambda: deleter(self.repo_id, found, rewrite_history=False,
+                                                                repo_type=self.repo_type))
+        except StoreError as e:     # the re-upload may still dedup onto the bad object: verify will say so
+            log.warning("hub: %s: could not purge %s: %s", self.url, sorted(wanted), e)
+
     def whoami(self) -> str:
         """The user name the token belongs to (raises StoreError when the Hub rejects the token)."""
         info = self._call("whoami", lambda: self._api.whoami())
@@ -381,6 +482,8 @@ class HubStore:
             except RevisionNotFoundError as e:
                 raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
             except Exception as e:      # noqa: BLE001 - classified below
+                if _status_anywhere(e, 401):
+                    raise StoreError(self._auth_message(what, e)) from e
                 t = _transient(e)
                 if t is None:
                     raise StoreError(self._safe(f"{self.url}: {what} failed: {self._describe(e)}")) from e
@@ -456,12 +559,33 @@ class HubStore:
                              "bytes are corrupt")
 
     def _missing_message(self) -> str:
-        return (f"Hub {self.repo_type} repo {self.repo_id} does not exist at {self.endpoint} "
-                "(or the token cannot see it)")
+        who = "the token cannot see it" if self._token else \
+            "it is private and no token was found: set HF_TOKEN or run `hf auth login`"
+        return f"Hub {self.repo_type} repo {self.repo_id} does not exist at {self.endpoint} (or {who})"
 
     def _describe(self, e: BaseException) -> str:
-        first = (str(e).strip().splitlines() or [""])[0]
-        return self._safe(f"{type(e).__name__}: {first}" if first else type(e).__name__)
+        """Every cause in the chain, outermost first, so the server's own words survive the client's
+        wrappers ("Error while uploading ..." <- "400 Client Error ..." <- the server's message)."""
+        parts: list[str] = []
+        for x in _chain(e)[:5]:
+            first = (str(x).strip().splitlines() or [""])[0]
+            text = f"{type(x).__name__}: {first}" if first else type(x).__name__
+            server = (getattr(x, "server_message", None) or "").strip()
+            if server and server.splitlines()[0] not in text:
+                text += f" (server says: {server.splitlines()[0]})"
+            if not any(text in p or first and first in p for p in parts):
+                parts.append(text)
+        return self._safe(" <- ".join(parts)[:2000])
+
+    def _auth_message(self, what: str, e: BaseException) -> str:
+        if self._token:
+            hint = (f"the token in use (HF_TOKEN, or the one `hf auth login` saved) is invalid, expired or has no "
+                    f"access to {self.repo_id}: set HF_TOKEN to a valid token with write access, or run "
+                    "`hf auth login`")
+        else:
+            hint = "no token was found: set HF_TOKEN or run `hf auth login`"
+        return self._safe(f"{self.url}: {what} failed: the Hub rejected the credentials (HTTP 401): {hint}. "
+                          f"Cause: {self._describe(e)}")
 
     def _safe(self, text: str) -> str:
         """``text`` with the token (and anything shaped like a Hub token) blanked out."""

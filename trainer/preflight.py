@@ -3,8 +3,9 @@ target's requirements, before a long session is spent finding out?
 
 Checks, each reported on its own line when it fails:
   --gpus N        CUDA is available and at least N GPUs are visible (N=0 skips the GPU checks)
-  --need-token    HF_TOKEN is set (never printed; only whether it is there)
-  --repo URL      a store URL that parses; a Hub URL (hf://owner/name or owner/name) also needs HF_TOKEN
+  --need-token    a Hugging Face token is available: HF_TOKEN, or the token `hf auth login` saved (what
+                  huggingface_hub.get_token() finds; never printed, only whether and where it was found)
+  --repo URL      a store URL that parses; a Hub URL (hf://owner/name or owner/name) also needs a token
 
 Exit codes: 0 every requirement met (one summary line on stdout); 3 at least one missing (one line per
 missing requirement on stderr, each starting with "preflight: "); 2 bad command line.
@@ -28,9 +29,17 @@ def _cuda_probe() -> tuple[bool, int, list[str]]:
     return True, n, [torch.cuda.get_device_name(i) for i in range(n)]
 
 
+def _login_token() -> str | None:
+    """The token huggingface_hub would use: HF_TOKEN, else the one `hf auth login` saved (or Colab's secret)."""
+    from huggingface_hub import get_token
+    return get_token()
+
+
 def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str, str],
-          cuda: Callable[[], tuple[bool, int, list[str]]] = _cuda_probe) -> tuple[list[str], str]:
-    """Returns (problems, summary). Pure apart from `cuda()`; the token's value is never used in output."""
+          cuda: Callable[[], tuple[bool, int, list[str]]] = _cuda_probe,
+          login_token: Callable[[], str | None] = _login_token) -> tuple[list[str], str]:
+    """Returns (problems, summary). Pure apart from `cuda()` and `login_token()`; the token's value is never
+    used in output. A token counts from ``environ``'s HF_TOKEN or, failing that, from ``login_token()``."""
     problems: list[str] = []
     parts: list[str] = []
     if gpus > 0:
@@ -41,7 +50,8 @@ def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str
             problems.append(f"{n} GPU(s) visible, {gpus} required ({', '.join(names) or 'none'})")
         else:
             parts.append(f"gpus={n} ({', '.join(sorted(set(names)))})")
-    token_set = bool(environ.get("HF_TOKEN", "").strip())
+    token_from = "HF_TOKEN=set" if environ.get("HF_TOKEN", "").strip() else \
+        ("token=saved (hf auth login)" if (login_token() or "").strip() else None)
     hub_repo = False
     if repo is not None:
         from trainer.store import redact_url
@@ -53,11 +63,12 @@ def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str
         else:
             hub_repo = url.kind == "hf"
             parts.append(f"repo={redact_url(repo)} ({'hub' if hub_repo else 'local'})")
-    if (need_token or hub_repo) and not token_set:
+    if (need_token or hub_repo) and token_from is None:
         why = "--need-token" if need_token else f"--repo {redact_repo(repo)} is a Hub repo"
-        problems.append(f"HF_TOKEN is not set in the environment ({why})")
+        problems.append(f"no Hugging Face token: HF_TOKEN is not set in the environment and `hf auth login` "
+                        f"saved none ({why})")
     elif need_token or hub_repo:
-        parts.append("HF_TOKEN=set")
+        parts.append(token_from)
     return problems, "preflight ok: " + (" ".join(parts) if parts else "nothing required")
 
 
@@ -69,7 +80,8 @@ def redact_repo(repo: str | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.preflight", description=__doc__.split("\n")[0])
     p.add_argument("--gpus", type=int, default=0, help="GPUs required (0: no GPU check)")
-    p.add_argument("--need-token", action="store_true", help="HF_TOKEN must be set")
+    p.add_argument("--need-token", action="store_true",
+                   help="a Hugging Face token must be available (HF_TOKEN or `hf auth login`)")
     p.add_argument("--repo", help="checkpoint store URL the run will use")
     a = p.parse_args(argv)
     if a.gpus < 0:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import Checkpointer, ResumeRefused, config_changes, read_pointer
+from trainer.checkpoint import Checkpointer, ResumeRefused, judge_config_change, read_pointer, show_value
 from trainer.cli import RunPlan
 from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict
@@ -32,6 +32,7 @@ class Start:
     step: int                           # the step this session starts after (0: a fresh start)
     loaded: dict[str, Any] | None       # the checkpoint's step, tokens, optimizer state and this rank's RNG
     checkpointer: Checkpointer | None   # rank 0's, over the store the pushes go to
+    config_changes: list[dict[str, Any]]  # what --allow-config-change let this resume change (every rank)
 
 
 def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.Module, *,
@@ -45,7 +46,9 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
         try:
             store = open_store(args.hub_repo, token=token)
             checkpointer = Checkpointer(store, log=emit, prune=args.prune,
-                                        keep_optimizer_states=args.keep_optimizer_states)
+                                        keep_optimizer_states=args.keep_optimizer_states,
+                                        allow_rollback=args.allow_pointer_rollback,
+                                        allow_changes=plan.allowed_changes)
             if plan.resume_mode == "auto":
                 decision["pointer"] = checkpointer.resume_decision(
                     config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config)
@@ -77,7 +80,8 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
     if ckpt_dir is not None:
         err = None
         try:
-            loaded = load_checkpoint(Path(ckpt_dir), model, dist, run_config=run_config, config_hash=config_hash)
+            loaded = load_checkpoint(Path(ckpt_dir), model, dist, run_config=run_config, config_hash=config_hash,
+                                     allowed=plan.allowed_changes)
         except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
             err = f"resume from {ckpt_dir}: {e}"
         if (err := dist.agree(err)):
@@ -85,6 +89,9 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
         start = loaded["step"]
         where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
         log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
+        for c in loaded["config_changes"]:   # allowed by --allow-config-change: said, and recorded in RUN_JSON
+            log(f"config change allowed: {c['field']}: {show_value(c['old'])} -> {show_value(c['new'])} "
+                f"(--allow-config-change)")
     # A pointer AT the horizon that is not terminal: the session that trained to the horizon died between
     # its ckpt/ push and its final/ push. Resuming finishes that push, with no training.
     finishing = start == plan.total_steps == plan.stop_step
@@ -92,7 +99,7 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
         raise Refused(f"nothing to train: resumed at step {start} but this session stops at step "
                       f"{plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale stop step "
                       "would overwrite newer checkpoints")
-    return Start(start, loaded, checkpointer)
+    return Start(start, loaded, checkpointer, loaded["config_changes"] if loaded else [])
 
 
 def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
@@ -111,17 +118,19 @@ def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
 
 
 def load_checkpoint(ckpt_dir: Path, model: torch.nn.Module, dist: Dist, *, run_config: dict,
-                    config_hash: str) -> dict[str, Any]:
+                    config_hash: str, allowed: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Weights into `model`; the optimizer/scheduler/scaler state and this rank's RNG state read."""
     from safetensors.torch import load_file
     state_path = ckpt_dir / "trainer_state.json"
     if not state_path.is_file():
         raise Refused(f"{state_path} is missing")
     state = json.loads(state_path.read_text())
+    changes: list[dict[str, Any]] = []
     if state.get("config_hash") != config_hash:
-        changed = config_changes(state.get("run_config") or {}, run_config)
-        raise Refused(f"config changed since the checkpoint (config_hash {state.get('config_hash')} "
-                      f"!= {config_hash}; differing: {'; '.join(changed) or 'unknown'})")
+        try:
+            changes = judge_config_change(state.get("run_config"), run_config, allowed, str(ckpt_dir))
+        except ValueError as e:
+            raise Refused(str(e)) from None
     for name in ("model.safetensors", "optimizer.pt", "rng.pt"):
         if not (ckpt_dir / name).is_file():
             raise Refused(f"{ckpt_dir / name} is missing")
@@ -131,4 +140,4 @@ def load_checkpoint(ckpt_dir: Path, model: torch.nn.Module, dist: Dist, *, run_c
     if len(rngs) != dist.world_size:
         raise Refused(f"rng.pt holds {len(rngs)} ranks, this run has {dist.world_size}")
     return {"step": int(state["step"]), "tokens": int(state["tokens_consumed"]),
-            "opt": opt_state, "rng": rngs[dist.rank]}
+            "opt": opt_state, "rng": rngs[dist.rank], "config_changes": changes}

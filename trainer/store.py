@@ -19,12 +19,19 @@ but the truth lives under ``<repo>/.specprobe/``:
   manifest has been replaced: a commit killed at any point leaves the previous commit readable and intact.
 - ``staging/<id>/``   where a commit copies and fsyncs its files before they become objects; a killed
   commit's leftovers are removed by the next commit.
-- ``lock``            ``fcntl.flock`` held around a whole commit (concurrent writers serialise).
+- ``lock``            ``fcntl.flock`` held around a whole commit (concurrent writers serialise). A commit
+  given ``expect_revision`` checks the manifest's revision under that lock and raises :class:`Conflict` when
+  another commit came first: the compare-and-swap a lease (trainer/lease.py) is claimed with.
 
 Visible files are hard links to their objects (a copy where the filesystem refuses links), placed after the
-manifest flips; each commit also repairs the visible tree (missing links, files of deleted paths, strays),
-so a kill between the flip and the placement is healed by the next commit. Reads go through the manifest
-and the objects, never the visible tree: a stray file on disk is not in the repo.
+manifest flips; each commit also repairs the visible tree (missing links, files of deleted paths), so a kill
+between the flip and the placement is healed by the next commit. Reads go through the manifest and the
+objects, never the visible tree: a stray file on disk is not in the repo, and no commit deletes it (the store
+removes only files that are its own objects' links or copies).
+
+A repo folder that holds files but no ``.specprobe/manifest.json`` (copied with ``cp -r repo/*``, or by an
+rsync that skipped dot-folders) is refused with :class:`MetadataMissing`, never taken for a missing repo: a
+fresh start there would bury a run's history under a new one.
 """
 
 from __future__ import annotations
@@ -44,8 +51,8 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = [
-    "StoreError", "RepoMissing", "EntryMissing", "FileInfo", "Store", "LocalStore", "redact_url", "sha256_file",
-    "META_DIR",
+    "StoreError", "RepoMissing", "EntryMissing", "Conflict", "MetadataMissing", "FileInfo", "Store", "LocalStore",
+    "redact_url", "sha256_file", "META_DIR",
 ]
 
 MANIFEST_FORMAT = "specprobe-local-store/1"
@@ -66,6 +73,14 @@ class EntryMissing(StoreError):
     """A path is not part of the repo's current commit."""
 
 
+class Conflict(StoreError):
+    """A commit given ``expect_revision`` found the repo at another revision; nothing was committed."""
+
+
+class MetadataMissing(StoreError):
+    """A local repo folder holds files but not the store's metadata (``.specprobe/``): refused, never recreated."""
+
+
 @dataclass(frozen=True)
 class FileInfo:
     path: str
@@ -84,13 +99,22 @@ class Store(Protocol):
     def create(self) -> None:
         """Create the repo; a no-op when it exists."""
 
+    def revision(self) -> str:
+        """The id of the current commit (what ``expect_revision`` compares with)."""
+
     def list_files(self) -> dict[str, FileInfo]:
         """path_in_repo -> FileInfo for the current commit; raises RepoMissing."""
 
-    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "",
+               expect_revision: str | None = None) -> str:
         """ONE atomic commit adding ``add`` (path_in_repo -> local file) and deleting ``delete`` (a path
         ending in "/" deletes that folder). Returns the new revision id. Deleting an absent path raises
-        EntryMissing and commits nothing."""
+        EntryMissing and commits nothing. With ``expect_revision``, the commit lands only on that revision
+        (compare-and-swap) and raises Conflict otherwise."""
+
+    def purge_objects(self, sha256s: Sequence[str]) -> None:
+        """Forget the stored bytes of these contents so that the next commit of the same content stores it
+        afresh instead of deduplicating onto a corrupt object (the repair after a failed verify)."""
 
     def read_bytes(self, path: str) -> bytes:
         """The bytes of ``path``; raises EntryMissing."""
@@ -174,12 +198,31 @@ class LocalStore:
 
     # -- reading ----------------------------------------------------------------------------------
     def exists(self) -> bool:
-        return self._manifest.is_file()
+        if self._manifest.is_file():
+            return True
+        self._refuse_unmanaged()
+        return False
+
+    def _refuse_unmanaged(self) -> None:
+        """MetadataMissing when the repo folder holds files (or store objects) but no manifest."""
+        found = _files_under(self.dir, skip=self._meta, limit=6)
+        objects = _files_under(self._objects, limit=1) if self._objects.is_dir() else []
+        if not found and not objects:
+            return
+        what = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "") if found else \
+            f"{META_DIR}/objects/ without {META_DIR}/manifest.json"
+        raise MetadataMissing(
+            f"{redact_url(self.url)}: the folder {self.dir} holds files ({what}) but no "
+            f"{self._manifest.relative_to(self.dir)}: the store's metadata is missing (a copy made with "
+            f"`cp -r repo/*` or an rsync that skipped dot-folders loses {META_DIR}/). Refusing to take it for a "
+            "missing repo: a fresh start would bury that history. Copy the repo again with its "
+            f"{META_DIR}/ folder, or move these files out of the way.")
 
     def _load(self) -> dict:
         try:
             text = self._manifest.read_text(encoding="utf-8")
         except FileNotFoundError:
+            self._refuse_unmanaged()
             raise RepoMissing(f"repo {redact_url(self.url)} does not exist (no {self._manifest})") from None
         try:
             doc = json.loads(text)
@@ -268,6 +311,7 @@ class LocalStore:
         _fsync_dir(self._meta)
 
     def create(self) -> None:
+        self.exists()                       # MetadataMissing, before the lock creates .specprobe/
         with self._locked():
             if self.exists():
                 return
@@ -276,7 +320,8 @@ class LocalStore:
             self._publish({"format": MANIFEST_FORMAT, "revision": 0, "revision_id": _revision_id(0, {}),
                            "files": {}, "log": [{"revision": 0, "message": "create", "time": _now()}]})
 
-    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "",
+               expect_revision: str | None = None) -> str:
         adds = {normalize_repo_path(p): Path(src) for p, src in add.items()}
         deletes = [normalize_repo_path(p, folder=p.endswith("/")) for p in delete]
         if not adds and not deletes:
@@ -288,6 +333,9 @@ class LocalStore:
             raise RepoMissing(f"cannot commit to {redact_url(self.url)}: the repo does not exist")
         with self._locked():
             doc = self._load()
+            if expect_revision is not None and doc.get("revision_id", "") != expect_revision:
+                raise Conflict(f"commit to {redact_url(self.url)} expected revision {expect_revision}, the repo "
+                               f"is at {doc.get('revision_id', '')}: another commit came first; nothing committed")
             shutil.rmtree(self._staging, ignore_errors=True)   # a killed commit's leftovers
             self._objects.mkdir(parents=True, exist_ok=True)
             files = dict(doc["files"])
@@ -309,7 +357,7 @@ class LocalStore:
             self._publish({"format": MANIFEST_FORMAT, "revision": revision, "revision_id": rev_id,
                            "files": files, "log": log})
             # Published. Everything below only tidies the visible tree and the object pool.
-            self._sync_visible(files)
+            self._sync_visible(files, known=set(doc["files"]) | {p for e in log for p in e.get("added", ())})
             self._gc_objects(files)
             shutil.rmtree(self._staging, ignore_errors=True)
             return rev_id
@@ -330,16 +378,23 @@ class LocalStore:
         os.replace(staged, self._objects / digest)
         return {"size": size, "sha256": digest}
 
-    def _sync_visible(self, files: dict[str, dict]) -> None:
-        # First remove what is on disk but not in the commit (deleted paths, strays, a killed commit's
-        # temps), so a path that changes between file and folder has room; then place the commit's files.
+    def purge_objects(self, sha256s: Sequence[str]) -> None:
+        """Nothing to do: every commit re-copies its files into their objects (see _stage_object)."""
+
+    def _sync_visible(self, files: dict[str, dict], known: set[str] = frozenset()) -> None:
+        # First remove what is on disk but not in the commit (deleted paths, a killed commit's temps), so a
+        # path that changes between file and folder has room; then place the commit's files. A file is removed
+        # only when it is the store's own: a link to one of its objects, or, at a path the store wrote
+        # (``known``: the previous commit's and the log's), a copy of one (the previous commit's objects are
+        # still there, collected after this). Anything else is left where it is.
+        own_inodes = {(st.st_dev, st.st_ino) for st in (o.stat() for o in self._objects.iterdir())}
         for dirpath, _dirnames, filenames in os.walk(self.dir, topdown=False):
             d = Path(dirpath)
             if d == self._meta or self._meta in d.parents:
                 continue
             for name in filenames:
                 rel = (d / name).relative_to(self.dir).as_posix()
-                if rel not in files:
+                if rel not in files and self._is_own_file(d / name, own_inodes, rel in known):
                     (d / name).unlink(missing_ok=True)
             if d != self.dir and not any(d.iterdir()):
                 d.rmdir()
@@ -356,6 +411,18 @@ class LocalStore:
                 shutil.copyfile(obj, tmp)
             os.replace(tmp, visible)
 
+    def _is_own_file(self, path: Path, own_inodes: set[tuple[int, int]], known_path: bool) -> bool:
+        if path.name.startswith(".") and path.name.endswith(".specprobe-tmp"):
+            return True             # a placement this store started and a kill interrupted
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return False
+        if (st.st_dev, st.st_ino) in own_inodes:
+            return True
+        # A copy placed where the filesystem refused a hard link.
+        return known_path and path.is_file() and (self._objects / sha256_file(path)).is_file()
+
     def _gc_objects(self, files: dict[str, dict]) -> None:
         live = {e["sha256"] for e in files.values()}
         for obj in self._objects.iterdir():
@@ -369,6 +436,21 @@ class LocalStore:
         trash = self.dir.with_name(f".{self.dir.name}.deleting-{uuid.uuid4().hex[:8]}")
         os.replace(self.dir, trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _files_under(root: Path, *, skip: Path | None = None, limit: int) -> list[str]:
+    """Up to ``limit`` files below ``root`` (relative POSIX paths, sorted per folder), not descending into ``skip``."""
+    out: list[str] = []
+    if not root.is_dir():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        dirnames[:] = sorted(n for n in dirnames if skip is None or d / n != skip)
+        for name in sorted(filenames):
+            out.append((d / name).relative_to(root).as_posix())
+            if len(out) >= limit:
+                return out
+    return out
 
 
 def _apply_deletes(files: dict[str, dict], deletes: Sequence[str], url: str) -> set[str]:

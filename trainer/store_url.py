@@ -11,7 +11,8 @@ URL forms:
 - ``owner/name``                   bare repo id = Hub dataset repo
 
 A local URL may end in ``?link_mb_s=R`` (trainer/store.py says what it does). The Hub endpoint comes
-from ``HF_ENDPOINT``; the token from the ``token`` argument or ``HF_TOKEN``, and is never printed.
+from ``HF_ENDPOINT``; the token from the ``token`` argument or else ``huggingface_hub.get_token()`` (HF_TOKEN or a logged-in
+user's token), and is never printed.
 
 This module sits above both backends (trainer/store.py, trainer/hub.py), which never import it.
 """
@@ -107,4 +108,4 @@ def open_store(url: str, token: str | None = None) -> Store:
     # Not a hidden cycle: trainer.hub imports trainer.store only, never this module.
     from trainer.hub import HubStore
     return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None,
-                    token=token if token is not None else os.environ.get("HF_TOKEN"))
+                    token=token)

@@ -28,12 +28,14 @@ import datetime
 import json
 import math
 import os
+import random
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, config_hash, prune_local, write_checkpoint_dir
@@ -103,6 +105,7 @@ class Trainer:
         self.push_steps: list[int] = []
         self.ckpt_wait_s = 0.0   # longest wait of the training loop for the previous push (rank 0)
         self.losses: dict[str, float] = {}
+        self.config_changes: list[dict[str, Any]] = []   # what --allow-config-change let the resume change
         self.step_seconds: list[float] = []   # host time of each step (the first is left out of tok_per_s)
 
     def log(self, msg: str) -> None:
@@ -117,6 +120,7 @@ class Trainer:
             begin = resume(self.dist, self.args, self.plan, self.raw_model, run_config=self.run_cfg,
                            config_hash=self.cfg_hash, log=self.log)
             self.checkpointer = begin.checkpointer
+            self.config_changes = begin.config_changes
             self.build(begin.loaded)
             self.loop(begin.step)
             code = self.finish(begin.step, begin.loaded["step"] if begin.loaded else None)
@@ -131,6 +135,10 @@ class Trainer:
         finally:
             if self.pusher is not None:
                 self.pusher.shutdown(wait=True)
+            if self.checkpointer is not None:
+                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
+            if getattr(self, "checkpointer", None) is not None:
+                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
             # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
             # waits for the GIL that the destructor holds while joining it). __main__ exits without
             # running destructors instead; every push has finished and every collective has completed.
@@ -195,10 +203,21 @@ class Trainer:
         if loaded is not None:
             self.opt.load_state_dict(loaded["opt"]["optimizer"])
             self.sched.load_state_dict(loaded["opt"]["scheduler"])
-            self.scaler.load_state_dict(loaded["opt"]["scaler"])
+            if self.scaler.is_enabled() and loaded["opt"]["scaler"]:   # empty from a run without a scaler
+                self.scaler.load_state_dict(loaded["opt"]["scaler"])
             set_rng_state(loaded["rng"], rt.device_type)
+            # The optimizer's state brings back the saved run's weight decay and peak lr: this run's flags
+            # win (they equal the saved ones unless --allow-config-change let them differ), from this step.
+            for group, wd in zip(self.opt.param_groups, (args.weight_decay, 0.0)):
+                group["weight_decay"] = wd
+            self.sched.base_lrs = [args.lr] * len(self.opt.param_groups)
+            for group, fn in zip(self.opt.param_groups, self.sched.lr_lambdas):
+                group["lr"] = args.lr * fn(self.sched.last_epoch)
         else:
             torch.manual_seed(args.seed + self.dist.rank)  # per-rank stream for anything stochastic
+            # Python's and numpy's too: they are saved in rng.pt, which must be a function of the seed.
+            random.seed(args.seed + self.dist.rank)
+            np.random.seed(args.seed + self.dist.rank)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[rt.precision.name]
         self.autocast = partial(torch.autocast, device_type=rt.device_type, dtype=dtype,
                                 enabled=rt.precision.name != "fp32")
@@ -391,6 +410,7 @@ class Trainer:
             **self.timer.summary(plan.tokens_per_step),
             "seconds": round(time.time() - self.t_start, 1),
             "nonfinite_losses": sum(v is None for v in losses.values()),
+            "config_changes": self.config_changes,
         }
 
     def validate(self) -> dict[str, Any]:

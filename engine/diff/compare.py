@@ -32,7 +32,7 @@ def _expr_tree(text: Any) -> Any:
 
 def _normal(field_name: str, value: Any) -> Any:
     last = field_name.rsplit(".", 1)[-1]
-    if last in EXPR_FIELDS:
+    if last in EXPR_FIELDS or field_name.startswith("let."):
         return _expr_tree(value)
     if last in _PROSE_FIELDS:
         return words(value)
@@ -92,33 +92,15 @@ def _step_summary(step: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # A check's labels and locations, and whether it is disabled (compared on its own, below).
-_CHECK_IGNORED = ("name", "file", "line", "disabled", "disabled_at")
+_CHECK_IGNORED = ("name", "file", "line", "disabled", "disabled_at", "let")
 
 
 def _check_body(check: Mapping[str, Any]) -> dict[str, Any]:
-    """What a check says, without its name, location and disabled state."""
-    return {k: v for k, v in check.items() if k not in _CHECK_IGNORED}
-
-
-def disabled_reason(check: Mapping[str, Any], data: Mapping[str, Any]) -> str | None:
-    """Why the spec disables this (inherited) check, or None: the spec language's
-    `disable: {check: reason}` (issue 19) puts the reason on the plan's check as `disabled`."""
-    reason = check.get("disabled")
-    if reason is None:
-        # TODO(lead, merging issue 19): every plan check carries `disabled` once spec-lang's plan.py is
-        # in; this read of the spec's own `disable:` mapping is then redundant and can go.
-        table = data.get("disable")
-        reason = table.get(check["name"]) if isinstance(table, Mapping) else None
-    return reason if isinstance(reason, str) else None
-
-
-def with_disabled(checks: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A plan's checks, each disabled one carrying its reason as `disabled`."""
-    out = []
-    for c in checks:
-        reason = disabled_reason(c, data)
-        out.append({**c, "disabled": reason} if reason is not None else dict(c))
-    return out
+    """What a check says, without its name, location and disabled state (compared on its own); each
+    named sub-expression is a field (`let.first2`), so a changed one shows alone."""
+    body = {k: v for k, v in check.items() if k not in _CHECK_IGNORED}
+    body.update({f"let.{k}": v for k, v in (check.get("let") or {}).items()})
+    return body
 
 
 def diff_values(old: Any, new: Any) -> list[Change]:
@@ -195,6 +177,8 @@ def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Ma
             out.append(Change("checks", "disabled", name, old=_check_body(a[name]), new=now))
         elif was is not None and now is None:
             out.append(Change("checks", "enabled", name, old=was, new=_check_body(check)))
+        elif was is not None and not same("why", was, now):
+            out.append(Change("checks", "changed", name, "disabled", was, now))
         fa, fb = _check_body(a[name]), _check_body(check)
         for fname in list(fb) + [k for k in fa if k not in fb]:
             va, vb = fa.get(fname, ABSENT), fb.get(fname, ABSENT)
@@ -206,13 +190,8 @@ def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Ma
     return out
 
 
-def _checks_of(plan: Any) -> list[dict[str, Any]]:
-    spec = getattr(plan, "spec", None)
-    return with_disabled(plan.checks, spec.data if spec is not None else {})
-
-
 def diff_plans(old: Any, new: Any) -> tuple[list[Change], Budget | None]:
-    changes = diff_values(old, new) + diff_steps(old, new) + diff_checks(_checks_of(old), _checks_of(new))
+    changes = diff_values(old, new) + diff_steps(old, new) + diff_checks(old.checks, new.checks)
     budget = None
     if old.worst_case_s != new.worst_case_s or old.budget_s != new.budget_s:
         budget = Budget(old.budget_s, old.worst_case_s, new.budget_s, new.worst_case_s)
@@ -364,9 +343,9 @@ def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Sh
                  and c.field.split(".")[0] in (*EXPR_FIELDS, "let")}
     va, vb = redact(old.values), redact(new.values)
     moved = {k for k in set(va) | set(vb) if va.get(k, ABSENT) != vb.get(k, ABSENT)}
-    before = {c["name"]: c for c in _checks_of(old)}
+    before = {c["name"]: c for c in old.checks}
     out: dict[str, Shift] = {}
-    for check in _checks_of(new):
+    for check in new.checks:
         was = before.get(check["name"])
         if was is None or was.get("disabled") or check.get("disabled"):
             continue

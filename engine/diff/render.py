@@ -34,7 +34,7 @@ def _operands(result: Mapping[str, Any], limit: int = 4) -> str:
 def _outcome_phrase(result: Mapping[str, Any], where: str = "") -> str:
     """`PASS on run X (soak): a = 1` / `NO_DATA on run X: no data: ... is missing`."""
     head = result["outcome"] + (f" on {where}" if where else "")
-    if result["outcome"] in ("NO_DATA", "SKIPPED", "ERROR"):
+    if result["outcome"] in ("NO_DATA", "SKIPPED", "ERROR", "DISABLED"):
         return f"{head}: {result.get('reason')}"
     operands = _operands(result)
     return f"{head}: {operands}" if operands else head
@@ -183,12 +183,22 @@ def _render_check_change(out: _Out, c: Change) -> None:
         out.item(c.op, f"{name} [{f.get('severity') or 'gate'}]")
         out.sub("why", words(f.get("why", "")))
         out.sub("expr", out.code(f["expr"]))
+        for key in (k for k in f if k.startswith("let.")):
+            out.sub(key, out.code(f[key]))
         if f.get("when"):
             out.sub("when", out.code(f["when"]))
     elif c.op == "removed":
         out.item(c.op, f"{name} [{c.old.get('severity') or 'gate'}]")
         out.sub("expr", out.code(c.old["expr"]))
-    elif c.field in EXPR_FIELDS or c.field == "why":
+    elif c.field == "disabled":  # a gate taken out (or put back) is what a reviewer must not miss
+        if c.old is ABSENT or c.old is None:
+            out.item(c.op, f"{name}: now DISABLED: {words(c.new)}")
+        elif c.new is ABSENT or c.new is None:
+            out.item(c.op, f"{name}: enabled again (was DISABLED: {words(c.old)})")
+        else:
+            out.item(c.op, f"{name} DISABLED reason:")
+            out.before_after(c.old, c.new)
+    elif c.field in EXPR_FIELDS or c.field == "why" or c.field.startswith("let."):
         out.item(c.op, f"{name} {c.field}:")
         out.before_after(c.old, c.new)
     else:

@@ -31,10 +31,9 @@ def _run_label(ev: Mapping[str, Any]) -> str:
 
 
 def _reads(check: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """Evidence paths a check's expr and when read from the root."""
+    """Evidence paths a check's expr, when and lets read from the root."""
     out: list[tuple[str, ...]] = []
-    for key in EXPR_FIELDS:
-        text = check.get(key)
+    for text in [check.get(key) for key in EXPR_FIELDS] + list((check.get("let") or {}).values()):
         if isinstance(text, str):
             try:
                 out += functions.root_paths(functions.compile_expr(text))
@@ -211,7 +210,7 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
     for c in mode_changes:
         if c.section != "checks" or c.op == "removed":
             continue
-        if c.op == "added" or c.field in EXPR_FIELDS:
+        if c.op == "added" or c.field in EXPR_FIELDS or c.field == "disabled" or c.field.startswith("let."):
             touched[c.subject] = c.op
     for name, op in touched.items():
         review = CheckReview(name, op, blockers_of(by_new[name]))

@@ -1,0 +1,350 @@
+"""One writer per store: a lease (``lease.json`` in the repo) claimed, renewed and released by compare-and-swap.
+
+Two trainers writing one store (an orphaned leg still running, a second notebook) would interleave their
+pushes and move the pointer backwards. So every write of the checkpoint protocol goes through a
+:class:`Lease`:
+
+- ``acquire()`` reads the head revision and ``lease.json``; when nobody holds it, or the holder's lease is
+  stale, it commits its own ``lease.json`` with ``expect_revision`` = that head (the store's compare-and-swap:
+  the Hub's ``parent_commit``, the local store's revision check under its lock). Of two writers racing, one
+  commit lands and the other gets ``Conflict``, re-reads, and finds the lease held: :class:`LeaseHeld`, naming
+  the holder (writer id, host, pid, expiry).
+- ``commit()`` is every protocol write: the same compare-and-swap, after checking that the lease is still this
+  writer's (:class:`LeaseLost` otherwise, so a writer whose lease expired and was taken over stops before it
+  moves the pointer). When the lease is due for renewal the renewed ``lease.json`` rides in the same commit.
+- A heartbeat thread renews the lease between pushes (when less than half its time is left), so a
+  long stretch of training without a push does not let it expire. The TTL must outlast the longest push.
+- ``release()`` deletes ``lease.json`` (a finished or failed session); a killed one leaves it behind.
+
+A lease is stale when it expired (``expires`` is the holder's wall clock plus its TTL; clocks of different
+machines are trusted to within the TTL) or, at once, when its holder ran on this machine (same host name and
+kernel boot id) and that process is gone: a killed leg resumed on the same machine does not wait for expiry.
+A malformed ``lease.json`` is refused, never taken over: deleting it is a human's call.
+
+The TTL is ``SPECPROBE_LEASE_TTL_S`` (default 900 s). The writer id is per process: two Lease objects in one
+process are the same writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from trainer.store import Conflict, EntryMissing, Store, StoreError, redact_url
+
+__all__ = ["LEASE_PATH", "LEASE_FORMAT", "DEFAULT_TTL_S", "LeaseHeld", "LeaseLost", "Writer", "LeaseDoc", "Lease",
+           "parse_lease"]
+
+LEASE_PATH = "lease.json"
+LEASE_FORMAT = "specprobe-lease/1"
+DEFAULT_TTL_S = 900.0
+_CAS_TRIES = 8          # compare-and-swap rounds before giving up (each lost round means another commit landed)
+
+
+class LeaseHeld(StoreError):
+    """Another live writer holds the store's lease."""
+
+
+class LeaseLost(StoreError):
+    """This writer's lease is gone (expired and taken over, or deleted): it must not write any more."""
+
+
+@dataclass(frozen=True)
+class Writer:
+    id: str
+    host: str
+    boot_id: str        # the kernel's boot id: with the host name, "the same machine, the same boot"
+    pid: int
+    pid_start: str      # the process's start time in clock ticks (/proc/<pid>/stat): a reused pid differs
+
+    @property
+    def here(self) -> bool:
+        me = this_writer()
+        return bool(self.boot_id) and (self.host, self.boot_id) == (me.host, me.boot_id)
+
+
+_WRITER: dict[int, Writer] = {}
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (field 3, the state, first); None if absent."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def this_writer() -> Writer:
+    """This process as a writer (one id per process; a forked child gets its own)."""
+    pid = os.getpid()
+    if pid not in _WRITER:
+        try:
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            boot = ""
+        stat = _proc_stat(pid)
+        host = socket.gethostname()
+        _WRITER[pid] = Writer(id=f"{host}:{pid}:{uuid.uuid4().hex[:8]}", host=host, boot_id=boot, pid=pid,
+                              pid_start=stat[19] if stat else "")
+    return _WRITER[pid]
+
+
+def _gone(w: Writer) -> bool:
+    """The holder ran on this machine and its process no longer exists (or is a zombie, or the pid was reused)."""
+    if not w.here:
+        return False
+    stat = _proc_stat(w.pid)
+    return stat is None or stat[0] in ("Z", "X") or bool(w.pid_start) and stat[19] != w.pid_start
+
+
+@dataclass(frozen=True)
+class LeaseDoc:
+    writer: Writer
+    acquired: float     # unix seconds, the holder's clock
+    renewed: float
+    expires: float
+    ttl_s: float
+
+    def to_json(self) -> dict:
+        return {"format": LEASE_FORMAT, **asdict(self), "expires_utc": _iso(self.expires)}
+
+
+def parse_lease(raw: bytes, where: str) -> LeaseDoc:
+    """Parse lease.json; ValueError naming ``where`` and what is wrong."""
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != LEASE_FORMAT:
+            raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}, expected {LEASE_FORMAT}")
+        w = doc["writer"]
+        writer = Writer(id=str(w["id"]), host=str(w["host"]), boot_id=str(w["boot_id"]), pid=int(w["pid"]),
+                        pid_start=str(w["pid_start"]))
+        return LeaseDoc(writer=writer, acquired=float(doc["acquired"]), renewed=float(doc["renewed"]),
+                        expires=float(doc["expires"]), ttl_s=float(doc["ttl_s"]))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where} is not a valid lease ({type(e).__name__}: {e})") from None
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
+    env = os.environ if environ is None else environ
+    raw = env.get("SPECPROBE_LEASE_TTL_S")
+    if not raw:
+        return DEFAULT_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = -1.0
+    if not ttl > 0:
+        raise ValueError(f"SPECPROBE_LEASE_TTL_S must be a positive number of seconds, got {raw!r}")
+    return ttl
+
+
+class Lease:
+    """This process's lease on one store (see the module docstring)."""
+
+    def __init__(self, store: Store, *, ttl_s: float | None = None, log: Callable[[str], None] = print,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.ttl_s = ttl_s if ttl_s is not None else ttl_from_env()
+        self.me = this_writer()
+        self._log = log
+        self._clock = clock
+        self._doc: LeaseDoc | None = None           # ours, as last committed
+        self._lock = threading.RLock()              # one protocol write or renewal at a time
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._lost: LeaseLost | None = None         # what the heartbeat found, raised by the next write
+
+    @property
+    def url(self) -> str:
+        return redact_url(self.store.url)
+
+    @property
+    def held(self) -> bool:
+        return self._doc is not None
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _read(self) -> tuple[str, LeaseDoc | None]:
+        """(head revision, lease there). The revision is read first: if a commit lands between the two reads,
+        the compare-and-swap on that revision fails and the caller reads again."""
+        rev = self.store.revision()
+        try:
+            raw = self.store.read_bytes(LEASE_PATH)
+        except EntryMissing:
+            return rev, None
+        try:
+            return rev, parse_lease(raw, f"{LEASE_PATH} in {self.url}")
+        except ValueError as e:
+            raise StoreError(f"{e}; refusing to guess whether another trainer writes this store. If none does, "
+                             f"delete {LEASE_PATH} from the repo.") from None
+
+    def _stale(self, doc: LeaseDoc) -> str | None:
+        now = self._clock()
+        if doc.expires <= now:
+            return f"it expired {now - doc.expires:.0f}s ago ({_iso(doc.expires)})"
+        if _gone(doc.writer):
+            return f"its process {doc.writer.pid} on this machine is gone"
+        return None
+
+    def describe(self, doc: LeaseDoc) -> str:
+        w = doc.writer
+        return (f"writer {w.id} (host {w.host}, pid {w.pid}), acquired {_iso(doc.acquired)}, renewed "
+                f"{_iso(doc.renewed)}, expires {_iso(doc.expires)} (in {doc.expires - self._clock():.0f}s)")
+
+    # -- writing ------------------------------------------------------------------------------------
+    def _file(self, doc: LeaseDoc, tmp: Path) -> Path:
+        path = tmp / LEASE_PATH
+        path.write_text(json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n")
+        return path
+
+    def _new_doc(self) -> LeaseDoc:
+        now = self._clock()
+        acquired = self._doc.acquired if self._doc is not None else now
+        return LeaseDoc(writer=self.me, acquired=acquired, renewed=now, expires=now + self.ttl_s, ttl_s=self.ttl_s)
+
+    def acquire(self) -> None:
+        """Claim the lease (or confirm it is ours). LeaseHeld when another live writer holds it."""
+        with self._lock:
+            for _ in range(_CAS_TRIES):
+                rev, doc = self._read()
+                taken = ""
+                if doc is not None and doc.writer.id == self.me.id and doc.expires - self._clock() >= self.ttl_s / 2:
+                    self._doc, self._lost = doc, None       # this process holds it already (another Lease object)
+                    self._start_heartbeat()
+                    return
+                if doc is not None and doc.writer.id != self.me.id:
+                    stale = self._stale(doc)
+                    if stale is None:
+                        raise LeaseHeld(
+                            f"{self.url} is being written by another trainer: {LEASE_PATH} names "
+                            f"{self.describe(doc)}. Two writers would fork the run (the pointer could move "
+                            "backwards). Stop that trainer, or wait until its lease expires; a holder that died "
+                            "on this machine is detected at once.")
+                    taken = f" (took over from {doc.writer.id}: {stale})"
+                mine = self._new_doc()
+                try:
+                    with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
+                        self.store.commit({LEASE_PATH: self._file(mine, Path(tmp))}, expect_revision=rev,
+                                          message=f"lease acquired\nwriter: {self.me.id}{taken}")
+                except Conflict:
+                    continue
+                self._doc, self._lost = mine, None
+                self._log(f"lease: {self.me.id} holds {self.url} until {_iso(mine.expires)} "
+                          f"(ttl {self.ttl_s:.0f}s){taken}")
+                self._start_heartbeat()
+                return
+            raise StoreError(f"{self.url}: could not claim {LEASE_PATH} in {_CAS_TRIES} compare-and-swap rounds: "
+                             "the repo kept changing under it (another writer?)")
+
+    def _due(self, share: float) -> bool:
+        """Less than ``share`` of the TTL left. Writes renew from 2/3 on (a long upload must not outlast the
+        lease), the heartbeat from 1/2; so the TTL must be longer than the longest push takes."""
+        return self._doc is None or self._doc.expires - self._clock() < self.ttl_s * share
+
+    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
+        """One protocol write, landed only while the lease is this writer's (renewing it when due)."""
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            if self._doc is None:
+                self.acquire()
+            for _ in range(_CAS_TRIES):
+                rev, doc = self._read()
+                self._check_mine(doc)
+                files = dict(add)
+                renewed = self._new_doc() if self._due(2 / 3) else None
+                with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
+                    if renewed is not None:
+                        files[LEASE_PATH] = self._file(renewed, Path(tmp))
+                    try:
+                        out = self.store.commit(files, delete, message=message, expect_revision=rev)
+                    except Conflict:
+                        continue
+                if renewed is not None:
+                    self._doc = renewed
+                return out
+            raise StoreError(f"{self.url}: a write lost {_CAS_TRIES} compare-and-swap rounds in a row: the repo "
+                             "kept changing under it (another writer?); nothing of it was committed")
+
+    def _check_mine(self, doc: LeaseDoc | None) -> None:
+        if doc is None or doc.writer.id != self.me.id:
+            now = "nobody holds it now" if doc is None else f"it is held by {self.describe(doc)}"
+            self._doc = None
+            self._lost = LeaseLost(f"{self.url}: this trainer ({self.me.id}) lost its lease: {now}. Another "
+                                   "writer may be using the store; this one stops writing.")
+            raise self._lost
+
+    def renew(self) -> None:
+        """Push the expiry out by a TTL (the heartbeat calls this; LeaseLost when it is no longer ours)."""
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            for _ in range(_CAS_TRIES):
+                rev, doc = self._read()
+                self._check_mine(doc)
+                renewed = self._new_doc()
+                try:
+                    with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
+                        self.store.commit({LEASE_PATH: self._file(renewed, Path(tmp))}, expect_revision=rev,
+                                          message=f"lease renewed\nwriter: {self.me.id}")
+                except Conflict:
+                    continue
+                self._doc = renewed
+                return
+            raise StoreError(f"{self.url}: renewing the lease lost {_CAS_TRIES} compare-and-swap rounds in a row")
+
+    def release(self) -> None:
+        """Delete lease.json if it is still ours (a no-op when this writer never held it)."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=60)
+        with self._lock:
+            if self._doc is None:
+                return
+            for _ in range(_CAS_TRIES):
+                rev, doc = self._read()
+                if doc is None or doc.writer.id != self.me.id:
+                    self._doc = None
+                    self._log(f"lease: not released, {LEASE_PATH} in {self.url} is no longer {self.me.id}'s")
+                    return
+                try:
+                    self.store.commit({}, delete=[LEASE_PATH], expect_revision=rev,
+                                      message=f"lease released\nwriter: {self.me.id}")
+                except Conflict:
+                    continue
+                self._doc = None
+                self._log(f"lease: {self.me.id} released {self.url}")
+                return
+            raise StoreError(f"{self.url}: releasing the lease lost {_CAS_TRIES} compare-and-swap rounds in a row")
+
+    # -- heartbeat ----------------------------------------------------------------------------------
+    def _start_heartbeat(self) -> None:
+        if self._beat is not None and self._beat.is_alive():
+            return
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, name="lease-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.ttl_s / 6):
+            if not self._due(1 / 2):
+                continue
+            try:
+                self.renew()
+            except LeaseLost as e:
+                self._log(f"lease: LOST: {e}")
+                return
+            except (StoreError, OSError) as e:    # a network hiccup: the next beat (or push) tries again
+                self._log(f"lease: renewal failed, will retry: {type(e).__name__}: {e}")
