@@ -10,6 +10,7 @@ Usage (results go to stdout, diagnostics to stderr):
     engine replay specs/p4_smoke.yaml --evidence runs/try1
     engine schema > spec.schema.json
     engine diff specs/p4_soak.yaml --base origin/main --evidence runs/try1 --markdown -
+    engine review --base origin/main --markdown review.md
     engine --version
 
 `run` loads and validates the spec, resolves it for one mode (--mode, else the spec's mode_env
@@ -28,11 +29,12 @@ describe the spec. `replay` additionally re-harvests every run step from its sav
 the spec's current output rules (prefix strip, markers), so a fixed harvest rule can be
 verified without re-running a leg; output-rule changes are allowed there, nothing else.
 
-`--markdown FILE` (run, check, replay, diff) also writes the report as Markdown to FILE, for a PR
+`--markdown FILE` (run, check, replay, diff, review) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
 
 Exit codes: 0 pass, 5 a failed check or leg, 2 invalid spec or usage, 3 a precondition
-failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid).
+failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid; `engine review`:
+0 nothing risky or accepted, 1 risky changes need approval, 2 invalid).
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ from engine.verdict import Exit
 EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) + \
     " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or leg)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
+REVIEW_EPILOG = "exit codes: 0 nothing risky (or --accept-risk), 1 risky changes need approval, " \
+    "2 invalid spec or evidence on either side, or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
 
 
@@ -171,6 +175,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return diff_main(args)
 
 
+def cmd_review(args: argparse.Namespace) -> int:
+    from engine.review import review_main
+    return review_main(args)
+
+
 # ---------------------------------------------------------------- argparse
 
 class _VersionAction(argparse.Action):
@@ -236,6 +245,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--evidence", metavar="RUN_DIR", help="evaluate added/changed checks against this saved run")
     p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--mode", help="only this mode (default: every mode of either side)")
+
+    p = command("review", "review a change of the specs against a git revision: diff, saved-run re-check "
+                "and which changes are risky", cmd_review, REVIEW_EPILOG)
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="only these specs (default: every spec under --specs)")
+    p.add_argument("--base", required=True, metavar="REV", help="the git revision the change is reviewed against")
+    p.add_argument("--accept-risk", action="store_true", help="risky changes are approved: exit 0")
+    p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
+    p.add_argument("--spec-dir", default="specs", metavar="DIR",
+                   help="where the specs live (default specs; files others extend or include are fragments)")
+    p.add_argument("--evidence-dir", default="evidence", metavar="DIR",
+                   help="saved runs, one <spec stem>/ each (default evidence)")
     return parser
 
 

@@ -21,7 +21,7 @@ from engine.diff.command import EXIT_CHANGED, EXIT_INVALID, EXIT_SAME, build_rep
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import render, summary
-from engine.diff.review import review_evidence
+from engine.diff.saved_run import review_evidence
 from engine.diff.sides import load_side, materialise
 
 __all__ = ["EXIT_CHANGED", "EXIT_INVALID", "EXIT_SAME", "DiffError", "Report", "Side", "build_report",

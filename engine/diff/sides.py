@@ -32,10 +32,13 @@ def repo_root(start: Path) -> Path:
     return Path(proc.stdout.decode().strip()).resolve()
 
 
-def _references(text: bytes) -> list[str]:
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when the wheel has it
+
+
+def references(text: bytes) -> list[str]:
     """The paths a spec file extends/includes, as written; [] when it does not parse (load_spec says why)."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
     except yaml.YAMLError:
         return []
     if not isinstance(doc, dict):
@@ -73,7 +76,7 @@ def materialise(spec: Path, rev: str, dest: Path) -> Path | None:
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(blob.stdout)
-        for ref in _references(blob.stdout):
+        for ref in references(blob.stdout):
             joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), ref))
             if not joined.startswith("../") and joined != "..":
                 queue.append(joined)

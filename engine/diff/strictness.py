@@ -20,10 +20,12 @@ import jmespath
 from engine import functions
 from engine.checks import MISSING, NOT_EVALUATED, compact, trace, unparse
 from engine.diff.model import ABSENT
-from engine.diff.text import code
+from engine.diff.text import ELLIPSIS, code
 from engine.types import CheckResult
 
 TIGHTENED, LOOSENED, UNCHANGED, UNKNOWN = "tightened", "loosened", "unchanged", "cannot tell"
+RUN, NUMBERS, SPEC = "run", "numbers", "spec"
+RETARGET = "an equality asks for another value: neither looser nor tighter"
 SYMBOL = {"eq": "==", "ne": "!=", "lt": "<", "gt": ">", "lte": "<=", "gte": ">="}
 _FLIP = {"lt": "gt", "lte": "gte", "gt": "lt", "gte": "lte", "eq": "eq", "ne": "ne"}
 _UPPER, _LOWER = ("lt", "lte"), ("gt", "gte")  # `measured OP bound`: the bound caps / floors it
@@ -65,9 +67,18 @@ class Bound:
 
     def phrase(self) -> str:
         """`13.2 <= 13.6`, each operand as its value where known, else as written."""
-        left = num(self.left) if self.left is not ABSENT else self.left_text
-        right = num(self.right) if self.right is not ABSENT else self.right_text
+        left = num(self.left) if self.left is not ABSENT else _short(self.left_text)
+        right = num(self.right) if self.right is not ABSENT else _short(self.right_text)
         return f"{left} {SYMBOL[self.op]} {right}"
+
+
+def _short(text: str, limit: int = 48) -> str:
+    """A long operand by its end, where its name is: `…harvest.run_json.gc_full_s_max])`."""
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    cut = min((i for i in (tail.find("."), tail.find("(")) if i >= 0), default=-1)
+    return ELLIPSIS + (tail[cut + 1:] if 0 <= cut < limit // 2 else tail)
 
 
 @dataclass
@@ -77,6 +88,7 @@ class Move:
     new: Bound
     direction: str  # TIGHTENED | LOOSENED | UNCHANGED | UNKNOWN
     why: str = ""  # for UNKNOWN: why the direction is not known
+    retarget: bool = False  # UNKNOWN because an equality now asks for another value (not looser, not tighter)
 
 
 @dataclass
@@ -87,10 +99,17 @@ class Shift:
     moves: list[Move] = dc_field(default_factory=list)
     old_outcome: str | None = None
     new_outcome: str | None = None
+    # UNKNOWN only because equalities ask for other values now (`final_step == 120` -> `== 150`): a
+    # different requirement, not a weaker one; anything else unknown may hide a loosening.
+    retarget: bool = False
+    # What the verdict rests on: RUN (a saved run both checks describe: its outcomes decide), NUMBERS
+    # (operand values from a saved run of other legs: they place the bounds, the outcomes decide
+    # nothing and are not kept), SPEC (the spec's values alone).
+    basis: str = "spec"
 
     @property
     def on_run(self) -> bool:
-        return self.old_outcome is not None and self.new_outcome is not None
+        return self.basis == RUN
 
 
 # ---------------------------------------------------------------- lining the expressions up
@@ -169,6 +188,63 @@ def explained(result: CheckResult | None) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- named sub-expressions written out
+
+def _let_name(node: dict) -> str | None:
+    """`x` for a `let.x` chain head (`let.x.y` too), else None."""
+    kids = node.get("children") or []
+    if node["type"] == "subexpression" and len(kids) >= 2 and \
+            kids[0].get("type") == "field" and kids[0].get("value") == "let" and kids[1].get("type") == "field":
+        return kids[1]["value"]
+    return None
+
+
+def expand(node: dict, lets: Mapping[str, str], depth: int = 0) -> dict:
+    """The expression with every `let.<name>` replaced by what it names, recursively: a check and its
+    rewrite through `let:` then have the same tree, and bounds moved inside a let line up."""
+    if not lets or depth > 20:  # validate refuses cycles; the depth only keeps a bad spec finite
+        return node
+    name = _let_name(node)
+    if name is not None and name in lets:
+        body = _parsed(lets[name])
+        if body is None:
+            return node
+        body = expand(body, lets, depth + 1)
+        rest = [expand(k, lets, depth) for k in node["children"][2:]]
+        if not rest:
+            return body
+        # `a.b` is one subexpression of [a, b]: `let.x.c` with x = `a.b` must become [a, b, c] too.
+        head = body["children"] if body["type"] == "subexpression" else [body]
+        return {"type": "subexpression", "children": head + rest}
+    kids = node.get("children")
+    if not kids:
+        return node
+    return {**node, "children": [expand(k, lets, depth) if isinstance(k, dict) else k for k in kids]}
+
+
+def _expanded_values(result: CheckResult | None, written: dict | None, lets: Mapping[str, str]
+                     ) -> dict[str, Any]:
+    """`explained`, keyed also by each operand's text with its lets written out (what `expand` gives)."""
+    run = explained(result)
+    if not lets or written is None:
+        return run
+    out = dict(run)
+    for name, text in lets.items():
+        body = _parsed(text)
+        if body is not None and f"let.{name}" in run:
+            out[unparse(expand(body, lets))] = run[f"let.{name}"]
+    stack = [written]
+    while stack:  # every sub-expression the explain pairs may name
+        node = stack.pop()
+        text = unparse(node)
+        if text in run:
+            out.setdefault(unparse(expand(node, lets)), run[text])
+        stack += [k for k in node.get("children") or [] if isinstance(k, dict)]
+    return out
+
+
+# ---------------------------------------------------------------- operand values
+
 def _static(node: dict, values: Mapping[str, Any]) -> Any:
     """An operand's value from the spec's values alone (literals, `values.x`, arithmetic of them);
     ABSENT when it reads the run."""
@@ -190,12 +266,6 @@ def _value(node: dict, run: Mapping[str, Any], values: Mapping[str, Any] | None)
     return _static(node, values) if values is not None else ABSENT
 
 
-def _lets_read(text: str) -> set[str]:
-    """`let.<name>` references (the spec language's named sub-expressions)."""
-    return {p[1] for p in (functions.root_paths(functions.compile_expr(text)) if "let" in text else [])
-            if len(p) > 1 and p[0] == "let"}
-
-
 # ---------------------------------------------------------------- one comparison
 
 def _direction(op: str, b0: Any, b1: Any, op1: str, t0: str, t1: str) -> tuple[str, str]:
@@ -203,11 +273,11 @@ def _direction(op: str, b0: Any, b1: Any, op1: str, t0: str, t1: str) -> tuple[s
     if op in ("eq", "ne"):
         if b0 is not ABSENT and b0 == b1 and op == op1:
             return UNCHANGED, ""
-        return UNKNOWN, f"{code(t0)} -> {code(t1)}: an equality has no looser or tighter"
+        return UNKNOWN, RETARGET
     if not (_number(b0) and _number(b1)):
         if b0 is ABSENT or b1 is ABSENT:
-            return UNKNOWN, f"{code(t0)} -> {code(t1)} reads the run, and no saved run gives its value"
-        return UNKNOWN, f"{code(t0)} -> {code(t1)}: not a number"
+            return UNKNOWN, f"{code(_short(t0))} -> {code(_short(t1))} reads the run, and no saved run gives its value"
+        return UNKNOWN, f"{code(_short(t0))} -> {code(_short(t1))}: not a number"
     upper = op in _UPPER
     if b0 == b1:
         if op == op1:
@@ -217,9 +287,21 @@ def _direction(op: str, b0: Any, b1: Any, op1: str, t0: str, t1: str) -> tuple[s
     return (LOOSENED if raised == upper else TIGHTENED), ""
 
 
+def _mask(node: dict) -> Any:
+    """An operand with its literals and `values.*` reads blanked: two operands with the same mask differ
+    only in numbers a spec sets (`mul(x, `0.25`)` -> `mul(x, `0.5`)`), which is a bound that moved."""
+    if node["type"] == "literal":
+        return "literal"
+    kids = node.get("children") or []
+    if node["type"] == "subexpression" and kids and kids[0].get("type") == "field" and \
+            kids[0].get("value") == "values":
+        return "value"
+    return [node["type"], node.get("value"), [_mask(k) if isinstance(k, dict) else k for k in kids]]
+
+
 def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapping[str, Any],
           values_a: Mapping[str, Any] | None, values_b: Mapping[str, Any] | None,
-          changed_lets: set[str]) -> Move | None:
+          ) -> Move | None:
     """One comparison old -> new; None when nothing about it changed."""
     (la, ra), (lb, rb) = a["children"], b["children"]
     texts_a, texts_b = (unparse(la), unparse(ra)), (unparse(lb), unparse(rb))
@@ -231,7 +313,7 @@ def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapp
     def fixed(i: int, j: int) -> bool:
         va, vb = vals_a[i], vals_b[j]
         same_values = va is ABSENT or vb is ABSENT or va == vb
-        return texts_a[i] == texts_b[j] and not (_lets_read(texts_a[i]) & changed_lets) and same_values
+        return texts_a[i] == texts_b[j] and same_values
 
     op_a, op_b = a["value"], b["value"]
     same_operands = fixed(0, 0) and fixed(1, 1)
@@ -249,6 +331,10 @@ def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapp
         measured, bound = 1, 0
     else:
         return Move(old, new, UNKNOWN, f"both sides of {code(old.text)} changed")
+    if not same_operands and _mask(a["children"][bound]) != _mask(b["children"][bound]):
+        # More moved than a number: the side that moved compares something else now.
+        return Move(old, new, UNKNOWN, f"what it compares with changed ({code(texts_a[bound])} -> "
+                                       f"{code(texts_b[bound])})")
     if measured == 1:  # write it as `measured OP bound`
         op_a, op_b = _FLIP[op_a], _FLIP[op_b]
     family = {op: f for f in (_UPPER, _LOWER, ("eq",), ("ne",)) for op in f}
@@ -262,6 +348,8 @@ def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapp
             direction, why = (LOOSENED if op_b in ("lte", "gte") else TIGHTENED), ""
     else:
         direction, why = _direction(op_a, vals_a[bound], vals_b[bound], op_b, texts_a[bound], texts_b[bound])
+        if why == RETARGET:
+            return Move(old, new, UNKNOWN, why, retarget=True)
     if direction in (TIGHTENED, LOOSENED) and polarity != 1:
         if polarity == 0:
             return Move(old, new, UNKNOWN, f"{code(new.text)} sits inside a function or projection, where "
@@ -352,37 +440,51 @@ def _by_outcomes(old: str, new: str) -> tuple[str, str] | None:
 
 def shift(old: Mapping[str, Any], new: Mapping[str, Any], old_values: Mapping[str, Any] | None,
           new_values: Mapping[str, Any] | None, old_result: CheckResult | None = None,
-          new_result: CheckResult | None = None) -> Shift:
+          new_result: CheckResult | None = None, settle: bool = True) -> Shift:
     """Old check -> new check (their `expr`), with each side's values; with both results (the two
-    evaluated on one saved run), the verdict on that run."""
+    evaluated on one saved run), the verdict on that run. `settle=False` when the run is not of the
+    legs both checks read (they changed, in the change or since the run): its numbers still place
+    the bounds, but how the old check fares on it says nothing of the new one."""
     on_run = old_result is not None and new_result is not None
     outcomes = (old_result["outcome"], new_result["outcome"]) if on_run else (None, None)
-    run_a, run_b = explained(old_result), explained(new_result)
     lets_a, lets_b = old.get("let") or {}, new.get("let") or {}
-    changed_lets = {k for k in set(lets_a) | set(lets_b) if lets_a.get(k) != lets_b.get(k)}
-    a, b = _parsed(old["expr"]), _parsed(new["expr"])
+    written_a, written_b = _parsed(old["expr"]), _parsed(new["expr"])
     moves: list[Move] = []
-    if a is None or b is None:
+    if written_a is None or written_b is None:
         verdict, why = UNKNOWN, "an expression does not parse"
     else:
+        # Compared with every `let.x` written out: a check rewritten through `let:` is the same check.
+        a, b = expand(written_a, lets_a), expand(written_b, lets_b)
+        run_a = _expanded_values(old_result, written_a, lets_a)
+        run_b = _expanded_values(new_result, written_b, lets_b)
         pairs = _pairs(a, b)
         if pairs is None:
             by_terms = _by_terms(a, b)
             verdict, why = (by_terms.verdict, by_terms.why) if by_terms else \
                 (UNKNOWN, "the expression changed shape, not only its bounds")
         else:
-            moves = [m for m in (_move(x, y, p, run_a, run_b, old_values, new_values, changed_lets)
+            moves = [m for m in (_move(x, y, p, run_a, run_b, old_values, new_values)
                                  for x, y, p in pairs) if m is not None]
             verdict, why = _combine(moves)
-            if not moves and changed_lets:
-                verdict, why = UNKNOWN, f"let.{sorted(changed_lets)[0]} changed"
+            if verdict == UNCHANGED and a != b:
+                # Same comparisons, same bounds, but something else moved (a path, a function).
+                verdict, why = UNKNOWN, "the expression changed outside its comparisons' bounds"
+            elif verdict == UNCHANGED and (lets_a != lets_b or written_a != written_b):
+                why = "the same expression once its `let:` names are written out"
+    retarget = verdict == UNKNOWN and bool(moves) and \
+        all(m.retarget for m in moves if m.direction == UNKNOWN)
     when = _when(old.get("when"), new.get("when"))
     if when is not None:
         verdict, why = _merge((verdict, why), when)
-    if on_run:
+        retarget = False
+    if on_run and not settle:
+        outcomes = (None, None)
+    if on_run and settle:
         settled = _by_outcomes(*outcomes)
         if settled is not None:
             verdict, why = settled
-        elif verdict == UNKNOWN:
+            retarget = False
+        elif verdict == UNKNOWN and outcomes[0] == outcomes[1]:
             why = f"{outcomes[0]} on this run before and after; {why}"
-    return Shift(verdict, why, moves, *outcomes)
+    basis = (RUN if settle else NUMBERS) if on_run else SPEC
+    return Shift(verdict, why, moves, *outcomes, retarget=retarget and verdict == UNKNOWN, basis=basis)

@@ -1,0 +1,358 @@
+"""`engine review --base REV`: review every spec of a change the way its reviewer should, and say
+which changes need a human's approval.
+
+For every spec (each YAML file under the specs directory that no other one extends or includes, at
+the base or in the working tree): both sides are loaded, validated and planned (`engine diff`'s
+sides), compared, the saved run under `evidence/<spec stem>/` is reviewed against the change (each
+touched check evaluated old and new) and re-checked with the new spec, as `engine check` would; then
+every change is classified (engine/diff/risk.py). Exit 0: nothing risky, or `--accept-risk`;
+1: risky changes need approval; 2: an invalid spec on either side, unreadable evidence, or bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping, Sequence, TextIO
+
+from engine import evidence as evmod
+from engine.diff.command import load_at_base
+from engine.diff.compare import compare
+from engine.diff.model import DiffError, Report, Side
+from engine.diff.render import Out, lines_of, summary
+from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
+from engine.diff.saved_run import review_evidence
+from engine.diff.sides import references, repo_root
+from engine.diff.text import code
+from engine.recheck import replan, step_changes
+from engine.report import write_file
+from engine.verdict import judge
+
+EXIT_SAFE, EXIT_RISKY, EXIT_INVALID = 0, 1, 2
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class SpecReview:
+    path: str  # repo-relative
+    status: str  # unchanged | changed | new | deleted | invalid
+    report: Report | None = None
+    errors: list[str] = dc_field(default_factory=list)  # an invalid side: every problem, file:line
+    saved: SavedRun | None = None
+    recheck: str = ""  # the re-check of the saved run with the new spec, in a phrase
+    risks: list[Risk] = dc_field(default_factory=list)
+
+
+@dataclass
+class Review:
+    base: str  # as given
+    commit: str  # its commit, abbreviated
+    specs: list[SpecReview]
+    accepted: bool = False
+
+    @property
+    def risks(self) -> list[Risk]:
+        return [r for s in self.specs for r in s.risks]
+
+    @property
+    def invalid(self) -> bool:
+        return any(s.status == "invalid" for s in self.specs)
+
+    @property
+    def exit_code(self) -> int:
+        if self.invalid:
+            return EXIT_INVALID
+        return EXIT_RISKY if self.risks and not self.accepted else EXIT_SAFE
+
+
+# ---------------------------------------------------------------- git
+
+def _git(root: Path, *args: str, data: bytes | None = None) -> bytes:
+    proc = subprocess.run(["git", *args], cwd=root, input=data, capture_output=True)
+    if proc.returncode != 0:
+        raise DiffError(f"git {' '.join(args)}: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+def _blobs(root: Path, commit: str, paths: Sequence[str]) -> dict[str, bytes]:
+    """path -> its bytes at `commit`, for those that exist there (one `git cat-file --batch`)."""
+    if not paths:
+        return {}
+    out = _git(root, "cat-file", "--batch", data="".join(f"{commit}:{p}\n" for p in paths).encode())
+    blobs: dict[str, bytes] = {}
+    at = 0
+    for p in paths:
+        end = out.index(b"\n", at)
+        header = out[at:end].split()
+        at = end + 1
+        if len(header) == 3 and header[1] == b"blob":
+            size = int(header[2])
+            blobs[p] = out[at:at + size]
+            at += size + 1
+        # else "<object> missing": not at that revision
+    return blobs
+
+
+# ---------------------------------------------------------------- which specs
+
+def roots(files: Mapping[str, bytes]) -> list[str]:
+    """The specs among YAML files (repo-relative path -> text): those no other file extends or
+    includes. Fragments (lib/) are reviewed through the specs that use them."""
+    used = set()
+    for path, text in files.items():
+        here = PurePosixPath(path).parent
+        for ref in references(text):
+            used.add(_normal(here / ref))
+    return sorted(p for p in files if p not in used)
+
+
+def _normal(p: PurePosixPath) -> str:
+    parts: list[str] = []
+    for part in p.parts:
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return "/".join(parts)
+
+
+def discover(root: Path, commit: str, spec_dir: str) -> list[str]:
+    """Repo-relative paths of every spec under `spec_dir` at the base commit or in the working tree."""
+    listed = _git(root, "ls-tree", "-r", "--name-only", commit, "--", spec_dir).decode().splitlines()
+    at_base = _blobs(root, commit, [p for p in listed if p.endswith(SPEC_SUFFIXES)])
+    now = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / spec_dir).rglob("*"))
+           if p.suffix in SPEC_SUFFIXES and p.is_file()}
+    return sorted(set(roots(at_base)) | set(roots(now)))
+
+
+# ---------------------------------------------------------------- one spec
+
+def _saved_run(root: Path, commit: str, rel_dir: str, tmp: Path) -> tuple[dict | None, dict | None, bool]:
+    """(saved run now, saved run at the base, whether it changed): evidence documents, None when absent."""
+    doc_path = f"{rel_dir}/evidence.json"
+    now_file = root / doc_path
+    now = evmod.load(now_file.parent) if now_file.is_file() else None
+    blob = _blobs(root, commit, [doc_path]).get(doc_path)
+    if blob is None:
+        return now, None, now is not None
+    if now_file.is_file() and now_file.read_bytes() == blob:
+        return now, now, False
+    where = tmp / "base-evidence" / rel_dir
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "evidence.json").write_bytes(blob)
+    try:
+        base_doc = evmod.load(where)
+    except evmod.EvidenceError as exc:
+        raise evmod.EvidenceError(str(exc).replace(str(where), f"{commit}:{rel_dir}")) from None
+    return now, base_doc, True
+
+
+def _failing(spec: Any, doc: Mapping[str, Any]) -> tuple[list[str] | None, list[str], str]:
+    """Re-check a saved run with `spec` as `engine check` does, writing nothing: (what fails, why it was
+    refused, a phrase)."""
+    try:
+        plan = replan(spec, doc, environ={})
+    except Exception as exc:  # noqa: BLE001 - a mode or override this side lacks: no re-check
+        return None, [str(exc).splitlines()[0]], f"not re-checked: {str(exc).splitlines()[0]}"
+    changes, _ = step_changes(doc, plan, environ={})
+    if changes:
+        return None, changes, f"refused: the legs changed since the run ({len(changes)} steps)"
+    results, verdict = judge(plan, {k: v for k, v in doc.items() if k not in ("checks", "verdict")})
+    gates = [r for r in results if r.get("severity", "gate") == "gate"]
+    passed = sum(1 for r in gates if r["outcome"] in ("PASS", "SKIPPED", "DISABLED"))
+    return list(verdict["failed"]), [], f"{verdict['outcome']} ({passed}/{len(gates)} gates pass)"
+
+
+def review_spec(root: Path, base: str, commit: str, rel: str, evidence_dir: str, tmp: Path) -> SpecReview:
+    """Both sides of one spec, the diff, its saved run and its risks."""
+    out = SpecReview(rel, "unchanged")
+    spec_path = root / rel
+    try:
+        left, right = load_at_base(spec_path, base, tmp / "base" / rel.replace("/", "_"))
+    except DiffError as exc:
+        out.status, out.errors = "invalid", str(exc).splitlines()
+        return out
+    report = compare(left, right)
+    out.report = report
+    stem = PurePosixPath(rel).stem
+    rel_dir = f"{evidence_dir}/{stem}"
+    saved = SavedRun(rel_dir)
+    try:
+        now, at_base, renewed = _saved_run(root, commit, rel_dir, tmp)
+    except evmod.EvidenceError as exc:
+        out.status, out.errors = "invalid", [str(exc)]
+        return out
+    saved.at_base, saved.renewed = at_base is not None, renewed
+    if now is not None and right.spec is not None:
+        saved.mode = str(now.get("mode"))
+        report.evidence = review_evidence(report, left, right, rel_dir, now)
+        saved.failing, saved.refused, out.recheck = _failing(right.spec, now)
+        if at_base is not None and left.spec is not None:
+            saved.failing_at_base, _, _ = _failing(left.spec, at_base)
+    elif now is None:
+        out.recheck = f"no saved run under {rel_dir}/"
+    out.saved = saved
+    out.status = report.status if report.status != "both" else ("changed" if report.changed else "unchanged")
+    side = right if right.spec is not None else left
+    gates = {mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate"
+                    and not c.get("disabled")} for mode, plan in side.plans.items()}
+    wheres = {mode: {c["name"]: f"{c['file']}:{c['line']}" for c in plan.checks if c.get("file")}
+              for mode, plan in side.plans.items()}
+    if report.status == "deleted":
+        gates = {m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"}
+                 for m, p in left.plans.items()}
+    out.risks = assess(report, rel, saved, gates, wheres)
+    return out
+
+
+def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = "specs",
+                 evidence_dir: str = "evidence", accept: bool = False, cwd: Path | None = None) -> Review:
+    """Review every spec (or those named, paths relative to `cwd`) against git revision `base`."""
+    cwd = cwd or Path.cwd()
+    root = repo_root(cwd)
+    try:
+        commit = _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").decode().strip()
+    except DiffError:
+        raise DiffError(f"--base {base}: not a revision of the repository at {root}") from None
+    rel_dirs = [_repo_rel(root, cwd, d) for d in (spec_dir, evidence_dir)]
+    if specs:
+        paths = [_repo_rel(root, cwd, s) for s in specs]
+    else:
+        paths = discover(root, commit, rel_dirs[0])
+    stems: dict[str, str] = {}
+    for p in paths:
+        other = stems.setdefault(PurePosixPath(p).stem, p)
+        if other != p:
+            raise DiffError(f"{other} and {p} share the name {PurePosixPath(p).stem!r}: "
+                            f"{rel_dirs[1]}/{PurePosixPath(p).stem}/ cannot say whose saved run it is")
+    with tempfile.TemporaryDirectory(prefix="specprobe-review-") as tmp:
+        reviews = [review_spec(root, base, commit, p, rel_dirs[1], Path(tmp)) for p in paths]
+    return Review(base, commit[:12], reviews, accept)
+
+
+def _repo_rel(root: Path, cwd: Path, path: str) -> str:
+    full = (cwd / path).resolve()
+    try:
+        return full.relative_to(root).as_posix()
+    except ValueError:
+        raise DiffError(f"{path}: not inside the git work tree {root}") from None
+
+
+# ---------------------------------------------------------------- rendering
+
+def _headline(review: Review) -> str:
+    n = len(grouped(review.risks))
+    if review.invalid:
+        bad = [s.path for s in review.specs if s.status == "invalid"]
+        return f"INVALID: {', '.join(bad)} (fix the spec: nothing else is decided)"
+    if not n:
+        return "nothing risky"
+    noun = "risky change" if n == 1 else "risky changes"
+    if review.accepted:
+        return f"{n} {noun}, accepted (--accept-risk)"
+    return f"RISKY: {n} {noun} need approval"
+
+
+def _spec_row(s: SpecReview) -> tuple[str, str, str, str]:
+    what = {"invalid": "INVALID", "unchanged": "unchanged", "new": "new spec", "deleted": "deleted"}.get(
+        s.status, "")
+    if s.status in ("changed", "new") and s.report is not None:
+        what = (what + "; " if what else "") + summary(s.report)
+    risky = str(len(s.risks)) if s.risks else ("-" if s.status != "invalid" else "")
+    return s.path, what, s.recheck or "-", risky
+
+
+def render_review(review: Review, markdown: bool = False) -> str:
+    """The review as text (terminal) or Markdown (a PR comment)."""
+    out = Out(markdown)
+    head = _headline(review)
+    count = f"{len(review.specs)} spec{'s' if len(review.specs) != 1 else ''}"
+    if out.md:
+        out.lines += [f"## Spec review: {head}", "",
+                      f"{count}, base {code(review.base)} ({code(review.commit)}) -> this change", "",
+                      "| spec | change | saved run re-checked with the new spec | risky |", "|---|---|---|---|"]
+        for row in map(_spec_row, review.specs):
+            out.lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    else:
+        out.lines += [f"engine review: {count}, base {review.base} ({review.commit}) -> working tree", head]
+        rows = [_spec_row(s) for s in review.specs]
+        width = max((len(r[0]) for r in rows), default=0)
+        for path, what, recheck, risky in rows:
+            risk = f"; {risky} risky" if risky not in ("-", "") else ""
+            out.lines.append(f"  {path:<{width}}  {what}{risk}")
+            out.lines.append(f"  {'':<{width}}  saved run: {recheck}")
+    for s in review.specs:
+        if s.status == "invalid":
+            out.head(f"{s.path}: invalid")
+            out.lines += [f"    {e}" for e in s.errors] if not out.md else ["```", *s.errors, "```"]
+    if review.risks:
+        out.head("risky changes (approve with --accept-risk)" if not review.accepted
+                 else "risky changes (accepted)")
+        for r, specs in grouped(review.risks):
+            modes = f" [mode {', '.join(r.modes)}]" if r.modes else ""
+            at = out.at(r.where)
+            if out.md:
+                out.lines.append(f"- **{r.kind}** in {', '.join(code(s) for s in specs)}{modes}: {r.what}{at}")
+                out.lines.append(f"  - *why risky*: {r.why}")
+            else:
+                out.lines.append(f"  ! {r.kind} in {', '.join(specs)}{modes}: {r.what}{at}")
+                out.lines.append(f"      why risky: {r.why}")
+    for s in review.specs:
+        if s.report is None or s.status == "unchanged":
+            continue
+        if out.md:
+            out.blank()
+            out.lines += [f"<details><summary>{_html(s.path)}: {_html(summary(s.report))}</summary>", ""]
+            lines_of(out, s.report, level=3)
+            out.blank()
+            out.lines.append("</details>")
+        else:
+            out.blank()
+            out.lines.append("-" * 100)
+            lines_of(out, s.report)
+    return "\n".join(out.lines).rstrip() + "\n"
+
+
+def grouped(risks: Sequence[Risk]) -> list[tuple[Risk, list[str]]]:
+    """Risks that are one change seen through several specs (a lib fragment they share), listed once
+    with every spec's name."""
+    out: dict[tuple, tuple[Risk, list[str]]] = {}
+    for r in risks:
+        key = (r.kind, r.subject, r.what, r.where, tuple(r.modes))
+        out.setdefault(key, (r, []))[1].append(r.spec)
+    return list(out.values())
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ---------------------------------------------------------------- the command
+
+def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """`engine review` (cli.py's `review` arguments): print the review; exit 0 safe (or accepted),
+    1 risky, 2 invalid. `--markdown FILE` also writes it as Markdown; `--markdown -` prints Markdown."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    try:
+        review = build_review(args.base, args.specs, args.spec_dir, args.evidence_dir, args.accept_risk)
+    except DiffError as exc:
+        print(str(exc), file=stderr, flush=True)
+        return EXIT_INVALID
+    stdout.write(render_review(review, markdown=args.markdown == "-"))
+    stdout.flush()
+    if args.markdown and args.markdown != "-":
+        write_file(args.markdown, render_review(review, markdown=True))
+    return review.exit_code
+
+
+__all__ = ["EXIT_INVALID", "EXIT_RISKY", "EXIT_SAFE", "WHY_RISKY", "Review", "SpecReview", "build_review",
+           "render_review", "review_main", "roots"]
