@@ -98,15 +98,14 @@ def _blobs(root: Path, commit: str, paths: Sequence[str]) -> dict[str, bytes]:
 
 # ---------------------------------------------------------------- which specs
 
-def roots(files: Mapping[str, bytes]) -> list[str]:
-    """The specs among YAML files (repo-relative path -> text): those no other file extends or
-    includes. Fragments (lib/) are reviewed through the specs that use them."""
-    used = set()
+def used(files: Mapping[str, bytes]) -> set[str]:
+    """The files (repo-relative) that some file among `files` extends or includes: fragments."""
+    out = set()
     for path, text in files.items():
         here = PurePosixPath(path).parent
         for ref in references(text):
-            used.add(_normal(here / ref))
-    return sorted(p for p in files if p not in used)
+            out.add(_normal(here / ref))
+    return out
 
 
 def _normal(p: PurePosixPath) -> str:
@@ -120,13 +119,19 @@ def _normal(p: PurePosixPath) -> str:
     return "/".join(parts)
 
 
-def discover(root: Path, commit: str, spec_dir: str) -> list[str]:
-    """Repo-relative paths of every spec under `spec_dir` at the base commit or in the working tree."""
-    listed = _git(root, "ls-tree", "-r", "--name-only", commit, "--", spec_dir).decode().splitlines()
-    at_base = _blobs(root, commit, [p for p in listed if p.endswith(SPEC_SUFFIXES)])
+def discover(root: Path, commit: str, spec_dir: str, evidence_dir: str) -> list[str]:
+    """Repo-relative paths of every spec under `spec_dir` at the base commit or in the working tree: a
+    YAML file that no other one extends or includes on either side (lib/ fragments are reviewed through
+    the specs that use them), or one that has a saved run under `evidence_dir` (a spec someone runs,
+    even if another spec now extends it)."""
+    listed = _git(root, "ls-tree", "-r", "--name-only", commit, "--", spec_dir, evidence_dir).decode().splitlines()
+    at_base = _blobs(root, commit, [p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
     now = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / spec_dir).rglob("*"))
            if p.suffix in SPEC_SUFFIXES and p.is_file()}
-    return sorted(set(roots(at_base)) | set(roots(now)))
+    fragments = used(at_base) | used(now)
+    saved = {PurePosixPath(p).parent.name for p in listed if p.endswith("/evidence.json")} | \
+        {p.parent.name for p in (root / evidence_dir).glob("*/evidence.json")}
+    return sorted(p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved)
 
 
 # ---------------------------------------------------------------- one spec
@@ -200,7 +205,7 @@ def review_spec(root: Path, base: str, commit: str, rel: str, evidence_dir: str,
     side = right if right.spec is not None else left
     gates = {mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate"
                     and not c.get("disabled")} for mode, plan in side.plans.items()}
-    wheres = {mode: {c["name"]: f"{c['file']}:{c['line']}" for c in plan.checks if c.get("file")}
+    wheres = {mode: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
               for mode, plan in side.plans.items()}
     if report.status == "deleted":
         gates = {m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"}
@@ -222,7 +227,7 @@ def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = 
     if specs:
         paths = [_repo_rel(root, cwd, s) for s in specs]
     else:
-        paths = discover(root, commit, rel_dirs[0])
+        paths = discover(root, commit, rel_dirs[0], rel_dirs[1])
     stems: dict[str, str] = {}
     for p in paths:
         other = stems.setdefault(PurePosixPath(p).stem, p)
@@ -355,4 +360,4 @@ def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: 
 
 
 __all__ = ["EXIT_INVALID", "EXIT_RISKY", "EXIT_SAFE", "WHY_RISKY", "Review", "SpecReview", "build_review",
-           "render_review", "review_main", "roots"]
+           "discover", "render_review", "review_main"]

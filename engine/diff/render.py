@@ -385,7 +385,7 @@ def _shift_lines(out: Out, s: Shift, old: Any = None, new: Any = None) -> None:
             out.sub("new", _outcome_phrase(new) if new else "(not evaluated)")
 
 
-_WHAT = {"added": "new check", "changed": "changed check", "moved": "unchanged check reading a changed value",
+_WHAT = {"added": "new check", "changed": "changed check", "moved": "check (unchanged; reads a changed value)",
          "removed": "removed check",
          "disabled": "disabled check", "enabled": "re-enabled check", "affected": "unchanged check"}
 
@@ -407,8 +407,8 @@ def _render_review(out: Out, r: CheckReview, label: str) -> None:
                                                  f"{_outcome_phrase(r.new, label)}{at}")
         return
     s = r.shift
-    what = "check (unchanged; a value it reads moved)" if r.status == "moved" else _WHAT[r.status]
-    head = f"{what} {name} on {label}: {verdict_phrase(s) if s else 'evaluated'}{at}"
+    what = f"check {name} (unchanged; reads a changed value)" if r.status == "moved" else f"{_WHAT[r.status]} {name}"
+    head = f"{what} on {label}: {verdict_phrase(s) if s else 'evaluated'}{at}"
     out.item("plain" if out.md else "changed", head)
     if s is not None and s.moves:
         _shift_lines(out, s, r.old, r.new)

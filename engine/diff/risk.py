@@ -203,7 +203,9 @@ def _budget_where(report: Report) -> str:
 
 def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedRun) -> list[Risk]:
     """Legs changed: fine only when a run of the new legs was committed with the change."""
-    phrases = list(dict.fromkeys(_leg_phrase(c) for cs in leg_changes.values() for c in cs))
+    # Said for one mode (the saved run's where it is one of them): values make each mode's argv differ.
+    shown_mode = saved.mode if saved.mode in leg_changes else sorted(leg_changes)[0]
+    phrases = list(dict.fromkeys(_leg_phrase(c) for c in leg_changes[shown_mode]))
     shown = ", ".join(phrases[:6]) + (f" and {len(phrases) - 6} more" if len(phrases) > 6 else "")
     where = next((c.where for cs in leg_changes.values() for c in cs if c.where), "")
     modes = sorted(leg_changes)
@@ -217,7 +219,9 @@ def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedR
         because = f"{saved.label} was not renewed in this change"
     else:
         return []  # a new run of the new legs was committed, and the re-check accepts it
-    return [Risk("legs changed", spec, "legs", f"legs changed ({shown}); {because}", where, modes)]
+    others = f" (and in {', '.join(m for m in modes if m != shown_mode)})" if len(modes) > 1 else ""
+    return [Risk("legs changed", spec, "legs", f"legs changed in {shown_mode}: {shown}{others}; {because}",
+                 where, modes)]
 
 
 def _saved_run_risks(spec: str, saved: SavedRun) -> list[Risk]:

@@ -234,8 +234,8 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
     reviews: list[CheckReview] = []
     for name, status in touched.items():
         before, now = by_old.get(name), by_new.get(name)
-        shown = before if status in ("removed", "disabled") else now
-        reviews.append(CheckReview(name, status, blockers_of(now or before), where=_where(shown),
+        shown, side = (before, old) if status in ("removed", "disabled") else (now, new)
+        reviews.append(CheckReview(name, status, blockers_of(now or before), where=side.shown(_where(shown)),
                                    why=" ".join(str(shown.get("why") or "").split())))
     # Each side's checks in one evaluation (the document is indexed once per side). A check the run
     # cannot answer for is evaluated too: its outcome means nothing, but the run's numbers place its
@@ -263,7 +263,7 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
             continue
         reasons = blockers_of(check)
         if reasons:
-            checks.append(CheckReview(name, "affected", reasons, where=_where(check)))
+            checks.append(CheckReview(name, "affected", reasons, where=new.shown(_where(check))))
     return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
 
 
