@@ -11,7 +11,6 @@ every change is classified (engine/diff/risk.py). Exit 0: nothing risky, or `--a
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field as dc_field
@@ -24,8 +23,8 @@ from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import Out, lines_of, summary
 from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
-from engine.diff.saved_run import review_evidence
-from engine.diff.sides import references, repo_root
+from engine.diff.saved_run import replan_quietly, review_evidence
+from engine.diff.sides import Revision, references, repo_root
 from engine.diff.text import code
 from engine.recheck import replan, step_changes
 from engine.report import write_file
@@ -68,34 +67,6 @@ class Review:
         return EXIT_RISKY if self.risks and not self.accepted else EXIT_SAFE
 
 
-# ---------------------------------------------------------------- git
-
-def _git(root: Path, *args: str, data: bytes | None = None) -> bytes:
-    proc = subprocess.run(["git", *args], cwd=root, input=data, capture_output=True)
-    if proc.returncode != 0:
-        raise DiffError(f"git {' '.join(args)}: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout
-
-
-def _blobs(root: Path, commit: str, paths: Sequence[str]) -> dict[str, bytes]:
-    """path -> its bytes at `commit`, for those that exist there (one `git cat-file --batch`)."""
-    if not paths:
-        return {}
-    out = _git(root, "cat-file", "--batch", data="".join(f"{commit}:{p}\n" for p in paths).encode())
-    blobs: dict[str, bytes] = {}
-    at = 0
-    for p in paths:
-        end = out.index(b"\n", at)
-        header = out[at:end].split()
-        at = end + 1
-        if len(header) == 3 and header[1] == b"blob":
-            size = int(header[2])
-            blobs[p] = out[at:at + size]
-            at += size + 1
-        # else "<object> missing": not at that revision
-    return blobs
-
-
 # ---------------------------------------------------------------- which specs
 
 def used(files: Mapping[str, bytes]) -> set[str]:
@@ -119,13 +90,14 @@ def _normal(p: PurePosixPath) -> str:
     return "/".join(parts)
 
 
-def discover(root: Path, commit: str, spec_dir: str, evidence_dir: str) -> list[str]:
-    """Repo-relative paths of every spec under `spec_dir` at the base commit or in the working tree: a
+def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
+    """Repo-relative paths of every spec under `spec_dir` at the base revision or in the working tree: a
     YAML file that no other one extends or includes on either side (lib/ fragments are reviewed through
     the specs that use them), or one that has a saved run under `evidence_dir` (a spec someone runs,
     even if another spec now extends it)."""
-    listed = _git(root, "ls-tree", "-r", "--name-only", commit, "--", spec_dir, evidence_dir).decode().splitlines()
-    at_base = _blobs(root, commit, [p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
+    root = revision.root
+    listed = revision.listing(spec_dir, evidence_dir)
+    at_base = revision.read([p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
     now = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / spec_dir).rglob("*"))
            if p.suffix in SPEC_SUFFIXES and p.is_file()}
     fragments = used(at_base) | used(now)
@@ -136,12 +108,12 @@ def discover(root: Path, commit: str, spec_dir: str, evidence_dir: str) -> list[
 
 # ---------------------------------------------------------------- one spec
 
-def _saved_run(root: Path, commit: str, rel_dir: str, tmp: Path) -> tuple[dict | None, dict | None, bool]:
+def _saved_run(revision: Revision, rel_dir: str, tmp: Path) -> tuple[dict | None, dict | None, bool]:
     """(saved run now, saved run at the base, whether it changed): evidence documents, None when absent."""
     doc_path = f"{rel_dir}/evidence.json"
-    now_file = root / doc_path
+    now_file = revision.root / doc_path
     now = evmod.load(now_file.parent) if now_file.is_file() else None
-    blob = _blobs(root, commit, [doc_path]).get(doc_path)
+    blob = revision.blob(doc_path)
     if blob is None:
         return now, None, now is not None
     if now_file.is_file() and now_file.read_bytes() == blob:
@@ -152,17 +124,20 @@ def _saved_run(root: Path, commit: str, rel_dir: str, tmp: Path) -> tuple[dict |
     try:
         base_doc = evmod.load(where)
     except evmod.EvidenceError as exc:
-        raise evmod.EvidenceError(str(exc).replace(str(where), f"{commit}:{rel_dir}")) from None
+        raise evmod.EvidenceError(str(exc).replace(str(where), f"{revision.rev}:{rel_dir}")) from None
     return now, base_doc, True
 
 
-def _failing(spec: Any, doc: Mapping[str, Any]) -> tuple[list[str] | None, list[str], str]:
+def _failing(spec: Any, doc: Mapping[str, Any], memo: dict) -> tuple[list[str] | None, list[str], str]:
     """Re-check a saved run with `spec` as `engine check` does, writing nothing: (what fails, why it was
     refused, a phrase)."""
-    try:
-        plan = replan(spec, doc, environ={})
-    except Exception as exc:  # noqa: BLE001 - a mode or override this side lacks: no re-check
-        return None, [str(exc).splitlines()[0]], f"not re-checked: {str(exc).splitlines()[0]}"
+    plan = replan_quietly(spec, doc, memo)
+    if plan is None:
+        try:  # said in its own words: the mode or an override this side lacks
+            replan(spec, doc, environ={})
+        except Exception as exc:  # noqa: BLE001
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return None, [first], f"not re-checked: {first}"
     changes, _ = step_changes(doc, plan, environ={})
     if changes:
         return None, changes, f"refused: the legs changed since the run ({len(changes)} steps)"
@@ -172,12 +147,12 @@ def _failing(spec: Any, doc: Mapping[str, Any]) -> tuple[list[str] | None, list[
     return list(verdict["failed"]), [], f"{verdict['outcome']} ({passed}/{len(gates)} gates pass)"
 
 
-def review_spec(root: Path, base: str, commit: str, rel: str, evidence_dir: str, tmp: Path) -> SpecReview:
+def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> SpecReview:
     """Both sides of one spec, the diff, its saved run and its risks."""
     out = SpecReview(rel, "unchanged")
-    spec_path = root / rel
+    spec_path = revision.root / rel
     try:
-        left, right = load_at_base(spec_path, base, tmp / "base" / rel.replace("/", "_"))
+        left, right = load_at_base(spec_path, revision.rev, tmp / "base" / rel.replace("/", "_"), revision)
     except DiffError as exc:
         out.status, out.errors = "invalid", str(exc).splitlines()
         return out
@@ -187,17 +162,19 @@ def review_spec(root: Path, base: str, commit: str, rel: str, evidence_dir: str,
     rel_dir = f"{evidence_dir}/{stem}"
     saved = SavedRun(rel_dir)
     try:
-        now, at_base, renewed = _saved_run(root, commit, rel_dir, tmp)
+        now, at_base, renewed = _saved_run(revision, rel_dir, tmp)
     except evmod.EvidenceError as exc:
         out.status, out.errors = "invalid", [str(exc)]
         return out
     saved.at_base, saved.renewed = at_base is not None, renewed
+    memo: dict = {}  # plans rebuilt for a saved run, shared by the review and the re-checks
     if now is not None and right.spec is not None:
         saved.mode = str(now.get("mode"))
-        report.evidence = review_evidence(report, left, right, rel_dir, now)
-        saved.failing, saved.refused, out.recheck = _failing(right.spec, now)
+        report.evidence = review_evidence(report, left, right, rel_dir, now, memo)
+        saved.failing, saved.refused, out.recheck = _failing(right.spec, now, memo)
         if at_base is not None and left.spec is not None:
-            saved.failing_at_base, _, _ = _failing(left.spec, at_base)
+            same = at_base is now and left.spec is right.spec  # nothing to re-check twice
+            saved.failing_at_base = saved.failing if same else _failing(left.spec, at_base, memo)[0]
     elif now is None:
         out.recheck = f"no saved run under {rel_dir}/"
     out.saved = saved
@@ -218,16 +195,12 @@ def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = 
                  evidence_dir: str = "evidence", accept: bool = False, cwd: Path | None = None) -> Review:
     """Review every spec (or those named, paths relative to `cwd`) against git revision `base`."""
     cwd = cwd or Path.cwd()
-    root = repo_root(cwd)
-    try:
-        commit = _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").decode().strip()
-    except DiffError:
-        raise DiffError(f"--base {base}: not a revision of the repository at {root}") from None
-    rel_dirs = [_repo_rel(root, cwd, d) for d in (spec_dir, evidence_dir)]
+    revision = Revision(repo_root(cwd), base)
+    rel_dirs = [_repo_rel(revision.root, cwd, d) for d in (spec_dir, evidence_dir)]
     if specs:
-        paths = [_repo_rel(root, cwd, s) for s in specs]
+        paths = [_repo_rel(revision.root, cwd, s) for s in specs]
     else:
-        paths = discover(root, commit, rel_dirs[0], rel_dirs[1])
+        paths = discover(revision, rel_dirs[0], rel_dirs[1])
     stems: dict[str, str] = {}
     for p in paths:
         other = stems.setdefault(PurePosixPath(p).stem, p)
@@ -235,8 +208,8 @@ def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = 
             raise DiffError(f"{other} and {p} share the name {PurePosixPath(p).stem!r}: "
                             f"{rel_dirs[1]}/{PurePosixPath(p).stem}/ cannot say whose saved run it is")
     with tempfile.TemporaryDirectory(prefix="specprobe-review-") as tmp:
-        reviews = [review_spec(root, base, commit, p, rel_dirs[1], Path(tmp)) for p in paths]
-    return Review(base, commit[:12], reviews, accept)
+        reviews = [review_spec(revision, p, rel_dirs[1], Path(tmp)) for p in paths]
+    return Review(base, revision.commit[:12], reviews, accept)
 
 
 def _repo_rel(root: Path, cwd: Path, path: str) -> str:

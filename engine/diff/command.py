@@ -12,7 +12,7 @@ from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import render
 from engine.diff.saved_run import review_evidence
-from engine.diff.sides import load_side, materialise, repo_root
+from engine.diff.sides import Revision, load_side, materialise, repo_root
 from engine.report import write_file
 from engine.spec import display_path
 
@@ -62,14 +62,16 @@ def build_report(old: str, new: str | None, base: str | None, evidence: str | No
     return report
 
 
-def load_at_base(spec: Path, base: str, tmp: Path) -> tuple[Side, Side]:
+def load_at_base(spec: Path, base: str, tmp: Path, revision: Revision | None = None) -> tuple[Side, Side]:
     """The spec at git revision `base` (written out under `tmp`) and in the working tree; a side
     where the file does not exist has no spec. DiffError when it exists on neither."""
-    where = materialise(spec, base, tmp)
+    if revision is None:
+        revision = Revision(repo_root(spec.parent if spec.parent.is_dir() else Path.cwd()), base)
+    where = materialise(spec, base, tmp, revision)
     shown = _shown(spec)
     rel = _repo_rel(spec)
     right = load_side(spec, shown) if spec.exists() else Side(f"{shown} (deleted)", None)
-    if where is not None and right.spec is not None and _same_files(where, tmp, right):
+    if where is not None and right.spec is not None and _same_files(tmp, right, revision.root):
         # Every file the spec reads is byte for byte the base's: one load serves both sides.
         left = Side(f"{base}:{rel}", right.spec, right.plans, str(tmp), f"{base}:")
     else:
@@ -80,10 +82,9 @@ def load_at_base(spec: Path, base: str, tmp: Path) -> tuple[Side, Side]:
     return left, right
 
 
-def _same_files(where: Path, tmp: Path, right: Side) -> bool:
+def _same_files(tmp: Path, right: Side, root: Path) -> bool:
     """Whether the files written out from the base (under `tmp`) are exactly those the working-tree
     spec was loaded from, same paths and same bytes."""
-    root = repo_root(Path(right.spec.path).resolve().parent)
     written = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
     read = sorted(Path(f).resolve().relative_to(root).as_posix() for f in right.spec.files
                   if Path(f).resolve().is_relative_to(root))

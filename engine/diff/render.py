@@ -390,6 +390,13 @@ _WHAT = {"added": "new check", "changed": "changed check", "moved": "check (unch
          "disabled": "disabled check", "enabled": "re-enabled check", "affected": "unchanged check"}
 
 
+def _named(out: Out, r: CheckReview) -> str:
+    """`changed check x`, `check x (unchanged; reads a changed value)`."""
+    if r.status == "moved":
+        return f"check {out.code(r.name)} (unchanged; reads a changed value)"
+    return f"{_WHAT[r.status]} {out.code(r.name)}"
+
+
 def _render_review(out: Out, r: CheckReview, label: str) -> None:
     name, at = out.code(r.name), out.at(r.where)
     if r.status == "added":
@@ -407,8 +414,7 @@ def _render_review(out: Out, r: CheckReview, label: str) -> None:
                                                  f"{_outcome_phrase(r.new, label)}{at}")
         return
     s = r.shift
-    what = f"check {name} (unchanged; reads a changed value)" if r.status == "moved" else f"{_WHAT[r.status]} {name}"
-    head = f"{what} on {label}: {verdict_phrase(s) if s else 'evaluated'}{at}"
+    head = f"{_named(out, r)} on {label}: {verdict_phrase(s) if s else 'evaluated'}{at}"
     out.item("plain" if out.md else "changed", head)
     if s is not None and s.moves:
         _shift_lines(out, s, r.old, r.new)
@@ -434,8 +440,7 @@ def _render_evidence(out: Out, ev: EvidenceReview) -> None:
     for reasons, reviews in groups.items():
         if len(reviews) == 1:
             r = reviews[0]
-            out.item("blocked", f"{_WHAT[r.status]} {out.code(r.name)}: this run cannot say how it fares, "
-                                f"because")
+            out.item("blocked", f"{_named(out, r)}: this run cannot say how it fares, because")
         else:
             names = ", ".join(out.code(r.name) + _GROUP_LABEL[r.status] for r in reviews)
             out.item("blocked", f"{len(reviews)} checks this run cannot say how they fare ({names}), because")

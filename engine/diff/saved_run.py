@@ -31,15 +31,23 @@ def _run_label(ev: Mapping[str, Any]) -> str:
     return f"run {stamp} ({ev.get('mode', '?')})"
 
 
-def _replan(spec: Any, ev: Mapping[str, Any]) -> Any | None:
-    """The plan the saved run would have had under `spec` (its mode, overrides and builtins)."""
+def replan_quietly(spec: Any, ev: Mapping[str, Any], memo: dict | None = None) -> Any | None:
+    """The plan the saved run would have had under `spec` (its mode, overrides and builtins), or None
+    when it has none there. `memo` keeps the plans of one review: both sides of an unchanged spec, and
+    its re-check, are one plan."""
     if spec is None:
         return None
+    key = (id(spec), id(ev))
+    if memo is not None and key in memo:
+        return memo[key]
     try:
         # No environment: a secret the reviewer's shell holds must not reach a diff or a PR comment.
-        return replan(spec, ev, environ={})
+        plan = replan(spec, ev, environ={})
     except Exception:  # noqa: BLE001 - mode missing on this side, an override it lacks: no plan
-        return None
+        plan = None
+    if memo is not None:
+        memo[key] = plan
+    return plan
 
 
 def _step_delta(fname: str, old: Any, new: Any) -> str:
@@ -162,8 +170,8 @@ def _touched(changes: list[Change]) -> dict[str, str]:
     return out
 
 
-def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any]
-                    ) -> EvidenceReview:
+def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any],
+                    memo: dict | None = None) -> EvidenceReview:
     """Evaluate on a saved run every check the change touches, the OLD definition with the old spec's
     values and the NEW one with the new spec's, and say how each moved (tightened, loosened, unchanged
     on this run, cannot tell); say plainly where a changed leg means the run cannot answer."""
@@ -177,7 +185,8 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
         notes.append(f"the run's mode `{mode}` is not in the new spec: nothing to compare")
         return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
     old_plan, new_plan = old.plans.get(mode), new.plans[mode]
-    old_run, new_run = _replan(old.spec, ev), _replan(new.spec, ev)
+    memo = {} if memo is None else memo
+    old_run, new_run = replan_quietly(old.spec, ev, memo), replan_quietly(new.spec, ev, memo)
     if new_run is None:
         notes.append("could not rebuild the new spec's plan with the run's overrides; "
                      "legs and values are compared between the two spec sides instead")

@@ -16,9 +16,9 @@ from engine.validate import validate
 from engine.values import UsageError
 
 
-def _git(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess:
+def _git(args: Sequence[str], cwd: Path, data: bytes | None = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+        return subprocess.run(["git", *args], cwd=cwd, input=data, capture_output=True)
     except FileNotFoundError:
         raise DiffError("--base needs git, and no `git` is on PATH") from None
 
@@ -49,34 +49,69 @@ def references(text: bytes) -> list[str]:
     return refs
 
 
-def materialise(spec: Path, rev: str, dest: Path) -> Path | None:
+class Revision:
+    """One git revision of one repository; its files are read with `git cat-file --batch`, each once."""
+
+    def __init__(self, root: Path, rev: str):
+        self.root, self.rev = root, rev
+        proc = _git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], root)
+        if proc.returncode != 0:
+            raise DiffError(f"--base {rev}: not a revision of the repository at {root}")
+        self.commit = proc.stdout.decode().strip()
+        self._blobs: dict[str, bytes | None] = {}
+
+    def read(self, paths: Sequence[str]) -> dict[str, bytes]:
+        """path -> its bytes at this revision, for those of `paths` that exist there."""
+        wanted = [p for p in dict.fromkeys(paths) if p not in self._blobs]
+        if wanted:
+            proc = _git(["cat-file", "--batch"], self.root,
+                        data="".join(f"{self.commit}:{p}\n" for p in wanted).encode())
+            out, at = proc.stdout, 0
+            for p in wanted:
+                end = out.index(b"\n", at)
+                header = out[at:end].split()
+                at = end + 1
+                self._blobs[p] = None  # "<object> missing": not at this revision
+                if len(header) == 3 and header[1] == b"blob":
+                    size = int(header[2])
+                    self._blobs[p] = out[at:at + size]
+                    at += size + 1
+        return {p: b for p in paths if (b := self._blobs.get(p)) is not None}
+
+    def blob(self, path: str) -> bytes | None:
+        return self.read([path]).get(path)
+
+    def listing(self, *dirs: str) -> list[str]:
+        """Every file under `dirs` at this revision (repo-relative)."""
+        proc = _git(["ls-tree", "-r", "--name-only", self.commit, "--", *dirs], self.root)
+        return proc.stdout.decode().splitlines()
+
+
+def materialise(spec: Path, rev: str, dest: Path, revision: Revision | None = None) -> Path | None:
     """Write the spec as it was at `rev`, with every file it extends/includes AT THAT REVISION, under
     `dest` mirroring repo-relative paths; return the spec's path there, or None if it did not exist."""
-    start = spec.parent if spec.parent.is_dir() else Path.cwd()
-    root = repo_root(start)
+    if revision is None:
+        revision = Revision(repo_root(spec.parent if spec.parent.is_dir() else Path.cwd()), rev)
+    root = revision.root
     try:
         rel = spec.resolve().relative_to(root).as_posix()
     except ValueError:
         raise DiffError(f"{spec}: not inside the git work tree {root}") from None
-    proc = _git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], root)
-    if proc.returncode != 0:
-        raise DiffError(f"--base {rev}: not a revision of the repository at {root}")
-    commit = proc.stdout.decode().strip()
     queue, seen = [rel], set()
     while queue:
         path = queue.pop(0)
         if path in seen:
             continue
         seen.add(path)
-        blob = _git(["cat-file", "blob", f"{commit}:{path}"], root)
-        if blob.returncode != 0:
+        blob = revision.blob(path)
+        if blob is None:
             if path == rel:
                 return None
             continue  # load_spec reports the missing parent at the line that names it
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(blob.stdout)
-        for ref in references(blob.stdout):
+        target.write_bytes(blob)
+        for ref in references(blob):
             joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), ref))
             if not joined.startswith("../") and joined != "..":
                 queue.append(joined)
