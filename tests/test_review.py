@@ -186,6 +186,10 @@ SAFE: dict[str, Callable[[Path], None]] = {
         r, LIB, 'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
         'expr: "let.loss < values.loss_max"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss'),
     "legs_changed_with_a_new_run_committed": _new_run_of_new_legs,
+    # stop1 moves leg 1's stop AND what `leg1_stopped_at_stop` asks: the old check fails the new run,
+    # which says nothing of the new check (an equality asked for another value, not a looser one).
+    "stop_step_moved_with_a_new_run_committed": lambda r: (edit(r, PROBE, "smoke: {stop1: 10}", "smoke: {stop1: 15}"),
+                                                           run_probe(r)),
     "a_longer_timeout": lambda r: edit(r, LIB, "timeout_s: 60", "timeout_s: 90"),
 }
 

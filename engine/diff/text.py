@@ -92,6 +92,8 @@ def _delta(a: tuple[list[str], list[Any]], b: tuple[list[str], list[Any]], conte
     (pa, ka), (pb, kb) = a, b
     out: list[str] = []
     ops = difflib.SequenceMatcher(a=ka, b=kb, autojunk=False).get_opcodes()
+    if all(tag == "equal" for tag, *_ in ops):  # the same tokens, spaced otherwise: nothing to mark
+        return "".join(pb).strip()
     for n, (tag, i1, i2, j1, j2) in enumerate(ops):
         if tag == "equal":
             run = pb[j1:j2]
