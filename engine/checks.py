@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jmespath
 from jmespath.visitor import TreeInterpreter
 
+from engine.functions import evaluation
 from engine.types import CheckResult
 
 OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR", "DISABLED")
@@ -401,7 +402,8 @@ def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
     if named is not None:
         root["let"] = named
     try:
-        value = tracer.visit(parsed, root)
+        with evaluation():  # one budget of range() elements for the whole expression and its lets
+            value = tracer.visit(parsed, root)
     except Exception as exc:
         # What was computed before the failure is the best clue to it (a string operand...), and an
         # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error.

@@ -7,7 +7,7 @@ Usage (results go to stdout, diagnostics to stderr):
     engine run specs/p4_smoke.yaml --mode smoke --junit out/junit.xml --markdown out/summary.md
     engine run specs/p4_smoke.yaml --set repo=file:///tmp/store/probe/ckpt-1 --run-dir runs/try1
     engine check specs/p4_smoke.yaml --evidence runs/try1 --junit out/junit.xml
-    engine replay specs/p4_smoke.yaml --evidence runs/try1
+    engine replay specs/p4_smoke.yaml --evidence runs/try1 --html out/report.html
     engine schema > spec.schema.json
     engine diff specs/p4_soak.yaml --base origin/main --evidence runs/try1 --markdown -
     engine review --base origin/main --markdown review.md
@@ -22,19 +22,24 @@ verdict in <run dir>/evidence.json and ends with one line:
 
 The default run directory is runs/<name>-<mode>-<UTC stamp> under the current directory.
 
-`check` re-evaluates the spec's CURRENT checks against a saved run without running anything
-(results go to <run dir>/check-<stamp>.json; evidence.json is left as it was). It refuses
-(exit 2) when a step's definition changed since the run, because the evidence would no longer
-describe the spec. `replay` additionally re-harvests every run step from its saved raw log with
+`check` re-evaluates the spec's CURRENT checks, with its current values, against a saved run
+without running anything (results go to <run dir>/check-<stamp>.json; evidence.json is left as it
+was; each value that differs from the run's is listed on stderr). It refuses (exit 2) evidence of
+another spec, and a run whose step definitions changed since, because the evidence would no
+longer describe the spec. `replay` additionally re-harvests every run step from its saved raw log with
 the spec's current output rules (prefix strip, markers), so a fixed harvest rule can be
 verified without re-running a leg; output-rule changes are allowed there, nothing else.
 
 `--markdown FILE` (run, check, replay, diff, review) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
+It draws the spec's plots as Mermaid charts. `--html FILE` (run, check, replay) writes one
+self-contained page: the verdict, the failure trees, the plots as SVG, the checks and the steps (no
+script, nothing fetched); `--html -` prints it instead of the text report.
 
-Exit codes: 0 pass, 5 a failed check or leg, 2 invalid spec or usage, 3 a precondition
+Exit codes: 0 pass, 5 a failed check or step, 2 invalid spec or usage, 3 a precondition
 failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid; `engine review`:
-0 nothing risky or accepted, 1 risky changes need approval, 2 invalid).
+0 nothing risky or accepted, 1 risky changes need approval, 2 invalid). A closed stdout changes no
+exit code: the output is dropped and the VERDICT line goes to stderr.
 """
 from __future__ import annotations
 
@@ -50,11 +55,13 @@ from engine.verdict import Exit
 # Imports are lazy, per command: `engine check` must answer in well under a second, so nothing a
 # command does not use (the runner for `check`, the diff for `run`, never the trainer) loads.
 EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) + \
-    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or leg)"
+    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or step," \
+    " or a harvest problem)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
 REVIEW_EPILOG = "exit codes: 0 nothing risky (or --accept-risk), 1 risky changes need approval, " \
     "2 invalid spec or evidence on either side, or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
+HTML_HELP = "also write a self-contained HTML report (plots as SVG) to FILE; `-` prints it instead of the text report"
 
 
 class _Refused(Exception):
@@ -62,7 +69,13 @@ class _Refused(Exception):
 
 
 def _err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    from engine.console import printable  # a spec's or a leg's text must not drive the terminal
+    print(printable(text), file=sys.stderr, flush=True)
+
+
+def _out(text: str, end: str = "\n") -> None:
+    from engine.console import printable
+    print(printable(text), end=end, flush=True)
 
 
 def _valid_spec(path: str) -> Any:
@@ -88,18 +101,55 @@ def _refusals() -> tuple[type[Exception], ...]:
     return _Refused, SpecErrors, UsageError, EvidenceError, Refused
 
 
-def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
-          args: argparse.Namespace) -> None:
+def _check_reports(args: argparse.Namespace) -> None:
+    """Refuse (exit 2) before anything runs when --junit/--markdown/--html cannot be written: after
+    an hour of legs, a traceback after the VERDICT line is the wrong way to find out."""
     from engine import report
-    markdown = report.markdown(evidence, results, verdict) if args.markdown else ""
-    if args.markdown == "-":
-        print(markdown, end="", flush=True)
-    else:
-        print(report.table(evidence, results, verdict, verbose=args.verbose), flush=True)
-    if args.junit:
-        report.write_file(args.junit, report.junit(evidence, results, verdict))
+    for flag, path in (("--junit", args.junit), ("--markdown", args.markdown), ("--html", args.html)):
+        if path and path != "-":
+            problem = report.writable_problem(path)
+            if problem:
+                raise _Refused(f"{flag} {path}: {problem}")
+
+
+def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
+          args: argparse.Namespace, spec: Any = None) -> int | None:
+    """Write the report files, then print the report; Exit.USAGE when a file could not be
+    written (said before the verdict is printed), else None."""
+    from engine import report
+    from engine.console import printable
+    figures: list = []
+    if (args.markdown or args.html) and spec is not None:
+        from engine.plots import for_spec
+        figures = for_spec(spec, evidence)
+    markdown = report.markdown(evidence, results, verdict, figures) if args.markdown else ""
+    page = ""
+    if args.html:
+        from engine import htmlreport
+        page = htmlreport.render(evidence, results, verdict, figures)
+    failed = None
+    files = [(args.junit, lambda: report.junit(evidence, results, verdict))] if args.junit else []
     if args.markdown and args.markdown != "-":
-        report.write_file(args.markdown, markdown)
+        files.append((args.markdown, lambda: markdown))
+    if args.html and args.html != "-":
+        files.append((args.html, lambda: page))
+    for path, render in files:
+        try:
+            report.write_file(path, render())
+        except (OSError, ValueError) as exc:
+            _err(f"could not write the report {path}: {getattr(exc, 'strerror', None) or exc} "
+                 f"(the run's evidence is stored; `engine check` renders it again)")
+            failed = Exit.USAGE
+    # A leg's text inside the report (a harvested string, a failure line) must not drive the terminal.
+    if args.markdown == "-":
+        print(printable(markdown), end="", flush=True)
+    elif args.html == "-":
+        print(printable(page), end="", flush=True)
+    else:
+        print(printable(report.table(evidence, results, verdict, verbose=args.verbose)), flush=True)
+    if getattr(sys.stdout, "lost", None):  # the reader left: the verdict still reaches someone
+        _err(report.verdict_line((evidence.get("spec") or {}).get("name") or "spec", verdict))
+    return failed
 
 
 # ---------------------------------------------------------------- commands
@@ -112,17 +162,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except _refusals() as exc:
             bad = True
             errors = str(exc).splitlines()
-            print(f"INVALID {path}: {len(errors)} problem{'s' if len(errors) > 1 else ''}", flush=True)
-            print("\n".join(errors), flush=True)
+            _out(f"INVALID {path}: {len(errors)} problem{'s' if len(errors) > 1 else ''}")
+            _out("\n".join(errors))
         else:
-            print(f"OK {path}", flush=True)
+            _out(f"OK {path}")
     return Exit.USAGE if bad else Exit.PASS
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from engine.plan import build_plan
     plan = build_plan(_valid_spec(args.spec), mode=args.mode, sets=args.set, environ=os.environ)
-    print(plan.describe(), end="", flush=True)
+    _out(plan.describe(), end="")
     return Exit.PASS
 
 
@@ -136,38 +186,65 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from engine import evidence
     from engine.plan import build_plan, pick_mode, run_stamp, values_lines
-    from engine.runner import RunInterrupted, execute
+    from engine.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
+    from engine.spec import SpecErrors
+    from engine.validate import budget_error
     from engine.verdict import judge
     spec = _valid_spec(args.spec)
     mode = pick_mode(spec.data, args.mode, os.environ)
     run_id = run_stamp()
     name = spec.data.get("name", "spec")
-    run_dir = Path(args.run_dir or Path.cwd() / "runs" / f"{name}-{mode}-{run_id}").absolute()
+    run_dir = Path(args.run_dir).absolute() if args.run_dir else _fresh_run_dir(name, mode, run_id)
     plan = build_plan(spec, mode=mode, sets=args.set, environ=os.environ,
                       builtins={"run_dir": str(run_dir), "run_id": run_id})
-    print(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}", flush=True)
-    print("\n".join(values_lines(plan.values, plan.sources)), flush=True)
+    # validate checked the budget with the spec's own values; a --set can still push it over.
+    over = budget_error(spec, plan.mode, plan.contributions())
+    if over:
+        raise SpecErrors([over])
+    _check_reports(args)
     try:
-        doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev))
-    except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
-        doc = exc.doc
-    except KeyboardInterrupt:
-        stored = evidence.path_of(run_dir).is_file()
-        _err(f"interrupted before the verdict was stored in {run_dir}" if stored
-             else f"interrupted before any evidence was written to {run_dir}")
-        return Exit.INTERRUPTED
-    _emit(doc, doc["checks"], doc["verdict"], args)
-    return doc["verdict"]["exit_code"]
+        prepare_run_dir(run_dir, force=args.force)
+    except RunDirError as exc:
+        raise _Refused(str(exc)) from None
+    _out(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}")
+    _out("\n".join(values_lines(plan.values, plan.sources)))
+    # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
+    # verdict or its exit code short.
+    with StopSignals(linger=True) as stops:
+        try:
+            doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev), stops=stops)
+        except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
+            doc = exc.doc
+        except KeyboardInterrupt:
+            stored = evidence.path_of(run_dir).is_file()
+            _err(f"interrupted before the verdict was stored in {run_dir}" if stored
+                 else f"interrupted before any evidence was written to {run_dir}")
+            return Exit.INTERRUPTED
+        failed = _emit(doc, doc["checks"], doc["verdict"], args, spec)
+        if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
+            _err("engine: interrupted after the last step had finished; the verdict stands")
+    return failed or doc["verdict"]["exit_code"]
+
+
+def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:
+    """runs/<name>-<mode>-<stamp>, with -2, -3, ... when a run of the same second has it."""
+    base = Path.cwd() / "runs" / f"{name}-{mode}-{run_id}"
+    path, n = base, 1
+    while os.path.lexists(path):
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path.absolute()
 
 
 def _recheck(args: argparse.Namespace, replay: bool) -> int:
     from engine import evidence
     from engine.recheck import recheck
     saved = evidence.load(args.evidence)
-    done = recheck(_valid_spec(args.spec), saved, Path(args.evidence), replay=replay,
+    spec = _valid_spec(args.spec)
+    _check_reports(args)
+    done = recheck(spec, saved, Path(args.evidence), replay=replay,
                    spec_label=str(args.spec), note=_err)
-    _emit(done.evidence, done.results, done.verdict, args)
-    return done.verdict["exit_code"]
+    return _emit(done.evidence, done.results, done.verdict, args, spec) or done.verdict["exit_code"]
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -215,11 +292,14 @@ def _parser() -> argparse.ArgumentParser:
     def reports(p: argparse.ArgumentParser) -> None:
         p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
         p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
+        p.add_argument("--html", metavar="FILE", help=HTML_HELP)
         p.add_argument("-v", "--verbose", action="store_true", help="full explain trees")
 
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
     planning(p)
     p.add_argument("--run-dir", metavar="DIR", help="evidence directory (default runs/<name>-<mode>-<stamp>)")
+    p.add_argument("--force", action="store_true",
+                   help="run into an existing, non-empty --run-dir (its evidence and logs are replaced)")
     reports(p)
 
     p = command("validate", "check spec files (schema and semantics); nothing runs", cmd_validate)
@@ -261,18 +341,33 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `engine` console script; returns the exit code."""
+    from engine.console import SafeStream
+    saved = sys.stdout, sys.stderr
+    # A reader that leaves early (`engine run SPEC | head -1`) must not decide the exit code.
+    out = sys.stdout = SafeStream(sys.stdout, "stdout")
+    sys.stderr = SafeStream(sys.stderr, "stderr")
+    try:
+        return _main(argv)
+    finally:
+        if out.lost and not out.lost.startswith("closed before"):
+            _err(f"engine: standard output was lost ({out.lost}); the rest of the output was dropped")
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as exc:  # argparse: 0 for --help/--version, 2 for usage errors
         return int(exc.code or 0)
+    if getattr(args, "markdown", None) == "-" and getattr(args, "html", None) == "-":
+        _err("--markdown - and --html - would both print on stdout; give one of them a FILE")
+        return Exit.USAGE
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         _err("interrupted")
         return Exit.INTERRUPTED
-    except BrokenPipeError:  # `engine plan | head`: the reader left, nothing more to say
-        return Exit.PASS
     except _refusals() as exc:
         _err(str(exc))
         return Exit.USAGE

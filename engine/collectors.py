@@ -13,7 +13,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from engine import defaults
+from engine import defaults, limits
 from engine.lines import Block
 from engine.process import run_command
 
@@ -38,16 +38,23 @@ def collect_json_file(args: Mapping[str, Any], context: Mapping[str, Any]) -> An
         raise CollectorError("json_file: missing argument 'path'")
     path = _resolve(args["path"], context)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = limits.read_regular_file(path, limits.JSON_FILE_MAX_BYTES, "collected JSON file"
+                                        ).decode("utf-8")
     except FileNotFoundError:
         raise CollectorError(f"json_file: {path}: no such file") from None
-    except OSError as exc:
-        raise CollectorError(f"json_file: {path}: {exc.strerror or exc}") from None
+    except limits.LimitError as exc:
+        raise CollectorError(f"json_file: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CollectorError(f"json_file: {path}: not UTF-8 (byte {exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise CollectorError(f"json_file: {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        return json.loads(text)
+        return limits.loads_json(text)
     except json.JSONDecodeError as exc:
         raise CollectorError(f"json_file: {path}:{exc.lineno}:{exc.colno}: invalid JSON: "
                              f"{exc.msg}") from None
+    except ValueError as exc:
+        raise CollectorError(f"json_file: {path}: {exc}") from None
 
 
 def _parse_command_output(lines: list[str]) -> Any:
@@ -56,11 +63,11 @@ def _parse_command_output(lines: list[str]) -> Any:
     if not non_empty:
         raise ValueError("no output")
     try:
-        return json.loads(non_empty[-1])
+        return limits.loads_json(non_empty[-1])
     except json.JSONDecodeError:
         pass
     try:
-        return json.loads("\n".join(lines))
+        return limits.loads_json("\n".join(lines))
     except json.JSONDecodeError as exc:
         raise ValueError(f"neither the last line nor the whole output is JSON ({exc.msg}); last "
                          f"line: {non_empty[-1][:200]!r}") from None
@@ -74,18 +81,27 @@ def collect_command(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
     timeout = float(args.get("timeout_s", defaults.COMMAND_COLLECT_TIMEOUT_S))
     env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
     lines: list[str] = []
+    kept = [0]
 
     def keep(block: Block) -> None:
-        lines.extend(block.lines)
+        # A document is at most COLLECTOR_MAX_BYTES; past that only the line count goes on.
+        kept[0] += len(block.text) + 1
+        if kept[0] <= limits.COLLECTOR_MAX_BYTES:
+            lines.extend(block.lines)
 
     grace = float(args.get("grace_s", defaults.COMMAND_COLLECT_GRACE_S))
     result = run_command(argv, env=env, cwd=context.get("cwd"), timeout_s=timeout, grace_s=grace,
-                         log_path=context.get("log_path"), on_block=keep, scrub=context.get("scrub"))
+                         log_path=context.get("log_path"), on_block=keep,
+                         scrub=context.get("scrubber") or context.get("scrub"))
     shown = " ".join(argv)
     if result.error:
         raise CollectorError(f"command {shown!r}: {result.error}")
     if result.timed_out:
         raise CollectorError(f"command {shown!r}: timed out after {timeout:g} s")
+    if kept[0] > limits.COLLECTOR_MAX_BYTES:
+        raise CollectorError(f"command {shown!r} printed {kept[0]:,} characters, over the "
+                             f"{limits.COLLECTOR_MAX_BYTES // limits.MiB} MiB limit of a collected "
+                             f"document")
     if result.rc != 0:
         last = next((line for line in reversed(lines) if line.strip()), "")
         raise CollectorError(f"command {shown!r} exited with rc {result.rc}; last line: "
@@ -136,8 +152,10 @@ def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any
     except Exception as exc:
         raise CollectorError(f"collector {name!r} failed: {type(exc).__name__}: {exc}") from None
     try:
-        json.dumps(result)
-    except (TypeError, ValueError) as exc:
+        limits.check_json_value(result, limits.COLLECTOR_MAX_BYTES, "its document")
+    except limits.LimitError as exc:
+        raise CollectorError(f"collector {name!r}: {exc}") from None
+    except (TypeError, ValueError, RecursionError) as exc:
         raise CollectorError(f"collector {name!r} returned a value that is not JSON: {exc}") \
             from None
     return result

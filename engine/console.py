@@ -3,9 +3,74 @@ progress (a live line on a TTY, a plain line every `every_s` seconds in a CI log
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
+
+
+class SafeStream:
+    """A standard stream whose reader may leave (`engine run SPEC | head -1`) or whose disk may fill.
+
+    The first write or flush that fails points the descriptor at /dev/null (so Python's own flush
+    at exit cannot fail again) and every later write is dropped: the command goes on to its verdict
+    and exit code. A BrokenPipeError must never end `engine run` with 0 and no verdict. `lost`
+    says why output stopped (None while it flows).
+    """
+
+    def __init__(self, stream: TextIO | None, name: str) -> None:
+        # Python sets sys.stdout to None when descriptor 1 was closed at start (`engine run >&-`).
+        self.stream: TextIO = stream if stream is not None else open(os.devnull, "w")
+        self.name = name
+        self.lost: str | None = None if stream is not None else "closed before the engine started"
+
+    def write(self, text: str) -> int:
+        if self.lost is None:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError) as exc:
+                self._lose(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.lost is None:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                self._lose(exc)
+
+    def isatty(self) -> bool:
+        if self.lost is not None:
+            return False
+        try:
+            return bool(self.stream.isatty())
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _lose(self, exc: BaseException) -> None:
+        self.lost = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+        try:
+            fd = self.stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass  # not a real descriptor (a test's capture): dropping the writes is enough
+
+# What a leg's text must not do to the terminal it is echoed on: escape sequences clear the screen,
+# set the window title or write the clipboard; other control bytes move the cursor; bidirectional
+# overrides make text read differently than it is. Each is shown as a visible escape instead.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]}
+_CONTROLS.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
+_CONTROLS.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (newline and tab excepted) shown as an escape."""
+    return text.translate(_CONTROLS)
 
 
 class Progress(Protocol):
@@ -33,11 +98,12 @@ class Console:
     def line(self, text: str) -> None:
         with self._lock:
             self._clear_live()
-            self.out.write(text + "\n")
+            self.out.write(printable(text) + "\n")
             self.out.flush()
 
     def live(self, text: str) -> None:
         """Overwrite the live status line (TTY only)."""
+        text = printable(text)
         with self._lock:
             pad = max(self._live - len(text), 0)
             self.out.write("\r" + text + " " * pad)

@@ -15,6 +15,9 @@ FAILURE_LINES = 45
 TAIL_LINES = 40
 PROGRESS_EVERY_S = 30.0
 HARVEST_PICK = "last"
+# Marker lines that disagree, or whose JSON does not parse, fail the verdict unless a rule opts in.
+HARVEST_ON_CONFLICT = "fail"
+HARVEST_ON_MALFORMED = "fail"
 DIAGNOSTICS_TAIL_LINES = 70
 DIAGNOSTICS_MAX_FILES = 8
 DIAGNOSTICS_LIST_MAX = 40
@@ -28,7 +31,8 @@ RUN: dict[str, Any] = {"grace_s": GRACE_S, "ok_exit_codes": [0], "env": {}, "cwd
 OUTPUT: dict[str, Any] = {"strip_prefix": None, "echo_prefixes": [], "harvest": {},
                           "failure_patterns": list(FAILURE_PATTERNS),
                           "failure_lines": FAILURE_LINES, "tail_lines": TAIL_LINES}
-HARVEST: dict[str, Any] = {"pick": HARVEST_PICK}
+HARVEST: dict[str, Any] = {"pick": HARVEST_PICK, "on_conflict": HARVEST_ON_CONFLICT,
+                           "on_malformed": HARVEST_ON_MALFORMED}
 SIGNAL: dict[str, Any] = {"after_s": 0}
 PROGRESS: dict[str, Any] = {"every_s": PROGRESS_EVERY_S}
 DIAGNOSTICS: dict[str, Any] = {"tail_lines": DIAGNOSTICS_TAIL_LINES,

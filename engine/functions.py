@@ -6,10 +6,12 @@ Every expression in a spec (check `expr`/`when`, step `when`, `{eval: ...}` valu
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import math
 import re
+import threading
 from typing import Any, Iterator
 
 import jmespath
@@ -17,13 +19,41 @@ from jmespath import exceptions as jexc
 from jmespath import functions as jfn
 from jmespath.functions import signature
 
+from engine import limits
+
 # A range() bigger than this is almost certainly a typo (a step count where a stride was meant), and
-# materialising it would eat the machine before any check reports.
-MAX_RANGE_LEN = 1_000_000
+# materialising it would eat the machine before any check reports. One evaluation's range() calls
+# share it (`evaluation()`), so `map(&range(...), range(...))` cannot multiply it either.
+MAX_RANGE_LEN = limits.RANGE_MAX_TOTAL
+_budget = threading.local()
+
+
+@contextlib.contextmanager
+def evaluation() -> Iterator[None]:
+    """One expression's evaluation: the range() elements it may still make start at the limit."""
+    saved = getattr(_budget, "left", None)
+    _budget.left = MAX_RANGE_LEN
+    try:
+        yield
+    finally:
+        _budget.left = saved
+
+
+class ExpressionTooDeep(jexc.JMESPathError):
+    """An expression nested beyond what the parser (or the evaluator) can recurse through."""
 
 
 class FunctionError(jexc.JMESPathError):
     """A custom function was called with values it cannot work with (e.g. range step 0)."""
+
+
+def _bounded(result: Any, fname: str) -> Any:
+    """An arithmetic result, refused when it is an integer too big to be a fact about a run
+    (repeated mul() doubles the digits each time, and 8,000 digits cannot even be stored)."""
+    if isinstance(result, int) and result.bit_length() > limits.INT_MAX_BITS:
+        raise FunctionError(f"{fname}() result has {len(str(abs(result)))} digits (limit "
+                            f"{int(limits.INT_MAX_BITS * math.log10(2))})")
+    return result
 
 
 def _optional(*types: str) -> dict[str, Any]:
@@ -60,17 +90,22 @@ class Functions(jfn.Functions):
     @signature({"types": ["number"]}, {"types": ["number"]})
     def _func_add(self, a, b):
         """a + b. Example: ``add(stop1, `1`)`` with stop1=10 -> ``11``."""
-        return a + b
+        return _bounded(a + b, "add")
 
     @signature({"types": ["number"]}, {"types": ["number"]})
     def _func_sub(self, a, b):
         """a - b. Example: ``sub(steps, stop1)`` with 20, 10 -> ``10``."""
-        return a - b
+        return _bounded(a - b, "sub")
 
     @signature({"types": ["number"]}, {"types": ["number"]})
     def _func_mul(self, a, b):
         """a * b. Example: ``mul(steps, tps)`` with 20, 262144 -> ``5242880``."""
-        return a * b
+        bits = a.bit_length() + b.bit_length() if isinstance(a, int) and isinstance(b, int) else 0
+        if bits > limits.INT_MAX_BITS + 1:
+            # Refused before multiplying: the product of two huge integers takes its own time.
+            raise FunctionError(f"mul() result would have about {int(bits * math.log10(2))} digits "
+                                f"(limit {int(limits.INT_MAX_BITS * math.log10(2))})")
+        return _bounded(a * b, "mul")
 
     @signature({"types": ["number"]}, {"types": ["number"]})
     def _func_div(self, a, b):
@@ -94,8 +129,15 @@ class Functions(jfn.Functions):
         if step == 0:
             raise FunctionError("range() step must not be 0")
         n = len(range(start, stop, step))
-        if n > MAX_RANGE_LEN:
-            raise FunctionError(f"range() would have {n} elements (limit {MAX_RANGE_LEN})")
+        left = getattr(_budget, "left", None)
+        left = MAX_RANGE_LEN if left is None else left
+        if n > left:
+            made = MAX_RANGE_LEN - left
+            also = f" after {made:,} made by earlier range() calls" if made else ""
+            raise FunctionError(f"range() would make {n:,} elements{also} (limit {MAX_RANGE_LEN:,} "
+                                f"per expression)")
+        if getattr(_budget, "left", None) is not None:
+            _budget.left = left - n
         return list(range(start, stop, step))
 
     @signature({"types": []})
@@ -167,11 +209,20 @@ class Functions(jfn.Functions):
 
     @signature({"types": ["string"]}, {"types": ["string"]})
     def _func_regex_match(self, s, pattern):
-        """Python `re.search`: does the pattern occur in the string. Example: ``regex_match('final/x', '^final/')`` -> ``true``."""
+        """Does the pattern occur in the string (a Python regex search; it gives up, an error, after 1 s). Example: ``regex_match('final/x', '^final/')`` -> ``true``."""
+        import regex  # imported on first use: most checks never need it
         try:
-            return re.search(pattern, s) is not None
-        except re.error as e:
+            compiled = regex.compile(pattern)
+        except (regex.error, ValueError, OverflowError, RecursionError) as e:
             raise FunctionError(f"regex_match(): bad pattern {pattern!r}: {e}") from None
+        try:
+            # The `regex` engine gives up after the timeout, and releases the interpreter while it
+            # works: a catastrophic pattern must not stop the engine's own timeouts and signals.
+            return compiled.search(s, timeout=limits.REGEX_TIMEOUT_S, concurrent=True) is not None
+        except TimeoutError:
+            raise FunctionError(f"regex_match(): pattern {pattern!r} gave up after "
+                                f"{limits.REGEX_TIMEOUT_S:g} s on a string of {len(s):,} characters "
+                                f"(catastrophic backtracking?)") from None
 
     @signature({"types": ["object", "array", "null"]}, {"types": ["string", "number"]})
     def _func_get(self, obj, key):
@@ -226,13 +277,32 @@ _CUSTOM = sorted(n[len("_func_"):] for n in vars(Functions) if n.startswith("_fu
 
 
 def compile_expr(text: str) -> Any:
-    """Compile a JMESPath expression (raises jmespath's ParseError/LexerError on bad syntax)."""
-    return jmespath.compile(text)
+    """Compile a JMESPath expression (raises jmespath's ParseError/LexerError on bad syntax,
+    ExpressionTooDeep past what the parser can recurse through)."""
+    try:
+        return jmespath.compile(text)
+    except RecursionError:
+        raise ExpressionTooDeep(f"nested too deeply to parse (limit {limits.EXPR_MAX_DEPTH} "
+                                f"levels)") from None
 
 
 def search(parsed: Any, data: Any) -> Any:
     """Evaluate a compiled expression with specprobe's functions."""
-    return parsed.search(data, options=OPTIONS)
+    try:
+        with evaluation():
+            return parsed.search(data, options=OPTIONS)
+    except RecursionError:
+        raise ExpressionTooDeep("nested too deeply to evaluate") from None
+
+
+def depth(parsed: Any) -> int:
+    """Nesting depth of a compiled expression's syntax tree (iterative: the tree may be deep)."""
+    deepest, stack = 0, [(parsed.parsed, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((c, level + 1) for c in node.get("children", []) if isinstance(c, dict))
+    return deepest
 
 
 def _walk(node: dict) -> Iterator[dict]:
@@ -277,7 +347,11 @@ def problems(text: str) -> list[str]:
     try:
         parsed = compile_expr(text)
     except jexc.JMESPathError as e:
-        return [f"invalid JMESPath {text!r}: {' '.join(str(e).split())}"]
+        return [f"invalid JMESPath {_short(text)}: {' '.join(str(e).split())}"]
+    levels = depth(parsed)
+    if levels > limits.EXPR_MAX_DEPTH:
+        return [f"expression {_short(text)} is nested {levels} levels deep (limit "
+                f"{limits.EXPR_MAX_DEPTH})"]
     out = []
     for name, n in function_calls(parsed):
         rng = arity(name)
@@ -288,6 +362,11 @@ def problems(text: str) -> list[str]:
         elif not rng[0] <= n <= rng[1]:
             out.append(f"{name}() takes {_arity_text(*rng)} argument(s), {n} given in {text!r}")
     return out
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """An expression quoted for an error message, cut when it is huge."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} characters)"
 
 
 _CHAIN_HEAD = ("subexpression", "index_expression", "projection", "value_projection",

@@ -8,12 +8,62 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
+
+from engine import limits
 
 try:  # the regex parser is private; without it rules still work, only the fast path is lost
     import re._constants as _sre_constants
     import re._parser as _sre_parse
 except ImportError:  # pragma: no cover - other Python versions
     _sre_constants = _sre_parse = None  # type: ignore[assignment]
+
+
+class Pattern:
+    """A spec's regex, matched with a time limit: a catastrophic pattern (`(a|aa)+$`) on a long
+    line would otherwise hold the reader thread, and with it the engine's own timeout and signals,
+    for hours. The `regex` engine releases the interpreter while it works and gives up after
+    `limits.REGEX_TIMEOUT_S`; the pattern then stops matching anything for the rest of the leg and
+    `error` says why, for the step to fail with it."""
+
+    def __init__(self, text: str, where: str = "pattern") -> None:
+        self.pattern = text
+        self.where = where
+        import regex  # imported on first use: `engine check` never needs it
+        try:
+            self.compiled = regex.compile(text)
+        except (regex.error, ValueError, OverflowError, RecursionError) as exc:
+            raise ValueError(f"{where} {text!r}: {exc}") from None
+        try:
+            self.plain: re.Pattern[str] | None = re.compile(text)  # for required_literal only
+        except (re.error, ValueError, OverflowError, RecursionError):
+            self.plain = None
+        self.groupindex = self.compiled.groupindex
+        self.error: str | None = None
+
+    def _gave_up(self, line: str) -> None:
+        self.error = (f"{self.where} {self.pattern!r} gave up after {limits.REGEX_TIMEOUT_S:g} s on a "
+                      f"line of {len(line):,} characters (catastrophic backtracking?); it matched "
+                      f"nothing after that")
+
+    def search(self, line: str) -> Any:
+        if self.error is not None:
+            return None
+        try:
+            return self.compiled.search(line, timeout=limits.REGEX_TIMEOUT_S, concurrent=True)
+        except TimeoutError:
+            self._gave_up(line)
+            return None
+
+    def sub(self, repl: str, line: str, count: int = 0) -> str:
+        if self.error is not None:
+            return line
+        try:
+            return self.compiled.sub(repl, line, count=count, timeout=limits.REGEX_TIMEOUT_S,
+                                     concurrent=True)
+        except TimeoutError:
+            self._gave_up(line)
+            return line
 
 
 class Block:
@@ -28,7 +78,7 @@ class Block:
     __slots__ = ("text", "count", "first_lineno", "strip", "_lines")
 
     def __init__(self, text: str, count: int, first_lineno: int,
-                 strip: re.Pattern[str] | None = None) -> None:
+                 strip: Pattern | re.Pattern[str] | None = None) -> None:
         self.text = text
         self.count = count
         self.first_lineno = first_lineno  # 1-based number of the first line in the whole capture
@@ -99,9 +149,10 @@ class Block:
 class LineMatcher:
     """A per-line regex with the cheapest safe way of finding its lines in a Block."""
 
-    def __init__(self, pattern: re.Pattern[str]) -> None:
+    def __init__(self, pattern: Pattern | re.Pattern[str]) -> None:
         self.pattern = pattern
-        self.literal = required_literal(pattern)
+        plain = pattern.plain if isinstance(pattern, Pattern) else pattern
+        self.literal = required_literal(plain) if plain is not None else None
 
     def first(self, block: Block) -> tuple[int, str] | None:
         """The first (line number, stripped line) of the block the pattern matches."""
@@ -116,7 +167,7 @@ class LineMatcher:
                 return lineno, line
         return None
 
-    def last(self, block: Block) -> re.Match[str] | None:
+    def last(self, block: Block) -> Any:
         """The match on the last line of the block that the pattern matches."""
         search = self.pattern.search
         lines = block.find_last_line(self.literal) if self.literal is not None \

@@ -7,7 +7,6 @@ any rule cares about at C speed; only those lines get per-line Python work.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections import deque
@@ -16,31 +15,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import defaults
+from engine import defaults, limits
 from engine.console import Console
-from engine.lines import Block, LineMatcher
+from engine.lines import Block, LineMatcher, Pattern
 
 ECHO_WIDTH = 300
 PICKS = ("first", "last", "all")
+ON_CONFLICT = ("fail", "pick")
+ON_MALFORMED = ("fail", "skip")
 MISSING = "missing"
+# Kinds of harvest error entries: no marker line at all, a marker line whose JSON does not parse,
+# marker lines that disagree (pick first/last would silently choose one of them).
+KIND_MISSING, KIND_MALFORMED, KIND_CONFLICT = "missing", "malformed", "conflict"
+LINES_KEPT = 20  # line numbers a conflict entry lists; `count` says how many there were
 
 
 @dataclass(frozen=True)
 class HarvestRule:
     name: str
-    marker: str
+    marker: str | None
     pick: str
+    on_conflict: str = defaults.HARVEST_ON_CONFLICT  # fail | pick
+    on_malformed: str = defaults.HARVEST_ON_MALFORMED  # fail | skip
+    # A `match` rule: the regex's named groups of a matching line, instead of JSON after a marker.
+    pattern: Pattern | None = None
 
 
 @dataclass(frozen=True)
 class ProgressRule:
-    pattern: re.Pattern[str]
+    pattern: Pattern
     every_s: float
 
 
 @dataclass(frozen=True)
 class OutputRules:
-    strip_prefix: re.Pattern[str] | None = None
+    strip_prefix: Pattern | None = None
     echo_prefixes: tuple[str, ...] = ()
     harvest: tuple[HarvestRule, ...] = ()
     failure_patterns: tuple[str, ...] = defaults.FAILURE_PATTERNS
@@ -48,12 +57,15 @@ class OutputRules:
     tail_lines: int = defaults.TAIL_LINES
     progress: ProgressRule | None = None
 
+    def pattern_errors(self) -> list[str]:
+        """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
+        patterns = [self.strip_prefix, self.progress.pattern if self.progress else None,
+                    *(rule.pattern for rule in self.harvest)]
+        return [p.error for p in patterns if p is not None and p.error]
 
-def _regex(text: str, where: str) -> re.Pattern[str]:
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise ValueError(f"{where} {text!r}: {exc}") from None
+
+def _regex(text: str, where: str) -> Pattern:
+    return Pattern(text, where)
 
 
 def compile_rules(run: Mapping[str, Any]) -> OutputRules:
@@ -63,9 +75,20 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
     harvest = []
     for name, rule in (output.get("harvest") or {}).items():
         pick = rule.get("pick", defaults.HARVEST_PICK)
-        if pick not in PICKS:
-            raise ValueError(f"output.harvest.{name}.pick must be one of {PICKS}, got {pick!r}")
-        harvest.append(HarvestRule(name, str(rule["marker"]), pick))
+        on_conflict = rule.get("on_conflict", defaults.HARVEST_ON_CONFLICT)
+        on_malformed = rule.get("on_malformed", defaults.HARVEST_ON_MALFORMED)
+        for key, got, allowed in (("pick", pick, PICKS), ("on_conflict", on_conflict, ON_CONFLICT),
+                                  ("on_malformed", on_malformed, ON_MALFORMED)):
+            if got not in allowed:
+                raise ValueError(f"output.harvest.{name}.{key} must be one of {allowed}, got {got!r}")
+        if rule.get("match") is not None:
+            pattern = _regex(rule["match"], f"output.harvest.{name}.match")
+            if not pattern.groupindex:
+                raise ValueError(f"output.harvest.{name}.match {pattern.pattern!r} has no named group "
+                                 f"(?P<name>...) to harvest")
+            harvest.append(HarvestRule(name, None, pick, on_conflict, on_malformed, pattern))
+        else:
+            harvest.append(HarvestRule(name, str(rule["marker"]), pick, on_conflict, on_malformed))
     progress = None
     if run.get("progress"):
         pattern = _regex(run["progress"]["match"], "progress.match")
@@ -88,7 +111,24 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
 
 
 def _json_after(line: str, marker: str) -> Any:
-    return json.loads(line[len(marker):].strip())
+    return limits.loads_json(line[len(marker):].strip())
+
+
+def _group_value(text: str | None) -> Any:
+    """A named group's text: a number when it reads as a JSON number, else the text (None when
+    the group did not take part in the match)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text, parse_constant=_not_a_number)
+    except ValueError:
+        return text
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
+
+
+def _not_a_number(text: str) -> Any:
+    # "NaN" and "Infinity" stay text: evidence is strict JSON, and a plot shows them as gaps.
+    raise ValueError(text)
 
 
 class Capture:
@@ -104,22 +144,26 @@ class Capture:
         self.harvested: dict[str, Any] = {}
         self.harvest_errors: list[dict[str, Any]] = []
         self.marker_seen: set[str] = set()
+        self._markers: dict[str, _MarkerLines] = {}
         self.progress = ProgressState()
         self._lock = threading.Lock()
         # Every line any rule may concern contains one of these literals.
         self._literals = tuple(dict.fromkeys(
-            list(rules.echo_prefixes) + [h.marker for h in rules.harvest]
+            list(rules.echo_prefixes) + [h.marker for h in rules.harvest if h.marker is not None]
             + list(rules.failure_patterns)))
         self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
+        self._matched = [(rule, LineMatcher(rule.pattern)) for rule in rules.harvest if rule.pattern is not None]
 
     def feed(self, block: Block) -> None:
         with self._lock:
             self.lines += block.count
             if self.tail.maxlen:
-                self.tail.extend(block.tail(self.tail.maxlen))
+                self.tail.extend(limits.cut_text(line) for line in block.tail(self.tail.maxlen))
             if self._literals:
                 for lineno, line in block.find_lines(self._literals):
                     self._handle(line, lineno)
+            for rule, matcher in self._matched:
+                self._harvest_matches(rule, matcher, block)
             if self._progress is not None:
                 found = self._progress.last(block)
                 if found is not None:
@@ -130,31 +174,65 @@ class Capture:
         if rules.failure_patterns and any(p in line for p in rules.failure_patterns):
             self.failure_hits += 1
             if self.failures.maxlen:
-                self.failures.append(line)
+                self.failures.append(limits.cut_text(line))
         if rules.echo_prefixes and line.startswith(rules.echo_prefixes) and self.console:
             self.console.line("  KEY> " + line[:ECHO_WIDTH])
         for rule in rules.harvest:
-            if line.startswith(rule.marker):
+            if rule.marker is not None and line.startswith(rule.marker):
                 self._harvest(rule, line, lineno)
 
-    def _harvest(self, rule: HarvestRule, line: str, lineno: int) -> None:
-        self.marker_seen.add(rule.name)
+    def _harvest_matches(self, rule: HarvestRule, matcher: LineMatcher, block: Block) -> None:
         if rule.pick == "first" and rule.name in self.harvested:
             return
+        candidates = block.find_lines([matcher.literal]) if matcher.literal is not None else \
+            ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        for _, line in candidates:
+            found = matcher.pattern.search(line)
+            if found is None:
+                continue
+            self.marker_seen.add(rule.name)
+            value = {k: _group_value(v) for k, v in found.groupdict().items()}
+            if rule.pick == "all":
+                self.harvested.setdefault(rule.name, []).append(value)
+            else:
+                self.harvested[rule.name] = value
+                if rule.pick == "first":
+                    return
+
+    def _harvest(self, rule: HarvestRule, line: str, lineno: int) -> None:
+        # Every marker line is parsed, whatever the pick: a malformed or disagreeing line after
+        # the one that is kept must be seen, not skipped.
+        self.marker_seen.add(rule.name)
         try:
+            if line.endswith(limits.CUT_MARKER):
+                raise limits.LimitError(f"the line is longer than the {limits.LINE_MAX_CHARS // limits.MiB} "
+                                        f"MiB line limit and was cut; its JSON is incomplete")
             value = _json_after(line, rule.marker)
         except json.JSONDecodeError as exc:
             self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
+                                        "kind": KIND_MALFORMED,
                                         "error": f"invalid JSON: {exc.msg} (column "
                                                  f"{exc.colno + len(rule.marker)})",
                                         "text": line[:ECHO_WIDTH]})
             return
+        except ValueError as exc:  # a limit: too deep, a 5,000-digit integer, a cut line
+            self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
+                                        "kind": KIND_MALFORMED, "error": f"not harvested: {exc}",
+                                        "text": line[:ECHO_WIDTH]})
+            return
         if rule.pick == "all":
             self.harvested.setdefault(rule.name, []).append(value)
-        else:
+            return
+        seen = self._markers.get(rule.name)
+        key = json.dumps(value, sort_keys=True, default=str)  # NaN-safe, key-order-blind
+        if seen is None:
+            seen = self._markers[rule.name] = _MarkerLines(key)
+        seen.add(lineno, key)
+        if rule.pick == "last" or rule.name not in self.harvested:
             self.harvested[rule.name] = value
+            seen.picked = lineno
 
-    def _observe(self, found: re.Match[str]) -> None:
+    def _observe(self, found: Any) -> None:
         try:
             step, total = int(found["step"]), int(found["total"])
         except (TypeError, ValueError):
@@ -167,7 +245,11 @@ class Capture:
         for rule in self.rules.harvest:
             if rule.name not in self.marker_seen:
                 errors.append({"name": rule.name, "marker": rule.marker, "line": None,
-                               "error": MISSING, "text": None})
+                               "kind": KIND_MISSING, "error": MISSING, "text": None,
+                               **({"match": rule.pattern.pattern} if rule.pattern is not None else {})})
+            seen = self._markers.get(rule.name)
+            if seen is not None and seen.differ:
+                errors.append(seen.conflict(rule))
         return dict(self.harvested), errors
 
     def failure_lines(self) -> list[str]:
@@ -175,6 +257,83 @@ class Capture:
 
     def tail_lines(self) -> list[str]:
         return list(self.tail)
+
+
+class _MarkerLines:
+    """The valid marker lines of one first/last rule: their numbers, and whether their JSON
+    differs from the first one's (only the first's canonical text is kept)."""
+
+    def __init__(self, first_key: str) -> None:
+        self.first_key = first_key
+        self.lines: list[int] = []
+        self.count = 0
+        self.differ = False
+        self.picked: int | None = None
+
+    def add(self, lineno: int, key: str) -> None:
+        self.count += 1
+        if len(self.lines) < LINES_KEPT:
+            self.lines.append(lineno)
+        if key != self.first_key:
+            self.differ = True
+
+    def conflict(self, rule: HarvestRule) -> dict[str, Any]:
+        shown = ", ".join(map(str, self.lines)) + (", ..." if self.count > len(self.lines) else "")
+        return {"name": rule.name, "marker": rule.marker, "line": self.picked,
+                "kind": KIND_CONFLICT, "lines": list(self.lines), "count": self.count,
+                "error": f"{self.count} marker lines, not all with the same JSON (lines {shown}); "
+                         f"pick {rule.pick} kept line {self.picked}",
+                "text": None}
+
+
+def error_kind(entry: Mapping[str, Any]) -> str:
+    """An entry's kind; evidence written before kinds existed had only missing and malformed."""
+    kind = entry.get("kind")
+    if kind in (KIND_MISSING, KIND_MALFORMED, KIND_CONFLICT):
+        return kind
+    return KIND_MISSING if entry.get("error") == MISSING else KIND_MALFORMED
+
+
+def harvest_problems(step: str, record: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]
+                     ) -> list[dict[str, Any]]:
+    """The harvest problems of one run step's record, for the verdict: one per rule and kind
+    (malformed marker lines, marker lines that disagree), naming the lines of the step's log.
+    `fails` is false where the rule opts in (`on_malformed: skip`, `on_conflict: pick`); a missing
+    marker is not a problem here (the checks that read it say NO_DATA)."""
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for entry in record.get("harvest_errors") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        kind = error_kind(entry)
+        if kind != KIND_MISSING:
+            grouped.setdefault((str(entry.get("name")), kind), []).append(entry)
+    log = record.get("log") or f"the log of {step}"
+    problems = []
+    for (name, kind), entries in grouped.items():
+        rule = rules.get(name) or {}
+        if kind == KIND_MALFORMED:
+            lines = [e.get("line") for e in entries]
+            fails = rule.get("on_malformed", defaults.HARVEST_ON_MALFORMED) != "skip"
+            first = entries[0]
+            detail = str(first.get("error") or "").removeprefix("invalid JSON: ")
+            where = f"line {lines[0]}" if len(lines) == 1 else f"lines {_lines_text(lines)}"
+            message = (f"{log} {where}: {str(first.get('marker', name))!r} followed by invalid "
+                       f"JSON" + (f" ({detail})" if len(lines) == 1 else f" (line {lines[0]}: {detail})"))
+            opt = "on_malformed: skip"
+        else:
+            entry = entries[0]
+            lines = list(entry.get("lines") or [])
+            fails = rule.get("on_conflict", defaults.HARVEST_ON_CONFLICT) != "pick"
+            message = f"{log}: {entry.get('error')}"
+            opt = "on_conflict: pick"
+        problems.append({"step": step, "harvest": name, "kind": kind, "lines": lines,
+                         "fails": fails, "message": message + ("" if fails else f" ({opt})")})
+    return problems
+
+
+def _lines_text(lines: list[Any]) -> str:
+    shown = [str(n) for n in lines[:LINES_KEPT]]
+    return ", ".join(shown) + (", ..." if len(lines) > LINES_KEPT else "")
 
 
 @dataclass
@@ -218,7 +377,14 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
     status was; the caller keeps them only for a failed step."""
     rules = compile_rules(step.get("run") or {})
     capture = Capture(rules)
-    raw = Path(log_path).read_text(encoding="utf-8", errors="replace")
+    # A log the engine wrote is never bigger (limits.LOG_HEAD_BYTES + LOG_TAIL_BYTES); a bigger
+    # one, or a FIFO, is not one of them.
+    try:
+        raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log").decode(
+            "utf-8", errors="replace")
+    except (OSError, ValueError) as exc:
+        from engine.evidence import EvidenceError
+        raise EvidenceError(f"raw log {log_path}: {getattr(exc, 'strerror', None) or exc}") from None
     lines = raw.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -205,7 +205,8 @@ class Plan:
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
         if s["kind"] == "remove":
-            return [f"remove {p}" for p in s["remove"]]
+            return [f"remove {p}" for p in s["remove"]] + \
+                [f"(outside the work and run dirs only under {d})" for d in s.get("remove_also_under", [])]
         if s["kind"] == "collect":
             c = s["collect"]
             return [f"collector {c['collector']} args {json.dumps(c.get('args') or {})}"]
@@ -221,9 +222,20 @@ class Plan:
         for sig in r["signals"]:
             out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
-            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({v['pick']})"
+            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({_harvest_opts(v)})"
+                                               if v.get("marker") is not None
+                                               else f"{k} <- /{v['match']}/ ({v['pick']})"
                                                for k, v in r["output"]["harvest"].items()))
         return out
+
+
+def _harvest_opts(rule: Mapping[str, Any]) -> str:
+    """`last`, plus the opt-ins that keep a harvest problem from failing the verdict."""
+    opts = [str(rule["pick"])]
+    for key in ("on_conflict", "on_malformed"):
+        if rule.get(key, defaults.HARVEST[key]) != defaults.HARVEST[key]:
+            opts.append(f"{key} {rule[key]}")
+    return ", ".join(opts)
 
 
 def _quote(a: str) -> str:
@@ -376,7 +388,12 @@ def resolve_step(spec: Spec, index: int, raw: dict[str, Any], values: Mapping[st
     if kind == "run":
         step["run"] = _fill_run(step["run"])
     elif kind == "remove":
-        step["remove"] = [step["remove"]] if isinstance(step["remove"], str) else list(step["remove"])
+        spec_ = step["remove"]
+        paths = spec_.get("paths") if isinstance(spec_, dict) else spec_
+        step["remove"] = [paths] if isinstance(paths, str) else list(paths)
+        if isinstance(spec_, dict) and spec_.get("also_under"):
+            # Only when given: a new key in every remove step would change every fingerprint.
+            step["remove_also_under"] = list(spec_["also_under"])
     else:
         step["collect"] = {"args": {}, **step["collect"]}
     step["when"] = raw.get("when")

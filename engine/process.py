@@ -1,55 +1,68 @@
 """Running ONE command: its own session, streamed output, timeout escalation, signal rules, Ctrl-C.
 
-The leg runs in a new session, and every kill goes to its process group AND to every process of
-its tree seen while it ran (`ProcessTree`): torchrun starts its workers in sessions of their own,
-so the group alone would leave them running. After the leader exits, everything left of the leg is
-SIGKILLed, so nothing of it outlives the leg.
+The leg runs in a new session and carries the engine's marker (engine/reaper.py), an environment
+variable every process it starts inherits. Every kill goes to its process group, to every process
+of its tree seen while it ran (`ProcessTree`), and to every process carrying its marker: torchrun
+starts its workers in sessions of their own and a daemon double-forks out of the tree, so neither
+the group nor the tree alone is enough. After the leader exits, everything left of the leg is
+SIGKILLed, so nothing of it outlives the leg; if the engine itself dies, the reaper does the same.
 
 Output is read in chunks, not lines: per-line syscalls or per-line Python work would dominate a leg
-that prints a million lines. A chunk is split at its last newline, decoded, scrubbed, appended to
+that prints a million lines. A chunk is decoded, split at its last newline, scrubbed, appended to
 the log (flushed once per chunk, so a crash keeps everything read so far) and handed to the callback
-as one `Block` (engine/lines.py).
+as one `Block` (engine/lines.py). A line over `limits.LINE_MAX_CHARS` keeps its head (a secret cut
+in two there is redacted whole) and loses the rest; the log keeps its head and its tail.
 """
 from __future__ import annotations
 
+import codecs
 import fcntl
 import os
-import re
 import select
+import shutil
 import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
+import psutil
+
+from engine import limits
 from engine.defaults import GRACE_S
-from engine.lines import Block, LineMatcher
+from engine.lines import Block, LineMatcher, Pattern
+from engine.reaper import Reaper, kill_marked, marked
 
-READ_CHUNK = 1 << 20
+# A read is at most one line's limit, so a line wholly inside one read is never over it.
+READ_CHUNK = min(1 << 20, limits.LINE_MAX_CHARS)
 PIPE_SIZE = 1 << 20
 # Below this many bytes per read, the reader naps BATCH_WAIT_S before reading again: at most that
 # much latency per line, and PIPE_SIZE / BATCH_WAIT_S (500 MB/s) before a writer could ever block.
 BATCH_MIN = 1 << 16
 BATCH_WAIT_S = 0.002
-# A line longer than this without a newline is cut into pieces rather than buffered without bound.
-MAX_PENDING = 1 << 20
-# Seconds to keep reading after the group is dead: a process that escaped the group (setsid) may
-# hold the pipe open forever, and that must not hang the engine.
+# Seconds to keep reading after the leg is dead: a process that escaped every kill (it cleared its
+# environment and left the tree unseen) may hold the pipe open forever, and that must not hang us.
 DRAIN_S = 5.0
+# The reader is told to stop after the drain; a reader still busy this much later (a rule's regex
+# giving up line after line) is abandoned, and the step fails saying so.
+READER_JOIN_S = 10.0
 POLL_S = 0.1
 # Orphans are reaped by init, asynchronously; waiting this long for that keeps "nothing of the
 # leg outlives it" observable when run_command returns.
 GROUP_GONE_S = 5.0
-# How often the leg's process tree is re-read from /proc (cheap: one listdir and a few reads).
-TREE_REFRESH_S = 0.5
+GONE_POLL_S = 0.02
+# How often the leg's process tree is re-read (one pass over the process table).
+TREE_REFRESH_S = 1.0
+LOG_TAIL_SEGMENTS = 4
 
 
 @dataclass(frozen=True)
 class SignalRule:
-    pattern: re.Pattern[str]
+    pattern: Pattern
     signal: signal.Signals
     after_s: float = 0.0
 
@@ -63,6 +76,9 @@ class ProcessResult:
     signals_sent: list[dict[str, Any]] = field(default_factory=list)
     lines: int = 0
     error: str | None = None  # the command could not be started at all
+    # What went wrong while it ran without stopping it: a signal rule's regex gave up, the output
+    # reader could not finish. The step fails with these.
+    problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"rc": self.rc, "seconds": round(self.seconds, 3), "timed_out": self.timed_out,
@@ -80,11 +96,14 @@ class Interrupted(KeyboardInterrupt):
 
 def parse_signal(name: str | int) -> signal.Signals:
     """`SIGKILL`, `KILL` or `9` -> signal.SIGKILL; ValueError naming the bad value otherwise."""
-    if isinstance(name, int):
-        return signal.Signals(name)
-    text = str(name).strip().upper()
-    if text.isdigit():
-        return signal.Signals(int(text))
+    try:
+        if isinstance(name, int):
+            return signal.Signals(name)
+        text = str(name).strip().upper()
+        if text.isdigit():
+            return signal.Signals(int(text))
+    except ValueError:
+        raise ValueError(f"unknown signal {name!r}") from None
     if not text.startswith("SIG"):
         text = "SIG" + text
     try:
@@ -97,10 +116,7 @@ def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[Sign
     """The spec's `signals:` list -> SignalRule objects (regexes compiled, signal names resolved)."""
     out = []
     for i, rule in enumerate(rules or ()):
-        try:
-            pattern = re.compile(rule["match"])
-        except re.error as exc:
-            raise ValueError(f"signals[{i}].match {rule['match']!r}: {exc}") from None
+        pattern = Pattern(rule["match"], f"signals[{i}].match")
         out.append(SignalRule(pattern, parse_signal(rule.get("signal", "SIGTERM")),
                               float(rule.get("after_s", 0) or 0)))
     return out
@@ -122,28 +138,11 @@ def group_alive(pgid: int) -> bool:
     return kill_group(pgid, 0)
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, start time) for every process, from /proc (empty where there is none)."""
-    table: dict[int, tuple[int, int]] = {}
+def _live(proc: psutil.Process) -> bool:
     try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # comm may hold spaces and parentheses: the fields we need come after the LAST ')'.
-        rest = stat[stat.rfind(b")") + 2:].split()
-        try:
-            table[int(name)] = (int(rest[1]), int(rest[19]))
-        except (IndexError, ValueError):
-            continue
-    return table
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class ProcessTree:
@@ -151,63 +150,150 @@ class ProcessTree:
 
     A process group is not enough: torchrun starts each worker with start_new_session, so a kill
     of the leader's group leaves the ranks training (and pushing checkpoints) after the leg "ended".
-    So the tree under the leader is snapshotted while it runs, each pid with its start time (a pid
-    reused by an unrelated process is never signalled), and every kill goes to the group AND to
-    every process of the snapshot that is still the same process.
+    So the tree under the leader is snapshotted while it runs (psutil remembers each process's
+    start time: a pid reused by an unrelated process is never signalled), and every process that
+    carries the leg's marker is found too, wherever it went (a setsid daemon, a child whose parent
+    exited before the tree was read). Every kill goes to the group, the tree and the marked.
     """
 
-    def __init__(self, leader: int) -> None:
+    def __init__(self, leader: int, marker: tuple[str, str] | None = None) -> None:
         self.leader = leader
-        self.known: dict[int, int] = {}
+        self.marker = marker
+        self.known: dict[int, psutil.Process] = {}
 
     def refresh(self) -> None:
-        table = _proc_table()
-        if self.leader in table:
-            self.known.setdefault(self.leader, table[self.leader][1])
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
-        stack = [pid for pid in self.known if pid in table]
+        if self.leader not in self.known:
+            try:
+                self.known[self.leader] = psutil.Process(self.leader)
+            except psutil.Error:
+                pass
+        children: dict[int, list[psutil.Process]] = {}
+        for proc in psutil.process_iter(["ppid"]):
+            ppid = proc.info.get("ppid")
+            if ppid is not None:
+                children.setdefault(ppid, []).append(proc)
+        stack = [pid for pid, proc in self.known.items() if _live(proc)]
         while stack:
             for child in children.get(stack.pop(), ()):
-                if child not in self.known:
-                    self.known[child] = table[child][1]
-                    stack.append(child)
+                if child.pid not in self.known:
+                    self.known[child.pid] = child
+                    stack.append(child.pid)
 
-    def alive(self) -> list[int]:
-        table = _proc_table()
-        return [pid for pid, start in self.known.items()
-                if pid in table and table[pid][1] == start and not _is_zombie(pid)]
+    def alive(self) -> list[psutil.Process]:
+        procs = {p.pid: p for p in self.known.values() if _live(p)}
+        if self.marker is not None:
+            procs.update((p.pid, p) for p in marked(*self.marker) if _live(p))
+        return list(procs.values())
 
     def signal(self, pgid: int, sig: int) -> None:
         self.refresh()
         kill_group(pgid, sig)
-        for pid in self.alive():
+        for proc in self.alive():
             try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
+                proc.send_signal(sig)  # psutil refuses a pid reused by another process
+            except (psutil.Error, OSError):
                 pass
 
+    def kill_all(self, pgid: int) -> None:
+        """SIGKILL everything of the leg; what carries the marker is stopped first, so that a
+        forking process cannot outrun the kill."""
+        self.signal(pgid, signal.SIGKILL)
+        if self.marker is not None:
+            kill_marked(*self.marker, timeout_s=GROUP_GONE_S)
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:][:1] == b"Z"
+
+class CappedLog:
+    """A leg's raw log on disk, bounded: its first `head` bytes, then, once those are written, its
+    most recent output in rotating segment files beside it (`<log>.tail-NNNN`, at most `tail`
+    bytes together), appended to the log with a marker line saying what was dropped when the log
+    is closed. A killed engine leaves the head and the segments, each complete up to its last read."""
+
+    def __init__(self, path: str | os.PathLike[str], head: int = limits.LOG_HEAD_BYTES,
+                 tail: int = limits.LOG_TAIL_BYTES) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh: BinaryIO = open(self.path, "wb")
+        self.head, self.tail = head, tail
+        self.segment_max = max(tail // LOG_TAIL_SEGMENTS, 1)
+        self.size = 0
+        self.segments: deque[list[Any]] = deque()  # [path, file, bytes, lines]
+        self.serial = 0
+        self.dropped_bytes = self.dropped_lines = 0
+
+    def write(self, data: bytes) -> None:
+        """Append whole lines."""
+        if not self.segments:
+            if self.size + len(data) <= self.head:
+                self.fh.write(data)
+                self.fh.flush()
+                self.size += len(data)
+                return
+            cut = data.rfind(b"\n", 0, self.head - self.size) + 1  # whole lines only
+            self.fh.write(data[:cut])
+            self.fh.flush()
+            self.size += cut
+            data = data[cut:]
+            self._new_segment()
+        while data:
+            # At most one segment's worth, in whole lines (a longer line goes alone).
+            piece = data[:self.segment_max]
+            if len(piece) < len(data):
+                end = piece.rfind(b"\n") + 1 or data.find(b"\n", len(piece)) + 1 or len(data)
+                piece = data[:end]
+            data = data[len(piece):]
+            segment = self.segments[-1]
+            if segment[2] and segment[2] + len(piece) > self.segment_max:
+                segment = self._new_segment()
+            segment[1].write(piece)
+            segment[2] += len(piece)
+            segment[3] += piece.count(b"\n")
+        self.segments[-1][1].flush()
+
+    def _new_segment(self) -> list[Any]:
+        if len(self.segments) == LOG_TAIL_SEGMENTS:
+            path, fh, size, lines = self.segments.popleft()
+            fh.close()
+            path.unlink(missing_ok=True)
+            self.dropped_bytes += size
+            self.dropped_lines += lines
+        self.serial += 1
+        path = self.path.with_name(f"{self.path.name}.tail-{self.serial:04d}")
+        self.segments.append([path, open(path, "wb"), 0, 0])
+        return self.segments[-1]
+
+    def close(self) -> None:
+        if self.dropped_bytes:
+            self.fh.write(
+                f"[specprobe: {self.dropped_lines:,} lines ({self.dropped_bytes:,} bytes) of this "
+                f"log dropped here; a log keeps its first {self.head:,} bytes and its last "
+                f"{self.tail:,} at most]\n".encode())
+        for path, fh, _, _ in self.segments:
+            fh.close()
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, self.fh)
+            path.unlink(missing_ok=True)
+        self.segments.clear()
+        self.fh.close()
+
+    def write_text(self, text: str) -> None:
+        self.write(text.encode("utf-8", errors="replace"))
 
 
 class _Reader:
     """Reader thread: pipe -> lines -> log + signal rules + callback."""
 
-    def __init__(self, fd: int, log: TextIO | None, scrub: Callable[[str], str] | None,
-                 strip: re.Pattern[str] | None, on_block: Callable[[Block], None] | None,
-                 rules: list[SignalRule], fire: Callable[[int, int], None]) -> None:
-        self.fd, self.log, self.scrub, self.strip = fd, log, scrub, strip
+    def __init__(self, fd: int, log: CappedLog | None, scrub: Any, strip: Pattern | None,
+                 on_block: Callable[[Block], None] | None, rules: list[SignalRule],
+                 fire: Callable[[int, int], None]) -> None:
+        self.fd, self.log, self.strip = fd, log, strip
+        self.scrub: Callable[[str], str] | None = getattr(scrub, "scrub", scrub)
+        # A cut line may end in the first part of a secret; only a Scrubber can tell.
+        self.scrub_cut: Callable[[str], str] | None = getattr(scrub, "scrub_cut", self.scrub)
         self.on_block, self.rules, self.fire = on_block, rules, fire
         self.matchers = [LineMatcher(rule.pattern) for rule in rules]
-        self.pending = b""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""
+        self.cutting = False  # dropping the rest of a line that was over the limit
         self.lines = 0
         self.fired: set[int] = set()
         self.stop = threading.Event()
@@ -223,44 +309,66 @@ class _Reader:
                 data = os.read(self.fd, READ_CHUNK)
                 if not data:
                     break
-                self._take(data)
+                self._take(self.decoder.decode(data))
                 if len(data) < BATCH_MIN:
                     # A leg writing one line per syscall (PYTHONUNBUFFERED) would otherwise wake
                     # us per line; a short nap lets its lines pile up in the (enlarged) pipe.
                     time.sleep(BATCH_WAIT_S)
+            self._take(self.decoder.decode(b"", final=True))
             self._finish()
         except Exception as exc:  # an I/O error must surface, not silently end the log
             self.error = exc
 
-    def _take(self, data: bytes) -> None:
-        buf = self.pending + data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            if len(buf) > MAX_PENDING:
-                self._emit(buf + b"\n")
-                buf = b""
-            self.pending = buf
+    def _take(self, text: str) -> None:
+        if not text:
             return
-        self.pending = buf[cut + 1:]
-        self._emit(buf[:cut + 1])
+        if self.cutting:
+            nl = text.find("\n")
+            if nl < 0:
+                return
+            self.cutting = False
+            text = text[nl + 1:]
+        buf = self.pending + text if self.pending else text
+        cut = buf.rfind("\n")
+        if cut < 0:
+            self.pending = buf
+        else:
+            self.pending = buf[cut + 1:]
+            body = buf[:cut + 1]
+            # Only the first line can be over the limit: it is the one that began in `pending`.
+            first = body.find("\n")
+            if first > limits.LINE_MAX_CHARS:
+                self._emit_cut(body[:first])
+                body = body[first + 1:]
+            if body:
+                self._emit(body)
+        if len(self.pending) > limits.LINE_MAX_CHARS:
+            self._emit_cut(self.pending)
+            self.pending, self.cutting = "", True
 
     def _finish(self) -> None:
         if self.pending:
-            self._emit(self.pending + b"\n")
-            self.pending = b""
-        if self.log is not None:
-            self.log.flush()
+            self._emit(self.pending + "\n")
+            self.pending = ""
 
-    def _emit(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", errors="replace")
+    def _emit(self, text: str) -> None:
         if "\r" in text:
             text = text.replace("\r\n", "\n")
         if self.scrub is not None:
             text = self.scrub(text)
+        self._deliver(text)
+
+    def _emit_cut(self, line: str) -> None:
+        head = line[:limits.LINE_MAX_CHARS]
+        if self.scrub_cut is not None:
+            head = self.scrub_cut(head)
+        self._deliver(head.replace("\n", " ") + limits.CUT_MARKER + "\n")
+
+    def _deliver(self, text: str) -> None:
+        """`text`: whole, scrubbed lines, each ending in a newline."""
         if self.log is not None:
-            self.log.write(text)
-            self.log.flush()
-        body = text[:-1]  # every emitted chunk ends with a newline
+            self.log.write_text(text)
+        body = text[:-1]
         block = Block(body, body.count("\n") + 1, self.lines + 1, self.strip)
         self.lines += block.count
         if self.rules:
@@ -283,45 +391,83 @@ class _Reader:
                 self.fire(idx, hit[0])
 
 
+def launch_problem(argv: Sequence[str], env: Mapping[str, str],
+                   cwd: str | os.PathLike[str] | None) -> str | None:
+    """Why the OS would refuse to start this command (a NUL byte, an `=` in a variable's name),
+    said before trying: a secret's text is never part of the answer."""
+    if not argv:
+        return "the command is empty"
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            return f"argv[{i}] contains a NUL byte"
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            return f"environment variable name {name!r} is not valid (empty, or holding '=' or NUL)"
+        if "\0" in value:
+            return f"environment variable {name} contains a NUL byte"
+    if cwd is not None and "\0" in os.fspath(cwd):
+        return "the working directory contains a NUL byte"
+    return None
+
+
 def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                 cwd: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
                 grace_s: float = GRACE_S, log_path: str | os.PathLike[str] | None = None,
                 on_block: Callable[[Block], None] | None = None,
                 on_tick: Callable[[float], None] | None = None,
-                signals: Sequence[SignalRule] = (), strip_prefix: re.Pattern[str] | None = None,
-                scrub: Callable[[str], str] | None = None,
+                signals: Sequence[SignalRule] = (), strip_prefix: Pattern | None = None,
+                scrub: Any = None,
                 notify: Callable[[str], None] | None = None,
-                drain_s: float = DRAIN_S) -> ProcessResult:
+                drain_s: float = DRAIN_S,
+                log_limits: tuple[int, int] = (limits.LOG_HEAD_BYTES, limits.LOG_TAIL_BYTES)
+                ) -> ProcessResult:
     """Run `argv` to completion (or timeout / signal rule / Ctrl-C) and return what happened.
 
-    `env` is merged over os.environ. `on_tick(elapsed_s)` is called from the calling thread about
-    every POLL_S seconds (progress display); `notify(text)` hears about kills as they happen (a
-    90 s grace period must not look like a hang). On KeyboardInterrupt the leg's processes are
-    terminated like on a timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
+    `env` is merged over os.environ. `scrub` is a Scrubber (engine/secrets.py) or any str -> str
+    function applied to every line before it is logged or seen. `on_tick(elapsed_s)` is called from
+    the calling thread about every POLL_S seconds (progress display); `notify(text)` hears about
+    kills as they happen (a 90 s grace period must not look like a hang). `log_limits` is the
+    log's (head, tail) in bytes. On KeyboardInterrupt the leg's processes are terminated like on a
+    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
     """
+    argv = [str(a) for a in argv]
     full_env = dict(os.environ)
     full_env.update(env or {})
-    log: TextIO | None = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "w", encoding="utf-8", newline="\n")
     start = time.monotonic()
+    problem = launch_problem(argv, full_env, cwd)
+    log: CappedLog | None = None
+    if log_path is not None:
+        log = CappedLog(log_path, *log_limits)
     try:
+        if problem is not None:
+            message = f"cannot start {argv[0][:200]!r}: {problem}" if argv else f"cannot start: {problem}"
+            if log is not None:
+                log.write_text(message + "\n")
+            return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
         try:
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            reaper = Reaper.get()
+        except OSError as exc:
+            message = f"cannot start the reaper that guards the leg's processes: {exc.strerror or exc}"
+            if log is not None:
+                log.write_text(message + "\n")
+            return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
+        marker = reaper.marker()
+        full_env[marker[0]] = marker[1]
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
                                     start_new_session=True, bufsize=0)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             # Same convention as a shell: 127 not found, 126 not executable.
             rc = 127 if isinstance(exc, FileNotFoundError) else 126
             # exc.filename tells a missing program from a missing working directory.
-            where = f"{exc.filename}: " if exc.filename else ""
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             message = f"cannot start {argv[0]!r} (cwd {cwd or os.getcwd()}): {where}" \
-                      f"{exc.strerror or exc}"
+                      f"{getattr(exc, 'strerror', None) or exc}"
             if log is not None:
-                log.write(message + "\n")
+                log.write_text(message + "\n")
             return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
-        return _supervise(proc, start, log, timeout_s, grace_s, on_block, on_tick,
+        return _supervise(proc, marker, start, log, timeout_s, grace_s, on_block, on_tick,
                           list(signals), strip_prefix, scrub, notify or (lambda text: None),
                           drain_s)
     finally:
@@ -329,14 +475,14 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             log.close()
 
 
-def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
-               timeout_s: float | None, grace_s: float,
+def _supervise(proc: subprocess.Popen[bytes], marker: tuple[str, str], start: float,
+               log: CappedLog | None, timeout_s: float | None, grace_s: float,
                on_block: Callable[[Block], None] | None, on_tick: Callable[[float], None] | None,
-               rules: list[SignalRule], strip: re.Pattern[str] | None,
-               scrub: Callable[[str], str] | None, notify: Callable[[str], None],
+               rules: list[SignalRule], strip: Pattern | None,
+               scrub: Any, notify: Callable[[str], None],
                drain_s: float) -> ProcessResult:
     pgid = proc.pid  # start_new_session: the leader's pid is the group id
-    tree = ProcessTree(proc.pid)
+    tree = ProcessTree(proc.pid, marker)
     tree.refresh()
     result = ProcessResult(rc=None, seconds=0.0)
     lock = threading.Lock()
@@ -402,18 +548,24 @@ def _supervise(proc: subprocess.Popen[bytes], start: float, log: TextIO | None,
     finally:
         for timer in timers:
             timer.cancel()
-        # The leader is gone; whatever it left behind, in its group or not, goes with it.
-        tree.signal(pgid, signal.SIGKILL)
+        # The leader is gone; whatever it left behind, in its group, its tree or carrying its
+        # marker, goes with it.
+        tree.kill_all(pgid)
         if proc.returncode is None:
             proc.wait()
         _await_gone(pgid, tree, GROUP_GONE_S)
         reader.thread.join(drain_s)
         reader.stop.set()
-        reader.thread.join()
-        proc.stdout.close()
+        reader.thread.join(READER_JOIN_S)
+        if reader.thread.is_alive():
+            result.problems.append(f"the output reader was still busy {drain_s + READER_JOIN_S:g} s "
+                                   f"after the leg ended; the log and the harvest may be incomplete")
+        else:
+            proc.stdout.close()
     result.rc = proc.returncode
     result.seconds = time.monotonic() - start
     result.lines = reader.lines
+    result.problems += [rule.pattern.error for rule in rules if rule.pattern.error]
     if result.terminated_by is None and result.signals_sent and result.rc != 0:
         result.terminated_by = "signal_rule"
     if reader.error is not None:
@@ -443,7 +595,7 @@ def _await_gone(pgid: int, tree: ProcessTree, timeout_s: float) -> bool:
     while group_alive(pgid) or tree.alive():
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.005)
+        time.sleep(GONE_POLL_S)
     return True
 
 

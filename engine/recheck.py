@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import evidence
 from engine.checks import compact
 from engine.output import reharvest
 from engine.plan import Plan, build_plan, run_stamp, step_definition
-from engine.secrets import REDACTED, Scrubber
+from engine.secrets import REDACTED, Scrubber, redact
 from engine.spec import Spec
 from engine.types import CheckResult, Verdict
 from engine.values import PER_RUN_BUILTINS
-from engine.verdict import judge
+from engine.verdict import derive_statuses, judge
 
 _ABSENT = "<absent>"
 
@@ -55,9 +56,83 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
 
 
+def _scalar_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v)
+
+
+def _shown_pair(old: Any, new: Any, limit: int = 100) -> tuple[str, str]:
+    """Both sides cut to `limit`, around their first difference: cut at the same place, two long
+    values that differ near their end would read the same."""
+    a, b = compact(old, 10 ** 9), compact(new, 10 ** 9)
+    if len(a) <= limit and len(b) <= limit:
+        return a, b
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(at - limit // 3, 0)
+
+    def cut(text: str) -> str:
+        piece = text[start:start + limit]
+        return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
+    return cut(a), cut(b)
+
+
+def describe_change(key: str, old: Any, new: Any) -> str:
+    """One changed field of a step: a command line as the tokens that moved (as `engine diff`
+    shows it), anything else as its old and new values around where they differ."""
+    if _scalar_list(old) and _scalar_list(new):
+        # Only on a refusal: the diff package stays unloaded for a plain `engine check`.
+        from engine.diff.text import argv_delta
+        return f"{key}: {argv_delta(old, new)}"
+    a, b = _shown_pair(old, new)
+    return f"{key}: {a} -> {b}"
+
+
 def _change(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     a, b = flatten(old), flatten(new)
-    return f"{key}: {compact(a.get(key, _ABSENT), 100)} -> {compact(b.get(key, _ABSENT), 100)}"
+    return describe_change(key, a.get(key, _ABSENT), b.get(key, _ABSENT))
+
+
+def value_changes(saved: Mapping[str, Any], plan: Plan) -> list[tuple[str, Any, Any]]:
+    """(name, the run's value, the spec's value) for every value that differs between the saved
+    run and the plan rebuilt for it (secrets compared redacted, as the evidence stores them)."""
+    run_values: Mapping[str, Any] = saved.get("values") or {}
+    spec_values = redact(plan.values, plan.secret_names)
+    out = []
+    for name in list(run_values) + [n for n in spec_values if n not in run_values]:
+        old, new = run_values.get(name, _ABSENT), spec_values.get(name, _ABSENT)
+        if not _same(old, new):
+            out.append((name, old, new))
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values: 1 and 1.0 are, true and 1 are not, NaN equals NaN."""
+    if isinstance(a, bool) != isinstance(b, bool):
+        return False
+    return a == b or evidence.dumps(a, indent=None) == evidence.dumps(b, indent=None)
+
+
+def value_change_lines(changes: list[tuple[str, Any, Any]]) -> list[str]:
+    """`loss_ceiling: run had 6.0, spec has 0.01`, one per changed value."""
+    lines = []
+    for name, old, new in changes:
+        a, b = _shown_pair(old, new, 80)
+        a = "no such value" if old is _ABSENT else a
+        b = "no such value" if new is _ABSENT else b
+        lines.append(f"{name}: run had {a}, spec has {b}")
+    return lines
+
+
+def spec_mismatch(spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir: Path) -> str | None:
+    """Why the saved run is not evidence of `spec` (another spec's run), or None. The spec's name
+    is its identity: a file can move, but p4_smoke's run never vouches for p4_soak."""
+    ran = saved.get("spec") if isinstance(saved.get("spec"), Mapping) else {}
+    ran_name, name = ran.get("name"), spec.data.get("name")
+    if ran_name == name and isinstance(name, str):
+        return None
+    ran_text = f"spec {ran_name!r} ({ran.get('path') or 'path not recorded'})" if ran_name \
+        else "no spec name (not an engine run's evidence?)"
+    return (f"refusing to re-check {run_dir}: it is evidence of {ran_text}, not of spec "
+            f"{name!r} ({spec_label})")
 
 
 def step_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, str] | None = None
@@ -95,6 +170,53 @@ def step_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, 
     return changes, notes
 
 
+def _yaml_scalar(value: Any) -> str:
+    """A --set text that parses back to `value` (--set values are YAML scalars; JSON is YAML, but
+    YAML spells the non-finite floats .nan/.inf)."""
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    return json.dumps(value)
+
+
+# Harvest options the verdict applies when judging, not when harvesting: `engine check` honours them.
+_JUDGED = ("on_conflict", "on_malformed")
+
+
+def _harvesting(output: Any) -> Any:
+    """A step's output rules without the options that only judge the harvest."""
+    if not isinstance(output, Mapping):
+        return output
+    rules = output.get("harvest")
+    if not isinstance(rules, Mapping):
+        return dict(output)
+    return {**output, "harvest": {n: {k: v for k, v in r.items() if k not in _JUDGED}
+                                  if isinstance(r, Mapping) else r for n, r in rules.items()}}
+
+
+def output_changes(evidence: Mapping[str, Any], plan: Plan,
+                   environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per run step whose output rules (what made its harvest) changed since the run;
+    empty for evidence that did not record them."""
+    old_rules = evidence.get("output_rules")
+    if not isinstance(old_rules, Mapping):
+        return []
+    scrubber = Scrubber.for_plan(plan, os.environ if environ is None else environ)
+    lines = []
+    for step in plan.steps:
+        name = step["name"]
+        if step.get("kind") != "run" or name not in old_rules:
+            continue
+        old = {"output": _harvesting(old_rules[name])}
+        new = {"output": _harvesting(scrubber.scrub_obj(step["run"].get("output")))}
+        keys = changed_keys(old, new)
+        if keys:
+            lines.append(f"step {name}: output rules changed ("
+                         + "; ".join(_change(k, old, new) for k in keys) + ")")
+    return lines
+
+
 def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Plan:
     """The plan the saved run would have had with the CURRENT spec: same mode, same --set and
     env overrides, same builtins (run_dir, run_id, ... differ per run by design). SpecErrors or
@@ -112,7 +234,7 @@ def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] |
             # Secrets are not stored; the caller's environment is the only place they live.
             overrides[env_names[name]] = environ[env_names[name]]
         else:
-            sets.append(f"{name}={json.dumps(value)}")
+            sets.append(f"{name}={_yaml_scalar(value)}")
     # Builtins differ per run by design; the re-check reuses the run's own.
     builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
     return build_plan(spec, mode=evidence.get("mode"), sets=sets, environ=overrides, builtins=builtins)
@@ -147,35 +269,65 @@ def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
         n += 1
         path = run_dir / f"{kind}-{stamp}-{n}.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(evidence.dumps(record) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
 
 
 def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool, spec_label: str,
-            note: Callable[[str], None] = lambda text: None) -> Recheck:
+            note: Callable[[str], None] = lambda text: None, store: bool = True) -> Recheck:
     """Judge a saved run with the spec's CURRENT checks (and, for a replay, its current output
-    rules), and store the results beside the evidence. Refused when a step changed since the run;
-    SpecErrors/UsageError when the spec cannot be planned as the run was. `note` hears what does
-    not stop the re-check (a secret-only difference, a missing raw log, an unwritable run dir)."""
+    rules), and store the results beside the evidence (`store=False`: only judge, as `engine
+    review` does in a checkout). Refused when a step changed since the run; SpecErrors/UsageError
+    when the spec cannot be planned as the run was. `note` hears what does not stop the re-check (a
+    secret-only difference, a missing raw log, an unwritable run dir)."""
+    mismatch = spec_mismatch(spec, saved, spec_label, run_dir)
+    if mismatch:
+        raise Refused(mismatch)
     plan = replan(spec, saved)
     changes, notes = step_changes(saved, plan)
     for text in notes:
         note(text)
+    values = value_changes(saved, plan)
+    if not changes and not replay:
+        outputs = output_changes(saved, plan)
+        if outputs:
+            raise Refused(f"refusing to re-check {run_dir}: the output rules changed since the run, "
+                          "so its harvest is not what they would give (`engine replay` re-harvests "
+                          "the saved logs with them).\n" + "\n".join(outputs))
     if changes:
         hint = " (`engine replay` accepts changed output rules and checks, nothing else)" if replay \
             else " (`engine check` accepts changed checks; `engine replay` also changed output rules)"
+        why = ["values changed since the run:"] + ["  " + t for t in value_change_lines(values)] \
+            if values else []
         raise Refused(f"refusing to re-check {run_dir}: the spec's steps changed since the run"
-                      f"{hint}; run it again instead.\n" + "\n".join(changes))
+                      f"{hint}; run it again instead.\n" + "\n".join(changes + why))
     doc = {k: v for k, v in saved.items() if k not in ("checks", "verdict")}
+    if values:
+        # No step reads them (the steps are unchanged), so only checks do: re-evaluate with the
+        # spec's values, and say so, value by value.
+        note("checks read the spec's current values, not the run's:")
+        for text in value_change_lines(values):
+            note("  " + text)
+        doc["values"] = redact(plan.values, plan.secret_names)
+        doc["sources"] = dict(plan.sources)
     if replay:
         for text in reharvest_steps(doc, plan, run_dir):
             note(text)
+    doc, corrected = derive_statuses(plan.steps, doc)
+    for text in corrected:
+        note(text)
     results, verdict = judge(plan, doc)
     kind = "replay" if replay else "check"
     record = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
+    if values:
+        record["values_changed"] = [{"name": n, "run": a, "spec": b} for n, a, b in values]
+    if corrected:
+        record["status_corrected"] = corrected
     if replay:
         record["steps"] = doc.get("steps")
+    if not store:
+        return Recheck(doc, results, verdict)
     try:
         write_record(run_dir, kind, record)
     except OSError as exc:  # a read-only run dir must not cost the answer

@@ -7,9 +7,15 @@ the live run rendered; `write_file` is the one place a report reaches the disk. 
 from __future__ import annotations
 
 import json
+import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+# Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
+# would make the whole JUnit file unparsable.
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 EXPLAIN_LINES = 8
 _MARK = {"PASS": "ok", "FAIL": "FAIL", "NO_DATA": "NO_DATA", "SKIPPED": "skip", "ERROR": "ERROR",
@@ -64,10 +70,17 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _harvest_rows(verdict: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """One row per harvest problem: FAIL, or `note` where the spec opted in."""
+    return [(f"harvest:{p['step']}.{p['harvest']}", "FAIL" if p.get("fails") else "note",
+             f"{p.get('kind')}: {p.get('message')}") for p in verdict.get("harvest") or []]
+
+
 def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
           verbose: bool = False) -> str:
-    """The terminal summary: steps, checks, explain trees of failing checks, VERDICT last."""
-    rows = _step_rows(evidence) + [(r["name"], _MARK[r["outcome"]] + (" (warn)" if r.get(
+    """The terminal summary: steps, harvest problems, checks, explain trees of failing checks,
+    VERDICT last."""
+    rows = _step_rows(evidence) + _harvest_rows(verdict) + [(r["name"], _MARK[r["outcome"]] + (" (warn)" if r.get(
         "severity") == "warn" and r["outcome"] != "PASS" else ""), _shown(r)) for r in results]
     width = max([len(r[0]) for r in rows] + [5])
     mark_width = max([len(r[1]) for r in rows] + [7])
@@ -124,6 +137,15 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=status)
 
+    for problem in (verdict or {}).get("harvest") or []:
+        el = case(f"{name}.harvest", f"{problem['step']}.{problem['harvest']} ({problem.get('kind')})", 0)
+        if problem.get("fails"):
+            counts["failures"] += 1
+            ET.SubElement(el, "failure", message=str(problem.get("message")), type="HARVEST").text = \
+                "lines " + ", ".join(str(n) for n in problem.get("lines") or [])
+        else:
+            ET.SubElement(el, "system-out").text = f"NOTE (opted in): {problem.get('message')}"
+
     for r in results:
         el = case(f"{name}.checks", r["name"], 0)
         detail = "\n".join([f"{_where(r)} {r['expr']}".strip()]
@@ -148,7 +170,8 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
         suite.set(key, str(value))
     suite.set("time", str((verdict or {}).get("seconds", evidence.get("seconds") or 0)))
     ET.indent(suite)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    text = ET.tostring(suite, encoding="unicode")
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("", text) + "\n"
 
 
 # ---------------------------------------------------------------- Markdown
@@ -157,8 +180,10 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any]) -> str:
-    """A PR-comment / step-summary table with the verdict on top."""
+def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
+             figures: Sequence[Any] = ()) -> str:
+    """A PR-comment / step-summary table with the verdict on top, then the plots (`figures`,
+    engine/plots.py) as Mermaid charts."""
     name = _spec_name(evidence)
     head = f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): " \
            f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
@@ -169,6 +194,8 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
         lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]
     lines += [f"| `{_cell(n[5:])}` | {_cell(s)} | {_cell(d)} |" for n, s, d in _step_rows(evidence)]
+    lines += [f"| `{_cell(n)}` | {'❌ FAIL' if m == 'FAIL' else 'note'} | {_cell(d)} |"
+              for n, m, d in _harvest_rows(verdict)]
     lines += ["", "| check | outcome | value / reason |", "|---|---|---|"]
     for r in results:
         outcome = f"{_ICON[r['outcome']]} {r['outcome']}" + (
@@ -180,6 +207,9 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
         for r in failing:
             lines += [f"**{r['name']}** ({_where(r)})", "```", *explain_lines(r, verbose=True), "```"]
         lines += ["</details>"]
+    if figures:
+        from engine import mermaid
+        lines += ["", mermaid.section(list(figures)).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -187,3 +217,24 @@ def write_file(path: str | Path, text: str) -> None:
     """Write a report file (`--junit FILE`, `--markdown FILE`), creating its directory."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text, encoding="utf-8")
+
+
+def writable_problem(path: str | Path) -> str | None:
+    """Why a report could not be written to `path` (None when it can), found before a run spends
+    an hour: the file is created (and removed again when it was not there)."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{target} is a directory"
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except (OSError, ValueError) as exc:
+        return f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}"
+    if not existed:
+        try:
+            os.unlink(target)
+        except OSError:
+            pass
+    return None

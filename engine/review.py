@@ -23,12 +23,11 @@ from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import Out, lines_of, summary
 from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
-from engine.diff.saved_run import replan_quietly, review_evidence
+from engine.diff.saved_run import review_evidence
 from engine.diff.sides import Revision, references, repo_root
 from engine.diff.text import code
-from engine.recheck import replan, step_changes
+from engine.recheck import Refused, recheck
 from engine.report import write_file
-from engine.verdict import judge
 
 EXIT_SAFE, EXIT_RISKY, EXIT_INVALID = 0, 1, 2
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -128,23 +127,21 @@ def _saved_run(revision: Revision, rel_dir: str, tmp: Path) -> tuple[dict | None
     return now, base_doc, True
 
 
-def _failing(spec: Any, doc: Mapping[str, Any], memo: dict) -> tuple[list[str] | None, list[str], str]:
-    """Re-check a saved run with `spec` as `engine check` does, writing nothing: (what fails, why it was
-    refused, a phrase)."""
-    plan = replan_quietly(spec, doc, memo)
-    if plan is None:
-        try:  # said in its own words: the mode or an override this side lacks
-            replan(spec, doc, environ={})
-        except Exception as exc:  # noqa: BLE001
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return None, [first], f"not re-checked: {first}"
-    changes, _ = step_changes(doc, plan, environ={})
-    if changes:
-        return None, changes, f"refused: the legs changed since the run ({len(changes)} steps)"
-    results, verdict = judge(plan, {k: v for k, v in doc.items() if k not in ("checks", "verdict")})
-    gates = [r for r in results if r.get("severity", "gate") == "gate"]
+def _failing(spec: Any, doc: Mapping[str, Any], run_dir: str) -> tuple[list[str] | None, list[str], str]:
+    """Re-check a saved run with `spec` exactly as `engine check` does, writing nothing: (what fails,
+    why it was refused, a phrase)."""
+    try:
+        done = recheck(spec, doc, Path(run_dir), replay=False, spec_label=run_dir, store=False)
+    except Refused as exc:
+        lines = str(exc).splitlines()
+        steps = [line for line in lines[1:] if line.startswith("step ")]
+        return None, steps or lines[:1], f"refused: {lines[0].split(': ', 1)[-1]}"
+    except Exception as exc:  # noqa: BLE001 - a mode or override this side lacks: no re-check
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, [first], f"not re-checked: {first}"
+    gates = [r for r in done.results if r.get("severity", "gate") == "gate"]
     passed = sum(1 for r in gates if r["outcome"] in ("PASS", "SKIPPED", "DISABLED"))
-    return list(verdict["failed"]), [], f"{verdict['outcome']} ({passed}/{len(gates)} gates pass)"
+    return list(done.verdict["failed"]), [], f"{done.verdict['outcome']} ({passed}/{len(gates)} gates pass)"
 
 
 def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> SpecReview:
@@ -167,14 +164,13 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         out.status, out.errors = "invalid", [str(exc)]
         return out
     saved.at_base, saved.renewed = at_base is not None, renewed
-    memo: dict = {}  # plans rebuilt for a saved run, shared by the review and the re-checks
     if now is not None and right.spec is not None:
         saved.mode = str(now.get("mode"))
-        report.evidence = review_evidence(report, left, right, rel_dir, now, memo)
-        saved.failing, saved.refused, out.recheck = _failing(right.spec, now, memo)
+        report.evidence = review_evidence(report, left, right, rel_dir, now)
+        saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
         if at_base is not None and left.spec is not None:
             same = at_base is now and left.spec is right.spec  # nothing to re-check twice
-            saved.failing_at_base = saved.failing if same else _failing(left.spec, at_base, memo)[0]
+            saved.failing_at_base = saved.failing if same else _failing(left.spec, at_base, rel_dir)[0]
     elif now is None:
         out.recheck = f"no saved run under {rel_dir}/"
     out.saved = saved

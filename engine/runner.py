@@ -10,23 +10,54 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine import collectors, defaults, evidence, version
+from engine import collectors, defaults, evidence, limits, version
 from engine.console import Console, ProgressDisplay
-from engine.output import Capture, compile_rules
+from engine.output import Capture, compile_rules, harvest_problems
 from engine.plan import step_kind
 from engine.process import Interrupted, compile_signal_rules, run_command
-from engine.secrets import Scrubber
+from engine.reaper import Reaper
+from engine.secrets import Scrubber, TreeScrubber
 from engine.types import CheckResult, Verdict
 
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used (a file, not writable, or holding another run)."""
+
+
+def prepare_run_dir(run_dir: Path, force: bool = False) -> None:
+    """Create the run directory and prove it writable before anything runs; refuse one that
+    holds files already unless `force` (a run would silently mix its evidence with theirs)."""
+    if run_dir.exists() or run_dir.is_symlink():
+        if not run_dir.is_dir():
+            raise RunDirError(f"--run-dir {run_dir}: exists and is not a directory")
+        try:
+            entries = sorted(os.listdir(run_dir))
+        except OSError as exc:
+            raise RunDirError(f"--run-dir {run_dir}: cannot list it: {exc.strerror or exc}") from None
+        if entries and not force:
+            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+            raise RunDirError(f"--run-dir {run_dir}: exists and is not empty ({shown}); choose "
+                              f"another, empty it, or pass --force to run into it (the run's "
+                              f"evidence.json and logs replace theirs, other files stay)")
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".writable.", dir=run_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"--run-dir {run_dir}: cannot write there: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
 
 # Evidence -> (check results, verdict): engine.verdict.judge bound to the plan.
 Judge = Callable[[Mapping[str, Any]], tuple[list[CheckResult], Verdict]]
@@ -57,22 +88,114 @@ def _env_text(value: Any) -> str:
     return str(value)
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the engine (a job scheduler's timeout) must clean up legs like Ctrl-C does:
-    they run in their own sessions and would otherwise keep going without us."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class StopSignals:
+    """Ctrl-C and SIGTERM (a job scheduler's timeout) during a run, however many arrive.
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+    The first one raises KeyboardInterrupt where the run is, once it is armed (a signal that
+    arrives before is held until then): the runner stops the leg (SIGTERM, then SIGKILL after its
+    grace), marks it interrupted and writes the evidence and the verdict. The ones after it never
+    raise: a KeyboardInterrupt inside that cleanup would lose the evidence, the verdict or the exit
+    code. The second SIGKILLs the engine's child processes (the running leg: its grace is not waited
+    out, process.py then removes the rest of its tree); later ones are only counted.
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    On leaving, the previous handlers come back; with `linger` (the `engine` program, about to
+    exit) not once a signal arrived: the exit code is decided, and a later Ctrl-C, ignored, must
+    not turn it into a traceback or a death by signal.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, linger: bool = False, kill: Callable[[], list[int]] | None = None) -> None:
+        self.linger = linger
+        self.kill = kill or kill_children
+        self.count = 0
+        self.armed = False
+        self._pending = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.armed = False
+        for sig, previous in self._previous.items():
+            # SIG_IGN, not a Python handler: the interpreter puts SIG_DFL back for those at its
+            # very end, and a Ctrl-C landing then would kill the process (-2) instead of 130.
+            signal.signal(sig, signal.SIG_IGN if self.linger and self.count else previous)
+        self._previous.clear()
+
+    def arm(self) -> None:
+        """From here the first signal raises; one that came before raises now."""
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt("interrupted before the first step")
+        self.armed = self.count == 0
+
+    def disarm(self) -> None:
+        """The steps are over (or stopping): nothing raises any more."""
+        self.armed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1:
+            if self.armed:
+                self.armed = False
+                raise KeyboardInterrupt(f"signal {signum}")
+            self._pending = True
+            return
+        if self.count == 2:
+            killed = self.kill()
+            _say_now(f"engine: {signal.Signals(signum).name} again: SIGKILL to the running leg "
+                     f"({len(killed)} process group{'s' if len(killed) != 1 else ''}); "
+                     "the evidence is still written" if killed else
+                     f"engine: {signal.Signals(signum).name} again: still writing the evidence")
+        elif self.count == 3:
+            _say_now("engine: stopping already; the evidence and the verdict are being written")
+
+
+def _say_now(text: str) -> None:
+    """Straight to fd 2: a signal handler must not re-enter a buffered stream the main thread may
+    be writing to at that very moment."""
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        os.write(2, (text + "\n").encode())
+    except OSError:
+        pass
+
+
+def _child_pids() -> list[int]:
+    """The engine's direct children (/proc/<pid>/task/<tid>/children); empty where unreadable."""
+    me = os.getpid()
+    pids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{me}/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/{me}/task/{tid}/children", "rb") as fh:
+                pids += [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_children() -> list[int]:
+    """SIGKILL every child of the engine, with its process group where it leads one (a leg runs
+    in a session of its own); the pids signalled."""
+    killed = []
+    for pid in _child_pids():
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
 
 
 class Runner:
@@ -80,6 +203,9 @@ class Runner:
         self.plan, self.run_dir, self.console = plan, run_dir, console
         self.t0 = time.monotonic()
         self.scrubber = Scrubber.for_plan(plan, os.environ)
+        # Legs write into the run dir too (torchrun's per-rank logs hold the environment and the
+        # exception message): after every step, every file there is masked.
+        self.files = TreeScrubber(run_dir, self.scrubber.secrets)
         self.doc = evidence.new_document(plan, run_dir, version())
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
@@ -95,16 +221,23 @@ class Runner:
     def say(self, text: str) -> None:
         self.console.line(self.scrubber.scrub(text))
 
-    def execute(self, judge: Judge | None = None) -> dict[str, Any]:
+    def execute(self, judge: Judge | None = None, stops: StopSignals | None = None
+                ) -> dict[str, Any]:
+        stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
+        # Should the engine die mid-run, the reaper masks what the legs left in the run dir.
+        self._tell_reaper(lambda reaper: reaper.scrub_at_end(self.run_dir, self.scrubber.secrets))
         self.save()
         current: str | None = None
         try:
+            stops.arm()
             for step in self.plan.steps:
                 current = step["name"]
                 if not self.run_step(step):
                     break
             current = None
+            stops.disarm()
         except KeyboardInterrupt:
+            stops.disarm()
             if current is not None:
                 self.doc["steps"][current]["status"] = "interrupted"
             self.doc["interrupted"] = True
@@ -123,6 +256,24 @@ class Runner:
             self.doc["checks"] = self.scrubber.scrub_obj(results)
             self.doc["verdict"] = self.scrubber.scrub_obj(verdict)
             self._write()
+        self.scrub_files()
+        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+
+    def _tell_reaper(self, message: Callable[[Reaper], None]) -> None:
+        try:
+            message(Reaper.get())
+        except (RuntimeError, OSError) as exc:
+            # The run itself is not at stake, only the cleanup after a killed engine: say so.
+            self.say(f"WARNING: {exc}; should the engine be killed, the run dir's files keep "
+                     f"what secrets the legs wrote into them")
+
+    def scrub_files(self, record: dict[str, Any] | None = None) -> None:
+        """Mask every secret in the files under the run dir, saying which held one."""
+        found = self.files.scrub()
+        for path in found:
+            self.say(f"   masked a secret in {path}")
+        if record is not None and found:
+            record["secrets_masked_in"] = found
 
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
@@ -139,11 +290,12 @@ class Runner:
             if kind == "run":
                 rc = self._run(step, record)
             elif kind == "remove":
-                rc = self._remove(step["remove"], record)
+                rc = self._remove(step["remove"], record, step.get("remove_also_under") or ())
             else:
                 rc = self._collect(name, step["collect"], record)
         finally:
             record.setdefault("seconds", round(time.monotonic() - started, 3))
+            self.scrub_files(record)
         self.say(f"{name}_RC {rc} seconds {time.monotonic() - started:.1f} "
                  f"elapsed {time.monotonic() - self.t0:.0f}")
         go_on = True
@@ -186,7 +338,7 @@ class Runner:
                 grace_s=float(run.get("grace_s", defaults.GRACE_S)), log_path=self.run_dir / log_rel,
                 on_block=capture.feed, on_tick=display.tick,
                 signals=signal_rules,
-                strip_prefix=rules.strip_prefix, scrub=self.scrubber.scrub,
+                strip_prefix=rules.strip_prefix, scrub=self.scrubber,
                 notify=lambda text: self.say("   " + text))
         except Interrupted as exc:
             display.close()
@@ -194,14 +346,19 @@ class Runner:
             record.update(exc.result.as_dict())
             raise
         display.close()
+        # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.
+        problems = result.problems + rules.pattern_errors()
         ok = result.rc in run.get("ok_exit_codes", [0]) and not result.timed_out \
-            and result.error is None
+            and result.error is None and not problems
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
-        record["error"] = result.error
+        record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
         self._record_capture(record, capture, failed=not ok)
-        if result.error:
-            self.say(f"   {result.error}")
+        for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
+            self.say(f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
+                     f"({problem['kind']}): {problem['message']}")
+        if record["error"]:
+            self.say(f"   {record['error']}")
         if result.timed_out:
             self.say(f"   TIMEOUT after {run.get('timeout_s')} s")
         for sent in result.signals_sent:
@@ -255,12 +412,13 @@ class Runner:
         return report
 
     # --- remove ------------------------------------------------------------------------------
-    def _remove(self, spec: str | Sequence[str], record: dict[str, Any]) -> int:
+    def _remove(self, spec: str | Sequence[str], record: dict[str, Any],
+                also_under: Sequence[str] = ()) -> int:
         paths = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
         removed, absent = [], []
         record.update({"paths": [str(p) for p in paths], "error": None})
         try:
-            targets = [check_removable(p, self.run_dir) for p in paths]
+            targets = [check_removable(p, self.run_dir, also_under) for p in paths]
             for target in targets:
                 if remove_path(target):
                     removed.append(str(target))
@@ -284,7 +442,7 @@ class Runner:
         record.update({"collector": collector, "error": None})
         context = {"cwd": os.getcwd(), "run_dir": str(self.run_dir), "step": name,
                    "log_path": str(self.run_dir / "logs" / f"{_safe_name(name)}.log"),
-                   "scrub": self.scrubber.scrub}
+                   "scrub": self.scrubber.scrub, "scrubber": self.scrubber}
         try:
             state = collectors.collect(collector, spec.get("args") or {}, context)
         except collectors.CollectorError as exc:
@@ -301,10 +459,13 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "step"
 
 
-def check_removable(path: str | os.PathLike[str], run_dir: Path) -> Path:
+def check_removable(path: str | os.PathLike[str], run_dir: Path,
+                    also_under: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """The absolute path to remove, or ValueError when removing it would destroy something the
     run (or the user) cannot lose: /, the home directory, the working directory or one of its
-    parents, the run's evidence directory or one of its parents."""
+    parents, the run's evidence directory or one of its parents; and anything that is not inside
+    the working directory, the run directory or one of the directories the step names in
+    `also_under` (the engine may run as root: `runs/../../etc` must not be one typo away)."""
     if not str(path).strip():
         raise ValueError("refusing to remove an empty path")
     target = Path(os.path.abspath(os.path.expanduser(str(path))))
@@ -325,6 +486,12 @@ def check_removable(path: str | os.PathLike[str], run_dir: Path) -> Path:
     if real == run or real in run.parents:
         raise ValueError(f"refusing to remove {target}: it is (or contains) the run directory "
                          f"{run}")
+    roots = [cwd, run] + [Path(os.path.abspath(os.path.expanduser(str(r)))).resolve() for r in also_under]
+    if not any(limits.under(real, root) for root in roots):
+        extra = "".join(f", {r}" for r in roots[2:])
+        raise ValueError(f"refusing to remove {target}: it is outside the working directory {cwd}"
+                         f", the run directory {run}{extra}; a step that must remove it says so with "
+                         f"`remove: {{paths: [...], also_under: [<a directory above it>]}}`")
     return target
 
 
@@ -360,18 +527,24 @@ def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: i
         for f in sorted(filenames):
             entries.append(str((base / f).relative_to(root)))
             files.append(base / f)
-    tails = [{"path": str(f), "tail": tail_file(f, tail_lines)} for f in files[:max_files]]
+    tails = [{"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
+             for f in files[:max_files]]
     return {"dir": str(root), "exists": True, "listing": entries[:list_max],
             "listing_more": max(len(entries) - list_max, 0), "files": tails}
 
 
 def tail_file(path: Path, n: int) -> list[str]:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - DIAG_READ_BYTES, 0))
-            data = fh.read()
+        # O_NONBLOCK: a FIFO a leg left in the directory must not block the engine.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ["<not a regular file: not read>"]
+            size = os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, max(size - DIAG_READ_BYTES, 0), os.SEEK_SET)
+            data = os.read(fd, DIAG_READ_BYTES)
+        finally:
+            os.close(fd)
     except OSError as exc:
         return [f"<cannot read: {exc.strerror or exc}>"]
     lines = data.decode("utf-8", errors="replace").splitlines()
@@ -379,13 +552,17 @@ def tail_file(path: Path, n: int) -> list[str]:
 
 
 def execute(plan: evidence.PlanLike, run_dir: str | os.PathLike[str], out: TextIO = sys.stdout, *,
-            is_tty: bool | None = None, judge: Judge | None = None) -> dict[str, Any]:
+            is_tty: bool | None = None, judge: Judge | None = None,
+            stops: StopSignals | None = None) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
-    interrupted step."""
+    interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
+    installed and keeps past the run; by default the run installs its own for its duration."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
     runner = Runner(plan, run_path, Console(out, is_tty))
-    with _sigterm_as_interrupt():
-        return runner.execute(judge)
+    if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
+        return runner.execute(judge, stops)
+    with StopSignals() as own:
+        return runner.execute(judge, own)

@@ -18,6 +18,8 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
+from engine import limits
+
 
 # Lists that merge BY NAME across extends/include; every other list is replaced wholesale.
 NAMED_LISTS = ("steps", "checks")
@@ -128,11 +130,20 @@ class _Builder:
         self.constructor = yaml.constructor.SafeConstructor()
         self.active: set[int] = set()  # node ids on the current path: a recursive alias would never end
         self.explicit: dict[int, set[int]] = {}  # mapping node id -> ids of its own (non-merged) key nodes
+        self.nodes = 0  # built so far: aliases are expanded, so an alias bomb is counted here
 
     def build(self, node: yaml.Node, path: tuple) -> Any:
         mark = _mark(node, self.file)
         if id(node) in self.active:
             raise SpecErrors([SpecError.at(mark, path, "recursive YAML alias")])
+        self.nodes += 1
+        if self.nodes > limits.SPEC_MAX_NODES:
+            raise SpecErrors([SpecError.at(mark, path, f"the document expands to more than "
+                                                       f"{limits.SPEC_MAX_NODES:,} nodes (a YAML alias "
+                                                       f"bomb?)")])
+        if len(path) > limits.SPEC_MAX_DEPTH:
+            raise SpecErrors([SpecError.at(mark, path, f"nested deeper than {limits.SPEC_MAX_DEPTH} "
+                                                       f"levels")])
         if isinstance(node, yaml.ScalarNode):
             try:
                 value = self.constructor.construct_object(node, deep=True)
@@ -371,19 +382,32 @@ def resolve_likes(doc: _Map) -> list[SpecError]:
 class _Loader:
     def __init__(self) -> None:
         self.files: dict[str, str] = {}  # display path -> sha256
+        # Each file is loaded once: a diamond of includes 22 levels deep would otherwise be read
+        # 2**22 times. Merging copies what it takes, so sharing a loaded document is safe.
+        self.loaded: dict[Path, _Map] = {}
 
     def load(self, path: Path, stack: tuple[Path, ...], ref: tuple[Mark, tuple] | None) -> _Map:
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a NUL in the name
+            mark, where = ref or (Mark(str(path), 0, 0), ())
+            raise SpecErrors([SpecError.at(mark, where, f"cannot resolve {path}: {e}")]) from None
         shown = display_path(path)
         if real in stack:
             chain = " -> ".join(display_path(p) for p in stack + (real,))
             mark, where = ref or (_NOWHERE, ())
             raise SpecErrors([SpecError.at(mark, where, f"extends/include cycle: {chain}")])
+        if real in self.loaded:
+            return self.loaded[real]
         try:
-            raw = path.read_bytes()
-        except OSError as e:
+            raw = limits.read_regular_file(path, limits.SPEC_MAX_BYTES, "spec")
+        except limits.LimitError as e:
             mark, where = ref or (Mark(shown, 0, 0), ())
-            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: {e.strerror or e}")]) from None
+            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: {e}")]) from None
+        except (OSError, ValueError) as e:
+            mark, where = ref or (Mark(shown, 0, 0), ())
+            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: "
+                                                        f"{getattr(e, 'strerror', None) or e}")]) from None
         self.files[shown] = hashlib.sha256(raw).hexdigest()
         try:
             text = raw.decode("utf-8")
@@ -393,7 +417,8 @@ class _Loader:
         if not isinstance(doc, _Map):
             kind = "empty" if doc is None else f"a {type(doc).__name__.strip('_').lower()}"
             raise SpecErrors([SpecError(shown, 1, 1, "$", f"a spec must be a YAML mapping, this is {kind}")])
-        return self._compose(doc, path, stack + (real,))
+        self.loaded[real] = self._compose(doc, path, stack + (real,))
+        return self.loaded[real]
 
     def _compose(self, doc: _Map, path: Path, stack: tuple[Path, ...]) -> _Map:
         errors: list[SpecError] = []

@@ -67,8 +67,19 @@ class CheckResult(TypedDict):
     let: NotRequired[dict[str, str]]
 
 
+class HarvestProblem(TypedDict):
+    """Marker lines of a run step that did not parse, or disagree (engine/output.py)."""
+    step: str
+    harvest: str  # the harvest rule's name
+    kind: str  # malformed | conflict
+    lines: list[int]  # line numbers in the step's log
+    fails: bool  # false where the rule opted in (on_malformed: skip, on_conflict: pick)
+    message: str
+
+
 class Verdict(TypedDict, total=False):
-    """The run's verdict (engine/verdict.py); `message` only for PRECONDITION."""
+    """The run's verdict (engine/verdict.py); `message` only for PRECONDITION, `harvest` only when
+    a step had a harvest problem."""
     outcome: str  # PASS | FAIL | PRECONDITION | INTERRUPTED
     failed: list[str]
     warnings: list[str]
@@ -76,3 +87,4 @@ class Verdict(TypedDict, total=False):
     exit_code: int
     seconds: float
     message: str
+    harvest: list[HarvestProblem]

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Iterable, Iterator, Mapping
 
-from engine import functions
+from engine import functions, plots
 from engine.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
 from engine.spec import Spec, SpecError
 from engine.types import Check
@@ -64,6 +64,7 @@ def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
         for name, v in table.items():
             if isinstance(v, dict) and isinstance(v.get("eval"), str):
                 yield prefix + (name, "eval"), v["eval"]
+    yield from plots.expressions(data)
 
 
 def _compile_errors(spec: Spec) -> list[SpecError]:
@@ -149,6 +150,8 @@ def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = No
                 lets = list((data["checks"][path[1]].get("let") or {}))
                 msg = _let_problem(chain, path, lets) if chain[0] == "let" else \
                     _evidence_problem(chain, steps, collects, values)
+            elif path[0] == "plots":  # a plot reads the evidence as a check does
+                msg = _evidence_problem(chain, steps, collects, values)
             if msg:
                 errors.append(spec.error(path, msg))
     return errors
@@ -360,6 +363,10 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
     found += [(("signals", j, "match"), s.get("match"), False) for j, s in enumerate(run.get("signals") or [])]
     if run.get("progress"):
         found.append((("progress", "match"), run["progress"].get("match"), True))
+    harvest = (run.get("output") or {}).get("harvest")
+    if isinstance(harvest, dict):
+        found += [(("output", "harvest", name, "match"), rule.get("match"), False)
+                  for name, rule in harvest.items() if isinstance(rule, dict) and "match" in rule]
     return found
 
 
@@ -382,10 +389,14 @@ def _regex_errors(spec: Spec, index: int, raw_run: Mapping[str, Any],
             continue
         if needs_step and "step" not in rx.groupindex:
             errors.append(spec.error(path, f"progress regex {pattern!r} needs a named group (?P<step>...)"))
+        if sub[:2] == ("output", "harvest") and not rx.groupindex:
+            errors.append(spec.error(path, f"harvest regex {pattern!r} has no named group (?P<name>...) to harvest"))
     return errors
 
 
-def _budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecError | None:
+def budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecError | None:
+    """The budget_s error of one mode whose worst case does not fit, or None (also `engine run`'s
+    refusal after --set)."""
     budget = spec.data.get("budget_s")
     total = sum(c for _, c in costs)
     if budget is None or total <= budget:
@@ -438,7 +449,7 @@ def _mode_pass(spec: Spec, mode: str, environ: Mapping[str, str],
         if step["enabled"]:
             costs.append((step["name"], step_cost(step)))
     if complete:
-        err = _budget_error(spec, mode, [c for c in costs if c[1] > 0])
+        err = budget_error(spec, mode, [c for c in costs if c[1] > 0])
         if err:
             errors.append(err)
     return errors

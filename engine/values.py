@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import yaml
 from jmespath import exceptions as jexc
 
-from engine import functions
+from engine import functions, limits
+from engine.secrets import is_secret
 from engine.spec import SpecError, json_path
 
 # Values every run has (source `builtin`); all but `mode` differ from one run to the next.
@@ -134,6 +135,12 @@ class Definition:
     path: tuple  # where it is written in the spec (for errors); () for builtins/overrides
 
 
+def override_value(name: str, text: str) -> Any:
+    """An override's text (--set, env) as a value: a secret is taken as it is written (YAML would
+    turn the token `0123` into 83 and `yes` into true), anything else is parsed as a YAML scalar."""
+    return text if is_secret(name) else parse_scalar(text)
+
+
 def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
     """["steps=30", "repo=x"] -> {"steps": 30, "repo": "x"}; malformed -> UsageError."""
     out: dict[str, Any] = {}
@@ -141,8 +148,9 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
         key, eq, text = item.partition("=")
         key = key.strip()
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise UsageError(f"--set {item!r}: expected NAME=VALUE")
-        out[key] = parse_scalar(text)
+            # The item may hold a secret's text: name the key only.
+            raise UsageError(f"--set {key[:40]!r}...: expected NAME=VALUE")
+        out[key] = override_value(key, text)
     return out
 
 
@@ -157,7 +165,7 @@ def layer(data: Mapping[str, Any], mode: str | None, environ: Mapping[str, str],
             defs[k] = Definition(v, "mode", ("modes", mode, k))
     for var, name in (data.get("env") or {}).items():
         if var in environ:
-            defs[name] = Definition(parse_scalar(environ[var]), "env", ("env", var))
+            defs[name] = Definition(override_value(name, environ[var]), "env", ("env", var))
     unknown = sorted(set(sets) - set(defs))
     if unknown:
         raise UsageError(f"--set {', '.join(unknown)}: unknown value; known: {', '.join(sorted(defs))}")
@@ -195,6 +203,7 @@ class _Resolver:
         self.failed: set[str] = set()
         self.errors: list[SpecError] = []
         self.stack: list[str] = []
+        self.too_deep = False
 
     def err(self, path: tuple, message: str) -> None:
         file, line, col = self.locate(path) if self.locate else ("<values>", 0, 0)
@@ -211,6 +220,16 @@ class _Resolver:
             d = self.defs[name]
             self.err(d.path, f"value cycle: {' -> '.join(cycle)}")
             self.failed.update(cycle)
+            return False
+        if len(self.stack) >= limits.VALUE_MAX_CHAIN:
+            # Resolution recurses once per link; past this a generated spec gone wrong would
+            # exhaust the interpreter's stack.
+            chain = self.stack[:3] + ["..."] + self.stack[-2:] + [name]
+            if not self.too_deep:  # one such chain is reported; each later one is the same story
+                self.err(self.defs[name].path, f"values refer through more than "
+                                               f"{limits.VALUE_MAX_CHAIN} other values: {' -> '.join(chain)}")
+            self.too_deep = True
+            self.failed.update(self.stack + [name])
             return False
         self.stack.append(name)
         try:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from engine.checks import FAILING, evaluate
 from engine.functions import OPTIONS
+from engine.output import harvest_problems
 from engine.types import Check, CheckResult, Step, Verdict
 
 
@@ -20,13 +21,91 @@ class Exit(enum.IntEnum):
     PASS = 0
     USAGE = 2  # invalid spec, bad arguments, refused re-check
     PRECONDITION = 3
-    FAILED = 5  # a failed check or a failed leg
+    FAILED = 5  # a failed check or step, or a harvest problem
     INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class JudgedPlan(Protocol):
     steps: Sequence[Step]
     checks: Sequence[Check]
+
+
+# What a run step's record may say without an exit code: it never started, or Ctrl-C stopped it.
+_NO_EXIT_CODE = ("not_run", "skipped", "failed", "interrupted")
+
+
+def run_status(record: Mapping[str, Any], ok_exit_codes: Sequence[Any]) -> str:
+    """A run step's status from what it recorded, not from its stored status string: `ok` only for
+    an exit code in `ok_exit_codes`, no timeout and no start error, so a hand-edited
+    "status": "ok" cannot turn a failed leg into a pass. `interrupted` stays (the verdict is
+    INTERRUPTED); a record without an exit code keeps a status that needs none, else is failed."""
+    stored = record.get("status")
+    if stored == "interrupted":
+        return stored
+    if "rc" not in record:
+        return stored if stored in _NO_EXIT_CODE else "failed"
+    ok = record["rc"] in ok_exit_codes and not record.get("timed_out") and not record.get("error")
+    return "ok" if ok else "failed"
+
+
+def _ok_exit_codes(name: str, plan_steps: Mapping[str, Mapping[str, Any]],
+                   evidence: Mapping[str, Any]) -> Sequence[Any]:
+    """The plan's ok_exit_codes for a step; the run's own definition when the plan lacks it."""
+    step = plan_steps.get(name) or (evidence.get("definitions") or {}).get(name) or {}
+    codes = (step.get("run") or {}).get("ok_exit_codes") if isinstance(step, Mapping) else None
+    return codes if isinstance(codes, list) else [0]
+
+
+def derive_statuses(steps: Iterable[Mapping[str, Any]], evidence: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], list[str]]:
+    """The evidence with every run step's status derived by `run_status`, and every remove or
+    collect step that recorded an error failed (a copy; the input is left as it is), plus one
+    note per step whose stored status said otherwise."""
+    plan_steps = {s["name"]: s for s in steps}
+    doc = dict(evidence)
+    doc["steps"] = dict(evidence.get("steps") or {})
+    notes = []
+    for name, record in doc["steps"].items():
+        if not isinstance(record, Mapping):
+            continue
+        if record.get("kind", "run") != "run":
+            # A remove or collect step has no exit code; its recorded error is what failed it.
+            if record.get("status") == "ok" and record.get("error"):
+                notes.append(f"step {name}: the evidence says status 'ok', but it recorded the error "
+                             f"{str(record['error'])[:200]!r}: counted as failed")
+                doc["steps"][name] = {**record, "status": "failed"}
+            continue
+        codes = _ok_exit_codes(name, plan_steps, evidence)
+        status = run_status(record, codes)
+        if status != record.get("status"):
+            rc = f"rc {record['rc']}" if "rc" in record else "no exit code"
+            notes.append(f"step {name}: the evidence says status {record.get('status')!r}, but it "
+                         f"recorded {rc} (ok_exit_codes {list(codes)}"
+                         f"{', timed out' if record.get('timed_out') else ''}): counted as {status}")
+            doc["steps"][name] = {**record, "status": status}
+    return doc, notes
+
+
+def harvest_rules(steps: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Step name -> its harvest rules (name -> rule), for the run steps of a plan."""
+    return {s["name"]: ((s.get("run") or {}).get("output") or {}).get("harvest") or {}
+            for s in steps if s.get("kind") == "run"}
+
+
+def all_harvest_problems(evidence: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]
+                         ) -> list[dict[str, Any]]:
+    """Every run step's harvest problems (engine/output.py), judged by the plan's CURRENT rules:
+    a spec that opts in later (on_conflict: pick) is honoured by `engine check`."""
+    problems = []
+    for name, record in (evidence.get("steps") or {}).items():
+        if isinstance(record, Mapping) and record.get("kind", "run") == "run":
+            problems += harvest_problems(name, record, rules.get(name) or {})
+    return problems
+
+
+def harvest_name(problem: Mapping[str, Any]) -> str:
+    """`harvest:leg1.run_json`: how a harvest problem is named in `failed`, the table and JUnit."""
+    return f"harvest:{problem['step']}.{problem['harvest']}"
 
 
 def preconditions(steps: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -47,16 +126,23 @@ def _precondition_failure(evidence: Mapping[str, Any],
 
 
 def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
-            preconditions: Mapping[str, str] | None = None) -> Verdict:
+            preconditions: Mapping[str, str] | None = None,
+            harvest: Sequence[Mapping[str, Any]] = ()) -> Verdict:
     """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED, failed names (gate checks
-    that FAIL/NO_DATA/ERROR and ``step:<name>`` for failed run steps), warnings, exit code, seconds.
+    that FAIL/NO_DATA/ERROR, ``step:<name>`` for failed steps of any kind, ``harvest:<step>.<rule>`` for
+    harvest problems no rule opted into), warnings, exit code, seconds; `harvest` lists every
+    harvest problem (failing or opted into) when there is one.
 
     ``preconditions`` maps a step name to its precondition message (from the plan); a step's own
     ``precondition`` field in the evidence is used when the plan is not at hand.
     """
     steps = evidence.get("steps") or {}
-    failed_steps = [f"step:{name}" for name, step in steps.items()
-                    if step.get("kind", "run") == "run" and step.get("status") == "failed"]
+    # Every kind: a wipe that failed leaves leg 2 a warm resume, a collector that failed leaves
+    # state that no check may happen to read; neither may pass quietly.
+    failed_steps = [f"step:{name}" for name, step in steps.items() if step.get("status") == "failed"]
+    # A harvest problem is not a check, but a gate all the same: the value the checks read may
+    # not be what the leg meant.
+    failed_steps += list(dict.fromkeys(harvest_name(p) for p in harvest if p.get("fails")))
     failed_checks = [r["name"] for r in results
                      if r["outcome"] in FAILING and r.get("severity", "gate") != "warn"]
     warnings = [r["name"] for r in results
@@ -70,6 +156,8 @@ def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
                     "seconds": round(float(seconds), 1)}
     if disabled:
         out["disabled"] = disabled
+    if harvest:
+        out["harvest"] = [dict(p) for p in harvest]
     precondition = _precondition_failure(evidence, preconditions or {})
     if evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
         out.update(outcome="INTERRUPTED", exit_code=int(Exit.INTERRUPTED))
@@ -87,7 +175,9 @@ def _result_head(check: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResult], Verdict]:
-    """Every check of `plan` evaluated over `evidence`, and the verdict."""
+    """Every check of `plan` evaluated over `evidence`, and the verdict. Run steps' statuses are
+    derived from their exit codes (`derive_statuses`), for the checks and the verdict alike."""
+    evidence, _ = derive_statuses(plan.steps, evidence)
     blocked = (evidence.get("precondition_failed") or {}).get("step")
     if blocked:
         # Nothing after the precondition ran: every check would read missing data, and twenty
@@ -99,4 +189,5 @@ def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResu
             for check in plan.checks]
     else:
         results = evaluate(list(plan.checks), evidence, OPTIONS)
-    return results, verdict(evidence, results, preconditions(plan.steps))
+    problems = all_harvest_problems(evidence, harvest_rules(plan.steps))
+    return results, verdict(evidence, results, preconditions(plan.steps), problems)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import (CHECKPOINT_FILES, Checkpointer, Pointer, ResumeRefused, config_hash,
-                                prune_local, prune_plan, read_pointer, seal_trainer_state, write_checkpoint_dir)
+from trainer.checkpoint import (CHECKPOINT_FILES, Checkpointer, Pointer, ResumeRefused, prune_local, prune_plan,
+                                read_pointer, seal_trainer_state, write_checkpoint_dir)
 from trainer.lease import LEASE_PATH
+from trainer.runconfig import config_hash
 from trainer.store import LocalStore, MetadataMissing, StoreError, sha256_file
 from trainer.store_url import open_store
 

@@ -214,11 +214,12 @@ def test_verdict_pass():
 def test_verdict_fail_names_gate_checks_and_failed_steps():
     ev = _evidence()
     ev["steps"]["leg2"].update(status="failed", rc=1)
-    ev["steps"]["hub"]["status"] = "failed"  # a collect step is judged by the checks that read it
+    # A failed collect step fails the verdict too, even when no check reads its state.
+    ev["steps"]["hub"]["status"] = "failed"
     v = verdict(ev, _results(("a", "FAIL", "gate"), ("b", "NO_DATA", "gate"), ("c", "ERROR", "gate"),
                              ("w", "FAIL", "warn"), ("ok", "PASS", "gate")))
     assert v["outcome"] == "FAIL" and v["exit_code"] == Exit.FAILED
-    assert v["failed"] == ["step:leg2", "a", "b", "c"]
+    assert v["failed"] == ["step:leg2", "step:hub", "a", "b", "c"]
     assert v["warnings"] == ["w"]
 
 

@@ -242,7 +242,8 @@ def test_replay_fixes_the_tee_prefix_without_rerunning_the_leg(tmp_path):
     assert "no data: steps.leg1.harvest.run_json.final_step is missing" in r.stdout
     write_spec(spec, code=code, output=STRIP)
     r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED  # check does not re-harvest
+    assert r.returncode == Exit.USAGE  # check does not re-harvest: it refuses the run's stale harvest
+    assert "step leg1: output rules changed (output.strip_prefix: null -> " in r.stderr
     r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)
     assert r.returncode == Exit.PASS, r.stdout + r.stderr
     assert last_line(r.stdout).startswith("VERDICT demo PASS []")

@@ -364,10 +364,17 @@ def _leg2_validation_swallowed_an_error(d: dict) -> None:
                                val_error="RuntimeError: shard val-00000.bin is truncated")
 
 
+def _arm_peak_gate(d: dict) -> None:
+    # `engine check` takes values from the spec, re-applying the run's own --set: a run made with
+    # `--set gate_peak=true` is how a saved local run gets the gate armed.
+    d["values"]["gate_peak"] = True
+    d["sources"]["gate_peak"] = "--set"
+
+
 def _soak_peak_over_gate_on_gpu(d: dict) -> None:
     # What a GPU soak reports (gate_peak is true off the local target): 13.7 GB reserved on the
     # worst rank of leg 1, over the 13.6 GB gate.
-    d["values"]["gate_peak"] = True
+    _arm_peak_gate(d)
     run_json(d, "leg1").update(peak_gpu_gb=12.4, peak_gpu_gb_max_rank=12.5,
                                peak_reserved_gb_max_rank=13.7)
 
@@ -383,7 +390,8 @@ def _leg2_collector_stalled_just_at_the_gate(d: dict) -> None:
 
 
 def _killed_by_timeout(d: dict) -> None:
-    d["steps"]["leg1"].update(terminated_by="timeout", timed_out=True, signals_sent=[])
+    # As the runner records it: a timed-out leg is a failed step (the verdict derives it anyway).
+    d["steps"]["leg1"].update(terminated_by="timeout", timed_out=True, signals_sent=[], status="failed")
 
 
 def _killed_by_someone_else(d: dict) -> None:
@@ -767,7 +775,8 @@ def test_tampered_fact_fails_exactly_its_check(stem: str, name: str, index: int,
     assert got.rc == Exit.FAILED
     verdict = got.record["verdict"]
     assert verdict["outcome"] == "FAIL" and verdict["exit_code"] == Exit.FAILED
-    assert sorted(verdict["failed"]) == sorted(expected_fail)
+    failed_steps = {f"step:{n}" for n, s in doc["steps"].items() if s.get("status") == "failed"}
+    assert sorted(verdict["failed"]) == sorted(expected_fail | failed_steps)
     assert f"VERDICT {stem} FAIL" in got.out and name in got.out
 
 
@@ -777,7 +786,7 @@ def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path,
     for peak in (13.6, 12.25):
         bundle = copy_bundle("p4_soak", tmp_path / str(peak))
         doc = read_evidence(bundle)
-        doc["values"]["gate_peak"] = True
+        _arm_peak_gate(doc)
         run_json(doc, "leg1")["peak_reserved_gb_max_rank"] = peak
         write_evidence(bundle, doc)
         got = engine_check("p4_soak", bundle, capsys)
@@ -791,7 +800,7 @@ def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path,
     bundle = copy_bundle("p4_soak", tmp_path)
     doc = read_evidence(bundle)
     assert run_json(doc, "leg1")["peak_reserved_gb_max_rank"] is None
-    doc["values"]["gate_peak"] = True
+    _arm_peak_gate(doc)
     write_evidence(bundle, doc)
     got = engine_check("p4_soak", bundle, capsys)
     result = got.result("peak_memory_during_training_below_gate")
@@ -872,6 +881,8 @@ def _deletions(stem: str) -> list[str]:
     for check in _checks(stem):
         for path in _read_paths(check, "expr") | _read_paths(check, "when"):
             parts = path.split(".")
+            if parts[0] == "values":
+                continue  # `engine check` reads values from the spec, not from the evidence
             out.add(path)
             if parts[0] in ("steps", "state"):
                 out.add(".".join(parts[:2]))

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from trainer.checkpoint import config_changes, config_hash
+from trainer.runconfig import config_changes, config_hash
 from trainer.log import setup_logging
 from trainer.options import ModelOptions, OptionError, env_names
 from trainer_helpers import REPO_ROOT

@@ -47,7 +47,10 @@ def test_harvest_first_last_all() -> None:
     capture = capture_of(run, "M 1", "noise M 9", "M 2", "M 3")
     harvest, errors = capture.harvest_result()
     assert harvest == {"a": 1, "b": 3, "c": [1, 2, 3]}
-    assert errors == []
+    # first/last chose one of three different values: recorded as a conflict naming the lines;
+    # `all` keeps every one of them by design.
+    assert [(e["name"], e["kind"], e["lines"], e["line"]) for e in errors] == [
+        ("a", "conflict", [1, 3, 4], 1), ("b", "conflict", [1, 3, 4], 4)]
 
 
 def test_malformed_marker_line_is_an_error_entry_not_a_crash() -> None:
@@ -67,8 +70,8 @@ def test_missing_marker_leaves_the_value_absent_and_says_missing() -> None:
     capture = capture_of(run, "no marker here")
     harvest, errors = capture.harvest_result()
     assert "run_json" not in harvest
-    assert errors == [{"name": "run_json", "marker": "RUN_JSON ", "line": None, "error": MISSING,
-                       "text": None}]
+    assert errors == [{"name": "run_json", "marker": "RUN_JSON ", "line": None, "kind": "missing",
+                       "error": MISSING, "text": None}]
 
 
 def test_echo_prefixes_print_key_lines_truncated() -> None:
@@ -178,3 +181,44 @@ def test_reharvest_uses_current_rules_on_the_raw_log(tmp_path: Path) -> None:
     assert again["harvest_errors"] == []
     assert again["failure_lines"] == ["Traceback: x"]
     assert again["lines"] == 2
+
+
+def test_match_rule_harvests_named_groups_of_every_matching_line() -> None:
+    """Figures a leg prints only in its progress lines (tokens/s per logged step) become data."""
+    run = {"output": {"strip_prefix": TEE, "harvest": {
+        "progress": {"match": r"^step (?P<step>\d+)/\d+ loss (?P<loss>\S+) tok/s (?P<tok_s>\S+)", "pick": "all"},
+        "first": {"match": r"^step (?P<step>\d+)/", "pick": "first"},
+        "last": {"match": r"^step (?P<step>\d+)/"}}}}
+    capture = capture_of(run, "[default0]:step 1/9 loss 6.25 tok/s 1500", "noise step 2/9",
+                         "[default0]:step 5/9 loss nan tok/s 2.5e3", "[default0]:step 9/9 loss NaN tok/s 7")
+    harvest, errors = capture.harvest_result()
+    # Numbers as numbers; text that is no JSON number (nan, NaN) stays text, for a plot to show as a gap.
+    assert harvest["progress"] == [{"step": 1, "loss": 6.25, "tok_s": 1500},
+                                   {"step": 5, "loss": "nan", "tok_s": 2500.0},
+                                   {"step": 9, "loss": "NaN", "tok_s": 7}]
+    assert harvest["first"] == {"step": 1} and harvest["last"] == {"step": 9}
+    assert errors == []
+
+
+def test_match_rule_that_never_matches_is_a_missing_harvest_error() -> None:
+    run = {"output": {"harvest": {"progress": {"match": r"^step (?P<step>\d+)", "pick": "all"}}}}
+    capture = capture_of(run, "hello", "world")
+    harvest, errors = capture.harvest_result()
+    assert "progress" not in harvest
+    assert errors == [{"name": "progress", "marker": None, "line": None, "kind": "missing", "error": MISSING,
+                       "text": None, "match": r"^step (?P<step>\d+)"}]
+
+
+def test_match_rule_without_a_named_group_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"output.harvest.p.match .* has no named group"):
+        compile_rules({"output": {"harvest": {"p": {"match": r"^step \d+"}}}})
+    with pytest.raises(ValueError, match=r"output.harvest.p.match"):
+        compile_rules({"output": {"harvest": {"p": {"match": "("}}}})
+
+
+def test_replay_harvests_a_match_rule_from_the_raw_log(tmp_path: Path) -> None:
+    log = tmp_path / "leg1.log"
+    capture_of({}, "[default0]:step 1/2 rate 10", "[default0]:step 2/2 rate 12", log=log)
+    step = {"name": "leg1", "run": {"output": {"strip_prefix": TEE, "harvest": {
+        "rates": {"match": r"^step (?P<step>\d+)/\d+ rate (?P<rate>\d+)", "pick": "all"}}}}}
+    assert reharvest(step, log)["harvest"] == {"rates": [{"step": 1, "rate": 10}, {"step": 2, "rate": 12}]}

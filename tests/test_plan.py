@@ -75,7 +75,8 @@ def test_steps_are_resolved_with_defaults_and_locations(spec):
     assert run["argv"][1:2] == ["-c"] and run["argv"][-2:] == ["--steps", "20"]  # list value spliced
     assert run["timeout_s"] == 60 and run["grace_s"] == 30 and run["ok_exit_codes"] == [0]
     assert run["env"] == {"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_sekrit_value"}
-    assert run["output"]["harvest"] == {"run_json": {"marker": "RUN_JSON ", "pick": "last"}}
+    assert run["output"]["harvest"] == {"run_json": {"marker": "RUN_JSON ", "pick": "last",
+                                                     "on_conflict": "fail", "on_malformed": "fail"}}
     assert run["output"]["failure_lines"] == 45 and run["output"]["tail_lines"] == 40
     assert run["signals"] == [{"match": "^CKPT push step=10 ", "signal": "SIGKILL", "after_s": 0}]
     assert run["progress"] == {"match": r"^step (?P<step>\d+)/(?P<total>\d+)", "every_s": 30}

@@ -59,6 +59,7 @@ def test_uninterrupted_run_reports_its_shape(tmp_path_factory):
     assert rj["val_skipped"] is False and rj["val_error"] is None and rj["val_ppl"] > 1
     assert rj["push_steps"] == [2, 4, 6]
     assert rj["peak_gpu_gb_max_rank"] is None and rj["peak_note"] == "cpu: no device memory stats"
+    assert rj["peak_reserved_gb_by_rank"] is None   # a plot shows "no data", never a zero per rank
     assert pointer(base.repo)["terminal"] is True and pointer(base.repo)["path_in_repo"] == "final"
     files = repo_files(base.repo)
     for step in (2, 4, 6):

@@ -132,12 +132,12 @@ def test_remove_deletes_and_refuses_dangerous_paths(tmp_path: Path, monkeypatch)
     (work / "sub" / "f").write_text("x")
     monkeypatch.chdir(work)
     doc, printed = run_plan(tmp_path, [
-        {"name": "wipe", "enabled": True, "remove": ["sub", str(tmp_path / "absent")]},
+        {"name": "wipe", "enabled": True, "remove": ["sub", str(tmp_path / "run" / "absent")]},
         {"name": "wipe_cwd", "enabled": True, "remove": str(work)},
         {"name": "wipe_run", "enabled": True, "remove": str(tmp_path / "run")}])
     assert not (work / "sub").exists()
     assert doc["steps"]["wipe"]["status"] == "ok"
-    assert doc["steps"]["wipe"]["absent"] == [str(tmp_path / "absent")]
+    assert doc["steps"]["wipe"]["absent"] == [str(tmp_path / "run" / "absent")]
     assert doc["steps"]["wipe_cwd"]["status"] == "failed"
     assert "working directory" in doc["steps"]["wipe_cwd"]["error"]
     assert "run directory" in doc["steps"]["wipe_run"]["error"]
@@ -257,12 +257,13 @@ def test_remove_unlinks_a_symlink_to_the_working_directory_without_following_it(
     work = tmp_path / "work"
     work.mkdir()
     (work / "keep").write_text("x")
-    (tmp_path / "link").symlink_to(work)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "link").symlink_to(work)
     monkeypatch.chdir(work)
     doc, _ = run_plan(tmp_path, [{"name": "wipe", "enabled": True,
-                                  "remove": [str(tmp_path / "link")]}])
+                                  "remove": [str(tmp_path / "run" / "link")]}])
     assert doc["steps"]["wipe"]["status"] == "ok"
-    assert not os.path.lexists(tmp_path / "link") and (work / "keep").exists()
+    assert not os.path.lexists(tmp_path / "run" / "link") and (work / "keep").exists()
 
 
 def test_bad_output_rule_fails_the_step_naming_file_and_line(tmp_path: Path) -> None:

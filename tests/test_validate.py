@@ -90,3 +90,16 @@ def test_errors_are_all_returned_in_file_order(tmp_path):
 def test_shipped_specs_validate(spec, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert [str(e) for e in validate(load_spec(spec.relative_to(ROOT)), environ={})] == []
+
+
+def test_harvest_regex_must_compile_and_name_what_it_harvests(tmp_path):
+    def with_harvest(rule):
+        return dict(BASE, steps=[{"name": "leg", "run": {"argv": ["true"], "timeout_s": 10,
+                                                         "output": {"harvest": {"p": rule}}}}])
+    assert messages(tmp_path, with_harvest({"match": r"^step (?P<step>\d+)"})) == []
+    assert messages(tmp_path, with_harvest({"match": r"^step \d+"})) == [
+        r"harvest regex '^step \\d+' has no named group (?P<name>...) to harvest"]
+    assert messages(tmp_path, with_harvest({"match": "("}))[0].startswith("bad regex '(':")
+    from engine.spec import SpecErrors
+    with pytest.raises(SpecErrors, match="a harvest rule needs exactly one of marker, match"):
+        spec_of(tmp_path, with_harvest({"match": "(?P<a>x)", "marker": "M "}))

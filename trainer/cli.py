@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainer.checkpoint import CHANGEABLE_FIELDS, CONFIG_HASH_FIELDS
+from trainer.runconfig import CHANGEABLE_FIELDS, CONFIG_HASH_FIELDS
 from trainer.options import ModelOptions, OptionError
 
 # The model options a resume may change one by one (--allow-config-change numerics.NAME).
@@ -287,9 +287,9 @@ def lr_factor(done: int, *, total: int, warmup: int, lr: float, min_lr: float, s
 def run_config(args: argparse.Namespace, plan: RunPlan, runtime: "Runtime") -> dict[str, Any]:
     """What defines the run, recorded in every checkpoint's trainer_state.json. A resume compares every
     field but the two derived step counts (tokens_per_step, total_steps: functions of the others) through
-    config_hash (trainer.checkpoint.CONFIG_HASH_FIELDS); `numerics` holds the model options that change
+    config_hash (trainer.runconfig.CONFIG_HASH_FIELDS); `numerics` holds the model options that change
     what is computed (trainer/options.py). A change refuses the resume unless --allow-config-change names
-    it (and only the recipe fields may be named: trainer.checkpoint.CHANGEABLE_FIELDS)."""
+    it (and only the recipe fields may be named: trainer.runconfig.CHANGEABLE_FIELDS)."""
     return {"model": args.model, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
             "accum": args.accum, "world_size": plan.world_size, "tokens": args.tokens,
             "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps, "lr": args.lr,

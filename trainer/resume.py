@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import Checkpointer, ResumeRefused, judge_config_change, read_pointer, show_value
+from trainer.checkpoint import Checkpointer, ResumeRefused, read_pointer
+from trainer.runconfig import judge_config_change, show_value
 from trainer.cli import RunPlan
 from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict

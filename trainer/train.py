@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, config_hash, prune_local, write_checkpoint_dir
+from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, prune_local, write_checkpoint_dir
+from trainer.runconfig import config_hash
 from trainer.cli import (Runtime, RunPlan, UsageError, build_parser, checkpoint_steps, choose_runtime,
                          lr_factor, run_config, validate_args)
 from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
@@ -69,8 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              model_max_seq_len=GEOMETRIES[args.model].max_seq_len)
         runtime = choose_runtime(args, os.environ)   # a bad SPECPROBE_* value is a usage error too
     except UsageError as e:
-        if rank == 0:
-            emit(f"python -m trainer.train: error: {e}", sys.stderr)
+        # Every rank says it: torchrun stops the others as soon as the first rank exits, so a message
+        # left to rank 0 alone is lost whenever another rank gets there first.
+        emit(f"python -m trainer.train: error: {e}", sys.stderr)
         return EXIT_USAGE
     trainer = Trainer(args, plan, runtime)
     _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
@@ -454,12 +456,15 @@ class Trainer:
             self.log("peak_stats: alloc_gb=null reserved_gb=null alloc_gb_max_rank=null "
                      "reserved_gb_max_rank=null (cpu: no device memory stats)")
             return {"peak_gpu_gb": None, "peak_gpu_gb_max_rank": None, "peak_reserved_gb_max_rank": None,
-                    "peak_note": "cpu: no device memory stats"}
+                    "peak_reserved_gb_by_rank": None, "peak_note": "cpu: no device memory stats"}
         gib, dev = 2 ** 30, self.dist.device
         mine = [torch.cuda.max_memory_allocated(dev) / gib, torch.cuda.max_memory_reserved(dev) / gib]
         a, r, am, rm = (round(v, 3) for v in (*mine, *self.dist.max_over_ranks(mine)))
+        # Each rank's own peak (index = rank): one rank far above the others is what the plots show.
+        by_rank = self.dist.gather(round(mine[1], 3))
         self.log(f"peak_stats: alloc_gb={a} reserved_gb={r} alloc_gb_max_rank={am} reserved_gb_max_rank={rm}")
-        return {"peak_gpu_gb": a, "peak_gpu_gb_max_rank": am, "peak_reserved_gb_max_rank": rm}
+        return {"peak_gpu_gb": a, "peak_gpu_gb_max_rank": am, "peak_reserved_gb_max_rank": rm,
+                "peak_reserved_gb_by_rank": by_rank}
 
 
 if __name__ == "__main__":

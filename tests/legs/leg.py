@@ -11,6 +11,11 @@
   @stderr:TEXT    print TEXT on stderr
   @raw:HEX        write raw bytes (hex) to stdout
   @forever        sleep until killed
+  @daemon:PATH    double-fork a setsid() daemon (stdio closed) that sleeps 300 s, its pid in PATH
+  @orphan:PATH    run a child that forks a grandchild and exits at once: the grandchild (setsid,
+                  300 s, its pid in PATH) is an orphan in a session of its own before anyone can
+                  see it as ours
+  @line:N:AT:TEXT print one line of N characters: TEXT at offset AT, 'x' around it
 """
 import os
 import signal
@@ -48,12 +53,48 @@ def main(actions: list[str]) -> int:
             sys.stdout.flush()
             sys.stdout.buffer.write(bytes.fromhex(action[5:]))
             sys.stdout.buffer.flush()
+        elif action.startswith("@daemon:"):
+            daemon(action[8:])
+        elif action.startswith("@orphan:"):
+            subprocess.run([sys.executable, __file__, "@fork_and_exit:" + action[8:]], check=True)
+        elif action.startswith("@fork_and_exit:"):
+            if os.fork() == 0:
+                os.setsid()  # out of the group too: only the marker still says whose it is
+                _write_pid_and_sleep(action[15:])
+            os._exit(0)
+        elif action.startswith("@line:"):
+            size, at, text = action[6:].split(":", 2)
+            rest = int(size) - int(at) - len(text)
+            sys.stdout.write("x" * int(at) + text + "x" * rest + "\n")
+            sys.stdout.flush()
         elif action == "@forever":
             while True:
                 time.sleep(1)
         else:
             print(action, flush=True)
     return 0
+
+
+def _write_pid_and_sleep(path: str) -> None:
+    with open(path + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(300)
+    os._exit(0)
+
+
+def daemon(path: str) -> None:
+    """The classic double fork: the daemon is in a session of its own, its parent is gone."""
+    first = os.fork()
+    if first == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            _write_pid_and_sleep(path)
+        os._exit(0)
+    os.waitpid(first, 0)
 
 
 if __name__ == "__main__":
