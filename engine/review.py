@@ -135,7 +135,9 @@ def _failing(spec: Any, doc: Mapping[str, Any], run_dir: str) -> tuple[list[str]
     except Refused as exc:
         lines = str(exc).splitlines()
         steps = [line for line in lines[1:] if line.startswith("step ")]
-        return None, steps or lines[:1], f"refused: {lines[0].split(': ', 1)[-1]}"
+        reason = lines[0].split(": ", 1)[-1].split(" (")[0].split(";")[0].rstrip(".,")
+        names = ", ".join(line.split(":")[0].removeprefix("step ") for line in steps)
+        return None, steps or lines[:1], f"refused by `engine check`: {reason}" + (f" ({names})" if names else "")
     except Exception as exc:  # noqa: BLE001 - a mode or override this side lacks: no re-check
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None, [first], f"not re-checked: {first}"
@@ -266,14 +268,13 @@ def render_review(review: Review, markdown: bool = False) -> str:
     if review.risks:
         out.head("risky changes (approve with --accept-risk)" if not review.accepted
                  else "risky changes (accepted)")
-        for r, specs in grouped(review.risks):
-            modes = f" [mode {', '.join(r.modes)}]" if r.modes else ""
-            at = out.at(r.where)
+        for group in grouped(review.risks):
+            r, where, at = group[0], _places(group, out), out.at(group[0].where)
             if out.md:
-                out.lines.append(f"- **{r.kind}** in {', '.join(code(s) for s in specs)}{modes}: {r.what}{at}")
+                out.lines.append(f"- **{r.kind}** in {where}: {r.what}{at}")
                 out.lines.append(f"  - *why risky*: {r.why}")
             else:
-                out.lines.append(f"  ! {r.kind} in {', '.join(specs)}{modes}: {r.what}{at}")
+                out.lines.append(f"  ! {r.kind} in {where}: {r.what}{at}")
                 out.lines.append(f"      why risky: {r.why}")
     for s in review.specs:
         if s.report is None or s.status == "unchanged":
@@ -291,14 +292,18 @@ def render_review(review: Review, markdown: bool = False) -> str:
     return "\n".join(out.lines).rstrip() + "\n"
 
 
-def grouped(risks: Sequence[Risk]) -> list[tuple[Risk, list[str]]]:
-    """Risks that are one change seen through several specs (a lib fragment they share), listed once
-    with every spec's name."""
-    out: dict[tuple, tuple[Risk, list[str]]] = {}
+def grouped(risks: Sequence[Risk]) -> list[list[Risk]]:
+    """Risks that are one change seen through several specs or modes (a lib fragment they share),
+    together: each group is listed once, with every spec and mode."""
+    out: dict[tuple, list[Risk]] = {}
     for r in risks:
-        key = (r.kind, r.subject, r.what, r.where, tuple(r.modes))
-        out.setdefault(key, (r, []))[1].append(r.spec)
+        out.setdefault((r.kind, r.subject, r.what, r.where), []).append(r)
     return list(out.values())
+
+
+def _places(group: Sequence[Risk], out: Out) -> str:
+    """`specs/a.yaml [mode smoke, soak], specs/b.yaml [mode soak]`."""
+    return ", ".join(out.code(r.spec) + (f" [mode {', '.join(r.modes)}]" if r.modes else "") for r in group)
 
 
 def _cell(text: str) -> str:

@@ -6,6 +6,7 @@ import re
 from typing import Any, Mapping
 
 from engine.checks import MISSING, NOT_EVALUATED
+from engine.diff.saved_run import UPSTREAM
 from engine.diff.model import ABSENT, EXPR_FIELDS, Budget, Change, CheckReview, EvidenceReview, Report
 from engine.diff.strictness import NUMBERS, RUN, SPEC, UNCHANGED, UNKNOWN, Move, Shift, num
 from engine.diff.text import (argv_delta, code, display_field, expr_delta, fmt, prose_delta, scalar_list,
@@ -432,28 +433,31 @@ def _render_evidence(out: Out, ev: EvidenceReview) -> None:
     for r in ev.checks:
         if not r.blockers:
             _render_review(out, r, ev.label)
-    # One reason (a changed leg) voids many checks: said once, with the checks' names after it.
-    groups: dict[tuple[str, ...], list[CheckReview]] = {}
-    for r in ev.checks:
-        if r.blockers:
-            groups.setdefault(tuple(r.blockers), []).append(r)
-    for reasons, reviews in groups.items():
-        if len(reviews) == 1:
-            r = reviews[0]
-            out.item("blocked", f"{_named(out, r)}: this run cannot say how it fares, because")
-        else:
-            names = ", ".join(out.code(r.name) + _GROUP_LABEL[r.status] for r in reviews)
-            out.item("blocked", f"{len(reviews)} checks this run cannot say how they fare ({names}), because")
-        for b in reasons:
+    # One reason (a changed leg) voids many checks: each reason said once, then the checks' names.
+    blocked = [r for r in ev.checks if r.blockers]
+    if len(blocked) == 1:
+        r = blocked[0]
+        out.item("blocked", f"{_named(out, r)}: this run cannot say how it fares, because")
+        for b in r.blockers:
             out.lines.append(f"  - {b}" if out.md else f"        - {b}")
-        for r in reviews:  # which way the bounds of the changed ones moved, all the same
-            s = r.shift
-            if s is not None and s.verdict != UNCHANGED and not s.retarget:
-                label = "with the run's numbers (not its outcome)" if s.basis == NUMBERS else "by the spec's values"
-                out.sub(f"{r.name}, {label}", verdict_phrase(s))
-                for m in s.moves:
-                    if m.direction != UNCHANGED:
-                        out.sub("bound", move_line(m, None, None))
+    elif blocked:
+        names = ", ".join(out.code(r.name) + _GROUP_LABEL[r.status] for r in blocked)
+        out.item("blocked", f"{len(blocked)} checks this run cannot say how they fare ({names}), because")
+        voids: dict[str, int] = {}
+        for r in blocked:
+            for b in dict.fromkeys(b.removesuffix(UPSTREAM) for b in r.blockers):
+                voids[b] = voids.get(b, 0) + 1
+        for b, n in voids.items():
+            share = "" if n == len(blocked) else f" ({n} of them read it or what ran after it)"
+            out.lines.append(f"  - {b}{share}" if out.md else f"        - {b}{share}")
+    for r in blocked:  # which way the bounds of the changed ones moved, all the same
+        s = r.shift
+        if s is not None and s.verdict != UNCHANGED and not s.retarget:
+            label = "with the run's numbers (not its outcome)" if s.basis == NUMBERS else "by the spec's values"
+            out.sub(f"{r.name}, {label}", verdict_phrase(s))
+            for m in s.moves:
+                if m.direction != UNCHANGED:
+                    out.sub("bound", move_line(m, None, None))
 
 
 _GROUP_LABEL = {"added": " (new)", "changed": " (changed)", "moved": " (reads a changed value)",

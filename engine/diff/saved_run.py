@@ -157,6 +157,10 @@ def _ran_values(ev: Mapping[str, Any], plan: Any) -> dict[str, Any]:
     return values
 
 
+# Said after a leg's change when the check reads what ran after that leg, not the leg itself.
+UPSTREAM = ", and it ran before what this check reads"
+
+
 def _touched(changes: list[Change]) -> dict[str, str]:
     """Check -> what happened to it in this mode, for every check whose outcome the change can move."""
     out: dict[str, str] = {}
@@ -213,7 +217,7 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
         # Said once: a changed leg the check reads makes an upstream change beside the point.
         last = max((order.index(s) for s in read_steps if s in order), default=-1)
         direct = [blocking[s] for s in order[:last + 1] if s in blocking and s in read_steps]
-        upstream = [f"{blocking[s]}, and it ran before what this check reads" for s in order[:last + 1]
+        upstream = [f"{blocking[s]}{UPSTREAM}" for s in order[:last + 1]
                     if s in blocking and s not in read_steps and s in changing_kinds]
         gone = [f"leg `{r}` ran before what this check reads and is gone from the new spec"
                 for r, after in states.removed.items() if any(s in after for s in read_steps)]
