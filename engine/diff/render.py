@@ -448,7 +448,8 @@ def _render_evidence(out: Out, ev: EvidenceReview) -> None:
             for b in dict.fromkeys(b.removesuffix(UPSTREAM) for b in r.blockers):
                 voids[b] = voids.get(b, 0) + 1
         for b, n in voids.items():
-            share = "" if n == len(blocked) else f" ({n} of them read it or what ran after it)"
+            verb = "reads" if n == 1 else "read"
+            share = "" if n == len(blocked) else f" ({n} of them {verb} it or what ran after it)"
             out.lines.append(f"  - {b}{share}" if out.md else f"        - {b}{share}")
     for r in blocked:  # which way the bounds of the changed ones moved, all the same
         s = r.shift

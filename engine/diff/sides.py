@@ -2,6 +2,7 @@
 file it extends or includes, at that same revision), validated and planned for every mode."""
 from __future__ import annotations
 
+import functools
 import posixpath
 import subprocess
 from pathlib import Path
@@ -35,18 +36,29 @@ def repo_root(start: Path) -> Path:
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when the wheel has it
 
 
-def references(text: bytes) -> list[str]:
-    """The paths a spec file extends/includes, as written; [] when it does not parse (load_spec says why)."""
+@functools.lru_cache(maxsize=256)
+def references(text: bytes) -> tuple[str, ...]:
+    """The paths a spec file extends/includes, as written; () when it does not parse (load_spec says
+    why). Read from the composed nodes of its top mapping: nothing else of the file is built."""
     try:
-        doc = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
-    except yaml.YAMLError:
-        return []
-    if not isinstance(doc, dict):
-        return []
-    refs = [doc["extends"]] if isinstance(doc.get("extends"), str) else []
-    refs += [i for i in doc.get("include") or [] if isinstance(i, str)] \
-        if isinstance(doc.get("include"), list) else []
-    return refs
+        node = yaml.compose(text, Loader=_LOADER)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return ()
+    if not isinstance(node, yaml.MappingNode):
+        return ()
+    refs: list[str] = []
+    for key, value in node.value:
+        if not _is_str(key):
+            continue
+        if key.value == "extends" and _is_str(value):
+            refs.append(value.value)
+        elif key.value == "include" and isinstance(value, yaml.SequenceNode):
+            refs += [item.value for item in value.value if _is_str(item)]
+    return tuple(refs)
+
+
+def _is_str(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:str"
 
 
 class Revision:
