@@ -166,7 +166,10 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         out.status, out.errors = "invalid", [str(exc)]
         return out
     saved.at_base, saved.renewed = at_base is not None, renewed
-    if now is not None and right.spec is not None:
+    if now is not None and right.spec is None:
+        saved.mode = str(now.get("mode"))
+        out.recheck = "not re-checked: the spec is deleted"
+    elif now is not None:
         saved.mode = str(now.get("mode"))
         report.evidence = review_evidence(report, left, right, rel_dir, now)
         saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)

@@ -156,6 +156,7 @@ def test_each_risky_class_exits_1_names_the_change_and_why_and_accept_risk_exits
     risky_lines = [line for line in text.splitlines() if line.startswith("  ! ")]
     line = next((x for x in risky_lines if x.startswith(f"  ! {kind} in ")), None)
     assert line is not None, f"no `{kind}` risk in:\n{text}"
+    assert len(risky_lines) == 1, f"one change, one risk:\n{text}"
     assert phrase in line, line
     assert f"      why risky: {WHY_RISKY[kind]}" in text
     assert text.splitlines()[1].startswith("RISKY: ")

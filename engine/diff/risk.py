@@ -44,6 +44,9 @@ class Risk:
     what: str  # the change in a line, with its numbers
     where: str = ""  # file:line it comes from
     modes: list[str] = dc_field(default_factory=list)
+    # How well `what` is known, when one change is seen in several modes: 0 on a saved run, 1 with a
+    # saved run's numbers, 2 from the spec's values alone. The best-known one is said.
+    rank: int = 2
 
     @property
     def why(self) -> str:
@@ -99,10 +102,11 @@ def _shift_risks(mode: str, shifts: Mapping[str, Shift], gates: set[str], where:
                   SPEC: " by the spec's values"}[s.basis]
             numbers = "; ".join(_move_text(m, s) for m in s.moves) or s.why
             out.append(Risk("gate loosened", spec, name, f"gate {code(name)} loosened{on}: {numbers}",
-                            where.get(name, ""), [mode]))
+                            where.get(name, ""), [mode], rank=[RUN, NUMBERS, SPEC].index(s.basis)))
         elif s.verdict == UNKNOWN and not s.retarget:
             out.append(Risk("gate rewritten", spec, name, f"gate {code(name)} changed and it cannot be told "
-                            f"whether it asks less: {s.why}", where.get(name, ""), [mode]))
+                            f"whether it asks less: {s.why}", where.get(name, ""), [mode],
+                            rank=[RUN, NUMBERS, SPEC].index(s.basis)))
     return out
 
 
@@ -128,7 +132,8 @@ def _step_risks(mode: str, changes: Iterable[Change], spec: str) -> tuple[list[R
                 out.append(Risk("exit codes widened", spec, c.subject,
                                 f"leg {code(c.subject)} ok_exit_codes {fmt(sorted(old))} -> {fmt(sorted(new))}",
                                 c.where, [mode]))
-        if not (c.op == "changed" and c.field in _TIME_FIELDS):
+        # What a leg does, not how long it may take (the budget's) or which exits pass (said above).
+        if not (c.op == "changed" and c.field in (*_TIME_FIELDS, "run.ok_exit_codes")):
             legs.append(c)
     return out, legs
 
@@ -212,9 +217,10 @@ def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedR
     if saved.mode is None:
         because = f"no saved run under {saved.label}/"
     elif saved.refused:
-        steps = [line.split(":")[0].removeprefix("step ") for line in saved.refused]
+        steps = [line.split(":")[0].removeprefix("step ") for line in saved.refused if line.startswith("step ")]
         because = f"{saved.label} is a run of other legs ({', '.join(code(s) for s in steps)} differ: " \
-                  f"`engine check` refuses it)"
+                  f"`engine check` refuses it)" if steps else \
+            f"`engine check` refuses {saved.label}: {saved.refused[0]}"
     elif not saved.renewed:
         because = f"{saved.label} was not renewed in this change"
     else:
@@ -239,12 +245,17 @@ def _saved_run_risks(spec: str, saved: SavedRun) -> list[Risk]:
 
 
 def merge_modes(risks: list[Risk]) -> list[Risk]:
-    """The same risk in several modes, listed once with its modes."""
+    """The same risk in several modes (one change, seen per mode), listed once with its modes and
+    said the best-known way (a saved run's numbers over the spec's values)."""
     out: dict[tuple, Risk] = {}
     for r in risks:
-        key = (r.kind, r.spec, r.subject, r.what, r.where)
-        if key in out:
-            out[key].modes = sorted(set(out[key].modes) | set(r.modes))
-        else:
-            out[key] = Risk(r.kind, r.spec, r.subject, r.what, r.where, list(r.modes))
+        key = (r.kind, r.spec, r.subject, r.where) if r.kind in ("gate loosened", "gate rewritten") else \
+            (r.kind, r.spec, r.subject, r.what, r.where)
+        if key not in out:
+            out[key] = Risk(r.kind, r.spec, r.subject, r.what, r.where, list(r.modes), r.rank)
+            continue
+        kept = out[key]
+        kept.modes = sorted(set(kept.modes) | set(r.modes))
+        if r.rank < kept.rank:
+            kept.what, kept.rank = r.what, r.rank
     return list(out.values())
