@@ -16,6 +16,7 @@ Prints one table row per measurement (best and median wall seconds of --repeat r
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import statistics
 import subprocess
@@ -76,6 +77,21 @@ def timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[float, float, in
     return min(times), statistics.median(times), rc
 
 
+def cpu_timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[tuple[float, float, int], tuple[float, float, int]]:
+    """`timed`'s (best, median, rc) of wall seconds, and the same of CPU seconds (user + system of the
+    command): on a machine shared with other work the CPU figure is the steadier one."""
+    walls, cpus, rc = [], [], 0
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        rc = proc.returncode
+    return (min(walls), statistics.median(walls), rc), (min(cpus), statistics.median(cpus), rc)
+
+
 def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
         work = Path(tmp)
@@ -128,8 +144,8 @@ def _git(cwd: Path, *args: str) -> None:
 
 
 def review_rows(base: str, repeat: int) -> list[tuple[str, float, float, int]]:
-    rows = [(f"engine review --base {base} (this repository)",
-             *timed(engine_argv() + ["review", "--base", base], ROOT, repeat))]
+    wall, cpu = cpu_timed(engine_argv() + ["review", "--base", base], ROOT, repeat)
+    rows = [(f"engine review --base {base} (this repository)", *wall), ("  its CPU seconds", *cpu)]
     with tempfile.TemporaryDirectory(prefix="engine-bench-review-") as tmp:
         work = Path(tmp)
         for part in ("specs", "evidence"):
@@ -142,8 +158,8 @@ def review_rows(base: str, repeat: int) -> list[tuple[str, float, float, int]]:
             for e in edits:
                 text = e(text) if callable(e) else text.replace(*e)
             (work / name).write_text(text)
-        rows.append(("engine review --base main (a copy, the README's risky change)",
-                     *timed(engine_argv() + ["review", "--base", "main"], work, repeat)))
+        wall, cpu = cpu_timed(engine_argv() + ["review", "--base", "main"], work, repeat)
+        rows += [("engine review --base main (a copy, the README's risky change)", *wall), ("  its CPU seconds", *cpu)]
     return rows
 
 

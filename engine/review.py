@@ -173,7 +173,8 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         saved.mode = str(now.get("mode"))
         report.evidence = review_evidence(report, left, right, rel_dir, now)
         saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
-        if at_base is not None and left.spec is not None:
+        # Only what fails now can be newly failing: the base's re-check answers that alone.
+        if saved.failing and at_base is not None and left.spec is not None:
             same = at_base is now and left.spec is right.spec  # nothing to re-check twice
             saved.failing_at_base = saved.failing if same else _failing(left.spec, at_base, rel_dir)[0]
     elif now is None:

@@ -208,6 +208,18 @@ def test_each_safe_class_exits_0(repo: Path, case: str) -> None:
     assert (status == "unchanged") == (case == "reformat_the_yaml"), text
 
 
+def test_a_gate_the_saved_run_failed_already_at_the_base_is_no_new_risk(repo: Path) -> None:
+    git(repo, "checkout", "-q", "main")
+    RISKY["saved_run_fails_the_new_spec"][2](repo)
+    commit(repo, "a gate the saved run fails, on main")
+    git(repo, "checkout", "-q", "-B", "pr")
+    SAFE["reword_a_why"](repo)
+    commit(repo, "reword")
+    rc, text, _ = review()
+    assert rc == EXIT_SAFE, text
+    assert "saved run: FAIL (5/6 gates pass)" in text
+
+
 def test_a_tightened_threshold_is_classified_with_its_numbers(repo: Path) -> None:
     SAFE["tighten_a_value_threshold"](repo)
     commit(repo, "tighten")
