@@ -177,8 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append((f"engine validate {spec}", *timed(engine_argv() + ["validate", spec], ROOT, args.repeat)))
     if args.check:
         spec, run_dir = args.check
-        rows.append((f"engine check {spec}",
-                     *timed(engine_argv() + ["check", spec, "--evidence", run_dir], ROOT, args.repeat)))
+        with tempfile.TemporaryDirectory(prefix="engine-bench-check-") as tmp:
+            # A copy: every `engine check` leaves a check-<stamp>.json record beside the evidence.
+            copy = Path(tmp) / Path(run_dir).name
+            shutil.copytree(ROOT / run_dir, copy)
+            rows.append((f"engine check {spec}",
+                         *timed(engine_argv() + ["check", spec, "--evidence", str(copy)], ROOT, args.repeat)))
     if args.review:
         rows.extend(review_rows(args.review, args.repeat))
     if args.lines > 0:

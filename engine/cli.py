@@ -322,7 +322,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("new", nargs="?", metavar="NEW", help="the new spec (not with --base)")
     p.add_argument("--base", metavar="REV",
                    help="compare the spec (and what it extends/includes) at this git revision")
-    p.add_argument("--evidence", metavar="RUN_DIR", help="evaluate added/changed checks against this saved run")
+    p.add_argument("--evidence", metavar="RUN_DIR", help="judge every check the change touches on this saved run, old and new, with their numbers")
     p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--mode", help="only this mode (default: every mode of either side)")
 
