@@ -111,7 +111,7 @@ def hub_smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubSmoke]:
 
 def test_p4_smoke_passes_over_http(hub_smoke: HubSmoke) -> None:
     run, server = hub_smoke.run, hub_smoke.server
-    assert_every_check_passed(run, "p4_smoke", min_checks=20)
+    assert_every_check_passed(run, "p4_smoke", min_checks=27)
     ev = run.evidence
     assert ev["values"]["repo"] == f"hf://{hub_smoke.ckpt_id}" and ev["sources"]["repo"] == "--set"
     assert ev["values"]["mix_repo"] == f"hf://{hub_smoke.mix_id}"

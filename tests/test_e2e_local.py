@@ -189,7 +189,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path) -> None:
     run = run_engine(workdir, "specs/p4_smoke.yaml")
-    assert_every_check_passed(run, "p4_smoke", min_checks=20)
+    assert_every_check_passed(run, "p4_smoke", min_checks=27)
     ev = run.evidence
     # Everything this run wrote is under the scratch dir, nothing in the checkout.
     assert run.run_dir.parent == workdir / "runs" and run.run_dir.name.startswith("p4_smoke-smoke-")
@@ -238,7 +238,7 @@ def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path) -> None:
 def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) -> None:
     run = run_engine(workdir, "specs/p4_preempt.yaml", watch=True,
                      probes={"leg1_training": r"KEY> CKPT save step=10 "})
-    assert_every_check_passed(run, "p4_preempt", min_checks=16)
+    assert_every_check_passed(run, "p4_preempt", min_checks=19)
     ev = run.evidence
     run_dir = str(run.run_dir)
 
