@@ -13,14 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence, TextIO
 
 from engine import evidence as evmod
 from engine.diff.command import load_at_base
 from engine.diff.compare import compare
-from engine.diff.model import DiffError, Report, Side
+from engine.diff.model import DiffError, Report
 from engine.diff.render import Out, lines_of, summary
 from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
 from engine.diff.saved_run import review_evidence

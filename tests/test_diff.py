@@ -13,11 +13,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from engine import diff
 from engine.cli import main as engine_main

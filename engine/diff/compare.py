@@ -7,8 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jmespath
 
-from engine.diff.model import (ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff,
-                               Report, Side)
+from engine.diff.model import ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff, Report, Side
 from engine.diff.strictness import Shift, reads, shift
 from engine.diff.text import argv_delta, scalar_list, words
 from engine.recheck import flatten

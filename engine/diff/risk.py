@@ -10,7 +10,8 @@ safe. The classification is pure: the facts about the saved run come in as `Save
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Iterable, Mapping
 
 from engine.diff.model import ABSENT, Change, Report

@@ -4,7 +4,8 @@ changed leg means the run cannot answer."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Mapping
 
 from engine import functions
@@ -15,7 +16,6 @@ from engine.diff.strictness import reads, shift
 from engine.diff.text import argv_delta, display_field, fmt
 from engine.plan import step_definition
 from engine.recheck import replan
-from engine.types import CheckResult
 from engine.values import PER_RUN_BUILTINS
 
 # Fields of a step that only bound how long it may take: a run that finished within both the old and
