@@ -98,6 +98,11 @@ def _remove_check(repo: Path, name: str) -> None:
     f.write_text(CHECK_BLOCK.sub(lambda m: "" if m.group(1) == name else m.group(0), f.read_text()))
 
 
+def _other_specs_run(repo: Path) -> None:
+    doc = repo / "evidence" / "probe" / "evidence.json"
+    doc.write_text(doc.read_text().replace('"name": "probe"', '"name": "another_probe"', 1))
+
+
 RISKY: dict[str, tuple[str, str, Callable[[Path], None]]] = {
     # case: (risk kind, a phrase its line must hold, the change)
     "gate_removed": ("gate removed", "gate `leg2_exit_clean` removed (it checked: Leg 2 exits 0.)",
@@ -143,6 +148,10 @@ RISKY: dict[str, tuple[str, str, Callable[[Path], None]]] = {
     "mode_removed": ("gate removed", "mode `soak` removed", lambda r: edit(r, PROBE, "  soak: {stop1: 20}\n", "")),
     "evidence_removed": ("evidence removed", "evidence/probe removed",
                          lambda r: shutil.rmtree(r / "evidence")),
+    # A bundle committed for the spec that is another spec's run: nothing re-checks the probe any more.
+    "saved_run_of_another_spec": (
+        "saved run refused", "evidence/probe (renewed in this change) is refused by `engine check`: refusing",
+        lambda r: _other_specs_run(r)),
 }
 
 

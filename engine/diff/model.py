@@ -4,15 +4,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.plan import Plan
 from engine.spec import Spec
 from engine.types import CheckResult
 from engine.values import BUILTINS, PER_RUN_BUILTINS
-
-if TYPE_CHECKING:
-    from engine.diff.strictness import Shift
 
 
 class DiffError(Exception):
@@ -85,9 +82,10 @@ class ModeDiff:
     status: str  # both | added | removed
     changes: list[Change] = dc_field(default_factory=list)
     budget: Budget | None = None  # when the worst case or the budget moved
-    # check -> what it asks of a run, old against new, from the spec's own values in this mode: every
-    # check whose expr/when/let changed or that reads a value that changed (engine/diff/strictness.py)
-    shifts: dict[str, Shift] = dc_field(default_factory=dict)
+    # check -> its strictness.Shift (what it asks of a run, old against new, from the spec's own values
+    # in this mode): every check whose expr/when/let changed or that reads a value that changed. Typed
+    # Any: strictness reads this module, not the other way round.
+    shifts: dict[str, Any] = dc_field(default_factory=dict)
 
 
 @dataclass
@@ -99,7 +97,7 @@ class CheckReview:
     blockers: list[str] = dc_field(default_factory=list)  # why the saved run cannot answer
     old: CheckResult | None = None  # result of the old definition on the run (with the old values)
     new: CheckResult | None = None  # ... of the new one (with the new values)
-    shift: Shift | None = None  # old -> new on the run (or, blocked, from the spec's values)
+    shift: Any = None  # its strictness.Shift: old -> new on the run (or from the spec's values)
     where: str = ""  # file:line of the check (the old side's when removed)
     why: str = ""  # a removed or disabled check's reason for being
 

@@ -5,7 +5,7 @@ A change is risky when it can turn a failing run into a passing one without anyo
 removed, disabled, demoted to a warning or given a new `when:`; a gate whose bound moved the lenient
 way (or moved so that neither the spec nor the saved run can tell which way); legs changed with no
 real run showing the new legs pass; a larger time budget; wider accepted exit codes; a saved run that
-now fails. Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is
+now fails, that was removed, or that the re-check refuses. Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is
 safe. The classification is pure: the facts about the saved run come in as `SavedRun`.
 """
 from __future__ import annotations
@@ -32,6 +32,8 @@ WHY_RISKY: dict[str, str] = {
     "saved run fails": "the last real run fails the new spec: merged, the next run is expected to fail "
                        "too, or the saved evidence no longer stands for the spec",
     "evidence removed": "without a saved run, nothing re-checks the spec's gates on real data",
+    "saved run refused": "a saved run that `engine check` refuses re-checks nothing: the spec's gates are "
+                         "not seen on real data",
 }
 # Step fields that only bound how long a leg may take (the budget answers for those).
 _TIME_FIELDS = ("run.timeout_s", "run.grace_s")
@@ -196,6 +198,9 @@ def assess(report: Report, spec: str, saved: SavedRun, gates_by_mode: Mapping[st
                               _budget_where(report), [md.mode]))
     if leg_changes:
         risks += _leg_risks(leg_changes, spec, saved)
+    elif saved.renewed and saved.refused:  # a new bundle committed that does not describe this spec
+        risks.append(Risk("saved run refused", spec, saved.label, f"{saved.label} (renewed in this change) is "
+                          f"refused by `engine check`: {saved.refused[0]}", "", [saved.mode] if saved.mode else []))
     risks += _saved_run_risks(spec, saved)
     return merge_modes(risks)
 
