@@ -163,6 +163,12 @@ def test_a_storm_of_ctrl_c_still_writes_the_evidence_and_exits_130(tmp_path: Pat
             break
         proc.send_signal(signal.SIGINT)
         time.sleep(gap_s)
+    # The kernel keeps one pending SIGINT per process: a storm sent while the engine is not scheduled
+    # (a loaded machine) arrives as ONE Ctrl-C, which waits out the leg's grace. Press again, as a person would.
+    deadline = time.monotonic() + 20
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.25)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == Exit.INTERRUPTED, out + err
     assert time.monotonic() - started < 30  # not the 60 s grace
