@@ -3,16 +3,21 @@
     python bench/engine_bench.py                                   # validate the default specs + stream overhead
     python bench/engine_bench.py --specs specs/p4_smoke.yaml --check specs/p4_smoke.yaml runs/p4_smoke-smoke-X
     python bench/engine_bench.py --lines 200000 --repeat 5
+    python bench/engine_bench.py --specs --lines 0 --review HEAD    # only the `engine review` rows
 
 Prints one table row per measurement (best and median wall seconds of --repeat runs):
   * `engine validate SPEC` for each spec;
   * `engine check SPEC --evidence RUN_DIR` for a saved run (with --check);
+  * `engine review --base REV` on this repository, and on a copy of its specs and saved runs whose
+    working tree loosens two gates, drops one and changes a leg (every spec loaded on both sides);
   * a leg printing N lines through `engine run` vs the same command piped to /dev/null; the
     difference is what streaming, scanning and logging every line costs.
 """
 from __future__ import annotations
 
 import argparse
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,6 +77,21 @@ def timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[float, float, in
     return min(times), statistics.median(times), rc
 
 
+def cpu_timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[tuple[float, float, int], tuple[float, float, int]]:
+    """`timed`'s (best, median, rc) of wall seconds, and the same of CPU seconds (user + system of the
+    command): on a machine shared with other work the CPU figure is the steadier one."""
+    walls, cpus, rc = [], [], 0
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        rc = proc.returncode
+    return (min(walls), statistics.median(walls), rc), (min(cpus), statistics.median(cpus), rc)
+
+
 def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
         work = Path(tmp)
@@ -106,11 +126,49 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
              100 * (through[1] - fixed_cost[1] - piped[1]) / piped[1], through[2])]
 
 
+def _drop_last_check(text: str) -> str:
+    return text[:text.rindex("\n  - name: ")] + "\n"
+
+
+# The README's risky change ("Reviewing a spec change"): two gates loosened, one dropped, a leg's argv
+# changed. File -> edits, each (old, new) text or a function of the text.
+RISKY_CHANGE = {
+    "specs/p4_soak.yaml": [("  gc_stall_max_s: 0.1\n", "  gc_stall_max_s: 0.5\n  log_every: 1\n"), _drop_last_check],
+    "specs/lib/p4_segment.yaml": [("mul(let.last1, `0.25`)", "mul(let.last1, `0.5`)")],
+}
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
+def review_rows(base: str, repeat: int) -> list[tuple[str, float, float, int]]:
+    wall, cpu = cpu_timed(engine_argv() + ["review", "--base", base], ROOT, repeat)
+    rows = [(f"engine review --base {base} (this repository)", *wall), ("  its CPU seconds", *cpu)]
+    with tempfile.TemporaryDirectory(prefix="engine-bench-review-") as tmp:
+        work = Path(tmp)
+        for part in ("specs", "evidence"):
+            shutil.copytree(ROOT / part, work / part)
+        _git(work, "init", "-q", "-b", "main")
+        _git(work, "add", "-A")
+        _git(work, "commit", "-q", "-m", "base")
+        for name, edits in RISKY_CHANGE.items():
+            text = (work / name).read_text()
+            for e in edits:
+                text = e(text) if callable(e) else text.replace(*e)
+            (work / name).write_text(text)
+        wall, cpu = cpu_timed(engine_argv() + ["review", "--base", "main"], work, repeat)
+        rows += [("engine review --base main (a copy, the README's risky change)", *wall), ("  its CPU seconds", *cpu)]
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--specs", nargs="*", default=list(DEFAULT_SPECS), help="specs to validate")
     parser.add_argument("--check", nargs=2, metavar=("SPEC", "RUN_DIR"), help="time engine check on a saved run")
     parser.add_argument("--lines", type=int, default=1_000_000, help="lines the streaming leg prints")
+    parser.add_argument("--review", metavar="REV", help="time engine review --base REV (and on a risky copy)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
 
@@ -119,8 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append((f"engine validate {spec}", *timed(engine_argv() + ["validate", spec], ROOT, args.repeat)))
     if args.check:
         spec, run_dir = args.check
-        rows.append((f"engine check {spec}",
-                     *timed(engine_argv() + ["check", spec, "--evidence", run_dir], ROOT, args.repeat)))
+        with tempfile.TemporaryDirectory(prefix="engine-bench-check-") as tmp:
+            # A copy: every `engine check` leaves a check-<stamp>.json record beside the evidence.
+            copy = Path(tmp) / Path(run_dir).name
+            shutil.copytree(ROOT / run_dir, copy)
+            rows.append((f"engine check {spec}",
+                         *timed(engine_argv() + ["check", spec, "--evidence", str(copy)], ROOT, args.repeat)))
+    if args.review:
+        rows.extend(review_rows(args.review, args.repeat))
     if args.lines > 0:
         rows.extend(stream_rows(args.lines, args.repeat))
 

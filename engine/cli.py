@@ -10,6 +10,7 @@ Usage (results go to stdout, diagnostics to stderr):
     engine replay specs/p4_smoke.yaml --evidence runs/try1 --html out/report.html
     engine schema > spec.schema.json
     engine diff specs/p4_soak.yaml --base origin/main --evidence runs/try1 --markdown -
+    engine review --base origin/main --markdown review.md
     engine --version
 
 `run` loads and validates the spec, resolves it for one mode (--mode, else the spec's mode_env
@@ -29,15 +30,16 @@ longer describe the spec. `replay` additionally re-harvests every run step from 
 the spec's current output rules (prefix strip, markers), so a fixed harvest rule can be
 verified without re-running a leg; output-rule changes are allowed there, nothing else.
 
-`--markdown FILE` (run, check, replay, diff) also writes the report as Markdown to FILE, for a PR
+`--markdown FILE` (run, check, replay, diff, review) also writes the report as Markdown to FILE, for a PR
 comment or a job summary; `--markdown -` prints the Markdown on stdout instead of the text report.
 It draws the spec's plots as Mermaid charts. `--html FILE` (run, check, replay) writes one
 self-contained page: the verdict, the failure trees, the plots as SVG, the checks and the steps (no
 script, nothing fetched); `--html -` prints it instead of the text report.
 
 Exit codes: 0 pass, 5 a failed check or step, 2 invalid spec or usage, 3 a precondition
-failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid). A closed
-stdout changes no exit code: the output is dropped and the VERDICT line goes to stderr.
+failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid; `engine review`:
+0 nothing risky or accepted, 1 risky changes need approval, 2 invalid). A closed stdout changes no
+exit code: the output is dropped and the VERDICT line goes to stderr.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) 
     " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or step," \
     " or a harvest problem)"
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
+REVIEW_EPILOG = "exit codes: 0 nothing risky (or --accept-risk), 1 risky changes need approval, " \
+    "2 invalid spec or evidence on either side, or usage"
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
 HTML_HELP = "also write a self-contained HTML report (plots as SVG) to FILE; `-` prints it instead of the text report"
 
@@ -248,6 +252,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return diff_main(args)
 
 
+def cmd_review(args: argparse.Namespace) -> int:
+    from engine.review import review_main
+    return review_main(args)
+
+
 # ---------------------------------------------------------------- argparse
 
 class _VersionAction(argparse.Action):
@@ -313,9 +322,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("new", nargs="?", metavar="NEW", help="the new spec (not with --base)")
     p.add_argument("--base", metavar="REV",
                    help="compare the spec (and what it extends/includes) at this git revision")
-    p.add_argument("--evidence", metavar="RUN_DIR", help="evaluate added/changed checks against this saved run")
+    p.add_argument("--evidence", metavar="RUN_DIR", help="judge every check the change touches on this saved run, old and new, with their numbers")
     p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--mode", help="only this mode (default: every mode of either side)")
+
+    p = command("review", "review a change of the specs against a git revision: diff, saved-run re-check "
+                "and which changes are risky", cmd_review, REVIEW_EPILOG)
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="only these specs (default: every spec under --specs)")
+    p.add_argument("--base", required=True, metavar="REV", help="the git revision the change is reviewed against")
+    p.add_argument("--accept-risk", action="store_true", help="risky changes are approved: exit 0")
+    p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
+    p.add_argument("--spec-dir", default="specs", metavar="DIR",
+                   help="where the specs live (default specs; files others extend or include are fragments)")
+    p.add_argument("--evidence-dir", default="evidence", metavar="DIR",
+                   help="saved runs, one <spec stem>/ each (default evidence)")
     return parser
 
 

@@ -270,13 +270,26 @@ def _resolved_step_validator() -> Any:
 
 def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str) -> list[SpecError]:
     """After substitution, fields must have their real types (e.g. timeout_s a number, not "abc")."""
-    sub = _resolved_step_validator()
-    errors = []
-    for raw in sub.iter_errors({k: v for k, v in step.items() if k in ("name", "when", "description", step_kind(step))}):
-        e = best_error(raw)
-        path = ("steps", index) + tuple(e.absolute_path)
-        errors.append(spec.error(path, f"in mode {mode!r} after substitution: {e.message}"))
-    return errors
+    part = {k: v for k, v in step.items() if k in ("name", "when", "description", step_kind(step))}
+    try:
+        problems = _cached_step_problems(json.dumps(part))
+    except TypeError:  # a value JSON cannot hold (a YAML date): checked as it is
+        problems = _step_problems(part)
+    return [spec.error(("steps", index) + path, f"in mode {mode!r} after substitution: {message}")
+            for path, message in problems]
+
+
+def _step_problems(step: Any) -> tuple[tuple[tuple, str], ...]:
+    """(path, message) of each schema problem of one resolved step."""
+    return tuple((tuple(e.absolute_path), e.message)
+                 for e in map(best_error, _resolved_step_validator().iter_errors(step)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_step_problems(step_json: str) -> tuple[tuple[tuple, str], ...]:
+    # By the step's JSON: a diff or a review plans the same steps for both sides and every mode, and
+    # the schema walk is most of what a plan costs.
+    return _step_problems(json.loads(step_json))
 
 
 def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]) -> tuple[bool, SpecError | None]:

@@ -275,11 +275,12 @@ def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
 
 
 def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool, spec_label: str,
-            note: Callable[[str], None] = lambda text: None) -> Recheck:
+            note: Callable[[str], None] = lambda text: None, store: bool = True) -> Recheck:
     """Judge a saved run with the spec's CURRENT checks (and, for a replay, its current output
-    rules), and store the results beside the evidence. Refused when a step changed since the run;
-    SpecErrors/UsageError when the spec cannot be planned as the run was. `note` hears what does
-    not stop the re-check (a secret-only difference, a missing raw log, an unwritable run dir)."""
+    rules), and store the results beside the evidence (`store=False`: only judge, as `engine
+    review` does in a checkout). Refused when a step changed since the run; SpecErrors/UsageError
+    when the spec cannot be planned as the run was. `note` hears what does not stop the re-check (a
+    secret-only difference, a missing raw log, an unwritable run dir)."""
     mismatch = spec_mismatch(spec, saved, spec_label, run_dir)
     if mismatch:
         raise Refused(mismatch)
@@ -325,6 +326,8 @@ def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool
         record["status_corrected"] = corrected
     if replay:
         record["steps"] = doc.get("steps")
+    if not store:
+        return Recheck(doc, results, verdict)
     try:
         write_record(run_dir, kind, record)
     except OSError as exc:  # a read-only run dir must not cost the answer

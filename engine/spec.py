@@ -204,10 +204,16 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return "YAML: " + str(e).splitlines()[0]
 
 
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def parse_yaml(text: str, file: str) -> Any:
     """Parse one YAML document into located containers; raise SpecErrors on syntax errors."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:  # libyaml's parser when the wheel has it (several times faster); errors in PyYAML's words
+            node = yaml.compose(text, Loader=_FAST_LOADER)
+        except yaml.YAMLError:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         m = e.problem_mark or e.context_mark
         line, col = (m.line + 1, m.column + 1) if m else (1, 1)

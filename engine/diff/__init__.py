@@ -2,7 +2,7 @@
 
     engine diff OLD.yaml NEW.yaml                     two files
     engine diff specs/p4_soak.yaml --base origin/main the spec at a git revision vs the working tree
-    engine diff ... --evidence runs/p4_soak-soak-X    added/changed checks evaluated on a saved run
+    engine diff ... --evidence runs/p4_soak-soak-X    every touched check judged old and new on a saved run
     engine diff ... --markdown -                      Markdown for a PR comment / job summary
 
 Both sides are loaded, merged (extends/include at their own revision), validated and resolved into
@@ -12,8 +12,10 @@ compared field by field: JMESPath is compared by syntax tree and prose by words,
 or reformatting YAML gives an empty diff.
 
 The package, in the order the data flows: `model` (what a diff is made of), `sides` (loading both
-sides, with git), `compare`, `review` (a saved run against the change), `render` (text and
-Markdown), `command` (`engine diff` itself); `text` phrases values for all of them.
+sides, with git), `compare`, `strictness` (which way a changed check moved), `saved_run` (a saved run
+against the change: each touched check old and new, with its numbers), `risk` (what `engine review`
+asks approval for), `render` (text and Markdown), `command` (`engine diff` itself); `text` phrases
+values for all of them.
 
 Exit codes: 0 no semantic change, 1 a semantic change, 2 an invalid spec on either side or bad usage.
 """
@@ -21,7 +23,7 @@ from engine.diff.command import EXIT_CHANGED, EXIT_INVALID, EXIT_SAME, build_rep
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import render, summary
-from engine.diff.review import review_evidence
+from engine.diff.saved_run import review_evidence
 from engine.diff.sides import load_side, materialise
 
 __all__ = ["EXIT_CHANGED", "EXIT_INVALID", "EXIT_SAME", "DiffError", "Report", "Side", "build_report",

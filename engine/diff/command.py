@@ -11,8 +11,8 @@ from engine import evidence as evmod
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import render
-from engine.diff.review import review_evidence
-from engine.diff.sides import load_side, materialise, repo_root
+from engine.diff.saved_run import review_evidence
+from engine.diff.sides import Revision, load_side, materialise, repo_root
 from engine.report import write_file
 from engine.spec import display_path
 
@@ -48,15 +48,7 @@ def build_report(old: str, new: str | None, base: str | None, evidence: str | No
         raise DiffError("engine diff: give OLD NEW, or SPEC --base REV")
     with tempfile.TemporaryDirectory(prefix="specprobe-diff-") as tmp:
         if base is not None:
-            spec = Path(old)
-            where = materialise(spec, base, Path(tmp))
-            shown = _shown(spec)
-            rel = _repo_rel(spec)
-            left = Side(f"{base}:{rel}", None) if where is None else \
-                load_side(where, f"{base}:{rel}", Path(tmp), f"{base}:")
-            right = load_side(spec, shown) if spec.exists() else Side(f"{shown} (deleted)", None)
-            if left.spec is None and right.spec is None:
-                raise DiffError(f"{old}: exists neither at {base} nor in the working tree")
+            left, right = load_at_base(Path(old), base, Path(tmp))
         else:
             left = load_side(Path(old), _shown(Path(old)))
             right = load_side(Path(new), _shown(Path(new)))
@@ -68,6 +60,37 @@ def build_report(old: str, new: str | None, base: str | None, evidence: str | No
                 raise DiffError(str(exc)) from None
             report.evidence = review_evidence(report, left, right, _shown(Path(evidence)), doc)
     return report
+
+
+def load_at_base(spec: Path, base: str, tmp: Path, revision: Revision | None = None) -> tuple[Side, Side]:
+    """The spec at git revision `base` (written out under `tmp`) and in the working tree; a side
+    where the file does not exist has no spec. DiffError when it exists on neither."""
+    if revision is None:
+        revision = Revision(repo_root(spec.parent if spec.parent.is_dir() else Path.cwd()), base)
+    where = materialise(spec, base, tmp, revision)
+    shown = _shown(spec)
+    rel = _repo_rel(spec)
+    right = load_side(spec, shown) if spec.exists() else Side(f"{shown} (deleted)", None)
+    if where is not None and right.spec is not None and _same_files(tmp, right, revision.root):
+        # Every file the spec reads is byte for byte the base's: one load serves both sides.
+        left = Side(f"{base}:{rel}", right.spec, right.plans, str(tmp), f"{base}:")
+    else:
+        left = Side(f"{base}:{rel}", None) if where is None else \
+            load_side(where, f"{base}:{rel}", tmp, f"{base}:")
+    if left.spec is None and right.spec is None:
+        raise DiffError(f"{spec}: exists neither at {base} nor in the working tree")
+    return left, right
+
+
+def _same_files(tmp: Path, right: Side, root: Path) -> bool:
+    """Whether the files written out from the base (under `tmp`) are exactly those the working-tree
+    spec was loaded from, same paths and same bytes."""
+    written = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    read = sorted(Path(f).resolve().relative_to(root).as_posix() for f in right.spec.files
+                  if Path(f).resolve().is_relative_to(root))
+    if written != read or len(read) != len(right.spec.files):
+        return False
+    return all((tmp / p).read_bytes() == (root / p).read_bytes() for p in written)
 
 
 def _shown(path: Path) -> str:

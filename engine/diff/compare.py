@@ -7,8 +7,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jmespath
 
-from engine.diff.model import (ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff,
-                               Report, Side)
+from engine.diff.model import ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff, Report, Side
+from engine.diff.strictness import Shift, reads, shift
 from engine.diff.text import argv_delta, scalar_list, words
 from engine.recheck import flatten
 from engine.secrets import REDACTED, Scrubber, is_secret, redact
@@ -90,10 +90,14 @@ def _step_summary(step: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# A check's labels and locations, and whether it is disabled (compared on its own, below).
+_CHECK_IGNORED = ("name", "file", "line", "disabled", "disabled_at", "let")
+
+
 def _check_body(check: Mapping[str, Any]) -> dict[str, Any]:
-    """What a check says, without its name and location; each named sub-expression is a field
-    (`let.first2`), so a changed one shows alone."""
-    body = {k: v for k, v in check.items() if k not in ("name", "file", "line", "disabled_at", "let")}
+    """What a check says, without its name, location and disabled state (compared on its own); each
+    named sub-expression is a field (`let.first2`), so a changed one shows alone."""
+    body = {k: v for k, v in check.items() if k not in _CHECK_IGNORED}
     body.update({f"let.{k}": v for k, v in (check.get("let") or {}).items()})
     return body
 
@@ -165,6 +169,15 @@ def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Ma
         if name not in a:
             out.append(Change("checks", "added", name, new=_check_body(check)))
             continue
+        # Disabling drops a check from the active set as surely as deleting it (a DISABLED gate
+        # never fails), so it is a change of its own, with its reason; enabling it again too.
+        was, now = a[name].get("disabled"), check.get("disabled")
+        if now is not None and was is None:
+            out.append(Change("checks", "disabled", name, old=_check_body(a[name]), new=now))
+        elif was is not None and now is None:
+            out.append(Change("checks", "enabled", name, old=was, new=_check_body(check)))
+        elif was is not None and not same("why", was, now):
+            out.append(Change("checks", "changed", name, "disabled", was, now))
         fa, fb = _check_body(a[name]), _check_body(check)
         for fname in list(fb) + [k for k in fa if k not in fb]:
             va, vb = fa.get(fname, ABSENT), fb.get(fname, ABSENT)
@@ -266,6 +279,11 @@ def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
             pair = (empty, plan) if old.spec is None else (plan, empty)
             md.changes, _ = diff_plans(*pair)
             raw[md.mode] = md.changes
+    for md in mode_diffs:
+        for c in raw.get(md.mode, md.changes):
+            c.where = place(c, old, new, md.mode)
+        if md.status == "both":
+            md.shifts = static_shifts(old.plans[md.mode], new.plans[md.mode], raw[md.mode])
     both = [md for md in mode_diffs if md.status == "both"]
     common: list[Change] = []
     if len(both) >= 2:
@@ -275,9 +293,65 @@ def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
         for md in both:
             md.changes = [c for c in md.changes if _key(c) not in shared]
     spec_changes = diff_spec_level(old.data, new.data, raw) if old.spec and new.spec else []
+    for c in spec_changes:
+        c.where = place(c, old, new, None)
     name = new.data.get("name") or old.data.get("name") or "spec"
+    status = "new" if old.spec is None else "deleted" if new.spec is None else "both"
     return Report(old.label, new.label, name, spec_changes, common,
-                  [md.mode for md in both] if common else [], mode_diffs, raw)
+                  [md.mode for md in both] if common else [], mode_diffs, raw, status=status)
+
+
+def _index(data: Mapping[str, Any], section: str, name: str) -> int | None:
+    for i, item in enumerate(data.get(section) or []):
+        if isinstance(item, dict) and item.get("name") == name:
+            return i
+    return None
+
+
+def place(c: Change, old: Side, new: Side, mode: str | None) -> str:
+    """`file:line` a change comes from: the spec or lib fragment that writes it, on the new side (the
+    old side for what was removed); "" when nothing written says it (a builtin, a default)."""
+    side = old if c.op == "removed" else new
+    if side.spec is None:
+        return ""
+    marks = side.spec.marks
+    if c.section == "values":
+        name, *rest = c.subject.split(".")
+        for head in ((("modes", mode, name),) if mode else ()) + (("values", name),):
+            if head in marks:
+                return side.place(head + tuple(rest))
+        return ""
+    if c.section in ("steps", "checks"):
+        if c.op == "reordered":
+            return side.place(("steps",))
+        if c.op == "disabled" and ("disable", c.subject) in side.spec.key_marks:
+            file, line, _ = side.spec.locate_key(("disable", c.subject))
+            return f"{side.shown(file)}:{line}"
+        i = _index(side.data, c.section, c.subject)
+        if i is None:
+            return ""
+        field_path = tuple(c.field.split(".")) if c.op == "changed" and c.field else ()
+        return side.place((c.section, i) + field_path)
+    return side.place(tuple(c.subject.split(".")))
+
+
+def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Shift]:
+    """What each check a change touches asks of a run, old against new, from the spec's values in
+    this mode: checks whose expr, when or let changed, and unchanged checks reading a value that moved."""
+    rewritten = {c.subject for c in changes if c.section == "checks" and c.op == "changed"
+                 and c.field.split(".")[0] in (*EXPR_FIELDS, "let")}
+    va, vb = redact(old.values), redact(new.values)
+    moved = {k for k in set(va) | set(vb) if va.get(k, ABSENT) != vb.get(k, ABSENT)}
+    before = {c["name"]: c for c in old.checks}
+    out: dict[str, Shift] = {}
+    for check in new.checks:
+        was = before.get(check["name"])
+        if was is None or was.get("disabled") or check.get("disabled"):
+            continue
+        values_read = {p[1] for p in reads(check) + reads(was) if p[0] == "values" and len(p) > 1}
+        if check["name"] in rewritten or values_read & moved:
+            out[check["name"]] = shift(was, check, va, vb)
+    return out
 
 
 def _key(c: Change) -> str:
@@ -289,7 +363,8 @@ def _key(c: Change) -> str:
     payload: Any = [j(c.old), j(c.new)]
     if c.op == "changed" and scalar_list(c.old) and scalar_list(c.new):
         payload = argv_delta(c.old, c.new)
-    return json.dumps([c.section, c.op, c.subject, c.field, payload, c.extra], sort_keys=True, default=str)
+    return json.dumps([c.section, c.op, c.subject, c.field, payload, c.extra, c.where], sort_keys=True,
+                      default=str)
 
 
 class _EmptyPlan:

@@ -1,7 +1,9 @@
 """The diff's data: both sides, the changes found, the evidence review's findings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dc_field
+import os
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 from engine.plan import Plan
@@ -28,10 +30,29 @@ class Side:
     label: str
     spec: Spec | None
     plans: dict[str, Plan] = dc_field(default_factory=dict)  # mode -> its plan
+    tmp: str | None = None  # where a git revision was written out (its paths are shown as `rev_prefix`)
+    rev_prefix: str = ""  # `origin/main:`
 
     @property
     def data(self) -> dict:
         return self.spec.data if self.spec is not None else {}
+
+    def shown(self, text: str) -> str:
+        """Paths in `text` as a reader knows them: `REV:specs/x.yaml`, not a temporary directory."""
+        if self.tmp is None:
+            return text
+        # load_spec shows paths relative to the cwd when below it, else absolute: undo every form.
+        forms = {self.tmp, os.path.realpath(self.tmp), os.path.relpath(self.tmp)}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form + os.sep, self.rev_prefix)
+        return text
+
+    def place(self, path: tuple) -> str:
+        """`file:line` of the node at `path` in this side's spec (or of its nearest written ancestor)."""
+        if self.spec is None:
+            return ""
+        file, line, _ = self.spec.locate(path)
+        return f"{self.shown(file)}:{line}"
 
 
 @dataclass
@@ -44,6 +65,7 @@ class Change:
     old: Any = ABSENT
     new: Any = ABSENT
     extra: dict[str, Any] = dc_field(default_factory=dict)  # rendering details (a step's summary ...)
+    where: str = ""  # `file:line` it comes from (the old side's for a removed thing), spec or lib fragment
 
 
 @dataclass
@@ -60,15 +82,24 @@ class ModeDiff:
     status: str  # both | added | removed
     changes: list[Change] = dc_field(default_factory=list)
     budget: Budget | None = None  # when the worst case or the budget moved
+    # check -> its strictness.Shift (what it asks of a run, old against new, from the spec's own values
+    # in this mode): every check whose expr/when/let changed or that reads a value that changed. Typed
+    # Any: strictness reads this module, not the other way round.
+    shifts: dict[str, Any] = dc_field(default_factory=dict)
 
 
 @dataclass
 class CheckReview:
     name: str
-    status: str  # added | changed | affected (unchanged, but reads a changed leg/value)
+    # added | changed (its expr/when/let/severity) | moved (unchanged, reads a value that changed) |
+    # removed | disabled | affected (unchanged, but reads a leg that changed)
+    status: str
     blockers: list[str] = dc_field(default_factory=list)  # why the saved run cannot answer
-    old: CheckResult | None = None  # result of the old definition on the run
-    new: CheckResult | None = None  # ... of the new one
+    old: CheckResult | None = None  # result of the old definition on the run (with the old values)
+    new: CheckResult | None = None  # ... of the new one (with the new values)
+    shift: Any = None  # its strictness.Shift: old -> new on the run (or from the spec's values)
+    where: str = ""  # file:line of the check (the old side's when removed)
+    why: str = ""  # a removed or disabled check's reason for being
 
 
 @dataclass
@@ -91,6 +122,7 @@ class Report:
     modes: list[ModeDiff]
     raw_modes: dict[str, list[Change]]  # per mode, before factoring (what evidence review reads)
     evidence: EvidenceReview | None = None
+    status: str = "both"  # both | new (no such spec at the base) | deleted
 
     @property
     def changed(self) -> bool:

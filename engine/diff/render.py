@@ -6,9 +6,10 @@ import re
 from typing import Any, Mapping
 
 from engine.checks import MISSING, NOT_EVALUATED
-from engine.diff.model import ABSENT, EXPR_FIELDS, Budget, Change, EvidenceReview, Report
-from engine.diff.text import argv_delta, display_field, fmt, scalar_list, words
-
+from engine.diff.model import ABSENT, EXPR_FIELDS, Budget, Change, CheckReview, EvidenceReview, Report
+from engine.diff.saved_run import UPSTREAM
+from engine.diff.strictness import NUMBERS, RUN, SPEC, UNCHANGED, UNKNOWN, Move, Shift, num
+from engine.diff.text import argv_delta, code, display_field, expr_delta, fmt, prose_delta, scalar_list, words
 
 # A plain path (`steps.leg2.harvest.run_json.final_step`): the explain entries worth quoting.
 _PATH = re.compile(r'[A-Za-z_]\w*(\.(?:[A-Za-z_]\w*|"[^"]*")|\[\d+\])*')
@@ -46,7 +47,7 @@ _MARKS = {"added": ("+", "**added**"), "removed": ("-", "**removed**"), "changed
           "note": ("*", "**note**"), "plain": ("*", "")}
 
 
-class _Out:
+class Out:
     """Lines in text (for a terminal) or Markdown (for a PR comment), with one set of calls."""
 
     def __init__(self, markdown: bool):
@@ -56,11 +57,13 @@ class _Out:
     def code(self, value: Any) -> str:
         """A name, expression or value: a code span in Markdown (fenced past any backtick inside)."""
         text = fmt(value)
-        if not self.md:
-            return text
-        fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
-        pad = " " if text.startswith("`") or text.endswith("`") else ""
-        return f"{fence}{pad}{text}{pad}{fence}"
+        return code(text) if self.md else text
+
+    def at(self, where: str) -> str:
+        """Where a change comes from, after its line: `  (specs/lib/p4_common.yaml:120)`."""
+        if not where:
+            return ""
+        return f" ({self.code(where)})" if self.md else f"  ({where})"
 
     def blank(self) -> None:
         if self.lines and self.lines[-1] != "":
@@ -89,6 +92,10 @@ class _Out:
     def sub(self, label: str, text: str) -> None:
         self.lines.append(f"  - {label}: {text}" if self.md else f"        {label}: {text}")
 
+    def delta(self, text: str) -> None:
+        """A changed expression or sentence as its changed tokens, `[-old-]{+new+}`, on a line of its own."""
+        self.lines.append(f"  - {code(text)}" if self.md else f"        {text}")
+
     def before_after(self, old: Any, new: Any) -> None:
         """A changed expression or sentence: old and new on lines of their own."""
         a, b = _fmt_def(old), _fmt_def(new)
@@ -104,40 +111,41 @@ def _fmt_def(v: Any) -> str:
     return words(v) if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
 
-def _render_change(out: _Out, c: Change) -> None:
+def _render_change(out: Out, c: Change) -> None:
+    at = out.at(c.where)
     if c.section == "spec":
         note = f" ({c.extra['note']})" if c.extra.get("note") else ""
         if c.subject.startswith("values.") or c.subject == "description":
-            out.item(c.op, f"{out.code(c.subject)}{note}:")
+            out.item(c.op, f"{out.code(c.subject)}{note}{at}:")
             out.before_after(c.old, c.new)
         else:
-            out.item(c.op, f"{out.code(c.subject)}: {out.code(c.old)} -> {out.code(c.new)}")
+            out.item(c.op, f"{out.code(c.subject)}: {out.code(c.old)} -> {out.code(c.new)}{at}")
     elif c.section == "values":
         if c.op == "added":
-            out.item(c.op, f"{out.code(c.subject)} = {out.code(c.new)}")
+            out.item(c.op, f"{out.code(c.subject)} = {out.code(c.new)}{at}")
         elif c.op == "removed":
-            out.item(c.op, f"{out.code(c.subject)} (was {out.code(c.old)})")
+            out.item(c.op, f"{out.code(c.subject)} (was {out.code(c.old)}){at}")
         elif c.old == c.new:  # they differ only in a secret's text, which is never shown
-            out.item(c.op, f"{out.code(c.subject)}: changed (in a secret, not shown)")
+            out.item(c.op, f"{out.code(c.subject)}: changed (in a secret, not shown){at}")
         elif scalar_list(c.old) and scalar_list(c.new):  # argument lists: which tokens moved
-            out.item(c.op, f"{out.code(c.subject)}: {argv_delta(c.old, c.new, out.code)}")
+            out.item(c.op, f"{out.code(c.subject)}: {argv_delta(c.old, c.new, out.code)}{at}")
         else:
-            out.item(c.op, f"{out.code(c.subject)}: {out.code(c.old)} -> {out.code(c.new)}")
+            out.item(c.op, f"{out.code(c.subject)}: {out.code(c.old)} -> {out.code(c.new)}{at}")
     elif c.section == "steps":
-        _render_step_change(out, c)
+        _render_step_change(out, c, at)
     elif c.section == "checks":
-        _render_check_change(out, c)
+        _render_check_change(out, c, at)
 
 
-def _render_step_change(out: _Out, c: Change) -> None:
+def _render_step_change(out: Out, c: Change, at: str) -> None:
     name = out.code(c.subject)
     if c.op == "reordered":
-        out.item(c.op, f"order: {', '.join(c.old)} -> {', '.join(c.new)}")
+        out.item(c.op, f"order: {', '.join(c.old)} -> {', '.join(c.new)}{at}")
         return
     if c.op in ("added", "removed"):
         s = c.new if c.op == "added" else c.old
         skipped = "" if s.get("enabled", True) else f" (skipped in this mode: when {out.code(s['when'])})"
-        out.item(c.op, f"{name} [{s['kind']}]{skipped}")
+        out.item(c.op, f"{name} [{s['kind']}]{skipped}{at}")
         if c.op == "removed":
             return
         if s["kind"] == "run":
@@ -150,23 +158,26 @@ def _render_step_change(out: _Out, c: Change) -> None:
         return
     label = display_field(c.field)
     if c.old == c.new:  # they differ only in a secret's text, which is never shown
-        out.item(c.op, f"{name} {label}: changed (in a secret, not shown)")
+        out.item(c.op, f"{name} {label}: changed (in a secret, not shown){at}")
+    elif c.field == "when" and isinstance(c.old, str) and isinstance(c.new, str):
+        out.item(c.op, f"{name} when{at}:")
+        out.delta(expr_delta(c.old, c.new))
     elif c.field == "when":
-        out.item(c.op, f"{name} when:")
+        out.item(c.op, f"{name} when{at}:")
         out.before_after(c.old, c.new)
     elif c.field.endswith("argv") and isinstance(c.old, list) and isinstance(c.new, list):
-        out.item(c.op, f"{name} argv: {argv_delta(c.old, c.new, out.code)}")
+        out.item(c.op, f"{name} argv: {argv_delta(c.old, c.new, out.code)}{at}")
     elif c.field == "enabled":
-        out.item(c.op, f"{name}: {'now runs in this mode' if c.new else 'now skipped in this mode'}")
+        out.item(c.op, f"{name}: {'now runs in this mode' if c.new else 'now skipped in this mode'}{at}")
     elif scalar_list(c.old) and scalar_list(c.new) and _only_added_removed(c.old, c.new):
         added = [x for x in c.new if x not in c.old]
         removed = [x for x in c.old if x not in c.new]
         # Quoted: list items like "CKPT " often end in a space that matters.
         parts = ([f"added {', '.join(out.code(json.dumps(x)) for x in added)}"] if added else []) + \
                 ([f"removed {', '.join(out.code(json.dumps(x)) for x in removed)}"] if removed else [])
-        out.item(c.op, f"{name} {label}: {'; '.join(parts)}")
+        out.item(c.op, f"{name} {label}: {'; '.join(parts)}{at}")
     else:
-        out.item(c.op, f"{name} {label}: {out.code(c.old)} -> {out.code(c.new)}")
+        out.item(c.op, f"{name} {label}: {out.code(c.old)} -> {out.code(c.new)}{at}")
 
 
 def _only_added_removed(a: list, b: list) -> bool:
@@ -176,39 +187,51 @@ def _only_added_removed(a: list, b: list) -> bool:
     return kept_a == kept_b and (len(kept_a) < len(a) or len(kept_b) < len(b))
 
 
-def _render_check_change(out: _Out, c: Change) -> None:
+def _severity(check: Any) -> str:
+    return (check.get("severity") if isinstance(check, dict) else None) or "gate"
+
+
+def _render_check_change(out: Out, c: Change, at: str) -> None:
     name = out.code(c.subject)
     if c.op == "added":
         f = c.new
-        out.item(c.op, f"{name} [{f.get('severity') or 'gate'}]")
+        out.item(c.op, f"{name} [{_severity(f)}]{at}")
         out.sub("why", words(f.get("why", "")))
         out.sub("expr", out.code(f["expr"]))
         for key in (k for k in f if k.startswith("let.")):
             out.sub(key, out.code(f[key]))
         if f.get("when"):
             out.sub("when", out.code(f["when"]))
-    elif c.op == "removed":
-        out.item(c.op, f"{name} [{c.old.get('severity') or 'gate'}]")
+    elif c.op == "removed":  # what it guarded, so a reviewer can tell whether anything still does
+        out.item(c.op, f"{name} [{_severity(c.old)}]{at}")
+        out.sub("why", words(c.old.get("why", "")))
         out.sub("expr", out.code(c.old["expr"]))
-    elif c.field == "disabled":  # a gate taken out (or put back) is what a reviewer must not miss
-        if c.old is ABSENT or c.old is None:
-            out.item(c.op, f"{name}: now DISABLED: {words(c.new)}")
-        elif c.new is ABSENT or c.new is None:
-            out.item(c.op, f"{name}: enabled again (was DISABLED: {words(c.old)})")
-        else:
-            out.item(c.op, f"{name} DISABLED reason:")
-            out.before_after(c.old, c.new)
-    elif c.field in EXPR_FIELDS or c.field == "why" or c.field.startswith("let."):
-        out.item(c.op, f"{name} {c.field}:")
+    elif c.op == "disabled":  # a gate taken out is what a reviewer must not miss
+        out.item("changed", f"{name}: now DISABLED: {words(c.new)}{at}")
+        out.sub(f"it was a {_severity(c.old)} because", words(c.old.get("why", "")))
+    elif c.op == "enabled":
+        out.item("changed", f"{name}: enabled again (was DISABLED: {words(c.old)}){at}")
+    elif c.field == "disabled":
+        out.item(c.op, f"{name} DISABLED reason{at}:")
+        out.delta(prose_delta(words(c.old), words(c.new)))
+    elif (c.field in EXPR_FIELDS or c.field.startswith("let.")) and isinstance(c.old, str) \
+            and isinstance(c.new, str):
+        out.item(c.op, f"{name} {c.field}{at}:")
+        out.delta(expr_delta(c.old, c.new))
+    elif c.field == "why" and isinstance(c.old, str) and isinstance(c.new, str):
+        out.item(c.op, f"{name} why{at}:")
+        out.delta(prose_delta(words(c.old), words(c.new)))
+    elif c.field in EXPR_FIELDS or c.field.startswith("let.") or c.field == "why":
+        out.item(c.op, f"{name} {c.field}{at}:")  # one side has none: show both whole
         out.before_after(c.old, c.new)
     else:
-        out.item(c.op, f"{name} {c.field}: {out.code(c.old)} -> {out.code(c.new)}")
+        out.item(c.op, f"{name} {c.field}: {out.code(c.old)} -> {out.code(c.new)}{at}")
 
 
 _SECTIONS = ("values", "steps", "checks")
 
 
-def _render_changes(out: _Out, changes: list[Change]) -> None:
+def _render_changes(out: Out, changes: list[Change]) -> None:
     for section in _SECTIONS:
         part = [c for c in changes if c.section == section]
         if part:
@@ -265,16 +288,32 @@ def summary(report: Report) -> str:
     return "; ".join(parts) if parts else "no semantic change"
 
 
+def _title(report: Report) -> tuple[str, str]:
+    """(old label, new label), a spec new or deleted since the base said in words."""
+    if report.status == "new":
+        return f"new spec (no {report.old_label})", report.new_label
+    return report.old_label, report.new_label
+
+
 def render(report: Report, markdown: bool = False) -> str:
     """The whole diff as text (terminal) or Markdown (PR comment / job summary)."""
-    out = _Out(markdown)
+    out = Out(markdown)
+    lines_of(out, report)
+    return "\n".join(out.lines).rstrip() + "\n"
+
+
+def lines_of(out: Out, report: Report, level: int = 2) -> None:
+    """The diff into `out`; Markdown headings at `level` (a review nests each spec's diff one deeper)."""
     verdict = summary(report)
-    if markdown:
-        out.lines += [f"## Spec diff {out.code(report.name)}", "",
-                      f"{out.code(report.old_label)} -> {out.code(report.new_label)}", "",
+    if report.status != "both":
+        verdict = f"{'new spec' if report.status == 'new' else 'spec deleted'}; {verdict}"
+    old_label, new_label = _title(report)
+    if out.md:
+        out.lines += [f"{'#' * level} Spec diff {out.code(report.name)}", "",
+                      f"{out.code(old_label)} -> {out.code(new_label)}", "",
                       f"**{verdict}**" if report.changed else "No semantic change."]
     else:
-        out.lines += [f"engine diff {report.name}: {report.old_label} -> {report.new_label}", verdict]
+        out.lines += [f"engine diff {report.name}: {old_label} -> {new_label}", verdict]
     if report.spec_changes:
         out.head("spec")
         for c in report.spec_changes:
@@ -302,28 +341,123 @@ def render(report: Report, markdown: bool = False) -> str:
         out.lines.append(f"unchanged modes: {', '.join(unchanged)}")
     if report.evidence is not None:
         _render_evidence(out, report.evidence)
-    return "\n".join(out.lines).rstrip() + "\n"
 
 
-def _render_evidence(out: _Out, ev: EvidenceReview) -> None:
+# ---------------------------------------------------------------- a saved run: numbers
+
+# What a verdict's numbers come from, as a label before them.
+BASIS = {RUN: "on this run", NUMBERS: "with this run's numbers", SPEC: "by the spec's values"}
+
+
+def _margin(bound: Any) -> str:
+    m = bound.margin()
+    return "" if m is None else f" (margin {num(m)})"
+
+
+def verdict_phrase(s: Shift) -> str:
+    """`loosened`, `unchanged on this run`, `cannot tell: ...`: how a check moved, in words."""
+    if s.verdict == UNKNOWN:
+        return f"cannot tell: {s.why}"
+    if s.verdict == UNCHANGED:
+        return ("unchanged on this run" if s.on_run else "unchanged") + \
+            (f" ({s.why})" if s.why else "")
+    return s.verdict if s.moves else f"{s.verdict}: {s.why}"
+
+
+def move_line(m: Move, old_outcome: str | None, new_outcome: str | None) -> str:
+    """`13.2 <= 13.6 PASS (margin 0.4) -> 13.2 <= 20 PASS (margin 6.8)`."""
+    def side(bound: Any, outcome: str | None) -> str:
+        return f"{bound.phrase()}{' ' + outcome if outcome else ''}{_margin(bound)}"
+    tail = f": cannot tell: {m.why}" if m.direction == UNKNOWN and m.why else ""
+    return f"{side(m.old, old_outcome)} -> {side(m.new, new_outcome)}{tail}"
+
+
+def _shift_lines(out: Out, s: Shift, old: Any = None, new: Any = None) -> None:
+    """The numbers behind a verdict: each moved comparison before -> after, with the outcomes."""
+    if len(s.moves) == 1:
+        out.sub(BASIS[s.basis], move_line(s.moves[0], s.old_outcome, s.new_outcome))
+    else:
+        for m in s.moves:
+            out.sub("bound", move_line(m, None, None))
+        if s.on_run or old is not None:
+            out.sub("old", _outcome_phrase(old) if old else "(not evaluated)")
+            out.sub("new", _outcome_phrase(new) if new else "(not evaluated)")
+
+
+_WHAT = {"added": "new check", "changed": "changed check", "moved": "check (unchanged; reads a changed value)",
+         "removed": "removed check",
+         "disabled": "disabled check", "enabled": "re-enabled check", "affected": "unchanged check"}
+
+
+def _named(out: Out, r: CheckReview) -> str:
+    """`changed check x`, `check x (unchanged; reads a changed value)`."""
+    if r.status == "moved":
+        return f"check {out.code(r.name)} (unchanged; reads a changed value)"
+    return f"{_WHAT[r.status]} {out.code(r.name)}"
+
+
+def _render_review(out: Out, r: CheckReview, label: str) -> None:
+    name, at = out.code(r.name), out.at(r.where)
+    if r.status == "added":
+        out.item("plain" if out.md else "added", f"new check {name} would {_outcome_phrase(r.new, label)}{at}")
+        return
+    if r.status in ("removed", "disabled"):
+        gone = "no longer checked" if r.status == "removed" else "DISABLED now"
+        out.item("plain" if out.md else "removed",
+                 f"{_WHAT[r.status]} {name} ({gone}) was {_outcome_phrase(r.old, label)}{at}")
+        if r.why:
+            out.sub("why", r.why)
+        return
+    if r.status == "enabled":
+        out.item("plain" if out.md else "added", f"re-enabled check {name} would "
+                                                 f"{_outcome_phrase(r.new, label)}{at}")
+        return
+    s = r.shift
+    head = f"{_named(out, r)} on {label}: {verdict_phrase(s) if s else 'evaluated'}{at}"
+    out.item("plain" if out.md else "changed", head)
+    if s is not None and s.moves:
+        _shift_lines(out, s, r.old, r.new)
+    else:
+        out.sub("old", _outcome_phrase(r.old) if r.old else "(not evaluated)")
+        out.sub("new", _outcome_phrase(r.new) if r.new else "(not evaluated)")
+
+
+def _render_evidence(out: Out, ev: EvidenceReview) -> None:
     out.head(f"evidence: {ev.label}, {ev.run_dir}")
     for note in ev.notes:
         out.item("note", note)
     if not ev.checks:
-        out.item("plain", "no added or changed check to evaluate on this run")
+        out.item("plain", "no check this change touches to evaluate on this run")
     for r in ev.checks:
-        name = out.code(r.name)
-        what = {"added": "new check", "changed": "changed check", "affected": "unchanged check"}[r.status]
-        if r.blockers:
-            out.item("blocked", f"{what} {name}: this run cannot say how it fares, because")
-            for b in r.blockers:
-                out.lines.append(f"  - {b}" if out.md else f"        - {b}")
-        elif r.status == "added":
-            out.item("plain" if out.md else "added",
-                     f"new check {name} would {_outcome_phrase(r.new, ev.label)}")
-        else:
-            same = r.old is not None and r.old["outcome"] == r.new["outcome"]
-            out.item("plain" if out.md else "changed", f"changed check {name} on {ev.label}: "
-                                f"{'same outcome' if same else 'outcome changes'}")
-            out.sub("old", _outcome_phrase(r.old) if r.old else "(not evaluated)")
-            out.sub("new", _outcome_phrase(r.new))
+        if not r.blockers:
+            _render_review(out, r, ev.label)
+    # One reason (a changed leg) voids many checks: each reason said once, then the checks' names.
+    blocked = [r for r in ev.checks if r.blockers]
+    if len(blocked) == 1:
+        r = blocked[0]
+        out.item("blocked", f"{_named(out, r)}: this run cannot say how it fares, because")
+        for b in r.blockers:
+            out.lines.append(f"  - {b}" if out.md else f"        - {b}")
+    elif blocked:
+        names = ", ".join(out.code(r.name) + _GROUP_LABEL[r.status] for r in blocked)
+        out.item("blocked", f"{len(blocked)} checks this run cannot say how they fare ({names}), because")
+        voids: dict[str, int] = {}
+        for r in blocked:
+            for b in dict.fromkeys(b.removesuffix(UPSTREAM) for b in r.blockers):
+                voids[b] = voids.get(b, 0) + 1
+        for b, n in voids.items():
+            verb = "reads" if n == 1 else "read"
+            share = "" if n == len(blocked) else f" ({n} of them {verb} it or what ran after it)"
+            out.lines.append(f"  - {b}{share}" if out.md else f"        - {b}{share}")
+    for r in blocked:  # which way the bounds of the changed ones moved, all the same
+        s = r.shift
+        if s is not None and s.verdict != UNCHANGED and not s.retarget:
+            label = "with the run's numbers (not its outcome)" if s.basis == NUMBERS else "by the spec's values"
+            out.sub(f"{r.name}, {label}", verdict_phrase(s))
+            for m in s.moves:
+                if m.direction != UNCHANGED:
+                    out.sub("bound", move_line(m, None, None))
+
+
+_GROUP_LABEL = {"added": " (new)", "changed": " (changed)", "moved": " (reads a changed value)",
+                "removed": " (removed)", "disabled": " (disabled)", "enabled": " (re-enabled)", "affected": ""}

@@ -1,21 +1,22 @@
-"""Reviewing a saved run against the diff: evaluate every added or changed check on it, old and
-new side by side, and say plainly where a changed leg or value means the run cannot answer."""
+"""A saved run against the diff: every check the change touches evaluated on it, old (with the old
+spec's values) and new (with the new spec's) side by side, how each moved, and plainly where a
+changed leg means the run cannot answer."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Mapping
 
 from engine import functions
 from engine.checks import evaluate
 from engine.diff.compare import field_diffs
-from engine.diff.model import (ABSENT, BUILTIN_NAMES, EXPR_FIELDS, CheckReview, EvidenceReview, Report,
-                               Side)
+from engine.diff.model import ABSENT, EXPR_FIELDS, Change, CheckReview, EvidenceReview, Report, Side
+from engine.diff.strictness import reads, shift
 from engine.diff.text import argv_delta, display_field, fmt
 from engine.plan import step_definition
 from engine.recheck import replan
-from engine.secrets import REDACTED
-from engine.types import CheckResult
+from engine.values import PER_RUN_BUILTINS
 
 # Fields of a step that only bound how long it may take: a run that finished within both the old and
 # the new limit did exactly what it would have done under the new one.
@@ -30,26 +31,23 @@ def _run_label(ev: Mapping[str, Any]) -> str:
     return f"run {stamp} ({ev.get('mode', '?')})"
 
 
-def _reads(check: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """Evidence paths a check's expr, when and lets read from the root."""
-    out: list[tuple[str, ...]] = []
-    for text in [check.get(key) for key in EXPR_FIELDS] + list((check.get("let") or {}).values()):
-        if isinstance(text, str):
-            try:
-                out += functions.root_paths(functions.compile_expr(text))
-            except Exception:  # noqa: BLE001 - validate already refused bad expressions
-                pass
-    return out
-
-
-def _replan(spec: Any, ev: Mapping[str, Any]) -> Any | None:
-    """The plan the saved run would have had under `spec` (its mode, overrides and builtins)."""
+def replan_quietly(spec: Any, ev: Mapping[str, Any], memo: dict | None = None) -> Any | None:
+    """The plan the saved run would have had under `spec` (its mode, overrides and builtins), or None
+    when it has none there. `memo` keeps the plans of one review: both sides of an unchanged spec, and
+    its re-check, are one plan."""
     if spec is None:
         return None
+    key = (id(spec), id(ev))
+    if memo is not None and key in memo:
+        return memo[key]
     try:
-        return replan(spec, ev)
+        # No environment: a secret the reviewer's shell holds must not reach a diff or a PR comment.
+        plan = replan(spec, ev, environ={})
     except Exception:  # noqa: BLE001 - mode missing on this side, an override it lacks: no plan
-        return None
+        plan = None
+    if memo is not None:
+        memo[key] = plan
+    return plan
 
 
 def _step_delta(fname: str, old: Any, new: Any) -> str:
@@ -148,10 +146,39 @@ def _leg_change(name: str, deltas: list[tuple[str, Any, Any]], ran: Mapping[str,
     return True, f"leg `{name}` changed since the run ({phrase})"
 
 
-def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any]
-                    ) -> EvidenceReview:
-    """Evaluate every added or changed check on a saved run, old and new side by side; say plainly
-    where a changed leg or value means the run cannot answer for a check."""
+def _ran_values(ev: Mapping[str, Any], plan: Any) -> dict[str, Any]:
+    """A side's values as the run would have had them: the plan's (rebuilt with the run's overrides and
+    builtins where it could be), the run's own builtins where it could not."""
+    values = dict(plan.values)
+    ran = ev.get("values") or {}
+    for name in PER_RUN_BUILTINS:
+        if name in ran:
+            values[name] = ran[name]
+    return values
+
+
+# Said after a leg's change when the check reads what ran after that leg, not the leg itself.
+UPSTREAM = ", and it ran before what this check reads"
+
+
+def _touched(changes: list[Change]) -> dict[str, str]:
+    """Check -> what happened to it in this mode, for every check whose outcome the change can move."""
+    out: dict[str, str] = {}
+    for c in changes:
+        if c.section != "checks":
+            continue
+        if c.op in ("added", "removed", "disabled", "enabled"):
+            out[c.subject] = c.op
+        elif c.op == "changed" and (c.field in EXPR_FIELDS or c.field.startswith("let.")):
+            out.setdefault(c.subject, "changed")
+    return out
+
+
+def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any],
+                    memo: dict | None = None) -> EvidenceReview:
+    """Evaluate on a saved run every check the change touches, the OLD definition with the old spec's
+    values and the NEW one with the new spec's, and say how each moved (tightened, loosened, unchanged
+    on this run, cannot tell); say plainly where a changed leg means the run cannot answer."""
     mode = str(ev.get("mode"))
     notes: list[str] = []
     spec_name = (ev.get("spec") or {}).get("name")
@@ -162,31 +189,27 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
         notes.append(f"the run's mode `{mode}` is not in the new spec: nothing to compare")
         return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
     old_plan, new_plan = old.plans.get(mode), new.plans[mode]
-    old_run, new_run = _replan(old.spec, ev), _replan(new.spec, ev)
+    memo = {} if memo is None else memo
+    old_run, new_run = replan_quietly(old.spec, ev, memo), replan_quietly(new.spec, ev, memo)
     if new_run is None:
         notes.append("could not rebuild the new spec's plan with the run's overrides; "
                      "legs and values are compared between the two spec sides instead")
     states = _step_states(old_run, new_run, ev, old_plan, new_plan)
     blocking, harvest = states.blocking, states.harvest
     notes += states.notes
-    ev_values: Mapping[str, Any] = ev.get("values") or {}
-    now_values = (new_run or new_plan).values
+    # Each side judged with its own values: a threshold that lives in `values:` moves the bound, not
+    # the run, so the run answers for both.
+    values_old = _ran_values(ev, old_run or old_plan) if (old_run or old_plan) else {}
+    values_new = _ran_values(ev, new_run or new_plan)
+    doc_old, doc_new = {**ev, "values": values_old}, {**ev, "values": values_new}
     order = [s["name"] for s in new_plan.steps]
     changing_kinds = {s["name"] for s in new_plan.steps if s["kind"] in ("run", "remove")}
 
     def blockers_of(check: Mapping[str, Any]) -> list[str]:
         out: list[str] = []
         read_steps: list[str] = []
-        for path in _reads(check):
-            if path[0] == "values" and len(path) > 1:
-                x = path[1]
-                if new_run is None and x in BUILTIN_NAMES:
-                    continue
-                was, now = ev_values.get(x, ABSENT), now_values.get(x, ABSENT)
-                if was != now and not _redacted_pair(was, now):
-                    out.append(f"value `{x}` was {fmt(was)} in the run and is {fmt(now)} in the new spec"
-                               if was is not ABSENT else f"value `{x}` did not exist in the run")
-            elif path[0] in ("steps", "state") and len(path) > 1:
+        for path in reads(check):
+            if path[0] in ("steps", "state") and len(path) > 1:
                 read_steps.append(path[1])
                 if path[0] == "steps" and path[1] in harvest and (len(path) < 3 or path[2] in _HARVESTED):
                     out.append(harvest[path[1]])
@@ -194,39 +217,68 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
         # Said once: a changed leg the check reads makes an upstream change beside the point.
         last = max((order.index(s) for s in read_steps if s in order), default=-1)
         direct = [blocking[s] for s in order[:last + 1] if s in blocking and s in read_steps]
-        upstream = [f"{blocking[s]}, and it ran before what this check reads" for s in order[:last + 1]
+        upstream = [f"{blocking[s]}{UPSTREAM}" for s in order[:last + 1]
                     if s in blocking and s not in read_steps and s in changing_kinds]
         gone = [f"leg `{r}` ran before what this check reads and is gone from the new spec"
                 for r, after in states.removed.items() if any(s in after for s in read_steps)]
         return list(dict.fromkeys(out + (direct or upstream) + gone))
 
-    def run(check: Mapping[str, Any] | None) -> CheckResult | None:
-        return evaluate([dict(check)], ev, functions.OPTIONS)[0] if check else None
+    # Legs the two sides define differently in this mode: a check reading one (or reading after one)
+    # is judged by the spec on both sides, not by how the old check fares on a run of the new legs.
+    old_fp = old_plan.fingerprints if old_plan else {}
+    moved_legs = {n for n in order if old_fp.get(n) != new_plan.fingerprints.get(n)}
+
+    def reads_moved_legs(check: Mapping[str, Any]) -> bool:
+        read_steps = [p[1] for p in reads(check) if p[0] in ("steps", "state") and len(p) > 1]
+        last = max((order.index(s) for s in read_steps if s in order), default=-1)
+        return any(s in moved_legs and (s in read_steps or s in changing_kinds) for s in order[:last + 1])
 
     by_old = {c["name"]: c for c in (old_plan.checks if old_plan else [])}
     by_new = {c["name"]: c for c in new_plan.checks}
-    mode_changes = report.raw_modes.get(mode, [])
-    touched: dict[str, str] = {}
-    for c in mode_changes:
-        if c.section != "checks" or c.op == "removed":
-            continue
-        if c.op == "added" or c.field in EXPR_FIELDS or c.field == "disabled" or c.field.startswith("let."):
-            touched[c.subject] = c.op
-    for name, op in touched.items():
-        review = CheckReview(name, op, blockers_of(by_new[name]))
-        if not review.blockers:
-            review.new = run(by_new[name])
-            review.old = run(by_old.get(name)) if op == "changed" else None
-        checks.append(review)
-    # Unchanged checks whose legs or values this change touches: the run cannot vouch for them either.
+    touched = _touched(report.raw_modes.get(mode, []))
+    # Unchanged checks that read a value the change moved: their bound moved though they did not.
+    moved_values = {k for k in set(values_old) | set(values_new)
+                    if k not in PER_RUN_BUILTINS and values_old.get(k, ABSENT) != values_new.get(k, ABSENT)}
+    for name, check in by_new.items():
+        if name in by_old and name not in touched and any(
+                p[0] == "values" and len(p) > 1 and p[1] in moved_values for p in reads(check)):
+            touched[name] = "moved"
+    static = next((md.shifts for md in report.modes if md.mode == mode), {})
+    reviews: list[CheckReview] = []
+    for name, status in touched.items():
+        before, now = by_old.get(name), by_new.get(name)
+        shown, side = (before, old) if status in ("removed", "disabled") else (now, new)
+        reviews.append(CheckReview(name, status, blockers_of(now or before), where=side.shown(_where(shown)),
+                                   why=" ".join(str(shown.get("why") or "").split())))
+    # Each side's checks in one evaluation (the document is indexed once per side). A check the run
+    # cannot answer for is evaluated too: its outcome means nothing, but the run's numbers place its
+    # bounds (`mul(final_loss, 0.25)` -> `mul(final_loss, 0.5)` is a loosening only given a loss).
+    bounds_only = {r.name for r in reviews if r.blockers and r.status in ("changed", "moved")}
+    olds = [r for r in reviews if r.status != "added" and (not r.blockers or r.name in bounds_only)]
+    news = [r for r in reviews if r.status != "removed" and (not r.blockers or r.name in bounds_only)]
+    old_results = dict(zip((r.name for r in olds),
+                           evaluate([by_old[r.name] for r in olds], doc_old, functions.OPTIONS)))
+    new_results = dict(zip((r.name for r in news),
+                           evaluate([by_new[r.name] for r in news], doc_new, functions.OPTIONS)))
+    for r in reviews:
+        if not r.blockers:
+            r.old, r.new = old_results.get(r.name), new_results.get(r.name)
+        if r.status in ("changed", "moved") and r.name in old_results and r.name in new_results:
+            settle = not r.blockers and not reads_moved_legs(by_new[r.name])
+            r.shift = shift(by_old[r.name], by_new[r.name], values_old, values_new, old_results[r.name],
+                            new_results[r.name], settle=settle)
+        elif r.blockers and r.name in static:
+            r.shift = static[r.name]  # what the spec's own values say, with no run to confirm it
+    checks += reviews
+    # Unchanged checks whose legs this change touches: the run cannot vouch for them either.
     for name, check in by_new.items():
         if name in touched:
             continue
         reasons = blockers_of(check)
         if reasons:
-            checks.append(CheckReview(name, "affected", reasons))
+            checks.append(CheckReview(name, "affected", reasons, where=new.shown(_where(check))))
     return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
 
 
-def _redacted_pair(a: Any, b: Any) -> bool:
-    return REDACTED in (a, b)
+def _where(check: Mapping[str, Any] | None) -> str:
+    return f"{check['file']}:{check['line']}" if check and check.get("file") else ""

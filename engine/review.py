@@ -1,0 +1,342 @@
+"""`engine review --base REV`: review every spec of a change the way its reviewer should, and say
+which changes need a human's approval.
+
+For every spec (each YAML file under the specs directory that no other one extends or includes, at
+the base or in the working tree): both sides are loaded, validated and planned (`engine diff`'s
+sides), compared, the saved run under `evidence/<spec stem>/` is reviewed against the change (each
+touched check evaluated old and new) and re-checked with the new spec, as `engine check` would; then
+every change is classified (engine/diff/risk.py). Exit 0: nothing risky, or `--accept-risk`;
+1: risky changes need approval; 2: an invalid spec on either side, unreadable evidence, or bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping, Sequence, TextIO
+
+from engine import evidence as evmod
+from engine.diff.command import load_at_base
+from engine.diff.compare import compare
+from engine.diff.model import DiffError, Report
+from engine.diff.render import Out, lines_of, summary
+from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
+from engine.diff.saved_run import review_evidence
+from engine.diff.sides import Revision, references, repo_root
+from engine.diff.text import code
+from engine.recheck import Refused, recheck
+from engine.report import write_file
+
+EXIT_SAFE, EXIT_RISKY, EXIT_INVALID = 0, 1, 2
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class SpecReview:
+    path: str  # repo-relative
+    status: str  # unchanged | changed | new | deleted | invalid
+    report: Report | None = None
+    errors: list[str] = dc_field(default_factory=list)  # an invalid side: every problem, file:line
+    saved: SavedRun | None = None
+    recheck: str = ""  # the re-check of the saved run with the new spec, in a phrase
+    risks: list[Risk] = dc_field(default_factory=list)
+
+
+@dataclass
+class Review:
+    base: str  # as given
+    commit: str  # its commit, abbreviated
+    specs: list[SpecReview]
+    accepted: bool = False
+
+    @property
+    def risks(self) -> list[Risk]:
+        return [r for s in self.specs for r in s.risks]
+
+    @property
+    def invalid(self) -> bool:
+        return any(s.status == "invalid" for s in self.specs)
+
+    @property
+    def exit_code(self) -> int:
+        if self.invalid:
+            return EXIT_INVALID
+        return EXIT_RISKY if self.risks and not self.accepted else EXIT_SAFE
+
+
+# ---------------------------------------------------------------- which specs
+
+def used(files: Mapping[str, bytes]) -> set[str]:
+    """The files (repo-relative) that some file among `files` extends or includes: fragments."""
+    out = set()
+    for path, text in files.items():
+        here = PurePosixPath(path).parent
+        for ref in references(text):
+            out.add(_normal(here / ref))
+    return out
+
+
+def _normal(p: PurePosixPath) -> str:
+    parts: list[str] = []
+    for part in p.parts:
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return "/".join(parts)
+
+
+def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
+    """Repo-relative paths of every spec under `spec_dir` at the base revision or in the working tree: a
+    YAML file that no other one extends or includes on either side (lib/ fragments are reviewed through
+    the specs that use them), or one that has a saved run under `evidence_dir` (a spec someone runs,
+    even if another spec now extends it)."""
+    root = revision.root
+    listed = revision.listing(spec_dir, evidence_dir)
+    at_base = revision.read([p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
+    now = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / spec_dir).rglob("*"))
+           if p.suffix in SPEC_SUFFIXES and p.is_file()}
+    fragments = used(at_base) | used(now)
+    saved = {PurePosixPath(p).parent.name for p in listed if p.endswith("/evidence.json")} | \
+        {p.parent.name for p in (root / evidence_dir).glob("*/evidence.json")}
+    return sorted(p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved)
+
+
+# ---------------------------------------------------------------- one spec
+
+def _saved_run(revision: Revision, rel_dir: str, tmp: Path) -> tuple[dict | None, dict | None, bool]:
+    """(saved run now, saved run at the base, whether it changed): evidence documents, None when absent."""
+    doc_path = f"{rel_dir}/evidence.json"
+    now_file = revision.root / doc_path
+    now = evmod.load(now_file.parent) if now_file.is_file() else None
+    blob = revision.blob(doc_path)
+    if blob is None:
+        return now, None, now is not None
+    if now_file.is_file() and now_file.read_bytes() == blob:
+        return now, now, False
+    where = tmp / "base-evidence" / rel_dir
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "evidence.json").write_bytes(blob)
+    try:
+        base_doc = evmod.load(where)
+    except evmod.EvidenceError as exc:
+        raise evmod.EvidenceError(str(exc).replace(str(where), f"{revision.rev}:{rel_dir}")) from None
+    return now, base_doc, True
+
+
+def _failing(spec: Any, doc: Mapping[str, Any], run_dir: str) -> tuple[list[str] | None, list[str], str]:
+    """Re-check a saved run with `spec` exactly as `engine check` does, writing nothing: (what fails,
+    why it was refused, a phrase)."""
+    try:
+        done = recheck(spec, doc, Path(run_dir), replay=False, spec_label=run_dir, store=False)
+    except Refused as exc:
+        lines = str(exc).splitlines()
+        steps = [line for line in lines[1:] if line.startswith("step ")]
+        reason = lines[0].split(": ", 1)[-1].split(" (")[0].split(";")[0].rstrip(".,")
+        names = ", ".join(line.split(":")[0].removeprefix("step ") for line in steps)
+        return None, steps or lines[:1], f"refused by `engine check`: {reason}" + (f" ({names})" if names else "")
+    except Exception as exc:  # noqa: BLE001 - a mode or override this side lacks: no re-check
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, [first], f"not re-checked: {first}"
+    gates = [r for r in done.results if r.get("severity", "gate") == "gate"]
+    passed = sum(1 for r in gates if r["outcome"] in ("PASS", "SKIPPED", "DISABLED"))
+    return list(done.verdict["failed"]), [], f"{done.verdict['outcome']} ({passed}/{len(gates)} gates pass)"
+
+
+def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> SpecReview:
+    """Both sides of one spec, the diff, its saved run and its risks."""
+    out = SpecReview(rel, "unchanged")
+    spec_path = revision.root / rel
+    try:
+        left, right = load_at_base(spec_path, revision.rev, tmp / "base" / rel.replace("/", "_"), revision)
+    except DiffError as exc:
+        out.status, out.errors = "invalid", str(exc).splitlines()
+        return out
+    report = compare(left, right)
+    out.report = report
+    stem = PurePosixPath(rel).stem
+    rel_dir = f"{evidence_dir}/{stem}"
+    saved = SavedRun(rel_dir)
+    try:
+        now, at_base, renewed = _saved_run(revision, rel_dir, tmp)
+    except evmod.EvidenceError as exc:
+        out.status, out.errors = "invalid", [str(exc)]
+        return out
+    saved.at_base, saved.renewed = at_base is not None, renewed
+    if now is not None and right.spec is None:
+        saved.mode = str(now.get("mode"))
+        out.recheck = "not re-checked: the spec is deleted"
+    elif now is not None:
+        saved.mode = str(now.get("mode"))
+        report.evidence = review_evidence(report, left, right, rel_dir, now)
+        saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
+        # Only what fails now can be newly failing: the base's re-check answers that alone.
+        if saved.failing and at_base is not None and left.spec is not None:
+            same = at_base is now and left.spec is right.spec  # nothing to re-check twice
+            saved.failing_at_base = saved.failing if same else _failing(left.spec, at_base, rel_dir)[0]
+    elif now is None:
+        out.recheck = f"no saved run under {rel_dir}/"
+    out.saved = saved
+    out.status = report.status if report.status != "both" else ("changed" if report.changed else "unchanged")
+    side = right if right.spec is not None else left
+    gates = {mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate"
+                    and not c.get("disabled")} for mode, plan in side.plans.items()}
+    wheres = {mode: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
+              for mode, plan in side.plans.items()}
+    if report.status == "deleted":
+        gates = {m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"}
+                 for m, p in left.plans.items()}
+    out.risks = assess(report, rel, saved, gates, wheres)
+    return out
+
+
+def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = "specs",
+                 evidence_dir: str = "evidence", accept: bool = False, cwd: Path | None = None) -> Review:
+    """Review every spec (or those named, paths relative to `cwd`) against git revision `base`."""
+    cwd = cwd or Path.cwd()
+    revision = Revision(repo_root(cwd), base)
+    rel_dirs = [_repo_rel(revision.root, cwd, d) for d in (spec_dir, evidence_dir)]
+    if specs:
+        paths = [_repo_rel(revision.root, cwd, s) for s in specs]
+    else:
+        paths = discover(revision, rel_dirs[0], rel_dirs[1])
+    stems: dict[str, str] = {}
+    for p in paths:
+        other = stems.setdefault(PurePosixPath(p).stem, p)
+        if other != p:
+            raise DiffError(f"{other} and {p} share the name {PurePosixPath(p).stem!r}: "
+                            f"{rel_dirs[1]}/{PurePosixPath(p).stem}/ cannot say whose saved run it is")
+    with tempfile.TemporaryDirectory(prefix="specprobe-review-") as tmp:
+        reviews = [review_spec(revision, p, rel_dirs[1], Path(tmp)) for p in paths]
+    return Review(base, revision.commit[:12], reviews, accept)
+
+
+def _repo_rel(root: Path, cwd: Path, path: str) -> str:
+    full = (cwd / path).resolve()
+    try:
+        return full.relative_to(root).as_posix()
+    except ValueError:
+        raise DiffError(f"{path}: not inside the git work tree {root}") from None
+
+
+# ---------------------------------------------------------------- rendering
+
+def _headline(review: Review) -> str:
+    n = len(grouped(review.risks))
+    if review.invalid:
+        bad = [s.path for s in review.specs if s.status == "invalid"]
+        return f"INVALID: {', '.join(bad)} (fix the spec: nothing else is decided)"
+    if not n:
+        return "nothing risky"
+    noun = "risky change" if n == 1 else "risky changes"
+    if review.accepted:
+        return f"{n} {noun}, accepted (--accept-risk)"
+    return f"RISKY: {n} {noun} need approval"
+
+
+def _spec_row(s: SpecReview) -> tuple[str, str, str, str]:
+    what = {"invalid": "INVALID", "unchanged": "unchanged", "new": "new spec", "deleted": "deleted"}.get(
+        s.status, "")
+    if s.status in ("changed", "new") and s.report is not None:
+        what = (what + "; " if what else "") + summary(s.report)
+    risky = str(len(s.risks)) if s.risks else ("-" if s.status != "invalid" else "")
+    return s.path, what, s.recheck or "-", risky
+
+
+def render_review(review: Review, markdown: bool = False) -> str:
+    """The review as text (terminal) or Markdown (a PR comment)."""
+    out = Out(markdown)
+    head = _headline(review)
+    count = f"{len(review.specs)} spec{'s' if len(review.specs) != 1 else ''}"
+    if out.md:
+        out.lines += [f"## Spec review: {head}", "",
+                      f"{count}, base {code(review.base)} ({code(review.commit)}) -> this change", "",
+                      "| spec | change | saved run re-checked with the new spec | risky |", "|---|---|---|---|"]
+        for row in map(_spec_row, review.specs):
+            out.lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    else:
+        out.lines += [f"engine review: {count}, base {review.base} ({review.commit}) -> working tree", head]
+        rows = [_spec_row(s) for s in review.specs]
+        width = max((len(r[0]) for r in rows), default=0)
+        for path, what, recheck, risky in rows:
+            risk = f"; {risky} risky" if risky not in ("-", "") else ""
+            out.lines.append(f"  {path:<{width}}  {what}{risk}")
+            out.lines.append(f"  {'':<{width}}  saved run: {recheck}")
+    for s in review.specs:
+        if s.status == "invalid":
+            out.head(f"{s.path}: invalid")
+            out.lines += [f"    {e}" for e in s.errors] if not out.md else ["```", *s.errors, "```"]
+    if review.risks:
+        out.head("risky changes (approve with --accept-risk)" if not review.accepted
+                 else "risky changes (accepted)")
+        for group in grouped(review.risks):
+            r, where, at = group[0], _places(group, out), out.at(group[0].where)
+            if out.md:
+                out.lines.append(f"- **{r.kind}** in {where}: {r.what}{at}")
+                out.lines.append(f"  - *why risky*: {r.why}")
+            else:
+                out.lines.append(f"  ! {r.kind} in {where}: {r.what}{at}")
+                out.lines.append(f"      why risky: {r.why}")
+    for s in review.specs:
+        if s.report is None or s.status == "unchanged":
+            continue
+        if out.md:
+            out.blank()
+            out.lines += [f"<details><summary>{_html(s.path)}: {_html(summary(s.report))}</summary>", ""]
+            lines_of(out, s.report, level=3)
+            out.blank()
+            out.lines.append("</details>")
+        else:
+            out.blank()
+            out.lines.append("-" * 100)
+            lines_of(out, s.report)
+    return "\n".join(out.lines).rstrip() + "\n"
+
+
+def grouped(risks: Sequence[Risk]) -> list[list[Risk]]:
+    """Risks that are one change seen through several specs or modes (a lib fragment they share),
+    together: each group is listed once, with every spec and mode."""
+    out: dict[tuple, list[Risk]] = {}
+    for r in risks:
+        out.setdefault((r.kind, r.subject, r.what, r.where), []).append(r)
+    return list(out.values())
+
+
+def _places(group: Sequence[Risk], out: Out) -> str:
+    """`specs/a.yaml [mode smoke, soak], specs/b.yaml [mode soak]`."""
+    return ", ".join(out.code(r.spec) + (f" [mode {', '.join(r.modes)}]" if r.modes else "") for r in group)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ---------------------------------------------------------------- the command
+
+def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """`engine review` (cli.py's `review` arguments): print the review; exit 0 safe (or accepted),
+    1 risky, 2 invalid. `--markdown FILE` also writes it as Markdown; `--markdown -` prints Markdown."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    try:
+        review = build_review(args.base, args.specs, args.spec_dir, args.evidence_dir, args.accept_risk)
+    except DiffError as exc:
+        print(str(exc), file=stderr, flush=True)
+        return EXIT_INVALID
+    stdout.write(render_review(review, markdown=args.markdown == "-"))
+    stdout.flush()
+    if args.markdown and args.markdown != "-":
+        write_file(args.markdown, render_review(review, markdown=True))
+    return review.exit_code
+
+
+__all__ = ["EXIT_INVALID", "EXIT_RISKY", "EXIT_SAFE", "WHY_RISKY", "Review", "SpecReview", "build_review",
+           "discover", "render_review", "review_main"]
