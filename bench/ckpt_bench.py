@@ -12,6 +12,7 @@ the two steps the trainer's push thread runs after the snapshot. Everything is o
 needed (the device machine's disk is the one the trainer's runs used). The fit at the end is least
 squares seconds = a + b * GB over the sizes (median of --repeat each).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,9 +59,14 @@ def one_size(n_layer: int, base: str, workdir: Path, repeat: int) -> dict:
         store.create()
         ckp = Checkpointer(store, log=lambda s: None, prune=True)
         t0 = time.monotonic()
-        files = write_checkpoint_dir(out, model=model, cfg=cfg, trainer_state={"step": 1},
-                                     optimizer_state={"optimizer": opt.state_dict()},
-                                     rng_states=[{"torch": torch.get_rng_state()}])
+        files = write_checkpoint_dir(
+            out,
+            model=model,
+            cfg=cfg,
+            trainer_state={"step": 1},
+            optimizer_state={"optimizer": opt.state_dict()},
+            rng_states=[{"torch": torch.get_rng_state()}],
+        )
         t1 = time.monotonic()
         ckp.push(1, out, files, tokens=0, config_hash="0" * 64)
         t2 = time.monotonic()
@@ -69,9 +75,15 @@ def one_size(n_layer: int, base: str, workdir: Path, repeat: int) -> dict:
         pushes.append(t2 - t1)
         totals.append(t2 - t0)
         shutil.rmtree(run, ignore_errors=True)
-    return {"n_layer": n_layer, "state_bytes": nbytes, "file_bytes": file_bytes,
-            "write_s": round(statistics.median(writes), 3), "push_s": round(statistics.median(pushes), 3),
-            "total_s": round(statistics.median(totals), 3), "total_s_all": [round(t, 3) for t in totals]}
+    return {
+        "n_layer": n_layer,
+        "state_bytes": nbytes,
+        "file_bytes": file_bytes,
+        "write_s": round(statistics.median(writes), 3),
+        "push_s": round(statistics.median(pushes), 3),
+        "total_s": round(statistics.median(totals), 3),
+        "total_s_all": [round(t, 3) for t in totals],
+    }
 
 
 def fit(rows: list[dict], key: str) -> dict:
@@ -83,9 +95,14 @@ def fit(rows: list[dict], key: str) -> dict:
     a = my - b * mx
     res = [y - (a + b * x) for x, y in zip(xs, ys)]
     ss_tot = sum((y - my) ** 2 for y in ys) or 1e-12
-    return {"what": key, "intercept_s": round(a, 3), "s_per_GB": round(b, 3),
-            "GB_per_s": round(1 / b, 3) if b > 0 else None,
-            "r2": round(1 - sum(e * e for e in res) / ss_tot, 4), "n": n}
+    return {
+        "what": key,
+        "intercept_s": round(a, 3),
+        "s_per_GB": round(b, 3),
+        "GB_per_s": round(1 / b, 3) if b > 0 else None,
+        "r2": round(1 - sum(e * e for e in res) / ss_tot, 4),
+        "n": n,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(json.dumps({"task": "ckpt_fit", **f}) + "\n")
     print(f"{'layers':>6} {'file GB':>8} {'write s':>8} {'push s':>8} {'total s':>8}")
     for r in rows:
-        print(f"{r['n_layer']:>6} {r['file_bytes'] / 1e9:>8.3f} {r['write_s']:>8.3f} {r['push_s']:>8.3f} {r['total_s']:>8.3f}")
+        print(
+            f"{r['n_layer']:>6} {r['file_bytes'] / 1e9:>8.3f} {r['write_s']:>8.3f} {r['push_s']:>8.3f} {r['total_s']:>8.3f}"
+        )
     return 0
 
 

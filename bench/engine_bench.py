@@ -13,6 +13,7 @@ Prints one table row per measurement (best and median wall seconds of --repeat r
   * a leg printing N lines through `engine run` vs the same command piped to /dev/null; the
     difference is what streaming, scanning and logging every line costs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,8 +103,7 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         plain = timed([sys.executable, str(printer), str(lines)], work, repeat)
         # The same command with its output through a pipe (to `cat`, then /dev/null): what any
         # reader of a leg's output costs the leg, before the engine does anything with the lines.
-        piped = timed(["bash", "-c", f'"{sys.executable}" "{printer}" {lines} | cat > /dev/null'],
-                      work, repeat)
+        piped = timed(["bash", "-c", f'"{sys.executable}" "{printer}" {lines} | cat > /dev/null'], work, repeat)
         # The engine's own stdout goes to /dev/null too, so both sides pay the same terminal cost.
         through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run"), "--force"], work, repeat)
         # The same run with a 1-line leg: the engine's fixed cost (imports, validation, evidence),
@@ -113,21 +113,25 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         tiny = timed([sys.executable, str(printer), "1"], work, repeat)
     fixed_cost = (fixed[0] - tiny[0], fixed[1] - tiny[1])
     per_line = (through[0] - plain[0] - fixed_cost[0], through[1] - plain[1] - fixed_cost[1])
-    return [(f"{lines:,} lines redirected to /dev/null", *plain),
-            (f"{lines:,} lines piped through cat to /dev/null", *piped),
-            (f"{lines:,} lines through engine run", *through),
-            ("  engine overhead, all of it", through[0] - plain[0], through[1] - plain[1], through[2]),
-            ("  of which fixed per run (1-line leg)", *fixed_cost, fixed[2]),
-            ("  streaming overhead (the rest)", *per_line, through[2]),
-            ("  streaming overhead, % of the leg", 100 * per_line[0] / plain[0],
-             100 * per_line[1] / plain[1], through[2]),
-            ("  engine vs the piped leg, % (fixed cost excluded)",
-             100 * (through[0] - fixed_cost[0] - piped[0]) / piped[0],
-             100 * (through[1] - fixed_cost[1] - piped[1]) / piped[1], through[2])]
+    return [
+        (f"{lines:,} lines redirected to /dev/null", *plain),
+        (f"{lines:,} lines piped through cat to /dev/null", *piped),
+        (f"{lines:,} lines through engine run", *through),
+        ("  engine overhead, all of it", through[0] - plain[0], through[1] - plain[1], through[2]),
+        ("  of which fixed per run (1-line leg)", *fixed_cost, fixed[2]),
+        ("  streaming overhead (the rest)", *per_line, through[2]),
+        ("  streaming overhead, % of the leg", 100 * per_line[0] / plain[0], 100 * per_line[1] / plain[1], through[2]),
+        (
+            "  engine vs the piped leg, % (fixed cost excluded)",
+            100 * (through[0] - fixed_cost[0] - piped[0]) / piped[0],
+            100 * (through[1] - fixed_cost[1] - piped[1]) / piped[1],
+            through[2],
+        ),
+    ]
 
 
 def _drop_last_check(text: str) -> str:
-    return text[:text.rindex("\n  - name: ")] + "\n"
+    return text[: text.rindex("\n  - name: ")] + "\n"
 
 
 # The README's risky change ("Reviewing a spec change"): two gates loosened, one dropped, a leg's argv
@@ -139,8 +143,12 @@ RISKY_CHANGE = {
 
 
 def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args], cwd=cwd,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
 
 
 def review_rows(base: str, repeat: int) -> list[tuple[str, float, float, int]]:
@@ -181,8 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A copy: every `engine check` leaves a check-<stamp>.json record beside the evidence.
             copy = Path(tmp) / Path(run_dir).name
             shutil.copytree(ROOT / run_dir, copy)
-            rows.append((f"engine check {spec}",
-                         *timed(engine_argv() + ["check", spec, "--evidence", str(copy)], ROOT, args.repeat)))
+            rows.append(
+                (
+                    f"engine check {spec}",
+                    *timed(engine_argv() + ["check", spec, "--evidence", str(copy)], ROOT, args.repeat),
+                )
+            )
     if args.review:
         rows.extend(review_rows(args.review, args.repeat))
     if args.lines > 0:

@@ -71,6 +71,7 @@ Memory: torch.cuda.max_memory_allocated / max_memory_reserved per rank over the 
 included), in GiB (2^30 bytes, as trainer/train.py's peak_stats). Rows go to --jsonl as they finish, so a
 timeout loses only the row in progress.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,20 +105,51 @@ from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
 from trainer.options import ModelOptions  # noqa: E402
 from trainer.snapshot import to_host  # noqa: E402
 
-GIB = 2 ** 30
+GIB = 2**30
 PROF_TOP = 40
 # Kernel families of a profile, by name (cuBLAS/nvjet GEMMs, cuDNN/flash attention, Inductor's Triton
 # kernels, ATen's elementwise/reduction kernels, the fused optimizer).
-PROF_FAMILIES = [("gemm", r"nvjet|gemm|cutlass|sm90_xmma|ampere_"), ("attention", r"sdpa|flash|fmha|cudnn"),
-                 ("triton", r"^triton_"), ("aten_elementwise", r"elementwise|vectorized|reduce_kernel"),
-                 ("optimizer", r"multi_tensor|fused_adam|FusedAdam")]
-CONFIG_DEFAULTS: dict[str, Any] = {"impl": "ours", "task": "speed", "micro": 4, "accum": 1, "prec": "bf16",
-                                   "attn": "sdpa", "compile": "none", "steps": 30, "warmup": 8, "stall": 0,
-                                   "windows": "20/180/1000", "lr": 6e-4, "ce": "fused",
-                                   "gqa": "auto", "ce_rows": 0, "cmode": "default", "sdpa": "auto", "prof": 0,
-                                   "noise": 0, "res": 1, "wacc": 1, "ctune": 0, "lean": 0,
-                                   "pbwd": "fp32", "combo": 0, "ind": "", "zero": "auto",
-                                   "gsteps": 3, "ddp": 0, "bcast": 0, "ddpopt": 1, "gcfreeze": 1}
+PROF_FAMILIES = [
+    ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|ampere_"),
+    ("attention", r"sdpa|flash|fmha|cudnn"),
+    ("triton", r"^triton_"),
+    ("aten_elementwise", r"elementwise|vectorized|reduce_kernel"),
+    ("optimizer", r"multi_tensor|fused_adam|FusedAdam"),
+]
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "impl": "ours",
+    "task": "speed",
+    "micro": 4,
+    "accum": 1,
+    "prec": "bf16",
+    "attn": "sdpa",
+    "compile": "none",
+    "steps": 30,
+    "warmup": 8,
+    "stall": 0,
+    "windows": "20/180/1000",
+    "lr": 6e-4,
+    "ce": "fused",
+    "gqa": "auto",
+    "ce_rows": 0,
+    "cmode": "default",
+    "sdpa": "auto",
+    "prof": 0,
+    "noise": 0,
+    "res": 1,
+    "wacc": 1,
+    "ctune": 0,
+    "lean": 0,
+    "pbwd": "fp32",
+    "combo": 0,
+    "ind": "",
+    "zero": "auto",
+    "gsteps": 3,
+    "ddp": 0,
+    "bcast": 0,
+    "ddpopt": 1,
+    "gcfreeze": 1,
+}
 DEFAULT_CONFIGS = [
     "impl=ours,micro=32,compile=regional,steps=40,warmup=10",
     "impl=hf,micro=32,compile=full,steps=40,warmup=10",
@@ -146,12 +178,33 @@ def label(cfg: dict[str, Any]) -> str:
     extra = ""
     if cfg["impl"] == "ours" and cfg["ce"] != "fused":
         extra = f" ce={cfg['ce']}"
-    for key in ("gqa", "ce_rows", "cmode", "sdpa", "prof", "noise", "res", "wacc", "ctune", "lean",
-                "ind", "pbwd", "combo", "zero", "gsteps", "ddp", "bcast", "ddpopt", "gcfreeze"):
+    for key in (
+        "gqa",
+        "ce_rows",
+        "cmode",
+        "sdpa",
+        "prof",
+        "noise",
+        "res",
+        "wacc",
+        "ctune",
+        "lean",
+        "ind",
+        "pbwd",
+        "combo",
+        "zero",
+        "gsteps",
+        "ddp",
+        "bcast",
+        "ddpopt",
+        "gcfreeze",
+    ):
         if cfg.get(key, CONFIG_DEFAULTS[key]) != CONFIG_DEFAULTS[key]:
             extra += f" {key}={cfg[key]}"
-    return (f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
-            f"compile={cfg['compile']}{extra}")
+    return (
+        f"{cfg['impl']} {cfg['task']} m{cfg['micro']}x{cfg['accum']} {cfg['prec']} {cfg['attn']} "
+        f"compile={cfg['compile']}{extra}"
+    )
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -164,17 +217,19 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
     set_sdpa_backend(cfg["sdpa"], device)
     ckw = {} if cfg["cmode"] == "default" else {"mode": cfg["cmode"]}
     from torch._inductor import config as inductor_config
+
     inductor_config.coordinate_descent_tuning = bool(cfg["ctune"])
-    inductor_config.combo_kernels = False   # compile_model (combo=1) or ind= may turn it on
+    inductor_config.combo_kernels = False  # compile_model (combo=1) or ind= may turn it on
     set_inductor_flags(cfg["ind"])
     if cfg["impl"] == "ours":
         opts = model_options(cfg)
         from torch._functorch import config as partitioner
-        partitioner.ban_recompute_materialized_backward = True   # torch's default; lean=1 lifts it
+
+        partitioner.ban_recompute_materialized_backward = True  # torch's default; lean=1 lifts it
         raw = Llama(mcfg, attn=cfg["attn"], options=opts).to(device)
         if cfg["compile"] == "regional":
             compile_blocks(raw, opts, **ckw)
-        if cfg["compile"] == "full":   # in place, as trainer/train.py does: DDP(raw) then runs it compiled
+        if cfg["compile"] == "full":  # in place, as trainer/train.py does: DDP(raw) then runs it compiled
             compile_model(raw, opts, tune=bool(cfg["ctune"]), **ckw)
         model = raw
         if cfg["ce"] in ("fused", "fused_eager"):
@@ -186,18 +241,23 @@ def build_model(cfg: dict[str, Any], model_name: str, device: torch.device) -> t
                 h, yy = raw.hidden(x).flatten(0, 1), y.flatten()
                 total = h.new_zeros((), dtype=torch.float32)
                 for i in range(0, h.shape[0], 1024):
-                    total = total + checkpoint(ce_sum, h[i:i + 1024], raw.embed_tokens.weight, yy[i:i + 1024],
-                                               use_reentrant=False)
+                    total = total + checkpoint(
+                        ce_sum, h[i : i + 1024], raw.embed_tokens.weight, yy[i : i + 1024], use_reentrant=False
+                    )
                 return total / yy.numel()
+
             return raw, ckpt_loss
         if cfg["ce"] == "plain":
             return raw, lambda x, y: F.cross_entropy(
-                F.linear(raw.hidden(x), raw.embed_tokens.weight).float().flatten(0, 1), y.flatten())
+                F.linear(raw.hidden(x), raw.embed_tokens.weight).float().flatten(0, 1), y.flatten()
+            )
         raise SystemExit(f"unknown ce {cfg['ce']!r}")
     if cfg["impl"] == "hf":
         import transformers
-        hf_cfg = transformers.LlamaConfig(**{k: v for k, v in to_hf_config(mcfg).items()
-                                             if k not in ("architectures", "torch_dtype")})
+
+        hf_cfg = transformers.LlamaConfig(
+            **{k: v for k, v in to_hf_config(mcfg).items() if k not in ("architectures", "torch_dtype")}
+        )
         hf_cfg.use_cache = False
         # fp32 master weights like ours; autocast does the bf16/fp16 casts for both.
         raw = transformers.LlamaForCausalLM._from_config(hf_cfg, attn_implementation=cfg["attn"]).to(device)
@@ -217,10 +277,16 @@ def wrap_ddp(model: Any, *, device_type: str, local_rank: int, sync_buffers: boo
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel as DDP
-    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
-        else "broadcast_buffers"
-    return DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
-               gradient_as_bucket_view=True, **{name: sync_buffers})
+
+    name = (
+        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    )
+    return DDP(
+        model,
+        device_ids=[local_rank] if device_type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **{name: sync_buffers},
+    )
 
 
 def model_options(cfg: dict[str, Any]) -> ModelOptions:
@@ -229,10 +295,16 @@ def model_options(cfg: dict[str, Any]) -> ModelOptions:
         raise SystemExit(f"unknown pbwd {cfg['pbwd']!r} (fp32 | autograd)")
     if cfg["gqa"] not in ("auto", "1", "0"):
         raise SystemExit(f"unknown gqa {cfg['gqa']!r} (auto | 1 | 0)")
-    return ModelOptions(bf16_residual=bool(cfg["res"]), fp32_wgrad=cfg["pbwd"] == "fp32", addmm_fp32=bool(cfg["wacc"]),
-                        sdpa_gqa={"auto": None, "1": True, "0": False}[cfg["gqa"]],
-                        loss_chunk_rows=int(cfg["ce_rows"]), fused_ce=cfg["ce"] != "fused_eager",
-                        lean_activations=bool(cfg["lean"]), combo_kernels=bool(cfg["combo"]))
+    return ModelOptions(
+        bf16_residual=bool(cfg["res"]),
+        fp32_wgrad=cfg["pbwd"] == "fp32",
+        addmm_fp32=bool(cfg["wacc"]),
+        sdpa_gqa={"auto": None, "1": True, "0": False}[cfg["gqa"]],
+        loss_chunk_rows=int(cfg["ce_rows"]),
+        fused_ce=cfg["ce"] != "fused_eager",
+        lean_activations=bool(cfg["lean"]),
+        combo_kernels=bool(cfg["combo"]),
+    )
 
 
 def set_inductor_flags(text: str) -> None:
@@ -240,6 +312,7 @@ def set_inductor_flags(text: str) -> None:
     values parsed as int, float or True/False, else kept as text. An unknown name is an error, unless it ends
     in '?' (name?:value: set where this torch has it)."""
     from torch._inductor import config as inductor_config
+
     for item in filter(None, text.split("+")):
         name, _, raw = item.partition(":")
         optional = name.endswith("?")
@@ -249,7 +322,7 @@ def set_inductor_flags(text: str) -> None:
         for part in path:
             obj = getattr(obj, part)
         if not hasattr(obj, attr):
-            if optional:   # a knob newer than this torch: the row still runs, and its log says so
+            if optional:  # a knob newer than this torch: the row still runs, and its log says so
                 print(f"ind: torch._inductor.config has no {name!r} (torch {torch.__version__}); not set", flush=True)
                 continue
             raise SystemExit(f"ind: torch._inductor.config has no {name!r}")
@@ -281,8 +354,10 @@ def set_sdpa_backend(which: str, device: torch.device) -> None:
 def make_optimizer(raw: torch.nn.Module, device: torch.device, lr: float) -> torch.optim.Optimizer:
     # The trainer's optimizer (trainer/train.py): decay matrices only, fused kernels on cuda.
     params = [p for p in raw.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
 
 
@@ -315,6 +390,7 @@ class Bench:
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         if self.ddp:
             import torch.distributed as dist
+
             self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             local = int(os.environ["LOCAL_RANK"])
             if args.device == "cuda":
@@ -338,41 +414,45 @@ class Bench:
         if not self.ddp:
             return vals
         import torch.distributed as dist
+
         t = torch.tensor(vals, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
     def fresh(self) -> None:
-        gc.unfreeze()   # the last row's frozen objects (its compiled graphs) become collectable again
+        gc.unfreeze()  # the last row's frozen objects (its compiled graphs) become collectable again
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
         from torch import _dynamo  # `import torch._dynamo` here would make `torch` a local name of fresh()
+
         _dynamo.reset()
 
     def zero_in_place(self, cfg: dict[str, Any]) -> bool:
         """Whether this row clears gradients in place (keeping them allocated) instead of setting them to None."""
         if cfg["zero"] not in ("auto", "inplace", "none"):
             raise SystemExit(f"unknown zero {cfg['zero']!r} (auto | inplace | none)")
-        if cfg["zero"] == "auto":   # trainer/train.py's rule
+        if cfg["zero"] == "auto":  # trainer/train.py's rule
             return self.ddp or cfg["cmode"] == "reduce-overhead"
         return cfg["zero"] == "inplace"
 
     def setup(self, cfg: dict[str, Any]):
         import torch._dynamo.config as dynamo_config
-        dynamo_config.optimize_ddp = bool(cfg["ddpopt"])   # read when a frame compiles inside DDP's forward
+
+        dynamo_config.optimize_ddp = bool(cfg["ddpopt"])  # read when a frame compiles inside DDP's forward
         raw, loss_fn = build_model(cfg, self.args.model, self.device)
         model, self.sync = raw, None
-        if self.ddp and not cfg["ddp"]:   # as trainer/train.py: one all-reduce a step, grads in one buffer
+        if self.ddp and not cfg["ddp"]:  # as trainer/train.py: one all-reduce a step, grads in one buffer
             if not self.zero_in_place(cfg):
                 raise SystemExit("zero=none would replace GradientSync's gradient views: use zero=inplace or ddp=1")
             self.sync = GradientSync([p for p in raw.parameters() if p.requires_grad], self.world)
         elif self.zero_in_place(cfg):
-            keep_grads_allocated(raw)   # before DDP, which makes them its bucket views
+            keep_grads_allocated(raw)  # before DDP, which makes them its bucket views
         if self.ddp and cfg["ddp"]:
-            model = wrap_ddp(raw, device_type=self.device.type, local_rank=self.device.index or 0,
-                             sync_buffers=bool(cfg["bcast"]))
+            model = wrap_ddp(
+                raw, device_type=self.device.type, local_rank=self.device.index or 0, sync_buffers=bool(cfg["bcast"])
+            )
             if cfg["impl"] == "ours":
                 loss_fn = lambda x, y: model(x, y)[1]  # noqa: E731 - the DDP wrapper must run the forward
             else:
@@ -391,7 +471,7 @@ class Bench:
         def step() -> torch.Tensor:
             total = torch.zeros((), device=self.device)
             for a in range(accum):
-                if graphs:   # as trainer/train.py: each micro-step is a new replay
+                if graphs:  # as trainer/train.py: each micro-step is a new replay
                     torch.compiler.cudagraph_mark_step_begin()
                 x, y = batches[counter[0] % len(batches)]
                 counter[0] += 1
@@ -415,22 +495,37 @@ class Bench:
             # adds into them (see `zero`).
             opt.zero_grad(set_to_none=not in_place)
             return total
+
         return step
 
     def random_batches(self, micro: int, seed: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """n (inputs, targets) pairs of uniform random tokens, already on the device (no loader in the timing)."""
         g = torch.Generator().manual_seed(seed)
         shape = (micro, self.args.seq_len)
-        return [(torch.randint(0, self.vocab, shape, generator=g).to(self.device),
-                 torch.randint(0, self.vocab, shape, generator=g).to(self.device)) for _ in range(n)]
+        return [
+            (
+                torch.randint(0, self.vocab, shape, generator=g).to(self.device),
+                torch.randint(0, self.vocab, shape, generator=g).to(self.device),
+            )
+            for _ in range(n)
+        ]
 
     # -- tasks --------------------------------------------------------------------------------------
     def speed(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
         batches = self.random_batches(cfg["micro"], seed=99 + self.rank)
         hook: dict[str, Any] = {}
-        step = self.make_step(cfg, raw, model, loss_fn, opt, scaler, autocast, batches,
-                              before_opt=lambda: hook["fn"]() if "fn" in hook else None)
+        step = self.make_step(
+            cfg,
+            raw,
+            model,
+            loss_fn,
+            opt,
+            scaler,
+            autocast,
+            batches,
+            before_opt=lambda: hook["fn"]() if "fn" in hook else None,
+        )
         t0 = time.time()
         for _ in range(cfg["warmup"]):
             step()
@@ -463,9 +558,13 @@ class Bench:
             # choice) from one with a few stalled steps; tok_s_median is the row's figure without outliers.
             ms = sorted(a.elapsed_time(b) for a, b in zip(marks, marks[1:]))
             q = lambda f: ms[min(len(ms) - 1, int(f * len(ms)))]  # noqa: E731
-            row.update(step_ms_min=round(ms[0], 2), step_ms_p50=round(q(0.5), 2), step_ms_p90=round(q(0.9), 2),
-                       step_ms_max=round(ms[-1], 2),
-                       tok_s_median=round(tokens / cfg["steps"] / (q(0.5) / 1000), 1))
+            row.update(
+                step_ms_min=round(ms[0], 2),
+                step_ms_p50=round(q(0.5), 2),
+                step_ms_p90=round(q(0.9), 2),
+                step_ms_max=round(ms[-1], 2),
+                tok_s_median=round(tokens / cfg["steps"] / (q(0.5) / 1000), 1),
+            )
         row["addmm_fp32"] = addmm_fp32_status()
         row["final_loss"] = float(losses[-1])
         row["loss_finite"] = bool(all(math.isfinite(float(v)) for v in losses))
@@ -484,6 +583,7 @@ class Bench:
         """[kernel/op name, ms per step, % of the profiled device time] for the PROF_TOP heaviest over n
         steps, after the total, the launches per step and the time per PROF_FAMILIES family."""
         from torch.profiler import ProfilerActivity, profile
+
         cuda = self.device.type == "cuda"
         acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
         sync(self.device)
@@ -494,10 +594,11 @@ class Bench:
         ev = prof.key_averages()
 
         def self_t(e):  # microseconds of device (or, on cpu, host) self time
-            for name in (("self_device_time_total", "self_cuda_time_total") if cuda else ("self_cpu_time_total",)):
+            for name in ("self_device_time_total", "self_cuda_time_total") if cuda else ("self_cpu_time_total",):
                 if hasattr(e, name):
                     return float(getattr(e, name))
             return 0.0
+
         rows = sorted(((e.key, self_t(e), e.count) for e in ev), key=lambda r: -r[1])
         total = sum(t for _, t, _ in rows) or 1.0
         out = [["TOTAL", round(total / 1000 / n, 3), 100.0]]
@@ -512,19 +613,26 @@ class Bench:
     def row(self, cfg, **kw) -> dict[str, Any]:
         alloc = reserved = None
         if self.device.type == "cuda":
-            alloc, reserved = self.reduce_max([torch.cuda.max_memory_allocated(self.device) / GIB,
-                                               torch.cuda.max_memory_reserved(self.device) / GIB])
+            alloc, reserved = self.reduce_max(
+                [torch.cuda.max_memory_allocated(self.device) / GIB, torch.cuda.max_memory_reserved(self.device) / GIB]
+            )
         tok_s = kw.get("tok_s")
         per_gpu = tok_s / self.world if tok_s else None
-        return {"config": label(cfg), **cfg, "world": self.world, "seq_len": self.args.seq_len,
-                "card": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-                "torch": torch.__version__,
-                "tok_s": round(tok_s, 1) if tok_s else None,
-                "mfu_pct": round(100 * per_gpu * self.flop_per_token / (self.args.peak_tflops * 1e12), 2)
-                if per_gpu else None,
-                "peak_alloc_gib": round(alloc, 3) if alloc is not None else None,
-                "peak_reserved_gib": round(reserved, 3) if reserved is not None else None,
-                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in kw.items() if k != "tok_s"}}
+        return {
+            "config": label(cfg),
+            **cfg,
+            "world": self.world,
+            "seq_len": self.args.seq_len,
+            "card": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "tok_s": round(tok_s, 1) if tok_s else None,
+            "mfu_pct": round(100 * per_gpu * self.flop_per_token / (self.args.peak_tflops * 1e12), 2)
+            if per_gpu
+            else None,
+            "peak_alloc_gib": round(alloc, 3) if alloc is not None else None,
+            "peak_reserved_gib": round(reserved, 3) if reserved is not None else None,
+            **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in kw.items() if k != "tok_s"},
+        }
 
     def stall(self, cfg, raw, opt, step, hook, step_s: float) -> dict[str, Any]:
         """Training-thread pause of one checkpoint snapshot, measured as (snapshot + step) - step.
@@ -545,8 +653,9 @@ class Bench:
             shadow.load_state_dict(raw.state_dict())
             to_host(opt.state_dict())
 
-        tensors = [p for p in raw.parameters()] + [t for st in opt.state.values() for t in st.values()
-                                                   if torch.is_tensor(t) and t.device.type != "cpu"]
+        tensors = [p for p in raw.parameters()] + [
+            t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.device.type != "cpu"
+        ]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if self.device.type == "cuda":
             host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
@@ -596,21 +705,23 @@ class Bench:
             t0 = time.perf_counter()
             c = dict(cfg, impl="ours", compile=cfg["compile"] if path == "fast" else "none")
             path_batches = batches
-            if path == "plain_split":   # the same maths, half the rows a GEMM: each micro-batch as two halves
+            if path == "plain_split":  # the same maths, half the rows a GEMM: each micro-batch as two halves
                 c["accum"] = 2 * cfg["accum"]
                 half = cfg["micro"] // 2
-                path_batches = [(x[i:i + half], y[i:i + half]) for x, y in batches for i in (0, half)]
+                path_batches = [(x[i : i + half], y[i : i + half]) for x, y in batches for i in (0, half)]
             if path.startswith("plain"):  # the textbook model: fp32 residual stream as HF's autocast path,
-                c["res"], c["pbwd"] = 0, "autograd"   # nn.Linear's own backward
-            if path == "plain_fp32":   # fp32 everywhere, TF32 off: the reference the bf16 paths round away from
+                c["res"], c["pbwd"] = 0, "autograd"  # nn.Linear's own backward
+            if path == "plain_fp32":  # fp32 everywhere, TF32 off: the reference the bf16 paths round away from
                 c["prec"] = "fp32"
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
             raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
             if path.startswith("plain"):
+
                 def loss_fn(x, y, raw=raw):  # noqa: E306 - the textbook loss
                     h = raw.hidden(x)
                     logits = F.linear(h, raw.embed_tokens.weight).float()
                     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
             step = self.make_step(c, raw, model, loss_fn, opt, scaler, autocast, path_batches)
             # Progress on the log as it happens: a check killed by its budget still says how far it got
             # (a killed compile otherwise leaves no trace of which path it was in).
@@ -625,32 +736,56 @@ class Bench:
             del raw, model, opt
         a, b = curves["plain"], curves["fast"]
         pairs = {}
-        for x, y in (("plain", "plain_split"), ("plain", "fast"), ("plain_fp32", "plain"),
-                     ("plain_fp32", "plain_split"), ("plain_fp32", "fast")):
+        for x, y in (
+            ("plain", "plain_split"),
+            ("plain", "fast"),
+            ("plain_fp32", "plain"),
+            ("plain_fp32", "plain_split"),
+            ("plain_fp32", "fast"),
+        ):
             if x in curves and y in curves:
                 d = [abs(u - v) for u, v in zip(curves[x], curves[y])]
                 r = [e / abs(u) for e, u in zip(d, curves[x])]
-                pairs[f"{y}_vs_{x}"] = {"max_abs": round(max(d), 5), "max_rel": round(max(r), 5),
-                                        "mean_rel": round(sum(r) / len(r), 5), "final_rel": round(r[-1], 5),
-                                        "argmax_step": 1 + d.index(max(d))}
-        extra = {f"curve_{k}": [round(v, 4) for v in curves[k][::5]] + [round(curves[k][-1], 4)]
-                 for k in curves if k not in ("plain", "fast")}
+                pairs[f"{y}_vs_{x}"] = {
+                    "max_abs": round(max(d), 5),
+                    "max_rel": round(max(r), 5),
+                    "mean_rel": round(sum(r) / len(r), 5),
+                    "final_rel": round(r[-1], 5),
+                    "argmax_step": 1 + d.index(max(d)),
+                }
+        extra = {
+            f"curve_{k}": [round(v, 4) for v in curves[k][::5]] + [round(curves[k][-1], 4)]
+            for k in curves
+            if k not in ("plain", "fast")
+        }
         if "fast_vs_plain_fp32" in pairs:
             # The noise-floor gate: the fast path is no further from the fp32 reference than the two bf16
             # plain paths are (max and mean relative distance over the steps).
             f, ref = pairs["fast_vs_plain_fp32"], [pairs["plain_vs_plain_fp32"], pairs["plain_split_vs_plain_fp32"]]
-            extra["within_noise_floor"] = (f["max_rel"] <= max(r["max_rel"] for r in ref)
-                                           and f["mean_rel"] <= max(r["mean_rel"] for r in ref))
+            extra["within_noise_floor"] = f["max_rel"] <= max(r["max_rel"] for r in ref) and f["mean_rel"] <= max(
+                r["mean_rel"] for r in ref
+            )
         diffs = [abs(x - y) for x, y in zip(a, b)]
         rel = [d / abs(x) for d, x in zip(diffs, a)]
-        return {"config": label(cfg), **cfg, "world": self.world, "plain_first": a[0], "plain_last": a[-1],
-                "fast_first": b[0], "fast_last": b[-1], "max_abs_diff": max(diffs), "max_rel_diff": max(rel),
-                "mean_rel_diff": sum(rel) / len(rel),
-                # bf16 has 8 mantissa bits (2^-8 = 0.4 %); two paths that round differently drift apart
-                # slowly over steps, so the gate is 2 % relative at any step and 0.5 % on average.
-                "within_tolerance": max(rel) < 0.02 and sum(rel) / len(rel) < 0.005,
-                "curve_plain": [round(v, 4) for v in a[::5]], "curve_fast": [round(v, 4) for v in b[::5]],
-                "pairs": pairs, **extra}
+        return {
+            "config": label(cfg),
+            **cfg,
+            "world": self.world,
+            "plain_first": a[0],
+            "plain_last": a[-1],
+            "fast_first": b[0],
+            "fast_last": b[-1],
+            "max_abs_diff": max(diffs),
+            "max_rel_diff": max(rel),
+            "mean_rel_diff": sum(rel) / len(rel),
+            # bf16 has 8 mantissa bits (2^-8 = 0.4 %); two paths that round differently drift apart
+            # slowly over steps, so the gate is 2 % relative at any step and 0.5 % on average.
+            "within_tolerance": max(rel) < 0.02 and sum(rel) / len(rel) < 0.005,
+            "curve_plain": [round(v, 4) for v in a[::5]],
+            "curve_fast": [round(v, 4) for v in b[::5]],
+            "pairs": pairs,
+            **extra,
+        }
 
     def graphs(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """CUDA graphs keep the numbers: the compiled path without them (`nograph`: cmode default, gradients
@@ -668,9 +803,14 @@ class Bench:
         grads: dict[str, list[torch.Tensor]] = {}
         for path in ("eager", "nograph", "graph"):
             self.fresh()
-            c = dict(cfg, impl="ours", task="speed", cmode="reduce-overhead" if path == "graph" else "default",
-                     zero=cfg["zero"] if path == "graph" else "auto",
-                     compile="none" if path == "eager" else cfg["compile"])
+            c = dict(
+                cfg,
+                impl="ours",
+                task="speed",
+                cmode="reduce-overhead" if path == "graph" else "default",
+                zero=cfg["zero"] if path == "graph" else "auto",
+                compile="none" if path == "eager" else cfg["compile"],
+            )
             raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
             params = [p for p in raw.parameters() if p.requires_grad]
             kept: list[torch.Tensor] = []
@@ -678,29 +818,40 @@ class Bench:
             def grab(params=params, kept=kept):
                 if len(kept) < cfg["gsteps"]:
                     kept.append(torch.cat([p.grad.detach().float().flatten() for p in params]).cpu())
+
             step = self.make_step(c, raw, model, loss_fn, opt, scaler, autocast, batches, before_opt=grab)
             t0 = time.perf_counter()
             losses[path] = [float(step()) for _ in range(cfg["steps"])]
             self.log(f"graphs: path {path} {cfg['steps']} steps in {time.perf_counter() - t0:.1f} s")
             grads[path] = kept
             del raw, model, opt, step
+
         def rel_l2(x: str, y: str) -> list[float]:
             return [float(f"{float((g - r).norm() / r.norm()):.3g}") for g, r in zip(grads[x], grads[y])]
 
         def loss_rel(x: str, y: str) -> list[float]:
             return [abs(u - v) / abs(u) for u, v in zip(losses[x], losses[y])]
+
         rel, floor = rel_l2("graph", "nograph"), rel_l2("nograph", "eager")
         lrel, lfloor = loss_rel("nograph", "graph"), loss_rel("eager", "nograph")
         a, b = losses["nograph"], losses["graph"]
-        return {"config": label(cfg), **cfg, "world": self.world, "grad_rel_l2": rel, "grad_rel_l2_floor": floor,
-                "grad_bitwise_equal": [bool(torch.equal(g, r)) for g, r in zip(grads["graph"], grads["nograph"])],
-                "loss_bitwise_equal": a == b,
-                "loss_max_rel": round(max(lrel), 6), "loss_mean_rel": round(sum(lrel) / len(lrel), 6),
-                "loss_max_rel_floor": round(max(lfloor), 6), "loss_mean_rel_floor": round(sum(lfloor) / len(lfloor), 6),
-                "curve_nograph": [round(v, 4) for v in a[::5]] + [round(a[-1], 4)],
-                "curve_graph": [round(v, 4) for v in b[::5]] + [round(b[-1], 4)],
-                # From the same weights (step 1), CUDA graphs move the gradient no further than compiling does.
-                "graphs_keep_gradients": bool(rel) and rel[0] <= floor[0]}
+        return {
+            "config": label(cfg),
+            **cfg,
+            "world": self.world,
+            "grad_rel_l2": rel,
+            "grad_rel_l2_floor": floor,
+            "grad_bitwise_equal": [bool(torch.equal(g, r)) for g, r in zip(grads["graph"], grads["nograph"])],
+            "loss_bitwise_equal": a == b,
+            "loss_max_rel": round(max(lrel), 6),
+            "loss_mean_rel": round(sum(lrel) / len(lrel), 6),
+            "loss_max_rel_floor": round(max(lfloor), 6),
+            "loss_mean_rel_floor": round(sum(lfloor) / len(lfloor), 6),
+            "curve_nograph": [round(v, 4) for v in a[::5]] + [round(a[-1], 4)],
+            "curve_graph": [round(v, 4) for v in b[::5]] + [round(b[-1], 4)],
+            # From the same weights (step 1), CUDA graphs move the gradient no further than compiling does.
+            "graphs_keep_gradients": bool(rel) and rel[0] <= floor[0],
+        }
 
     def drift(self, cfg: dict[str, Any]) -> dict[str, Any]:
         raw, model, loss_fn, opt, scaler, autocast = self.setup(cfg)
@@ -720,12 +871,19 @@ class Bench:
                 done += 1
             sync(self.device)
             now = time.time()
-            reserved = (torch.cuda.memory_reserved(self.device) / GIB if self.device.type == "cuda" else None)
-            alloc_peak = (torch.cuda.max_memory_allocated(self.device) / GIB if self.device.type == "cuda" else None)
-            windows.append({"steps_to": end, "tok_s_window": round((end - (ends[ends.index(end) - 1] if ends.index(end) else 0)) * tok_step / (now - tw), 1),
-                            "tok_s_cumulative": round(end * tok_step / (now - t0), 1),
-                            "reserved_gib": round(reserved, 3) if reserved is not None else None,
-                            "peak_alloc_gib": round(alloc_peak, 3) if alloc_peak is not None else None})
+            reserved = torch.cuda.memory_reserved(self.device) / GIB if self.device.type == "cuda" else None
+            alloc_peak = torch.cuda.max_memory_allocated(self.device) / GIB if self.device.type == "cuda" else None
+            windows.append(
+                {
+                    "steps_to": end,
+                    "tok_s_window": round(
+                        (end - (ends[ends.index(end) - 1] if ends.index(end) else 0)) * tok_step / (now - tw), 1
+                    ),
+                    "tok_s_cumulative": round(end * tok_step / (now - t0), 1),
+                    "reserved_gib": round(reserved, 3) if reserved is not None else None,
+                    "peak_alloc_gib": round(alloc_peak, 3) if alloc_peak is not None else None,
+                }
+            )
         row = self.row(cfg, tok_s=ends[-1] * tok_step / (time.time() - t0))
         row["drift_windows"] = windows
         return row
@@ -763,7 +921,7 @@ def matmul_tflops(device: torch.device) -> float | None:
     for _ in range(10):
         a @ b
     torch.cuda.synchronize(device)
-    return 2 * 8192 ** 3 * 10 / (time.time() - t0) / 1e12
+    return 2 * 8192**3 * 10 / (time.time() - t0) / 1e12
 
 
 def shape_key(r: dict[str, Any]) -> tuple:
@@ -778,9 +936,11 @@ def vs_baseline(rows: list[dict[str, Any]]) -> dict[int, float]:
     for r in rows:
         if r.get("impl") == "hf" and r.get("compile") == "full" and r.get("task") == "speed" and r.get("tok_s"):
             base.setdefault(shape_key(r), []).append(r["tok_s"])
-    return {i: r["tok_s"] / (sum(base[shape_key(r)]) / len(base[shape_key(r)]))
-            for i, r in enumerate(rows)
-            if r.get("impl") == "ours" and r.get("task") == "speed" and r.get("tok_s") and shape_key(r) in base}
+    return {
+        i: r["tok_s"] / (sum(base[shape_key(r)]) / len(base[shape_key(r)]))
+        for i, r in enumerate(rows)
+        if r.get("impl") == "ours" and r.get("task") == "speed" and r.get("tok_s") and shape_key(r) in base
+    }
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -793,24 +953,33 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"{r['config']:<60} ERROR {r['error'][:120]}")
             continue
         if r.get("task") == "check":
-            print(f"{r['config']:<60} check: plain {r['plain_first']:.3f}->{r['plain_last']:.3f} fast "
-                  f"{r['fast_first']:.3f}->{r['fast_last']:.3f} max rel {r['max_rel_diff']:.2e} "
-                  # The verdict that means something is the noise floor (noise=1): the fixed gate sits below
-                  # what two plain bf16 paths already differ by.
-                  + (f"within_noise_floor={r['within_noise_floor']} " if "within_noise_floor" in r else "")
-                  + f"fixed_2%/0.5%_gate={r['within_tolerance']}")
+            print(
+                f"{r['config']:<60} check: plain {r['plain_first']:.3f}->{r['plain_last']:.3f} fast "
+                f"{r['fast_first']:.3f}->{r['fast_last']:.3f} max rel {r['max_rel_diff']:.2e} "
+                # The verdict that means something is the noise floor (noise=1): the fixed gate sits below
+                # what two plain bf16 paths already differ by.
+                + (f"within_noise_floor={r['within_noise_floor']} " if "within_noise_floor" in r else "")
+                + f"fixed_2%/0.5%_gate={r['within_tolerance']}"
+            )
             for k, v in (r.get("pairs") or {}).items():
-                print(f"    {k:<26} max_abs {v['max_abs']:.4f} (step {v['argmax_step']}) max_rel {v['max_rel']:.2e} "
-                      f"mean_rel {v['mean_rel']:.2e} final_rel {v['final_rel']:.2e}")
+                print(
+                    f"    {k:<26} max_abs {v['max_abs']:.4f} (step {v['argmax_step']}) max_rel {v['max_rel']:.2e} "
+                    f"mean_rel {v['mean_rel']:.2e} final_rel {v['final_rel']:.2e}"
+                )
             continue
         if r.get("task") == "graphs":
-            print(f"{r['config']:<60} graphs: grad rel L2 {r['grad_rel_l2']} (compiled vs eager "
-                  f"{r['grad_rel_l2_floor']}) bitwise {r['grad_bitwise_equal']} loss max/mean rel "
-                  f"{r['loss_max_rel']:.2e}/{r['loss_mean_rel']:.2e} (compiled vs eager {r['loss_max_rel_floor']:.2e}/"
-                  f"{r['loss_mean_rel_floor']:.2e}) graphs_keep_gradients={r['graphs_keep_gradients']}")
+            print(
+                f"{r['config']:<60} graphs: grad rel L2 {r['grad_rel_l2']} (compiled vs eager "
+                f"{r['grad_rel_l2_floor']}) bitwise {r['grad_bitwise_equal']} loss max/mean rel "
+                f"{r['loss_max_rel']:.2e}/{r['loss_mean_rel']:.2e} (compiled vs eager {r['loss_max_rel_floor']:.2e}/"
+                f"{r['loss_mean_rel_floor']:.2e}) graphs_keep_gradients={r['graphs_keep_gradients']}"
+            )
             continue
-        stall = (f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
-                 if "stall_sync_s" in r else "")
+        stall = (
+            f"{1000 * r['stall_sync_s']:.0f}/{1000 * r.get('stall_async_s', float('nan')):.0f}"
+            if "stall_sync_s" in r
+            else ""
+        )
         notes = [f"vs_hf_compile={ratios[i]:.2f}x"] if i in ratios else []
         if r.get("world", 1) > 1:
             notes.append(f"world={r['world']}")
@@ -819,17 +988,23 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         if "warm_s" in r:
             notes.append(f"warm={r['warm_s']:.0f}s")
         if "tok_s_median" in r:
-            notes.append(f"median={r['tok_s_median']:.0f} step_ms p50/p90/max={r['step_ms_p50']}/{r['step_ms_p90']}"
-                         f"/{r['step_ms_max']}")
-        if r.get("gc_full_collections"):     # a full collection stopped the timed steps: say how long
+            notes.append(
+                f"median={r['tok_s_median']:.0f} step_ms p50/p90/max={r['step_ms_p50']}/{r['step_ms_p90']}"
+                f"/{r['step_ms_max']}"
+            )
+        if r.get("gc_full_collections"):  # a full collection stopped the timed steps: say how long
             notes.append(f"gc_full={r['gc_full_collections']}x max {1000 * r['gc_full_s_max']:.0f}ms")
         if r.get("addmm_fp32") is not None and r.get("impl") == "ours":
             notes.append(f"addmm_fp32={r['addmm_fp32']}")
         if "drift_windows" in r:
-            notes.append(" ".join(f"{w['steps_to']}:{w['tok_s_window']:.0f}/{w['reserved_gib']}G" for w in r["drift_windows"]))
-        print(f"{r['config']:<60} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
-              f"{r['peak_alloc_gib'] if r['peak_alloc_gib'] is not None else '-':>7} "
-              f"{r['peak_reserved_gib'] if r['peak_reserved_gib'] is not None else '-':>7} {stall:>9} {' '.join(notes)}")
+            notes.append(
+                " ".join(f"{w['steps_to']}:{w['tok_s_window']:.0f}/{w['reserved_gib']}G" for w in r["drift_windows"])
+            )
+        print(
+            f"{r['config']:<60} {r['tok_s'] or 0:>10.0f} {r['mfu_pct'] or 0:>6.1f} "
+            f"{r['peak_alloc_gib'] if r['peak_alloc_gib'] is not None else '-':>7} "
+            f"{r['peak_reserved_gib'] if r['peak_reserved_gib'] is not None else '-':>7} {stall:>9} {' '.join(notes)}"
+        )
         for name, v, pct in r.get("prof_top") or []:
             if name == "LAUNCHES":
                 print(f"    {v:>9.1f} launches/step")
@@ -855,15 +1030,39 @@ def trainer_row(log_text: str, where: str, peak_tflops: float) -> dict[str, Any]
     mcfg = GEOMETRIES[rj["model"]]
     flop_per_token = 6 * rj["params"] + 12 * mcfg.n_layer * mcfg.d_model * rj["seq_len"]
     opts = rj.get("model_options") or {}
-    return {**base, "config": (f"trainer m{rj['micro_batch']}x{rj['accum']} {rj['precision']} {rj.get('attn', '')} "
-                               f"compile={rj['compile']} graphs={int(bool(rj.get('cuda_graphs')))}").replace("  ", " "),
-            "micro": rj["micro_batch"], "accum": rj["accum"], "prec": rj["precision"], "world": world,
-            "seq_len": rj["seq_len"], "card": rj.get("card", ""), "tok_s": tok_s,
-            "mfu_pct": round(100 * per_gpu * flop_per_token / (peak_tflops * 1e12), 2) if per_gpu else None,
-            "peak_alloc_gib": rj.get("peak_gpu_gb_max_rank"), "peak_reserved_gib": rj.get("peak_reserved_gb_max_rank"),
-            **{k: rj[k] for k in ("tok_s_median", "step_ms_min", "step_ms_p50", "step_ms_p90", "step_ms_max",
-                                  "gc_full_collections", "gc_full_s_max") if rj.get(k) is not None},
-            "steps": rj["final_step"] - (rj["first_step"] or 1) + 1, "model_options": opts, "source": where}
+    return {
+        **base,
+        "config": (
+            f"trainer m{rj['micro_batch']}x{rj['accum']} {rj['precision']} {rj.get('attn', '')} "
+            f"compile={rj['compile']} graphs={int(bool(rj.get('cuda_graphs')))}"
+        ).replace("  ", " "),
+        "micro": rj["micro_batch"],
+        "accum": rj["accum"],
+        "prec": rj["precision"],
+        "world": world,
+        "seq_len": rj["seq_len"],
+        "card": rj.get("card", ""),
+        "tok_s": tok_s,
+        "mfu_pct": round(100 * per_gpu * flop_per_token / (peak_tflops * 1e12), 2) if per_gpu else None,
+        "peak_alloc_gib": rj.get("peak_gpu_gb_max_rank"),
+        "peak_reserved_gib": rj.get("peak_reserved_gb_max_rank"),
+        **{
+            k: rj[k]
+            for k in (
+                "tok_s_median",
+                "step_ms_min",
+                "step_ms_p50",
+                "step_ms_p90",
+                "step_ms_max",
+                "gc_full_collections",
+                "gc_full_s_max",
+            )
+            if rj.get(k) is not None
+        },
+        "steps": rj["final_step"] - (rj["first_step"] or 1) + 1,
+        "model_options": opts,
+        "source": where,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -878,8 +1077,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON row per config")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing rows")
     p.add_argument("--table", type=Path, nargs="+", help="only print the table of these --jsonl files")
-    p.add_argument("--trainer-log", type=Path, nargs="+",
-                   help="rows from the trainer's own runs: each log's RUN_JSON becomes a row (appended to --jsonl)")
+    p.add_argument(
+        "--trainer-log",
+        type=Path,
+        nargs="+",
+        help="rows from the trainer's own runs: each log's RUN_JSON becomes a row (appended to --jsonl)",
+    )
     args = p.parse_args(argv)
     # A row killed by its part's budget (device_all.sh: timeout sends SIGTERM) first writes every thread's
     # stack to stderr, which the part's log keeps: where it was stuck, not only that it was.
@@ -893,8 +1096,10 @@ def main(argv: list[str] | None = None) -> int:
         one = next((r for r in rows if r.get("world") == 1 and r.get("tok_s")), None)
         for r in rows:
             if one and r.get("world", 1) > 1 and r.get("tok_s"):
-                print(f"scaling {r['world']} ranks vs 1: tok/s {r['tok_s'] / one['tok_s']:.2f}x, "
-                      f"median {r['tok_s_median'] / one['tok_s_median']:.2f}x ({r['source']} vs {one['source']})")
+                print(
+                    f"scaling {r['world']} ranks vs 1: tok/s {r['tok_s'] / one['tok_s']:.2f}x, "
+                    f"median {r['tok_s_median'] / one['tok_s_median']:.2f}x ({r['source']} vs {one['source']})"
+                )
         return 0 if all(not r.get("error") for r in rows) else 1
     if args.table:
         rows = [json.loads(line) for f in args.table if f.exists() for line in f.read_text().splitlines() if line]
@@ -909,11 +1114,17 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     bench = Bench(args)
     if bench.rank == 0:
-        info = {"card": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else "cpu",
-                "torch": torch.__version__, "world": bench.world, "params": bench.n_params,
-                "flop_per_token": bench.flop_per_token, "peak_tflops_assumed": args.peak_tflops}
+        info = {
+            "card": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "world": bench.world,
+            "params": bench.n_params,
+            "flop_per_token": bench.flop_per_token,
+            "peak_tflops_assumed": args.peak_tflops,
+        }
         try:
             import transformers
+
             info["transformers"] = transformers.__version__
         except ImportError:
             info["transformers"] = None
@@ -937,6 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows)
     if bench.ddp:
         import torch.distributed as dist
+
         dist.destroy_process_group()
     return 0
 

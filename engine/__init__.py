@@ -1,4 +1,5 @@
 """specprobe's engine: a declarative spec -> plan -> legs -> evidence -> verdict (see engine/cli.py)."""
+
 from __future__ import annotations
 
 
@@ -6,6 +7,7 @@ def version() -> str:
     """The installed specprobe version (pyproject's), "0.0.0" when running from an uninstalled tree."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
+
     try:
         return installed("specprobe")
     except PackageNotFoundError:

@@ -14,6 +14,7 @@ in the explain trace. Its ``when`` decides whether it is evaluated: exactly ``fa
 absent data is NO_DATA, anything but a boolean is an ERROR; a check the spec disables is DISABLED
 (reported with its reason, never evaluated, never failing the verdict).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ _OPS = {"eq": "==", "ne": "!=", "lt": "<", "gt": ">", "lte": "<=", "gte": ">="}
 
 
 # ---------------------------------------------------------------- the document checks see
+
 
 def check_document(evidence: Mapping[str, Any]) -> dict:
     """The evidence without ``checks``/``verdict``, as plain JSON types (tuples -> lists, etc.)."""
@@ -78,8 +80,17 @@ def compact(value: Any, limit: int = VALUE_CUT) -> str:
 
 
 # Binding strength used only to decide where the unparser needs parentheses.
-_PREC = {"pipe": 1, "or_expression": 2, "and_expression": 3, "comparator": 5, "not_expression": 6,
-         "projection": 8, "value_projection": 8, "filter_projection": 8, "flatten": 8}
+_PREC = {
+    "pipe": 1,
+    "or_expression": 2,
+    "and_expression": 3,
+    "comparator": 5,
+    "not_expression": 6,
+    "projection": 8,
+    "value_projection": 8,
+    "filter_projection": 8,
+    "flatten": 8,
+}
 
 
 def _prec(node: dict) -> int:
@@ -141,8 +152,9 @@ def unparse(node: dict) -> str:
         return _left(kids[0]) + "".join(_bracket(k) for k in kids[1:])
     if kind == "projection":
         left = kids[0]
-        if left["type"] == "flatten" or (left["type"] == "index_expression"
-                                         and left["children"][-1]["type"] == "slice"):
+        if left["type"] == "flatten" or (
+            left["type"] == "index_expression" and left["children"][-1]["type"] == "slice"
+        ):
             head = unparse(left)  # `a[]` and `a[1:2]` are projections by themselves
         else:
             head = _left(left) + "[*]"
@@ -171,14 +183,14 @@ def unparse(node: dict) -> str:
     if kind == "multi_select_list":
         return "[" + ", ".join(unparse(k) for k in kids) + "]"
     if kind == "multi_select_dict":
-        return "{" + ", ".join(f"{_key_text(k['value'])}: {unparse(k['children'][0])}"
-                               for k in kids) + "}"
+        return "{" + ", ".join(f"{_key_text(k['value'])}: {unparse(k['children'][0])}" for k in kids) + "}"
     if kind == "key_val_pair":
         return f"{_key_text(node['value'])}: {unparse(kids[0])}"
     raise ValueError(f"unknown jmespath node type {kind!r}")
 
 
 # ---------------------------------------------------------------- the tracing interpreter
+
 
 def index_paths(doc: Any) -> dict[int, tuple]:
     """id(container) -> its path in the document, for naming missing lookups."""
@@ -215,8 +227,15 @@ def _explained_nodes(node: dict) -> list[dict]:
                 walk(kid)
         elif kind in ("projection", "value_projection", "filter_projection"):
             walk(kids[0])
-        elif kind in ("subexpression", "index_expression", "pipe", "flatten",
-                      "multi_select_list", "multi_select_dict", "key_val_pair"):
+        elif kind in (
+            "subexpression",
+            "index_expression",
+            "pipe",
+            "flatten",
+            "multi_select_list",
+            "multi_select_dict",
+            "key_val_pair",
+        ):
             for kid in kids:
                 if isinstance(kid, dict):
                     walk(kid)
@@ -263,8 +282,7 @@ class _Lets(dict):
 class _Tracer(TreeInterpreter):
     """A TreeInterpreter that records missing lookups and the values of chosen nodes."""
 
-    def __init__(self, options: Any, paths: dict[int, tuple], watch: Iterable[dict] = (),
-                 root: Any = None) -> None:
+    def __init__(self, options: Any, paths: dict[int, tuple], watch: Iterable[dict] = (), root: Any = None) -> None:
         super().__init__(options)
         self._paths = paths
         self._root = root  # the document as evaluated (with `let` added): its path is ()
@@ -351,8 +369,7 @@ class _Tracer(TreeInterpreter):
     visit_subexpression = _chain
     visit_index_expression = _chain
 
-    def _each(self, body: dict, items: Iterable[tuple[Any, Any]], base: tuple | None,
-              keep: Any = None) -> list:
+    def _each(self, body: dict, items: Iterable[tuple[Any, Any]], base: tuple | None, keep: Any = None) -> list:
         saved, collected = self._hint, []
         for key, element in items:
             if keep is not None:
@@ -376,8 +393,7 @@ class _Tracer(TreeInterpreter):
         base = self.visit(node["children"][0], value)
         if not isinstance(base, list):
             return None
-        return self._each(node["children"][1], enumerate(base), self._paths.get(id(base)),
-                          keep=node["children"][2])
+        return self._each(node["children"][1], enumerate(base), self._paths.get(id(base)), keep=node["children"][2])
 
     def visit_value_projection(self, node: dict, value: Any) -> Any:
         base = self.visit(node["children"][0], value)
@@ -388,9 +404,15 @@ class _Tracer(TreeInterpreter):
 
 # ---------------------------------------------------------------- one expression
 
-def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
-          paths: dict[int, tuple] | None = None, lets: Mapping[str, str] | None = None
-          ) -> tuple[Any, list[str], list[list[str]]]:
+
+def trace(
+    expr: str,
+    document: Any,
+    options: Any = None,
+    explain: bool = True,
+    paths: dict[int, tuple] | None = None,
+    lets: Mapping[str, str] | None = None,
+) -> tuple[Any, list[str], list[list[str]]]:
     """Evaluate ``expr``: (value, missing paths, explain pairs). Raises on evaluation errors.
     ``paths`` is ``index_paths(document)``, passed in to index a big document only once. ``lets``
     (name -> JMESPath) are readable as ``let.<name>``; the explain pairs start with each one's value."""
@@ -415,8 +437,7 @@ def trace(expr: str, document: Any, options: Any = None, explain: bool = True,
     return value, missing, _pairs(tracer, watch, missing, named)
 
 
-def _pairs(tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None
-           ) -> list[list[str]]:
+def _pairs(tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None) -> list[list[str]]:
     pairs: list[list[str]] = []
     for n in watch:  # a sub-expression written twice has one value: shown once
         text = unparse(n)
@@ -454,15 +475,23 @@ def _error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
-                 paths: dict[int, tuple] | None = None) -> CheckResult:
+def evaluate_one(
+    check: Mapping[str, Any], document: Any, options: Any = None, paths: dict[int, tuple] | None = None
+) -> CheckResult:
     """One check's result (see ``evaluate``); ``document`` is already ``check_document``-ed."""
     paths = index_paths(document) if paths is None else paths
     result: CheckResult = {
-        "name": check["name"], "why": check.get("why", ""), "expr": check["expr"],
-        "severity": check.get("severity") or "gate", "file": check.get("file"),
-        "line": check.get("line"), "outcome": "PASS", "value": None, "missing": [],
-        "explain": [], "reason": "",
+        "name": check["name"],
+        "why": check.get("why", ""),
+        "expr": check["expr"],
+        "severity": check.get("severity") or "gate",
+        "file": check.get("file"),
+        "line": check.get("line"),
+        "outcome": "PASS",
+        "value": None,
+        "missing": [],
+        "explain": [],
+        "reason": "",
     }
     lets = check.get("let") or None
     if lets:
@@ -477,27 +506,42 @@ def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
         except Exception as exc:  # noqa: BLE001 - any failure is the check's ERROR, not a crash
             missing = getattr(exc, "missing", [])
             if missing:
-                return {**result, "outcome": "NO_DATA", "missing": missing,
-                        "reason": f"when `{when}`: {_no_data_reason(missing)}"}
+                return {
+                    **result,
+                    "outcome": "NO_DATA",
+                    "missing": missing,
+                    "reason": f"when `{when}`: {_no_data_reason(missing)}",
+                }
             return {**result, "outcome": "ERROR", "reason": f"when `{when}`: {_error_text(exc)}"}
         # Only an exact false skips: a condition over absent data must not turn a gate into a pass.
         if missing:
-            return {**result, "outcome": "NO_DATA", "missing": missing,
-                    "reason": f"when `{when}`: {_no_data_reason(missing)}"}
+            return {
+                **result,
+                "outcome": "NO_DATA",
+                "missing": missing,
+                "reason": f"when `{when}`: {_no_data_reason(missing)}",
+            }
         if cond is False:
             return {**result, "outcome": "SKIPPED", "reason": f"when `{when}` was false"}
         if cond is not True:
-            return {**result, "outcome": "ERROR",
-                    "reason": f"when `{when}` gave {compact(cond, 80)}, not true or false"}
+            return {
+                **result,
+                "outcome": "ERROR",
+                "reason": f"when `{when}` gave {compact(cond, 80)}, not true or false",
+            }
     try:
         value, missing, pairs = trace(check["expr"], document, options, paths=paths, lets=lets)
     except Exception as exc:  # noqa: BLE001 - a plugin function may raise anything
         missing = getattr(exc, "missing", [])
         if missing:
-            return {**result, "outcome": "NO_DATA", "reason": _no_data_reason(missing),
-                    "missing": missing, "explain": getattr(exc, "explain", [])}
-        return {**result, "outcome": "ERROR", "reason": _error_text(exc),
-                "explain": getattr(exc, "explain", [])}
+            return {
+                **result,
+                "outcome": "NO_DATA",
+                "reason": _no_data_reason(missing),
+                "missing": missing,
+                "explain": getattr(exc, "explain", []),
+            }
+        return {**result, "outcome": "ERROR", "reason": _error_text(exc), "explain": getattr(exc, "explain", [])}
     result.update(value=value, missing=missing, explain=pairs)
     if missing:
         result.update(outcome="NO_DATA", reason=_no_data_reason(missing))
@@ -510,8 +554,9 @@ def evaluate_one(check: Mapping[str, Any], document: Any, options: Any = None,
     return result
 
 
-def evaluate(checks: Sequence[Mapping[str, Any]], evidence: Mapping[str, Any], options: Any = None
-             ) -> list[CheckResult]:
+def evaluate(
+    checks: Sequence[Mapping[str, Any]], evidence: Mapping[str, Any], options: Any = None
+) -> list[CheckResult]:
     """Evaluate every check over the evidence. Each result: name, why, expr, severity, file, line,
     outcome (PASS|FAIL|NO_DATA|SKIPPED|ERROR|DISABLED), value, missing, explain, reason, and `let`
     (name -> expression) when the check names sub-expressions. A DISABLED check is not evaluated."""

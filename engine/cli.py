@@ -41,6 +41,7 @@ failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 inval
 0 nothing risky or accepted, 1 risky changes need approval, 2 invalid). A closed stdout changes no
 exit code: the output is dropped and the VERDICT line goes to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,17 @@ from engine.verdict import Exit
 
 # Imports are lazy, per command: `engine check` must answer in well under a second, so nothing a
 # command does not use (the runner for `check`, the diff for `run`, never the trainer) loads.
-EPILOG = "exit codes: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit) + \
-    " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or step," \
+EPILOG = (
+    "exit codes: "
+    + ", ".join(f"{int(c)} {c.name.lower()}" for c in Exit)
+    + " (usage = invalid spec, bad arguments or a refused re-check; failed = a failed check or step,"
     " or a harvest problem)"
+)
 DIFF_EPILOG = "exit codes: 0 no semantic change, 1 a semantic change, 2 invalid spec or usage"
-REVIEW_EPILOG = "exit codes: 0 nothing risky (or --accept-risk), 1 risky changes need approval, " \
+REVIEW_EPILOG = (
+    "exit codes: 0 nothing risky (or --accept-risk), 1 risky changes need approval, "
     "2 invalid spec or evidence on either side, or usage"
+)
 MARKDOWN_HELP = "also write the report as Markdown to FILE; `-` prints it instead of the text report"
 HTML_HELP = "also write a self-contained HTML report (plots as SVG) to FILE; `-` prints it instead of the text report"
 
@@ -70,11 +76,13 @@ class _Refused(Exception):
 
 def _err(text: str) -> None:
     from engine.console import printable  # a spec's or a leg's text must not drive the terminal
+
     print(printable(text), file=sys.stderr, flush=True)
 
 
 def _out(text: str, end: str = "\n") -> None:
     from engine.console import printable
+
     print(printable(text), end=end, flush=True)
 
 
@@ -82,6 +90,7 @@ def _valid_spec(path: str) -> Any:
     """The spec at `path`, loaded and validated; SpecErrors or _Refused listing every problem."""
     from engine.spec import load_spec
     from engine.validate import findings
+
     spec = load_spec(path)
     errors, warnings = findings(spec, dict(os.environ))
     if errors:
@@ -98,6 +107,7 @@ def _refusals() -> tuple[type[Exception], ...]:
     from engine.recheck import Refused
     from engine.spec import SpecErrors
     from engine.values import UsageError
+
     return _Refused, SpecErrors, UsageError, EvidenceError, Refused
 
 
@@ -105,6 +115,7 @@ def _check_reports(args: argparse.Namespace) -> None:
     """Refuse (exit 2) before anything runs when --junit/--markdown/--html cannot be written: after
     an hour of legs, a traceback after the VERDICT line is the wrong way to find out."""
     from engine import report
+
     for flag, path in (("--junit", args.junit), ("--markdown", args.markdown), ("--html", args.html)):
         if path and path != "-":
             problem = report.writable_problem(path)
@@ -112,20 +123,24 @@ def _check_reports(args: argparse.Namespace) -> None:
                 raise _Refused(f"{flag} {path}: {problem}")
 
 
-def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any],
-          args: argparse.Namespace, spec: Any = None) -> int | None:
+def _emit(
+    evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any], args: argparse.Namespace, spec: Any = None
+) -> int | None:
     """Write the report files, then print the report; Exit.USAGE when a file could not be
     written (said before the verdict is printed), else None."""
     from engine import report
     from engine.console import printable
+
     figures: list = []
     if (args.markdown or args.html) and spec is not None:
         from engine.plots import for_spec
+
         figures = for_spec(spec, evidence)
     markdown = report.markdown(evidence, results, verdict, figures) if args.markdown else ""
     page = ""
     if args.html:
         from engine import htmlreport
+
         page = htmlreport.render(evidence, results, verdict, figures)
     failed = None
     files = [(args.junit, lambda: report.junit(evidence, results, verdict))] if args.junit else []
@@ -137,8 +152,10 @@ def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any]
         try:
             report.write_file(path, render())
         except (OSError, ValueError) as exc:
-            _err(f"could not write the report {path}: {getattr(exc, 'strerror', None) or exc} "
-                 f"(the run's evidence is stored; `engine check` renders it again)")
+            _err(
+                f"could not write the report {path}: {getattr(exc, 'strerror', None) or exc} "
+                f"(the run's evidence is stored; `engine check` renders it again)"
+            )
             failed = Exit.USAGE
     # A leg's text inside the report (a harvested string, a failure line) must not drive the terminal.
     if args.markdown == "-":
@@ -153,6 +170,7 @@ def _emit(evidence: Mapping[str, Any], results: list, verdict: Mapping[str, Any]
 
 
 # ---------------------------------------------------------------- commands
+
 
 def cmd_validate(args: argparse.Namespace) -> int:
     bad = False
@@ -171,6 +189,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from engine.plan import build_plan
+
     plan = build_plan(_valid_spec(args.spec), mode=args.mode, sets=args.set, environ=os.environ)
     _out(plan.describe(), end="")
     return Exit.PASS
@@ -178,6 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     from engine.spec import schema_text
+
     text = schema_text()
     print(text, end="" if text.endswith("\n") else "\n")
     return Exit.PASS
@@ -190,13 +210,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.spec import SpecErrors
     from engine.validate import budget_error
     from engine.verdict import judge
+
     spec = _valid_spec(args.spec)
     mode = pick_mode(spec.data, args.mode, os.environ)
     run_id = run_stamp()
     name = spec.data.get("name", "spec")
     run_dir = Path(args.run_dir).absolute() if args.run_dir else _fresh_run_dir(name, mode, run_id)
-    plan = build_plan(spec, mode=mode, sets=args.set, environ=os.environ,
-                      builtins={"run_dir": str(run_dir), "run_id": run_id})
+    plan = build_plan(
+        spec, mode=mode, sets=args.set, environ=os.environ, builtins={"run_dir": str(run_dir), "run_id": run_id}
+    )
     # validate checked the budget with the spec's own values; a --set can still push it over.
     over = budget_error(spec, plan.mode, plan.contributions())
     if over:
@@ -217,8 +239,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             doc = exc.doc
         except KeyboardInterrupt:
             stored = evidence.path_of(run_dir).is_file()
-            _err(f"interrupted before the verdict was stored in {run_dir}" if stored
-                 else f"interrupted before any evidence was written to {run_dir}")
+            _err(
+                f"interrupted before the verdict was stored in {run_dir}"
+                if stored
+                else f"interrupted before any evidence was written to {run_dir}"
+            )
             return Exit.INTERRUPTED
         failed = _emit(doc, doc["checks"], doc["verdict"], args, spec)
         if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
@@ -239,25 +264,28 @@ def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:
 def _recheck(args: argparse.Namespace, replay: bool) -> int:
     from engine import evidence
     from engine.recheck import recheck
+
     saved = evidence.load(args.evidence)
     spec = _valid_spec(args.spec)
     _check_reports(args)
-    done = recheck(spec, saved, Path(args.evidence), replay=replay,
-                   spec_label=str(args.spec), note=_err)
+    done = recheck(spec, saved, Path(args.evidence), replay=replay, spec_label=str(args.spec), note=_err)
     return _emit(done.evidence, done.results, done.verdict, args, spec) or done.verdict["exit_code"]
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from engine.diff import diff_main
+
     return diff_main(args)
 
 
 def cmd_review(args: argparse.Namespace) -> int:
     from engine.review import review_main
+
     return review_main(args)
 
 
 # ---------------------------------------------------------------- argparse
+
 
 class _VersionAction(argparse.Action):
     """`--version`, looked up only when asked: importlib.metadata costs every other command time."""
@@ -267,14 +295,18 @@ class _VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         from engine import version
+
         print(f"engine {version()}", flush=True)
         parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="engine", description=__doc__, epilog=EPILOG,  # `engine --help` is the manual
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="engine",
+        description=__doc__,
+        epilog=EPILOG,  # `engine --help` is the manual
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -286,8 +318,13 @@ def _parser() -> argparse.ArgumentParser:
     def planning(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", metavar="SPEC")
         p.add_argument("--mode", help="mode to resolve (default: the spec's mode_env, then modes.default)")
-        p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                       help="override a value (parsed as a YAML scalar); repeatable")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="override a value (parsed as a YAML scalar); repeatable",
+        )
 
     def reports(p: argparse.ArgumentParser) -> None:
         p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
@@ -298,8 +335,11 @@ def _parser() -> argparse.ArgumentParser:
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
     planning(p)
     p.add_argument("--run-dir", metavar="DIR", help="evidence directory (default runs/<name>-<mode>-<stamp>)")
-    p.add_argument("--force", action="store_true",
-                   help="run into an existing, non-empty --run-dir (its evidence and logs are replaced)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run into an existing, non-empty --run-dir (its evidence and logs are replaced)",
+    )
     reports(p)
 
     p = command("validate", "check spec files (schema and semantics); nothing runs", cmd_validate)
@@ -309,39 +349,57 @@ def _parser() -> argparse.ArgumentParser:
     command("schema", "print the spec JSON Schema", cmd_schema)
 
     for name, help_text in (
-            ("check", "re-evaluate the spec's current checks against a saved run"),
-            ("replay", "re-harvest a saved run's raw logs with the current output rules, then check")):
+        ("check", "re-evaluate the spec's current checks against a saved run"),
+        ("replay", "re-harvest a saved run's raw logs with the current output rules, then check"),
+    ):
         p = command(name, help_text, functools.partial(_recheck, replay=name == "replay"))
         p.add_argument("spec", metavar="SPEC")
         p.add_argument("--evidence", required=True, metavar="RUN_DIR", help="the saved run's directory")
         reports(p)
 
-    p = command("diff", "semantic diff of a spec: two files, or a spec at a git revision vs the "
-                "working tree", cmd_diff, DIFF_EPILOG)
+    p = command(
+        "diff",
+        "semantic diff of a spec: two files, or a spec at a git revision vs the working tree",
+        cmd_diff,
+        DIFF_EPILOG,
+    )
     p.add_argument("old", metavar="OLD|SPEC", help="the old spec, or with --base the spec in the working tree")
     p.add_argument("new", nargs="?", metavar="NEW", help="the new spec (not with --base)")
-    p.add_argument("--base", metavar="REV",
-                   help="compare the spec (and what it extends/includes) at this git revision")
-    p.add_argument("--evidence", metavar="RUN_DIR", help="judge every check the change touches on this saved run, old and new, with their numbers")
+    p.add_argument("--base", metavar="REV", help="compare the spec (and what it extends/includes) at this git revision")
+    p.add_argument(
+        "--evidence",
+        metavar="RUN_DIR",
+        help="judge every check the change touches on this saved run, old and new, with their numbers",
+    )
     p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--mode", help="only this mode (default: every mode of either side)")
 
-    p = command("review", "review a change of the specs against a git revision: diff, saved-run re-check "
-                "and which changes are risky", cmd_review, REVIEW_EPILOG)
+    p = command(
+        "review",
+        "review a change of the specs against a git revision: diff, saved-run re-check and which changes are risky",
+        cmd_review,
+        REVIEW_EPILOG,
+    )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="only these specs (default: every spec under --specs)")
     p.add_argument("--base", required=True, metavar="REV", help="the git revision the change is reviewed against")
     p.add_argument("--accept-risk", action="store_true", help="risky changes are approved: exit 0")
     p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
-    p.add_argument("--spec-dir", default="specs", metavar="DIR",
-                   help="where the specs live (default specs; files others extend or include are fragments)")
-    p.add_argument("--evidence-dir", default="evidence", metavar="DIR",
-                   help="saved runs, one <spec stem>/ each (default evidence)")
+    p.add_argument(
+        "--spec-dir",
+        default="specs",
+        metavar="DIR",
+        help="where the specs live (default specs; files others extend or include are fragments)",
+    )
+    p.add_argument(
+        "--evidence-dir", default="evidence", metavar="DIR", help="saved runs, one <spec stem>/ each (default evidence)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `engine` console script; returns the exit code."""
     from engine.console import SafeStream
+
     saved = sys.stdout, sys.stderr
     # A reader that leaves early (`engine run SPEC | head -1`) must not decide the exit code.
     out = sys.stdout = SafeStream(sys.stdout, "stdout")

@@ -4,6 +4,7 @@ Built-ins: `json_file` {path} and `command` {argv, timeout_s, env}. Others come 
 `specprobe.collectors` entry-point group; each entry point loads `collect(args, context) -> dict`.
 Built-ins win a name clash, so an installed package cannot silently change their meaning.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,7 @@ def collect_json_file(args: Mapping[str, Any], context: Mapping[str, Any]) -> An
         raise CollectorError("json_file: missing argument 'path'")
     path = _resolve(args["path"], context)
     try:
-        text = limits.read_regular_file(path, limits.JSON_FILE_MAX_BYTES, "collected JSON file"
-                                        ).decode("utf-8")
+        text = limits.read_regular_file(path, limits.JSON_FILE_MAX_BYTES, "collected JSON file").decode("utf-8")
     except FileNotFoundError:
         raise CollectorError(f"json_file: {path}: no such file") from None
     except limits.LimitError as exc:
@@ -51,8 +51,7 @@ def collect_json_file(args: Mapping[str, Any], context: Mapping[str, Any]) -> An
     try:
         return limits.loads_json(text)
     except json.JSONDecodeError as exc:
-        raise CollectorError(f"json_file: {path}:{exc.lineno}:{exc.colno}: invalid JSON: "
-                             f"{exc.msg}") from None
+        raise CollectorError(f"json_file: {path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
     except ValueError as exc:
         raise CollectorError(f"json_file: {path}: {exc}") from None
 
@@ -69,8 +68,9 @@ def _parse_command_output(lines: list[str]) -> Any:
     try:
         return limits.loads_json("\n".join(lines))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"neither the last line nor the whole output is JSON ({exc.msg}); last "
-                         f"line: {non_empty[-1][:200]!r}") from None
+        raise ValueError(
+            f"neither the last line nor the whole output is JSON ({exc.msg}); last line: {non_empty[-1][:200]!r}"
+        ) from None
 
 
 def collect_command(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
@@ -90,22 +90,30 @@ def collect_command(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
             lines.extend(block.lines)
 
     grace = float(args.get("grace_s", defaults.COMMAND_COLLECT_GRACE_S))
-    result = run_command(argv, env=env, cwd=context.get("cwd"), timeout_s=timeout, grace_s=grace,
-                         log_path=context.get("log_path"), on_block=keep,
-                         scrub=context.get("scrubber") or context.get("scrub"))
+    result = run_command(
+        argv,
+        env=env,
+        cwd=context.get("cwd"),
+        timeout_s=timeout,
+        grace_s=grace,
+        log_path=context.get("log_path"),
+        on_block=keep,
+        scrub=context.get("scrubber") or context.get("scrub"),
+    )
     shown = " ".join(argv)
     if result.error:
         raise CollectorError(f"command {shown!r}: {result.error}")
     if result.timed_out:
         raise CollectorError(f"command {shown!r}: timed out after {timeout:g} s")
     if kept[0] > limits.COLLECTOR_MAX_BYTES:
-        raise CollectorError(f"command {shown!r} printed {kept[0]:,} characters, over the "
-                             f"{limits.COLLECTOR_MAX_BYTES // limits.MiB} MiB limit of a collected "
-                             f"document")
+        raise CollectorError(
+            f"command {shown!r} printed {kept[0]:,} characters, over the "
+            f"{limits.COLLECTOR_MAX_BYTES // limits.MiB} MiB limit of a collected "
+            f"document"
+        )
     if result.rc != 0:
         last = next((line for line in reversed(lines) if line.strip()), "")
-        raise CollectorError(f"command {shown!r} exited with rc {result.rc}; last line: "
-                             f"{last[:200]!r}")
+        raise CollectorError(f"command {shown!r} exited with rc {result.rc}; last line: {last[:200]!r}")
     try:
         return _parse_command_output(lines)
     except ValueError as exc:
@@ -132,8 +140,9 @@ def _load(name: str) -> Collector:
     try:
         func = plugin.load()
     except Exception as exc:
-        raise CollectorError(f"collector {name!r}: cannot load entry point {plugin.value!r}: "
-                             f"{type(exc).__name__}: {exc}") from None
+        raise CollectorError(
+            f"collector {name!r}: cannot load entry point {plugin.value!r}: {type(exc).__name__}: {exc}"
+        ) from None
     if not callable(func):
         raise CollectorError(f"collector {name!r}: entry point {plugin.value!r} is not callable")
     return func
@@ -156,6 +165,5 @@ def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any
     except limits.LimitError as exc:
         raise CollectorError(f"collector {name!r}: {exc}") from None
     except (TypeError, ValueError, RecursionError) as exc:
-        raise CollectorError(f"collector {name!r} returned a value that is not JSON: {exc}") \
-            from None
+        raise CollectorError(f"collector {name!r} returned a value that is not JSON: {exc}") from None
     return result

@@ -1,6 +1,7 @@
 """The engine's terminal: one writer for the reader thread and the main thread, and a leg's
 progress (a live line on a TTY, a plain line every `every_s` seconds in a CI log).
 """
+
 from __future__ import annotations
 
 import os
@@ -60,6 +61,7 @@ class SafeStream:
         except (OSError, ValueError, AttributeError):
             pass  # not a real descriptor (a test's capture): dropping the writes is enough
 
+
 # What a leg's text must not do to the terminal it is echoed on: escape sequences clear the screen,
 # set the window title or write the clipboard; other control bytes move the cursor; bidirectional
 # overrides make text read differently than it is. Each is shown as a visible escape instead.
@@ -75,6 +77,7 @@ def printable(text: str) -> str:
 
 class Progress(Protocol):
     """What the display reads of a leg's progress (output.ProgressState)."""
+
     step: int | None
     total: int | None
 

@@ -2,6 +2,7 @@
 shows what will run) and the runtime falls back to the same numbers. The schema's descriptions
 document them for editors.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,18 @@ from typing import Any
 GRACE_S = 30
 # Any of these in a leg's line marks it for the failure report (the leg's own traceback, torchrun's
 # "exitcode", the kernel's "Killed").
-FAILURE_PATTERNS = ("Traceback", "Error", "error", "Exception", "exitcode", "Signal",
-                    "Killed", "out of memory", "refusing", 'File "')
+FAILURE_PATTERNS = (
+    "Traceback",
+    "Error",
+    "error",
+    "Exception",
+    "exitcode",
+    "Signal",
+    "Killed",
+    "out of memory",
+    "refusing",
+    'File "',
+)
 FAILURE_LINES = 45
 TAIL_LINES = 40
 PROGRESS_EVERY_S = 30.0
@@ -25,16 +36,34 @@ DIAGNOSTICS_LIST_MAX = 40
 COMMAND_COLLECT_TIMEOUT_S = 300.0
 COMMAND_COLLECT_GRACE_S = 5.0
 
-RUN: dict[str, Any] = {"grace_s": GRACE_S, "ok_exit_codes": [0], "env": {}, "cwd": None,
-                       "precondition": None, "stop_on_failure": False, "signals": [],
-                       "progress": None, "on_failure": None}
-OUTPUT: dict[str, Any] = {"strip_prefix": None, "echo_prefixes": [], "harvest": {},
-                          "failure_patterns": list(FAILURE_PATTERNS),
-                          "failure_lines": FAILURE_LINES, "tail_lines": TAIL_LINES}
-HARVEST: dict[str, Any] = {"pick": HARVEST_PICK, "on_conflict": HARVEST_ON_CONFLICT,
-                           "on_malformed": HARVEST_ON_MALFORMED}
+RUN: dict[str, Any] = {
+    "grace_s": GRACE_S,
+    "ok_exit_codes": [0],
+    "env": {},
+    "cwd": None,
+    "precondition": None,
+    "stop_on_failure": False,
+    "signals": [],
+    "progress": None,
+    "on_failure": None,
+}
+OUTPUT: dict[str, Any] = {
+    "strip_prefix": None,
+    "echo_prefixes": [],
+    "harvest": {},
+    "failure_patterns": list(FAILURE_PATTERNS),
+    "failure_lines": FAILURE_LINES,
+    "tail_lines": TAIL_LINES,
+}
+HARVEST: dict[str, Any] = {
+    "pick": HARVEST_PICK,
+    "on_conflict": HARVEST_ON_CONFLICT,
+    "on_malformed": HARVEST_ON_MALFORMED,
+}
 SIGNAL: dict[str, Any] = {"after_s": 0}
 PROGRESS: dict[str, Any] = {"every_s": PROGRESS_EVERY_S}
-DIAGNOSTICS: dict[str, Any] = {"tail_lines": DIAGNOSTICS_TAIL_LINES,
-                               "max_files": DIAGNOSTICS_MAX_FILES,
-                               "list_max": DIAGNOSTICS_LIST_MAX}
+DIAGNOSTICS: dict[str, Any] = {
+    "tail_lines": DIAGNOSTICS_TAIL_LINES,
+    "max_files": DIAGNOSTICS_MAX_FILES,
+    "list_max": DIAGNOSTICS_LIST_MAX,
+}

@@ -3,6 +3,7 @@
 During a run the runner is its only writer; `engine check`/`replay` never rewrite it (they write
 `check-<stamp>.json`/`replay-<stamp>.json` beside it).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,7 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version: str
-                 ) -> dict[str, Any]:
+def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version: str) -> dict[str, Any]:
     """The document before any step ran: what was asked (spec, mode, values, each step's
     definition), not what happened. The definitions let `engine check` say what changed in a step
     since the run, even when the run was killed before its end."""
@@ -62,8 +62,7 @@ def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version
     return {
         "evidence_version": EVIDENCE_VERSION,
         "engine_version": engine_version,
-        "spec": {"path": display_path(spec.path), "sha256": spec.sha256, "name": plan.name,
-                 "files": dict(spec.files)},
+        "spec": {"path": display_path(spec.path), "sha256": spec.sha256, "name": plan.name, "files": dict(spec.files)},
         "mode": plan.mode,
         "values": redact(plan.values, plan.secret_names),
         "sources": dict(plan.sources),
@@ -74,8 +73,7 @@ def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version
         "fingerprints": dict(plan.fingerprints),
         "definitions": {s["name"]: step_definition(s) for s in plan.steps},
         # Not in the fingerprint (a replay may change them); `engine check` compares them.
-        "output_rules": {s["name"]: (s.get("run") or {}).get("output") for s in plan.steps
-                         if "run" in s},
+        "output_rules": {s["name"]: (s.get("run") or {}).get("output") for s in plan.steps if "run" in s},
         "steps": {},
         "state": {},
     }
@@ -109,8 +107,7 @@ def _revive(obj: dict[str, Any]) -> Any:
     if len(obj) == 1 and NONFINITE_KEY in obj:
         name = obj[NONFINITE_KEY]
         if name not in _NONFINITE:
-            raise ValueError(f'{{"{NONFINITE_KEY}": {json.dumps(name)}}}: expected one of '
-                             f'{", ".join(_NONFINITE)}')
+            raise ValueError(f'{{"{NONFINITE_KEY}": {json.dumps(name)}}}: expected one of {", ".join(_NONFINITE)}')
         return _NONFINITE[name]
     return obj
 
@@ -150,11 +147,26 @@ def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
 # The fields a re-check reads, and the JSON type each must have (None: absent is fine).
 _OBJECTS = ("values", "sources", "fingerprints", "definitions", "steps", "state", "spec")
 _STEP_FIELDS: dict[str, tuple[type, ...]] = {
-    "kind": (str,), "status": (str,), "log": (str,), "harvest": (dict,),
-    "harvest_errors": (list,), "failure_lines": (list,), "tail": (list,), "lines": (int,),
-    "progress": (dict, type(None)), "precondition": (str, type(None))}
-_JSON_TYPE = {dict: "an object", list: "an array", str: "a string", int: "a number",
-              float: "a number", bool: "a boolean", type(None): "null"}
+    "kind": (str,),
+    "status": (str,),
+    "log": (str,),
+    "harvest": (dict,),
+    "harvest_errors": (list,),
+    "failure_lines": (list,),
+    "tail": (list,),
+    "lines": (int,),
+    "progress": (dict, type(None)),
+    "precondition": (str, type(None)),
+}
+_JSON_TYPE = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 def _kind_of(value: Any) -> str:
@@ -184,11 +196,14 @@ def shape_problems(doc: Mapping[str, Any]) -> list[str]:
             continue
         for field_name, types in _STEP_FIELDS.items():
             value = step.get(field_name)
-            if field_name in step and not (isinstance(value, types) and not
-                                           (isinstance(value, bool) and bool not in types)):
-                problems.append(f"$.steps.{name}.{field_name}: expected "
-                                f"{' or '.join(dict.fromkeys(_JSON_TYPE[t] for t in types))}, "
-                                f"found {_kind_of(value)}")
+            if field_name in step and not (
+                isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+            ):
+                problems.append(
+                    f"$.steps.{name}.{field_name}: expected "
+                    f"{' or '.join(dict.fromkeys(_JSON_TYPE[t] for t in types))}, "
+                    f"found {_kind_of(value)}"
+                )
         log = step.get("log")
         # `engine replay` reads the raw log: it must be one of the run's, not any file on the machine.
         if isinstance(log, str) and (os.path.isabs(log) or ".." in Path(log).parts or "\0" in log):
@@ -204,8 +219,7 @@ def load(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         raw = limits.read_regular_file(target, limits.EVIDENCE_MAX_BYTES, "evidence file")
     except FileNotFoundError:
-        raise EvidenceError(f"{target}: no evidence document (was a run started in this "
-                            f"directory?)") from None
+        raise EvidenceError(f"{target}: no evidence document (was a run started in this directory?)") from None
     except limits.LimitError as exc:
         raise EvidenceError(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -226,11 +240,15 @@ def load(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(version, int) or isinstance(version, bool):
         raise EvidenceError(f"{target}: missing or non-integer 'evidence_version'")
     if version > EVIDENCE_VERSION:
-        raise EvidenceError(f"{target}: evidence_version {version} was written by a newer engine "
-                            f"(this one reads up to {EVIDENCE_VERSION})")
+        raise EvidenceError(
+            f"{target}: evidence_version {version} was written by a newer engine "
+            f"(this one reads up to {EVIDENCE_VERSION})"
+        )
     problems = shape_problems(doc)
     if problems:
-        raise EvidenceError(f"{target}: not an evidence document this engine can read:\n  "
-                            + "\n  ".join(problems[:20])
-                            + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""))
+        raise EvidenceError(
+            f"{target}: not an evidence document this engine can read:\n  "
+            + "\n  ".join(problems[:20])
+            + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        )
     return doc

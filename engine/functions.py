@@ -4,6 +4,7 @@ Every expression in a spec (check `expr`/`when`, step `when`, `{eval: ...}` valu
 `compile_expr` and evaluated with `OPTIONS`, so a function added here is available everywhere at once.
 `problems(text)` rejects unknown functions and wrong arity before anything runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,9 @@ def _bounded(result: Any, fname: str) -> Any:
     """An arithmetic result, refused when it is an integer too big to be a fact about a run
     (repeated mul() doubles the digits each time, and 8,000 digits cannot even be stored)."""
     if isinstance(result, int) and result.bit_length() > limits.INT_MAX_BITS:
-        raise FunctionError(f"{fname}() result has {len(str(abs(result)))} digits (limit "
-                            f"{int(limits.INT_MAX_BITS * math.log10(2))})")
+        raise FunctionError(
+            f"{fname}() result has {len(str(abs(result)))} digits (limit {int(limits.INT_MAX_BITS * math.log10(2))})"
+        )
     return result
 
 
@@ -103,8 +105,10 @@ class Functions(jfn.Functions):
         bits = a.bit_length() + b.bit_length() if isinstance(a, int) and isinstance(b, int) else 0
         if bits > limits.INT_MAX_BITS + 1:
             # Refused before multiplying: the product of two huge integers takes its own time.
-            raise FunctionError(f"mul() result would have about {int(bits * math.log10(2))} digits "
-                                f"(limit {int(limits.INT_MAX_BITS * math.log10(2))})")
+            raise FunctionError(
+                f"mul() result would have about {int(bits * math.log10(2))} digits "
+                f"(limit {int(limits.INT_MAX_BITS * math.log10(2))})"
+            )
         return _bounded(a * b, "mul")
 
     @signature({"types": ["number"]}, {"types": ["number"]})
@@ -134,8 +138,7 @@ class Functions(jfn.Functions):
         if n > left:
             made = MAX_RANGE_LEN - left
             also = f" after {made:,} made by earlier range() calls" if made else ""
-            raise FunctionError(f"range() would make {n:,} elements{also} (limit {MAX_RANGE_LEN:,} "
-                                f"per expression)")
+            raise FunctionError(f"range() would make {n:,} elements{also} (limit {MAX_RANGE_LEN:,} per expression)")
         if getattr(_budget, "left", None) is not None:
             _budget.left = left - n
         return list(range(start, stop, step))
@@ -167,6 +170,7 @@ class Functions(jfn.Functions):
     @signature({"types": ["array"]})
     def _func_sort_numeric(self, items):
         """Sort numbers (or numeric strings) by value, not text. Example: ``sort_numeric(['120', '60'])`` -> ``['60', '120']``."""
+
         def key(x: Any) -> float:
             if _is_number(x):
                 return float(x)
@@ -176,6 +180,7 @@ class Functions(jfn.Functions):
                 except ValueError:
                     pass
             raise FunctionError(f"sort_numeric() cannot order {json.dumps(x)}")
+
         return sorted(items, key=key)
 
     @signature({"types": ["array"]})
@@ -211,6 +216,7 @@ class Functions(jfn.Functions):
     def _func_regex_match(self, s, pattern):
         """Does the pattern occur in the string (a Python regex search; it gives up, an error, after 1 s). Example: ``regex_match('final/x', '^final/')`` -> ``true``."""
         import regex  # imported on first use: most checks never need it
+
         try:
             compiled = regex.compile(pattern)
         except (regex.error, ValueError, OverflowError, RecursionError) as e:
@@ -220,9 +226,11 @@ class Functions(jfn.Functions):
             # works: a catastrophic pattern must not stop the engine's own timeouts and signals.
             return compiled.search(s, timeout=limits.REGEX_TIMEOUT_S, concurrent=True) is not None
         except TimeoutError:
-            raise FunctionError(f"regex_match(): pattern {pattern!r} gave up after "
-                                f"{limits.REGEX_TIMEOUT_S:g} s on a string of {len(s):,} characters "
-                                f"(catastrophic backtracking?)") from None
+            raise FunctionError(
+                f"regex_match(): pattern {pattern!r} gave up after "
+                f"{limits.REGEX_TIMEOUT_S:g} s on a string of {len(s):,} characters "
+                f"(catastrophic backtracking?)"
+            ) from None
 
     @signature({"types": ["object", "array", "null"]}, {"types": ["string", "number"]})
     def _func_get(self, obj, key):
@@ -252,19 +260,51 @@ OPTIONS = jmespath.Options(custom_functions=Functions())
 # validate` refuses a check whose top-level call can never give a boolean. Every function, built-in or
 # specprobe's, must be listed (a test holds this).
 RETURNS: dict[str, tuple[str, ...]] = {
-    "add": ("number",), "sub": ("number",), "mul": ("number",), "div": ("number", "null"),
-    "floordiv": ("number", "null"), "mod": ("number", "null"), "range": ("array",),
-    "to_int": ("number", "null"), "suffix_int": ("number", "null"), "sort_numeric": ("array",),
-    "unique": ("array",), "split": ("array",), "is_finite": ("boolean",), "all_finite": ("boolean",),
-    "regex_match": ("boolean",), "get": ("any",), "startswith_any": ("boolean",), "difference": ("array",),
+    "add": ("number",),
+    "sub": ("number",),
+    "mul": ("number",),
+    "div": ("number", "null"),
+    "floordiv": ("number", "null"),
+    "mod": ("number", "null"),
+    "range": ("array",),
+    "to_int": ("number", "null"),
+    "suffix_int": ("number", "null"),
+    "sort_numeric": ("array",),
+    "unique": ("array",),
+    "split": ("array",),
+    "is_finite": ("boolean",),
+    "all_finite": ("boolean",),
+    "regex_match": ("boolean",),
+    "get": ("any",),
+    "startswith_any": ("boolean",),
+    "difference": ("array",),
     # JMESPath's own
-    "abs": ("number",), "avg": ("number", "null"), "ceil": ("number",), "contains": ("boolean",),
-    "ends_with": ("boolean",), "floor": ("number",), "join": ("string",), "keys": ("array",),
-    "length": ("number",), "map": ("array",), "max": ("number", "string", "null"), "max_by": ("any",),
-    "merge": ("object",), "min": ("number", "string", "null"), "min_by": ("any",), "not_null": ("any",),
-    "reverse": ("array", "string"), "sort": ("array",), "sort_by": ("array",), "starts_with": ("boolean",),
-    "sum": ("number",), "to_array": ("array",), "to_number": ("number", "null"), "to_string": ("string",),
-    "type": ("string",), "values": ("array",),
+    "abs": ("number",),
+    "avg": ("number", "null"),
+    "ceil": ("number",),
+    "contains": ("boolean",),
+    "ends_with": ("boolean",),
+    "floor": ("number",),
+    "join": ("string",),
+    "keys": ("array",),
+    "length": ("number",),
+    "map": ("array",),
+    "max": ("number", "string", "null"),
+    "max_by": ("any",),
+    "merge": ("object",),
+    "min": ("number", "string", "null"),
+    "min_by": ("any",),
+    "not_null": ("any",),
+    "reverse": ("array", "string"),
+    "sort": ("array",),
+    "sort_by": ("array",),
+    "starts_with": ("boolean",),
+    "sum": ("number",),
+    "to_array": ("array",),
+    "to_number": ("number", "null"),
+    "to_string": ("string",),
+    "type": ("string",),
+    "values": ("array",),
 }
 
 
@@ -273,7 +313,8 @@ def returns(name: str) -> tuple[str, ...] | None:
     types = RETURNS.get(name)
     return None if types is None or "any" in types else types
 
-_CUSTOM = sorted(n[len("_func_"):] for n in vars(Functions) if n.startswith("_func_"))
+
+_CUSTOM = sorted(n[len("_func_") :] for n in vars(Functions) if n.startswith("_func_"))
 
 
 def compile_expr(text: str) -> Any:
@@ -282,8 +323,7 @@ def compile_expr(text: str) -> Any:
     try:
         return jmespath.compile(text)
     except RecursionError:
-        raise ExpressionTooDeep(f"nested too deeply to parse (limit {limits.EXPR_MAX_DEPTH} "
-                                f"levels)") from None
+        raise ExpressionTooDeep(f"nested too deeply to parse (limit {limits.EXPR_MAX_DEPTH} levels)") from None
 
 
 def search(parsed: Any, data: Any) -> Any:
@@ -314,8 +354,7 @@ def _walk(node: dict) -> Iterator[dict]:
 
 def function_calls(parsed: Any) -> list[tuple[str, int]]:
     """Every function call in a compiled expression, as (name, number of arguments), in AST order."""
-    return [(n["value"], len(n["children"])) for n in _walk(parsed.parsed)
-            if n.get("type") == "function_expression"]
+    return [(n["value"], len(n["children"])) for n in _walk(parsed.parsed) if n.get("type") == "function_expression"]
 
 
 def arity(name: str) -> tuple[int, float] | None:
@@ -350,8 +389,7 @@ def problems(text: str) -> list[str]:
         return [f"invalid JMESPath {_short(text)}: {' '.join(str(e).split())}"]
     levels = depth(parsed)
     if levels > limits.EXPR_MAX_DEPTH:
-        return [f"expression {_short(text)} is nested {levels} levels deep (limit "
-                f"{limits.EXPR_MAX_DEPTH})"]
+        return [f"expression {_short(text)} is nested {levels} levels deep (limit {limits.EXPR_MAX_DEPTH})"]
     out = []
     for name, n in function_calls(parsed):
         rng = arity(name)
@@ -369,8 +407,15 @@ def _short(text: str, limit: int = 200) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} characters)"
 
 
-_CHAIN_HEAD = ("subexpression", "index_expression", "projection", "value_projection",
-               "filter_projection", "flatten", "pipe")
+_CHAIN_HEAD = (
+    "subexpression",
+    "index_expression",
+    "projection",
+    "value_projection",
+    "filter_projection",
+    "flatten",
+    "pipe",
+)
 
 
 def _chain(node: dict) -> tuple[tuple[str, ...], bool]:

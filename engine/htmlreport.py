@@ -6,6 +6,7 @@ fetch, and a Content-Security-Policy that forbids the page to load anything at a
 reports it is a pure function of (evidence, results, verdict, figures), so a re-check of a saved
 run renders the page the live run rendered.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,11 +44,12 @@ def _badge(text: str) -> str:
 
 def _figure(figure: Figure) -> str:
     where = f" ({figure.file}:{figure.line})" if figure.file else ""
-    out = [f'<figure id="figure-{escape(figure.name)}">',
-           f"<h3>{escape(figure.title)}</h3>",
-           f'<figcaption>{escape(" ".join(figure.why.split()))}<span class="meta">{escape(where)}</span>'
-           f"</figcaption>",
-           svg.render(figure).rstrip("\n")]
+    out = [
+        f'<figure id="figure-{escape(figure.name)}">',
+        f"<h3>{escape(figure.title)}</h3>",
+        f'<figcaption>{escape(" ".join(figure.why.split()))}<span class="meta">{escape(where)}</span></figcaption>',
+        svg.render(figure).rstrip("\n"),
+    ]
     if figure.notes:
         out.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in figure.notes) + "</ul>")
     out.append("</figure>")
@@ -57,13 +59,19 @@ def _figure(figure: Figure) -> str:
 def _check_row(r: Mapping[str, Any]) -> str:
     where = f"{r['file']}:{r.get('line') or '?'}" if r.get("file") else ""
     warn = " (warn)" if r.get("severity") == "warn" else ""
-    return (f'<tr><td class="name">{escape(r["name"])}<div class="why">{escape(" ".join((r.get("why") or "").split()))}'
-            f'</div></td><td>{_badge(r["outcome"])}{escape(warn)}</td>'
-            f'<td class="value">{escape(_shown(r, 200))}</td><td class="name">{escape(where)}</td></tr>')
+    return (
+        f'<tr><td class="name">{escape(r["name"])}<div class="why">{escape(" ".join((r.get("why") or "").split()))}'
+        f"</div></td><td>{_badge(r['outcome'])}{escape(warn)}</td>"
+        f'<td class="value">{escape(_shown(r, 200))}</td><td class="name">{escape(where)}</td></tr>'
+    )
 
 
-def render(evidence: Mapping[str, Any], results: Sequence[Mapping[str, Any]], verdict: Mapping[str, Any],
-           figures: Sequence[Figure] = ()) -> str:
+def render(
+    evidence: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    verdict: Mapping[str, Any],
+    figures: Sequence[Figure] = (),
+) -> str:
     """The whole page as text (UTF-8 when written)."""
     spec = evidence.get("spec") or {}
     name = spec.get("name") or "spec"
@@ -76,16 +84,24 @@ def render(evidence: Mapping[str, Any], results: Sequence[Mapping[str, Any]], ve
         meta.append(f"started {evidence['started_at']}")
     if evidence.get("engine_version"):
         meta.append(f"engine {evidence['engine_version']}")
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-           # Nothing may be fetched: the page must read the same offline, from an artifact or a tab.
-           "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-           "style-src 'unsafe-inline'; img-src data:\">",
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>{escape(name)} ({escape(mode)}): {escape(outcome)}</title>",
-           f"<style>{_STYLE}</style>", "</head>", "<body>", "<header>",
-           f"<h1>{escape(name)} {_badge(outcome)}</h1>",
-           f'<p class="meta">{escape(" · ".join(meta))}</p>',
-           f'<p class="meta"><code>{escape(verdict_line(name, verdict))}</code></p>']
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        # Nothing may be fetched: the page must read the same offline, from an artifact or a tab.
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'; img-src data:\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{escape(name)} ({escape(mode)}): {escape(outcome)}</title>",
+        f"<style>{_STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<header>",
+        f"<h1>{escape(name)} {_badge(outcome)}</h1>",
+        f'<p class="meta">{escape(" · ".join(meta))}</p>',
+        f'<p class="meta"><code>{escape(verdict_line(name, verdict))}</code></p>',
+    ]
     if verdict.get("message"):
         out.append(f"<p><strong>{escape(verdict['message'])}</strong></p>")
     out.append("</header>")
@@ -94,36 +110,60 @@ def render(evidence: Mapping[str, Any], results: Sequence[Mapping[str, Any]], ve
     if failing:
         out += ['<section id="failures">', "<h2>Why the failing checks failed</h2>"]
         for r in failing:
-            out.append(f'<details open><summary><code>{escape(r["name"])}</code> {_badge(r["outcome"])}'
-                       f"</summary><pre>{escape(chr(10).join(explain_lines(r, verbose=True)))}</pre></details>")
+            out.append(
+                f"<details open><summary><code>{escape(r['name'])}</code> {_badge(r['outcome'])}"
+                f"</summary><pre>{escape(chr(10).join(explain_lines(r, verbose=True)))}</pre></details>"
+            )
         out.append("</section>")
 
     if figures:
         out += ['<section id="plots">', "<h2>Plots</h2>"] + [_figure(f) for f in figures] + ["</section>"]
 
-    out += ['<section id="checks">', "<h2>Checks</h2>", "<table>",
+    out += (
+        [
+            '<section id="checks">',
+            "<h2>Checks</h2>",
+            "<table>",
             "<thead><tr><th>check</th><th>outcome</th><th>value / reason</th><th>written at</th></tr></thead>",
-            "<tbody>"] + [_check_row(r) for r in results] + ["</tbody>", "</table>", "</section>"]
+            "<tbody>",
+        ]
+        + [_check_row(r) for r in results]
+        + ["</tbody>", "</table>", "</section>"]
+    )
 
-    out += ['<section id="steps">', "<h2>Steps</h2>", "<table>",
-            "<thead><tr><th>step</th><th>status</th><th>detail</th></tr></thead>", "<tbody>"]
+    out += [
+        '<section id="steps">',
+        "<h2>Steps</h2>",
+        "<table>",
+        "<thead><tr><th>step</th><th>status</th><th>detail</th></tr></thead>",
+        "<tbody>",
+    ]
     for step_name, status, detail in _step_rows(evidence):
-        out.append(f'<tr><td class="name">{escape(step_name[5:])}</td><td>{_badge(status)}</td>'
-                   f"<td>{escape(detail)}</td></tr>")
+        out.append(
+            f'<tr><td class="name">{escape(step_name[5:])}</td><td>{_badge(status)}</td><td>{escape(detail)}</td></tr>'
+        )
     out += ["</tbody>", "</table>"]
     steps = evidence.get("steps") or {}
-    failed = [(n, s) for n, s in steps.items() if s.get("status") == "failed"
-              and (s.get("failure_lines") or s.get("tail"))]
+    failed = [
+        (n, s) for n, s in steps.items() if s.get("status") == "failed" and (s.get("failure_lines") or s.get("tail"))
+    ]
     for step_name, step in failed:
         lines = list(step.get("failure_lines") or []) + ["..."] + list(step.get("tail") or [])
-        out.append(f"<h3>step {escape(step_name)}: failure lines, then the tail</h3>"
-                   f"<pre>{escape(chr(10).join(str(x) for x in lines))}</pre>")
+        out.append(
+            f"<h3>step {escape(step_name)}: failure lines, then the tail</h3>"
+            f"<pre>{escape(chr(10).join(str(x) for x in lines))}</pre>"
+        )
     out += ["</section>"]
     values = evidence.get("values") or {}
     if values:
-        out += ['<section id="values">', "<h2>Values</h2>", "<details><summary>every value of the run "
-                f"({len(values)})</summary><pre>"
-                + escape("\n".join(f"{k} = {json.dumps(v, default=str)}" for k, v in values.items()))
-                + "</pre></details>", "</section>"]
+        out += [
+            '<section id="values">',
+            "<h2>Values</h2>",
+            "<details><summary>every value of the run "
+            f"({len(values)})</summary><pre>"
+            + escape("\n".join(f"{k} = {json.dumps(v, default=str)}" for k, v in values.items()))
+            + "</pre></details>",
+            "</section>",
+        ]
     out += ["</body>", "</html>"]
     return "\n".join(out) + "\n"

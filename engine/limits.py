@@ -4,6 +4,7 @@ Every input the engine does not control (a spec, a leg's output, a collector's d
 evidence file) is read through these, so a hostile or broken input costs a clear error, never a
 traceback, a hang or the machine's memory. README.md's "Limits" table lists each one.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,7 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int, what: str = 
         if not stat.S_ISREG(st.st_mode):
             raise LimitError(f"{path}: not a regular file ({_kind(st.st_mode)}); a {what} must be one")
         if st.st_size > max_bytes:
-            raise LimitError(f"{path}: {st.st_size:,} bytes, over the {_size(max_bytes)} limit "
-                             f"of a {what}")
+            raise LimitError(f"{path}: {st.st_size:,} bytes, over the {_size(max_bytes)} limit of a {what}")
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, 1 << 20)
@@ -82,9 +82,13 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a file"
@@ -96,8 +100,7 @@ def _size(n: int) -> str:
 
 def _parse_int(text: str) -> int:
     if len(text.lstrip("-")) > JSON_MAX_INT_DIGITS:
-        raise LimitError(f"an integer of {len(text.lstrip('-')):,} digits (limit "
-                         f"{JSON_MAX_INT_DIGITS})")
+        raise LimitError(f"an integer of {len(text.lstrip('-')):,} digits (limit {JSON_MAX_INT_DIGITS})")
     return int(text)
 
 
@@ -118,15 +121,15 @@ def json_depth(value: Any, stop_at: int = 10_000) -> int:
     return deepest
 
 
-def loads_json(text: str | bytes, max_depth: int = JSON_MAX_DEPTH,
-               object_hook: Callable[[dict], Any] | None = None) -> Any:
+def loads_json(
+    text: str | bytes, max_depth: int = JSON_MAX_DEPTH, object_hook: Callable[[dict], Any] | None = None
+) -> Any:
     """json.loads for documents the engine did not write: ValueError (json.JSONDecodeError for bad
     syntax, LimitError for a limit) instead of a RecursionError or a 5,000-digit integer."""
     try:
         value = json.loads(text, parse_int=_parse_int, object_hook=object_hook)
     except RecursionError:
-        raise LimitError(f"nested deeper than the interpreter can parse (limit {max_depth} "
-                         f"levels)") from None
+        raise LimitError(f"nested deeper than the interpreter can parse (limit {max_depth} levels)") from None
     depth = json_depth(value, max_depth)
     if depth > max_depth:
         raise LimitError(f"nested more than {max_depth} levels deep")

@@ -4,6 +4,7 @@ A leg may print a million lines; rules (harvest markers, echo prefixes, failure 
 signal rules) care about a handful. A `Block` holds consecutive lines as one string, so a substring
 search over it finds the candidates; only those are split out, prefix-stripped and matched.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,6 +31,7 @@ class Pattern:
         self.pattern = text
         self.where = where
         import regex  # imported on first use: `engine check` never needs it
+
         try:
             self.compiled = regex.compile(text)
         except (regex.error, ValueError, OverflowError, RecursionError) as exc:
@@ -42,9 +44,11 @@ class Pattern:
         self.error: str | None = None
 
     def _gave_up(self, line: str) -> None:
-        self.error = (f"{self.where} {self.pattern!r} gave up after {limits.REGEX_TIMEOUT_S:g} s on a "
-                      f"line of {len(line):,} characters (catastrophic backtracking?); it matched "
-                      f"nothing after that")
+        self.error = (
+            f"{self.where} {self.pattern!r} gave up after {limits.REGEX_TIMEOUT_S:g} s on a "
+            f"line of {len(line):,} characters (catastrophic backtracking?); it matched "
+            f"nothing after that"
+        )
 
     def search(self, line: str) -> Any:
         if self.error is not None:
@@ -59,8 +63,7 @@ class Pattern:
         if self.error is not None:
             return line
         try:
-            return self.compiled.sub(repl, line, count=count, timeout=limits.REGEX_TIMEOUT_S,
-                                     concurrent=True)
+            return self.compiled.sub(repl, line, count=count, timeout=limits.REGEX_TIMEOUT_S, concurrent=True)
         except TimeoutError:
             self._gave_up(line)
             return line
@@ -77,8 +80,9 @@ class Block:
 
     __slots__ = ("text", "count", "first_lineno", "strip", "_lines")
 
-    def __init__(self, text: str, count: int, first_lineno: int,
-                 strip: Pattern | re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self, text: str, count: int, first_lineno: int, strip: Pattern | re.Pattern[str] | None = None
+    ) -> None:
         self.text = text
         self.count = count
         self.first_lineno = first_lineno  # 1-based number of the first line in the whole capture
@@ -131,7 +135,7 @@ class Block:
             index += text.count("\n", last, start)
             last = start
             end = text.find("\n", start)
-            yield self.first_lineno + index, self.stripped(text[start:end if end >= 0 else None])
+            yield self.first_lineno + index, self.stripped(text[start : end if end >= 0 else None])
 
     def find_last_line(self, literal: str) -> Iterator[str]:
         """Stripped lines containing `literal`, last first (the latest progress line is wanted)."""
@@ -140,7 +144,7 @@ class Block:
         while pos >= 0:
             start = text.rfind("\n", 0, pos) + 1
             end = text.find("\n", pos)
-            yield self.stripped(text[start:end if end >= 0 else None])
+            yield self.stripped(text[start : end if end >= 0 else None])
             if start == 0:
                 return
             pos = text.rfind(literal, 0, start - 1)
@@ -158,8 +162,7 @@ class LineMatcher:
         """The first (line number, stripped line) of the block the pattern matches."""
         search = self.pattern.search
         if self.literal is not None:
-            candidates: Iterator[tuple[int, str]] | Sequence[tuple[int, str]] = \
-                block.find_lines([self.literal])
+            candidates: Iterator[tuple[int, str]] | Sequence[tuple[int, str]] = block.find_lines([self.literal])
         else:
             candidates = ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
         for lineno, line in candidates:
@@ -170,8 +173,7 @@ class LineMatcher:
     def last(self, block: Block) -> Any:
         """The match on the last line of the block that the pattern matches."""
         search = self.pattern.search
-        lines = block.find_last_line(self.literal) if self.literal is not None \
-            else reversed(block.lines)
+        lines = block.find_last_line(self.literal) if self.literal is not None else reversed(block.lines)
         for line in lines:
             found = search(line)
             if found is not None:

@@ -12,6 +12,7 @@ every `line` is a list of y values, one per x on a shared axis, with no gap and 
 - a horizontal marker is a constant line; a vertical one is named in the x axis title.
 The numbers are the evidence's, written out in full (Mermaid's grammar reads no exponents).
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -52,8 +53,10 @@ def lines(figure: Figure) -> tuple[list[Number], list[tuple[list[Series], list[N
         if not s.drawn():
             continue
         if s.gaps():
-            notes.append(f"{s.label}: not in this chart: it has gaps and Mermaid's xychart cannot draw "
-                         f"one (the HTML report does)")
+            notes.append(
+                f"{s.label}: not in this chart: it has gaps and Mermaid's xychart cannot draw "
+                f"one (the HTML report does)"
+            )
             continue
         drawable.append(s)
     axis = sorted({x for s in drawable for x, _ in s.points})
@@ -71,9 +74,11 @@ def lines(figure: Figure) -> tuple[list[Number], list[tuple[list[Series], list[N
         values = dict(p for s in chain for p in s.drawn())
         if len(values) != len(axis):
             for s in chain:
-                notes.append(f"{s.label}: not in this chart: it covers x {_range_text([x for x, _ in s.points])} "
-                             f"of {_range_text(axis)}, and Mermaid's xychart cannot leave the rest empty "
-                             f"(the HTML report draws it)")
+                notes.append(
+                    f"{s.label}: not in this chart: it covers x {_range_text([x for x, _ in s.points])} "
+                    f"of {_range_text(axis)}, and Mermaid's xychart cannot leave the rest empty "
+                    f"(the HTML report draws it)"
+                )
             continue
         out.append((chain, [values[x] for x in axis]))
     if not out:
@@ -94,8 +99,12 @@ def block(figure: Figure) -> str | None:
         x_axis = f"x-axis {_quoted(x_title)} {axis[0]} --> {axis[-1]}"
     else:
         x_axis = f"x-axis {_quoted(x_title)} [{', '.join(_quoted(plain(x)) for x in axis)}]"
-    out = ["xychart-beta", f"    title {_quoted(figure.title)}", f"    {x_axis}",
-           f"    y-axis {_quoted(figure.y_label)}"]
+    out = [
+        "xychart-beta",
+        f"    title {_quoted(figure.title)}",
+        f"    {x_axis}",
+        f"    y-axis {_quoted(figure.y_label)}",
+    ]
     for chain, values in drawn:
         label = " + ".join(s.label for s in chain)
         out.append(f"    line {_quoted(label)} [{', '.join(plain(v) for v in values)}]")
@@ -125,8 +134,11 @@ def markdown(figure: Figure, heading: str = "####") -> str:
         if m.axis == "y":
             for v in m.at:
                 n += 1
-                legend.append(f"line {n}: {m.label} at {plain(v)} (a marker)" if source
-                              else f"marker at y = {plain(v)}: {m.label}")
+                legend.append(
+                    f"line {n}: {m.label} at {plain(v)} (a marker)"
+                    if source
+                    else f"marker at y = {plain(v)}: {m.label}"
+                )
         elif m.at:
             legend.append(f"marker at x = {', '.join(plain(v) for v in m.at)}: {m.label}")
     notes = legend + left_out + figure.notes

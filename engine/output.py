@@ -4,6 +4,7 @@ grep over the whole capture, tail, and progress (step/total, rate, ETA).
 Lines arrive in `Block`s (see lines.py). Substring searches over a whole block find the lines
 any rule cares about at C speed; only those lines get per-line Python work.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,11 @@ class OutputRules:
 
     def pattern_errors(self) -> list[str]:
         """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
-        patterns = [self.strip_prefix, self.progress.pattern if self.progress else None,
-                    *(rule.pattern for rule in self.harvest)]
+        patterns = [
+            self.strip_prefix,
+            self.progress.pattern if self.progress else None,
+            *(rule.pattern for rule in self.harvest),
+        ]
         return [p.error for p in patterns if p is not None and p.error]
 
 
@@ -77,15 +81,19 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
         pick = rule.get("pick", defaults.HARVEST_PICK)
         on_conflict = rule.get("on_conflict", defaults.HARVEST_ON_CONFLICT)
         on_malformed = rule.get("on_malformed", defaults.HARVEST_ON_MALFORMED)
-        for key, got, allowed in (("pick", pick, PICKS), ("on_conflict", on_conflict, ON_CONFLICT),
-                                  ("on_malformed", on_malformed, ON_MALFORMED)):
+        for key, got, allowed in (
+            ("pick", pick, PICKS),
+            ("on_conflict", on_conflict, ON_CONFLICT),
+            ("on_malformed", on_malformed, ON_MALFORMED),
+        ):
             if got not in allowed:
                 raise ValueError(f"output.harvest.{name}.{key} must be one of {allowed}, got {got!r}")
         if rule.get("match") is not None:
             pattern = _regex(rule["match"], f"output.harvest.{name}.match")
             if not pattern.groupindex:
-                raise ValueError(f"output.harvest.{name}.match {pattern.pattern!r} has no named group "
-                                 f"(?P<name>...) to harvest")
+                raise ValueError(
+                    f"output.harvest.{name}.match {pattern.pattern!r} has no named group (?P<name>...) to harvest"
+                )
             harvest.append(HarvestRule(name, None, pick, on_conflict, on_malformed, pattern))
         else:
             harvest.append(HarvestRule(name, str(rule["marker"]), pick, on_conflict, on_malformed))
@@ -94,10 +102,8 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
         pattern = _regex(run["progress"]["match"], "progress.match")
         missing = {"step", "total"} - set(pattern.groupindex)
         if missing:
-            raise ValueError(f"progress.match {pattern.pattern!r} lacks named group(s) "
-                             f"{sorted(missing)}")
-        progress = ProgressRule(pattern, float(run["progress"].get("every_s",
-                                                                   defaults.PROGRESS_EVERY_S)))
+            raise ValueError(f"progress.match {pattern.pattern!r} lacks named group(s) {sorted(missing)}")
+        progress = ProgressRule(pattern, float(run["progress"].get("every_s", defaults.PROGRESS_EVERY_S)))
     patterns = output.get("failure_patterns")
     return OutputRules(
         strip_prefix=_regex(strip, "output.strip_prefix") if strip else None,
@@ -111,7 +117,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
 
 
 def _json_after(line: str, marker: str) -> Any:
-    return limits.loads_json(line[len(marker):].strip())
+    return limits.loads_json(line[len(marker) :].strip())
 
 
 def _group_value(text: str | None) -> Any:
@@ -148,9 +154,13 @@ class Capture:
         self.progress = ProgressState()
         self._lock = threading.Lock()
         # Every line any rule may concern contains one of these literals.
-        self._literals = tuple(dict.fromkeys(
-            list(rules.echo_prefixes) + [h.marker for h in rules.harvest if h.marker is not None]
-            + list(rules.failure_patterns)))
+        self._literals = tuple(
+            dict.fromkeys(
+                list(rules.echo_prefixes)
+                + [h.marker for h in rules.harvest if h.marker is not None]
+                + list(rules.failure_patterns)
+            )
+        )
         self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
         self._matched = [(rule, LineMatcher(rule.pattern)) for rule in rules.harvest if rule.pattern is not None]
 
@@ -184,8 +194,11 @@ class Capture:
     def _harvest_matches(self, rule: HarvestRule, matcher: LineMatcher, block: Block) -> None:
         if rule.pick == "first" and rule.name in self.harvested:
             return
-        candidates = block.find_lines([matcher.literal]) if matcher.literal is not None else \
-            ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        candidates = (
+            block.find_lines([matcher.literal])
+            if matcher.literal is not None
+            else ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+        )
         for _, line in candidates:
             found = matcher.pattern.search(line)
             if found is None:
@@ -205,20 +218,34 @@ class Capture:
         self.marker_seen.add(rule.name)
         try:
             if line.endswith(limits.CUT_MARKER):
-                raise limits.LimitError(f"the line is longer than the {limits.LINE_MAX_CHARS // limits.MiB} "
-                                        f"MiB line limit and was cut; its JSON is incomplete")
+                raise limits.LimitError(
+                    f"the line is longer than the {limits.LINE_MAX_CHARS // limits.MiB} "
+                    f"MiB line limit and was cut; its JSON is incomplete"
+                )
             value = _json_after(line, rule.marker)
         except json.JSONDecodeError as exc:
-            self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
-                                        "kind": KIND_MALFORMED,
-                                        "error": f"invalid JSON: {exc.msg} (column "
-                                                 f"{exc.colno + len(rule.marker)})",
-                                        "text": line[:ECHO_WIDTH]})
+            self.harvest_errors.append(
+                {
+                    "name": rule.name,
+                    "marker": rule.marker,
+                    "line": lineno,
+                    "kind": KIND_MALFORMED,
+                    "error": f"invalid JSON: {exc.msg} (column {exc.colno + len(rule.marker)})",
+                    "text": line[:ECHO_WIDTH],
+                }
+            )
             return
         except ValueError as exc:  # a limit: too deep, a 5,000-digit integer, a cut line
-            self.harvest_errors.append({"name": rule.name, "marker": rule.marker, "line": lineno,
-                                        "kind": KIND_MALFORMED, "error": f"not harvested: {exc}",
-                                        "text": line[:ECHO_WIDTH]})
+            self.harvest_errors.append(
+                {
+                    "name": rule.name,
+                    "marker": rule.marker,
+                    "line": lineno,
+                    "kind": KIND_MALFORMED,
+                    "error": f"not harvested: {exc}",
+                    "text": line[:ECHO_WIDTH],
+                }
+            )
             return
         if rule.pick == "all":
             self.harvested.setdefault(rule.name, []).append(value)
@@ -244,9 +271,17 @@ class Capture:
         errors = list(self.harvest_errors)
         for rule in self.rules.harvest:
             if rule.name not in self.marker_seen:
-                errors.append({"name": rule.name, "marker": rule.marker, "line": None,
-                               "kind": KIND_MISSING, "error": MISSING, "text": None,
-                               **({"match": rule.pattern.pattern} if rule.pattern is not None else {})})
+                errors.append(
+                    {
+                        "name": rule.name,
+                        "marker": rule.marker,
+                        "line": None,
+                        "kind": KIND_MISSING,
+                        "error": MISSING,
+                        "text": None,
+                        **({"match": rule.pattern.pattern} if rule.pattern is not None else {}),
+                    }
+                )
             seen = self._markers.get(rule.name)
             if seen is not None and seen.differ:
                 errors.append(seen.conflict(rule))
@@ -279,11 +314,17 @@ class _MarkerLines:
 
     def conflict(self, rule: HarvestRule) -> dict[str, Any]:
         shown = ", ".join(map(str, self.lines)) + (", ..." if self.count > len(self.lines) else "")
-        return {"name": rule.name, "marker": rule.marker, "line": self.picked,
-                "kind": KIND_CONFLICT, "lines": list(self.lines), "count": self.count,
-                "error": f"{self.count} marker lines, not all with the same JSON (lines {shown}); "
-                         f"pick {rule.pick} kept line {self.picked}",
-                "text": None}
+        return {
+            "name": rule.name,
+            "marker": rule.marker,
+            "line": self.picked,
+            "kind": KIND_CONFLICT,
+            "lines": list(self.lines),
+            "count": self.count,
+            "error": f"{self.count} marker lines, not all with the same JSON (lines {shown}); "
+            f"pick {rule.pick} kept line {self.picked}",
+            "text": None,
+        }
 
 
 def error_kind(entry: Mapping[str, Any]) -> str:
@@ -294,8 +335,9 @@ def error_kind(entry: Mapping[str, Any]) -> str:
     return KIND_MISSING if entry.get("error") == MISSING else KIND_MALFORMED
 
 
-def harvest_problems(step: str, record: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]
-                     ) -> list[dict[str, Any]]:
+def harvest_problems(
+    step: str, record: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """The harvest problems of one run step's record, for the verdict: one per rule and kind
     (malformed marker lines, marker lines that disagree), naming the lines of the step's log.
     `fails` is false where the rule opts in (`on_malformed: skip`, `on_conflict: pick`); a missing
@@ -317,8 +359,9 @@ def harvest_problems(step: str, record: Mapping[str, Any], rules: Mapping[str, M
             first = entries[0]
             detail = str(first.get("error") or "").removeprefix("invalid JSON: ")
             where = f"line {lines[0]}" if len(lines) == 1 else f"lines {_lines_text(lines)}"
-            message = (f"{log} {where}: {str(first.get('marker', name))!r} followed by invalid "
-                       f"JSON" + (f" ({detail})" if len(lines) == 1 else f" (line {lines[0]}: {detail})"))
+            message = f"{log} {where}: {str(first.get('marker', name))!r} followed by invalid JSON" + (
+                f" ({detail})" if len(lines) == 1 else f" (line {lines[0]}: {detail})"
+            )
             opt = "on_malformed: skip"
         else:
             entry = entries[0]
@@ -326,8 +369,16 @@ def harvest_problems(step: str, record: Mapping[str, Any], rules: Mapping[str, M
             fails = rule.get("on_conflict", defaults.HARVEST_ON_CONFLICT) != "pick"
             message = f"{log}: {entry.get('error')}"
             opt = "on_conflict: pick"
-        problems.append({"step": step, "harvest": name, "kind": kind, "lines": lines,
-                         "fails": fails, "message": message + ("" if fails else f" ({opt})")})
+        problems.append(
+            {
+                "step": step,
+                "harvest": name,
+                "kind": kind,
+                "lines": lines,
+                "fails": fails,
+                "message": message + ("" if fails else f" ({opt})"),
+            }
+        )
     return problems
 
 
@@ -367,8 +418,7 @@ class ProgressState:
         if self.step is None:
             return None
         rate = self.rate()
-        return {"step": self.step, "total": self.total,
-                "steps_per_s": round(rate, 4) if rate is not None else None}
+        return {"step": self.step, "total": self.total, "steps_per_s": round(rate, 4) if rate is not None else None}
 
 
 def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
@@ -381,9 +431,11 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
     # one, or a FIFO, is not one of them.
     try:
         raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log").decode(
-            "utf-8", errors="replace")
+            "utf-8", errors="replace"
+        )
     except (OSError, ValueError) as exc:
         from engine.evidence import EvidenceError
+
         raise EvidenceError(f"raw log {log_path}: {getattr(exc, 'strerror', None) or exc}") from None
     lines = raw.split("\n")
     if lines and lines[-1] == "":
@@ -393,6 +445,11 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
         lines = [sub("", line, count=1) for line in lines]
     capture.feed(Block.from_lines(lines, 1))
     harvest, errors = capture.harvest_result()
-    return {"harvest": harvest, "harvest_errors": errors, "failure_lines": capture.failure_lines(),
-            "tail": capture.tail_lines(), "lines": capture.lines,
-            "progress": capture.progress.as_dict()}
+    return {
+        "harvest": harvest,
+        "harvest_errors": errors,
+        "failure_lines": capture.failure_lines(),
+        "tail": capture.tail_lines(),
+        "lines": capture.lines,
+        "progress": capture.progress.as_dict(),
+    }

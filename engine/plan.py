@@ -3,6 +3,7 @@
 The runner executes a Plan and nothing else, so everything it needs (argv, timeouts, enabled flags)
 is decided here, once, and `engine plan` can show it before anything runs.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,8 +26,17 @@ from engine.checks import compact, trace
 from engine.secrets import REDACTED, is_secret, redact, redact_text
 from engine.spec import Spec, SpecError, SpecErrors, best_error, validator
 from engine.types import Check, Step
-from engine.values import (UnknownVariable, UsageError, layer, parse_sets, refs, resolve, substitute, template,
-                           unknown_message)
+from engine.values import (
+    UnknownVariable,
+    UsageError,
+    layer,
+    parse_sets,
+    refs,
+    resolve,
+    substitute,
+    template,
+    unknown_message,
+)
 
 __all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
 
@@ -69,9 +79,14 @@ def pick_mode(data: Mapping[str, Any], mode: str | None, environ: Mapping[str, s
 def default_builtins(spec: Spec, mode: str) -> dict[str, Any]:
     run_id = run_stamp()
     work = os.getcwd()
-    return {"python": sys.executable, "work_dir": work, "spec_dir": str(spec.path.resolve().parent),
-            "run_dir": str(Path(work) / "runs" / f"{spec.data.get('name', 'spec')}-{run_id}"),
-            "run_id": run_id, "mode": mode}
+    return {
+        "python": sys.executable,
+        "work_dir": work,
+        "spec_dir": str(spec.path.resolve().parent),
+        "run_dir": str(Path(work) / "runs" / f"{spec.data.get('name', 'spec')}-{run_id}"),
+        "run_id": run_id,
+        "mode": mode,
+    }
 
 
 def _with_defaults(obj: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,16 +98,18 @@ def _with_defaults(obj: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -
 def _fill_run(run: dict[str, Any]) -> dict[str, Any]:
     out = _with_defaults(run, defaults.RUN)
     out["output"] = _with_defaults(run.get("output"), defaults.OUTPUT)
-    out["output"]["harvest"] = {k: _with_defaults(v, defaults.HARVEST)
-                                for k, v in (out["output"]["harvest"] or {}).items()}
+    out["output"]["harvest"] = {
+        k: _with_defaults(v, defaults.HARVEST) for k, v in (out["output"]["harvest"] or {}).items()
+    }
     out["signals"] = [_with_defaults(s, defaults.SIGNAL) for s in out["signals"] or []]
     if out["progress"] is not None:
         out["progress"] = _with_defaults(out["progress"], defaults.PROGRESS)
     diag = (out["on_failure"] or {}).get("diagnostics")
     if diag is not None:
         out["on_failure"] = {"diagnostics": _with_defaults(diag, defaults.DIAGNOSTICS)}
-    out["env"] = {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, bool) else str(v)
-                  for k, v in out["env"].items()}
+    out["env"] = {
+        k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, bool) else str(v) for k, v in out["env"].items()
+    }
     out["argv"] = [str(a) for a in out["argv"]] if isinstance(out["argv"], list) else out["argv"]
     return out
 
@@ -104,8 +121,7 @@ def step_kind(step: Mapping[str, Any]) -> str:
     for kind in KINDS:
         if kind in step:
             return kind
-    raise ValueError(f"step {step.get('name')!r} ({step.get('file')}:{step.get('line')}) has none "
-                     f"of {KINDS}")
+    raise ValueError(f"step {step.get('name')!r} ({step.get('file')}:{step.get('line')}) has none of {KINDS}")
 
 
 def _seconds(x: Any, minimum: float) -> float | None:
@@ -157,8 +173,9 @@ def values_lines(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[
     the layer it came from."""
     shown = redact(values)
     width = max((len(k) for k in shown), default=0)
-    return ["values:"] + [f"  {k:<{width}} = {json.dumps(v, default=str)}  [{sources.get(k, '?')}]"
-                          for k, v in shown.items()]
+    return ["values:"] + [
+        f"  {k:<{width}} = {json.dumps(v, default=str)}  [{sources.get(k, '?')}]" for k, v in shown.items()
+    ]
 
 
 @dataclass
@@ -205,14 +222,17 @@ class Plan:
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
         if s["kind"] == "remove":
-            return [f"remove {p}" for p in s["remove"]] + \
-                [f"(outside the work and run dirs only under {d})" for d in s.get("remove_also_under", [])]
+            return [f"remove {p}" for p in s["remove"]] + [
+                f"(outside the work and run dirs only under {d})" for d in s.get("remove_also_under", [])
+            ]
         if s["kind"] == "collect":
             c = s["collect"]
             return [f"collector {c['collector']} args {json.dumps(c.get('args') or {})}"]
         r = s["run"]
-        out = ["argv: " + " ".join(_quote(a) for a in r["argv"]),
-               f"timeout {r['timeout_s']:g} s + grace {r['grace_s']:g} s, ok exit codes {r['ok_exit_codes']}"]
+        out = [
+            "argv: " + " ".join(_quote(a) for a in r["argv"]),
+            f"timeout {r['timeout_s']:g} s + grace {r['grace_s']:g} s, ok exit codes {r['ok_exit_codes']}",
+        ]
         if r["cwd"]:
             out.append(f"cwd: {r['cwd']}")
         if r["env"]:
@@ -222,10 +242,15 @@ class Plan:
         for sig in r["signals"]:
             out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
-            out.append("harvest: " + ", ".join(f"{k} <- {v['marker']!r} ({_harvest_opts(v)})"
-                                               if v.get("marker") is not None
-                                               else f"{k} <- /{v['match']}/ ({v['pick']})"
-                                               for k, v in r["output"]["harvest"].items()))
+            out.append(
+                "harvest: "
+                + ", ".join(
+                    f"{k} <- {v['marker']!r} ({_harvest_opts(v)})"
+                    if v.get("marker") is not None
+                    else f"{k} <- /{v['match']}/ ({v['pick']})"
+                    for k, v in r["output"]["harvest"].items()
+                )
+            )
         return out
 
 
@@ -275,14 +300,17 @@ def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str
         problems = _cached_step_problems(json.dumps(part))
     except TypeError:  # a value JSON cannot hold (a YAML date): checked as it is
         problems = _step_problems(part)
-    return [spec.error(("steps", index) + path, f"in mode {mode!r} after substitution: {message}")
-            for path, message in problems]
+    return [
+        spec.error(("steps", index) + path, f"in mode {mode!r} after substitution: {message}")
+        for path, message in problems
+    ]
 
 
 def _step_problems(step: Any) -> tuple[tuple[tuple, str], ...]:
     """(path, message) of each schema problem of one resolved step."""
-    return tuple((tuple(e.absolute_path), e.message)
-                 for e in map(best_error, _resolved_step_validator().iter_errors(step)))
+    return tuple(
+        (tuple(e.absolute_path), e.message) for e in map(best_error, _resolved_step_validator().iter_errors(step))
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -306,8 +334,11 @@ def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]
     except (jexc.JMESPathError, TypeError, ValueError) as e:
         return False, spec.error(where, f"{when!r} failed: {' '.join(str(e).split())}")
     if missing:
-        what = unknown_message(missing[0], values, ref=False) if missing[0] not in values and \
-            "." not in missing[0] else f"{missing[0]}, which is missing"
+        what = (
+            unknown_message(missing[0], values, ref=False)
+            if missing[0] not in values and "." not in missing[0]
+            else f"{missing[0]}, which is missing"
+        )
         return False, spec.error(where, f"step condition {when!r} reads {what}")
     if not isinstance(value, bool):
         return False, spec.error(where, f"step condition {when!r} must yield true or false, got {compact(value, 80)}")
@@ -325,9 +356,12 @@ def _splice(text: str, values: Mapping[str, Any], path: tuple, spec: Spec) -> tu
             return text, spec.error(path, unknown_message(name, values))
         v = values[name]
         if not ((isinstance(v, str) and _SPLICEABLE.match(v)) or (isinstance(v, int) and not isinstance(v, bool))):
-            return text, spec.error(path, f"${{{name}}} is {compact(v, 60)}: in a check, ${{x}} may only stand for "
-                                          f"a name or an integer (it is spliced into the expression); read other "
-                                          f"values as values.{name}")
+            return text, spec.error(
+                path,
+                f"${{{name}}} is {compact(v, 60)}: in a check, ${{x}} may only stand for "
+                f"a name or an integer (it is spliced into the expression); read other "
+                f"values as values.{name}",
+            )
     try:
         return str(substitute(text, values, path)), None
     except UnknownVariable as e:  # pragma: no cover - every name was looked up above
@@ -343,8 +377,15 @@ def resolve_checks(spec: Spec, values: Mapping[str, Any]) -> tuple[list[Check], 
     errors: list[SpecError] = []
     for i, c in enumerate(data.get("checks") or []):
         file, line, _ = spec.locate(("checks", i))
-        check: dict[str, Any] = {"name": c["name"], "why": c["why"], "expr": c["expr"], "when": c.get("when"),
-                                 "severity": c.get("severity", "gate"), "file": file, "line": line}
+        check: dict[str, Any] = {
+            "name": c["name"],
+            "why": c["why"],
+            "expr": c["expr"],
+            "when": c.get("when"),
+            "severity": c.get("severity", "gate"),
+            "file": file,
+            "line": line,
+        }
         texts = [("expr", c["expr"], ("checks", i, "expr")), ("when", c.get("when"), ("checks", i, "when"))]
         lets = dict(c.get("let") or {})
         texts += [(f"let.{k}", t, ("checks", i, "let", k)) for k, t in lets.items()]
@@ -368,8 +409,9 @@ def resolve_checks(spec: Spec, values: Mapping[str, Any]) -> tuple[list[Check], 
     return checks, errors
 
 
-def resolve_step(spec: Spec, index: int, raw: dict[str, Any], values: Mapping[str, Any],
-                 mode: str) -> tuple[dict[str, Any], list[SpecError]]:
+def resolve_step(
+    spec: Spec, index: int, raw: dict[str, Any], values: Mapping[str, Any], mode: str
+) -> tuple[dict[str, Any], list[SpecError]]:
     """One step, templated with `values`, defaults filled, `enabled` decided; plus its errors."""
     errors: list[SpecError] = []
     body = {k: v for k, v in raw.items() if k not in _UNTEMPLATED}
@@ -405,8 +447,13 @@ def resolve_step(spec: Spec, index: int, raw: dict[str, Any], values: Mapping[st
     return step, errors
 
 
-def build_plan(spec: Spec, mode: str | None = None, sets: Sequence[str] = (),
-               environ: Mapping[str, str] | None = None, builtins: Mapping[str, Any] | None = None) -> Plan:
+def build_plan(
+    spec: Spec,
+    mode: str | None = None,
+    sets: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    builtins: Mapping[str, Any] | None = None,
+) -> Plan:
     """Resolve `spec` for one mode. UsageError for a bad mode/--set; SpecErrors for spec problems."""
     env = os.environ if environ is None else environ
     data = spec.data
@@ -431,9 +478,18 @@ def build_plan(spec: Spec, mode: str | None = None, sets: Sequence[str] = (),
     checks, errors = resolve_checks(spec, values)
     if errors:
         raise SpecErrors(sorted(errors, key=SpecError.sort_key))
-    plan = Plan(spec=spec, name=data.get("name", ""), mode=chosen, values=values, sources=resolved.sources,
-                secret_names=sorted(k for k in values if is_secret(k)), steps=steps, checks=checks,
-                budget_s=data.get("budget_s"), worst_case_s=0.0,
-                fingerprints={s["name"]: fingerprint(s) for s in steps})
+    plan = Plan(
+        spec=spec,
+        name=data.get("name", ""),
+        mode=chosen,
+        values=values,
+        sources=resolved.sources,
+        secret_names=sorted(k for k in values if is_secret(k)),
+        steps=steps,
+        checks=checks,
+        budget_s=data.get("budget_s"),
+        worst_case_s=0.0,
+        fingerprints={s["name"]: fingerprint(s) for s in steps},
+    )
     plan.worst_case_s = sum(c for _, c in plan.contributions())
     return plan

@@ -6,6 +6,7 @@ JMESPath over the same evidence document the checks read, traced the same way, s
 data is absent says which path was missing. Missing data never becomes a number: an absent series
 is "no data", a null or non-finite value is a gap in its line, and each says so in a note.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ _INT = re.compile(r"^[+-]?\d+$")
 
 
 # ---------------------------------------------------------------- definitions (from the spec)
+
 
 @dataclass(frozen=True)
 class SeriesDef:
@@ -57,16 +59,24 @@ def definitions(data: Mapping[str, Any], locate: Any = None) -> list[PlotDef]:
     gives each plot the file and line its name is written at."""
     out = []
     for name, raw in (data.get("plots") or {}).items():
-        file, line = (locate(("plots", name))[:2] if locate else (None, None))
+        file, line = locate(("plots", name))[:2] if locate else (None, None)
         markers = []
         for m in raw.get("markers") or []:
             axis = "x" if "x" in m else "y"
             markers.append(MarkerDef(axis, m[axis], m.get("label") or ""))
-        out.append(PlotDef(
-            name=name, title=raw.get("title") or name, why=raw.get("why") or "",
-            x_label=(raw.get("x") or {}).get("label", ""), y_label=(raw.get("y") or {}).get("label", ""),
-            series=tuple(SeriesDef(s["label"], s["points"]) for s in raw.get("series") or []),
-            markers=tuple(markers), file=file, line=line))
+        out.append(
+            PlotDef(
+                name=name,
+                title=raw.get("title") or name,
+                why=raw.get("why") or "",
+                x_label=(raw.get("x") or {}).get("label", ""),
+                y_label=(raw.get("y") or {}).get("label", ""),
+                series=tuple(SeriesDef(s["label"], s["points"]) for s in raw.get("series") or []),
+                markers=tuple(markers),
+                file=file,
+                line=line,
+            )
+        )
     return out
 
 
@@ -85,6 +95,7 @@ def expressions(data: Mapping[str, Any]) -> Iterable[tuple[tuple, str]]:
 
 
 # ---------------------------------------------------------------- figures (over the evidence)
+
 
 @dataclass
 class Series:
@@ -209,8 +220,7 @@ def _pairs(value: Any, expr: str) -> tuple[list[tuple[Any, Any]], list[str]] | s
             return out, notes
         if all(not isinstance(item, (list, dict)) for item in value):
             return list(enumerate(value)), notes
-    return (f"not drawn: `{expr}` gave {compact(value, 60)}; a series is {{x: y}}, [[x, y], ...] "
-            f"or [y, ...]")
+    return f"not drawn: `{expr}` gave {compact(value, 60)}; a series is {{x: y}}, [[x, y], ...] or [y, ...]"
 
 
 def series_of(label: str, expr: str, document: Any, paths: dict[int, tuple]) -> Series:
@@ -227,8 +237,12 @@ def series_of(label: str, expr: str, document: Any, paths: dict[int, tuple]) -> 
     pairs, notes = shaped
     series.notes.extend(notes)
     if missing:
-        series.notes.append(", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-                            + (" is" if len(missing) == 1 else " are") + " missing")
+        series.notes.append(
+            ", ".join(missing[:3])
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            + (" is" if len(missing) == 1 else " are")
+            + " missing"
+        )
     by_x: dict[Number, Any] = {}
     repeated: list[Number] = []
     for x, y in pairs:
@@ -277,9 +291,18 @@ def figure_of(definition: PlotDef, document: Any, paths: dict[int, tuple] | None
         marker, marker_notes = marker_of(m, document, paths)
         markers.append(marker)
         notes += [f"marker {m.label or m.at}: {note}" for note in marker_notes]
-    return Figure(name=definition.name, title=definition.title, why=definition.why,
-                  x_label=definition.x_label, y_label=definition.y_label, series=series,
-                  markers=markers, notes=notes, file=definition.file, line=definition.line)
+    return Figure(
+        name=definition.name,
+        title=definition.title,
+        why=definition.why,
+        x_label=definition.x_label,
+        y_label=definition.y_label,
+        series=series,
+        markers=markers,
+        notes=notes,
+        file=definition.file,
+        line=definition.line,
+    )
 
 
 def figures(plots: Sequence[PlotDef], evidence: Mapping[str, Any]) -> list[Figure]:

@@ -13,6 +13,7 @@ the log (flushed once per chunk, so a crash keeps everything read so far) and ha
 as one `Block` (engine/lines.py). A line over `limits.LINE_MAX_CHARS` keeps its head (a secret cut
 in two there is redacted whole) and loses the rest; the log keeps its head and its tail.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -81,9 +82,14 @@ class ProcessResult:
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rc": self.rc, "seconds": round(self.seconds, 3), "timed_out": self.timed_out,
-                "terminated_by": self.terminated_by, "signals_sent": list(self.signals_sent),
-                "lines": self.lines}
+        return {
+            "rc": self.rc,
+            "seconds": round(self.seconds, 3),
+            "timed_out": self.timed_out,
+            "terminated_by": self.terminated_by,
+            "signals_sent": list(self.signals_sent),
+            "lines": self.lines,
+        }
 
 
 class Interrupted(KeyboardInterrupt):
@@ -117,8 +123,7 @@ def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[Sign
     out = []
     for i, rule in enumerate(rules or ()):
         pattern = Pattern(rule["match"], f"signals[{i}].match")
-        out.append(SignalRule(pattern, parse_signal(rule.get("signal", "SIGTERM")),
-                              float(rule.get("after_s", 0) or 0)))
+        out.append(SignalRule(pattern, parse_signal(rule.get("signal", "SIGTERM")), float(rule.get("after_s", 0) or 0)))
     return out
 
 
@@ -208,8 +213,9 @@ class CappedLog:
     bytes together), appended to the log with a marker line saying what was dropped when the log
     is closed. A killed engine leaves the head and the segments, each complete up to its last read."""
 
-    def __init__(self, path: str | os.PathLike[str], head: int = limits.LOG_HEAD_BYTES,
-                 tail: int = limits.LOG_TAIL_BYTES) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], head: int = limits.LOG_HEAD_BYTES, tail: int = limits.LOG_TAIL_BYTES
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fh: BinaryIO = open(self.path, "wb")
@@ -236,11 +242,11 @@ class CappedLog:
             self._new_segment()
         while data:
             # At most one segment's worth, in whole lines (a longer line goes alone).
-            piece = data[:self.segment_max]
+            piece = data[: self.segment_max]
             if len(piece) < len(data):
                 end = piece.rfind(b"\n") + 1 or data.find(b"\n", len(piece)) + 1 or len(data)
                 piece = data[:end]
-            data = data[len(piece):]
+            data = data[len(piece) :]
             segment = self.segments[-1]
             if segment[2] and segment[2] + len(piece) > self.segment_max:
                 segment = self._new_segment()
@@ -266,7 +272,8 @@ class CappedLog:
             self.fh.write(
                 f"[specprobe: {self.dropped_lines:,} lines ({self.dropped_bytes:,} bytes) of this "
                 f"log dropped here; a log keeps its first {self.head:,} bytes and its last "
-                f"{self.tail:,} at most]\n".encode())
+                f"{self.tail:,} at most]\n".encode()
+            )
         for path, fh, _, _ in self.segments:
             fh.close()
             with open(path, "rb") as src:
@@ -282,9 +289,16 @@ class CappedLog:
 class _Reader:
     """Reader thread: pipe -> lines -> log + signal rules + callback."""
 
-    def __init__(self, fd: int, log: CappedLog | None, scrub: Any, strip: Pattern | None,
-                 on_block: Callable[[Block], None] | None, rules: list[SignalRule],
-                 fire: Callable[[int, int], None]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        log: CappedLog | None,
+        scrub: Any,
+        strip: Pattern | None,
+        on_block: Callable[[Block], None] | None,
+        rules: list[SignalRule],
+        fire: Callable[[int, int], None],
+    ) -> None:
         self.fd, self.log, self.strip = fd, log, strip
         self.scrub: Callable[[str], str] | None = getattr(scrub, "scrub", scrub)
         # A cut line may end in the first part of a secret; only a Scrubber can tell.
@@ -327,19 +341,19 @@ class _Reader:
             if nl < 0:
                 return
             self.cutting = False
-            text = text[nl + 1:]
+            text = text[nl + 1 :]
         buf = self.pending + text if self.pending else text
         cut = buf.rfind("\n")
         if cut < 0:
             self.pending = buf
         else:
-            self.pending = buf[cut + 1:]
-            body = buf[:cut + 1]
+            self.pending = buf[cut + 1 :]
+            body = buf[: cut + 1]
             # Only the first line can be over the limit: it is the one that began in `pending`.
             first = body.find("\n")
             if first > limits.LINE_MAX_CHARS:
                 self._emit_cut(body[:first])
-                body = body[first + 1:]
+                body = body[first + 1 :]
             if body:
                 self._emit(body)
         if len(self.pending) > limits.LINE_MAX_CHARS:
@@ -359,7 +373,7 @@ class _Reader:
         self._deliver(text)
 
     def _emit_cut(self, line: str) -> None:
-        head = line[:limits.LINE_MAX_CHARS]
+        head = line[: limits.LINE_MAX_CHARS]
         if self.scrub_cut is not None:
             head = self.scrub_cut(head)
         self._deliver(head.replace("\n", " ") + limits.CUT_MARKER + "\n")
@@ -391,8 +405,7 @@ class _Reader:
                 self.fire(idx, hit[0])
 
 
-def launch_problem(argv: Sequence[str], env: Mapping[str, str],
-                   cwd: str | os.PathLike[str] | None) -> str | None:
+def launch_problem(argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str] | None) -> str | None:
     """Why the OS would refuse to start this command (a NUL byte, an `=` in a variable's name),
     said before trying: a secret's text is never part of the answer."""
     if not argv:
@@ -410,17 +423,23 @@ def launch_problem(argv: Sequence[str], env: Mapping[str, str],
     return None
 
 
-def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                cwd: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
-                grace_s: float = GRACE_S, log_path: str | os.PathLike[str] | None = None,
-                on_block: Callable[[Block], None] | None = None,
-                on_tick: Callable[[float], None] | None = None,
-                signals: Sequence[SignalRule] = (), strip_prefix: Pattern | None = None,
-                scrub: Any = None,
-                notify: Callable[[str], None] | None = None,
-                drain_s: float = DRAIN_S,
-                log_limits: tuple[int, int] = (limits.LOG_HEAD_BYTES, limits.LOG_TAIL_BYTES)
-                ) -> ProcessResult:
+def run_command(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout_s: float | None = None,
+    grace_s: float = GRACE_S,
+    log_path: str | os.PathLike[str] | None = None,
+    on_block: Callable[[Block], None] | None = None,
+    on_tick: Callable[[float], None] | None = None,
+    signals: Sequence[SignalRule] = (),
+    strip_prefix: Pattern | None = None,
+    scrub: Any = None,
+    notify: Callable[[str], None] | None = None,
+    drain_s: float = DRAIN_S,
+    log_limits: tuple[int, int] = (limits.LOG_HEAD_BYTES, limits.LOG_TAIL_BYTES),
+) -> ProcessResult:
     """Run `argv` to completion (or timeout / signal rule / Ctrl-C) and return what happened.
 
     `env` is merged over os.environ. `scrub` is a Scrubber (engine/secrets.py) or any str -> str
@@ -454,33 +473,62 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
         marker = reaper.marker()
         full_env[marker[0]] = marker[1]
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
-                                    start_new_session=True, bufsize=0)
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+                bufsize=0,
+            )
         except (OSError, ValueError) as exc:
             # Same convention as a shell: 127 not found, 126 not executable.
             rc = 127 if isinstance(exc, FileNotFoundError) else 126
             # exc.filename tells a missing program from a missing working directory.
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            message = f"cannot start {argv[0]!r} (cwd {cwd or os.getcwd()}): {where}" \
-                      f"{getattr(exc, 'strerror', None) or exc}"
+            message = (
+                f"cannot start {argv[0]!r} (cwd {cwd or os.getcwd()}): {where}{getattr(exc, 'strerror', None) or exc}"
+            )
             if log is not None:
                 log.write_text(message + "\n")
             return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
-        return _supervise(proc, marker, start, log, timeout_s, grace_s, on_block, on_tick,
-                          list(signals), strip_prefix, scrub, notify or (lambda text: None),
-                          drain_s)
+        return _supervise(
+            proc,
+            marker,
+            start,
+            log,
+            timeout_s,
+            grace_s,
+            on_block,
+            on_tick,
+            list(signals),
+            strip_prefix,
+            scrub,
+            notify or (lambda text: None),
+            drain_s,
+        )
     finally:
         if log is not None:
             log.close()
 
 
-def _supervise(proc: subprocess.Popen[bytes], marker: tuple[str, str], start: float,
-               log: CappedLog | None, timeout_s: float | None, grace_s: float,
-               on_block: Callable[[Block], None] | None, on_tick: Callable[[float], None] | None,
-               rules: list[SignalRule], strip: Pattern | None,
-               scrub: Any, notify: Callable[[str], None],
-               drain_s: float) -> ProcessResult:
+def _supervise(
+    proc: subprocess.Popen[bytes],
+    marker: tuple[str, str],
+    start: float,
+    log: CappedLog | None,
+    timeout_s: float | None,
+    grace_s: float,
+    on_block: Callable[[Block], None] | None,
+    on_tick: Callable[[float], None] | None,
+    rules: list[SignalRule],
+    strip: Pattern | None,
+    scrub: Any,
+    notify: Callable[[str], None],
+    drain_s: float,
+) -> ProcessResult:
     pgid = proc.pid  # start_new_session: the leader's pid is the group id
     tree = ProcessTree(proc.pid, marker)
     tree.refresh()
@@ -494,8 +542,9 @@ def _supervise(proc: subprocess.Popen[bytes], marker: tuple[str, str], start: fl
             return
         tree.signal(pgid, rule.signal)
         with lock:
-            result.signals_sent.append({"signal": rule.signal.name, "line": lineno,
-                                        "at_s": round(time.monotonic() - start, 3)})
+            result.signals_sent.append(
+                {"signal": rule.signal.name, "line": lineno, "at_s": round(time.monotonic() - start, 3)}
+            )
 
     def fire(idx: int, lineno: int) -> None:
         delay = rules[idx].after_s
@@ -530,16 +579,19 @@ def _supervise(proc: subprocess.Popen[bytes], marker: tuple[str, str], start: fl
                     on_tick(now - start)
                 if deadline is not None and now >= deadline:
                     result.timed_out, result.terminated_by = True, "timeout"
-                    notify(f"timeout after {timeout_s:g} s: SIGTERM to the process group, "
-                           f"SIGKILL in {grace_s:g} s if it is still there")
+                    notify(
+                        f"timeout after {timeout_s:g} s: SIGTERM to the process group, "
+                        f"SIGKILL in {grace_s:g} s if it is still there"
+                    )
                     _terminate(proc, tree, grace_s, notify)
                     break
         except KeyboardInterrupt:
             interrupted = True
             result.terminated_by = "interrupt"
             try:
-                notify(f"interrupted: SIGTERM to the process group, SIGKILL in {grace_s:g} s "
-                       f"(Ctrl-C again to kill it now)")
+                notify(
+                    f"interrupted: SIGTERM to the process group, SIGKILL in {grace_s:g} s (Ctrl-C again to kill it now)"
+                )
                 _terminate(proc, tree, grace_s, notify)
             except KeyboardInterrupt:
                 # A second Ctrl-C while waiting out the grace period: no more patience.
@@ -558,8 +610,10 @@ def _supervise(proc: subprocess.Popen[bytes], marker: tuple[str, str], start: fl
         reader.stop.set()
         reader.thread.join(READER_JOIN_S)
         if reader.thread.is_alive():
-            result.problems.append(f"the output reader was still busy {drain_s + READER_JOIN_S:g} s "
-                                   f"after the leg ended; the log and the harvest may be incomplete")
+            result.problems.append(
+                f"the output reader was still busy {drain_s + READER_JOIN_S:g} s "
+                f"after the leg ended; the log and the harvest may be incomplete"
+            )
         else:
             proc.stdout.close()
     result.rc = proc.returncode
@@ -599,8 +653,7 @@ def _await_gone(pgid: int, tree: ProcessTree, timeout_s: float) -> bool:
     return True
 
 
-def _terminate(proc: subprocess.Popen[bytes], tree: ProcessTree, grace_s: float,
-               notify: Callable[[str], None]) -> None:
+def _terminate(proc: subprocess.Popen[bytes], tree: ProcessTree, grace_s: float, notify: Callable[[str], None]) -> None:
     """SIGTERM the leg's processes, wait `grace_s` for the leader, then SIGKILL them all."""
     pgid = tree.leader
     tree.signal(pgid, signal.SIGTERM)

@@ -13,6 +13,7 @@ Run as `python -m engine.reaper MARKER_NAME`; it reads one JSON object per line 
 scrubbed DIR itself). Secrets travel through the pipe, never through argv or the environment,
 where any process could read them.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -88,19 +89,23 @@ class Reaper:
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.reaper", self.name], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, close_fds=True,
+            [sys.executable, "-m", "engine.reaper", self.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
             # Its own session: a Ctrl-C or a kill of the engine's process group must not take the
             # reaper down before it has done its work.
-            start_new_session=True)
+            start_new_session=True,
+        )
         assert self.proc.stdin is not None
         self._pipe: IO[bytes] = self.proc.stdin
 
     @classmethod
     def get(cls) -> "Reaper":
         with cls._lock:
-            if cls._instance is None or cls._instance.pid != os.getpid() \
-                    or cls._instance.proc.poll() is not None:
+            if cls._instance is None or cls._instance.pid != os.getpid() or cls._instance.proc.poll() is not None:
                 cls._instance = cls()
             return cls._instance
 
@@ -144,6 +149,7 @@ def main(argv: list[str]) -> int:
     kill_marked(argv[0])
     if dirs:
         from engine.secrets import TreeScrubber
+
         for directory, texts in dirs.items():
             try:
                 TreeScrubber(directory, texts).scrub()

@@ -5,6 +5,7 @@ a step's harvest from its raw log.
 A saved run can vouch for a check only while every step is defined as it was when it ran; the
 fingerprints (and, for a readable message, the definitions) in the evidence say whether it is.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,15 +64,16 @@ def _scalar_list(v: Any) -> bool:
 def _shown_pair(old: Any, new: Any, limit: int = 100) -> tuple[str, str]:
     """Both sides cut to `limit`, around their first difference: cut at the same place, two long
     values that differ near their end would read the same."""
-    a, b = compact(old, 10 ** 9), compact(new, 10 ** 9)
+    a, b = compact(old, 10**9), compact(new, 10**9)
     if len(a) <= limit and len(b) <= limit:
         return a, b
     at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     start = max(at - limit // 3, 0)
 
     def cut(text: str) -> str:
-        piece = text[start:start + limit]
+        piece = text[start : start + limit]
         return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
+
     return cut(a), cut(b)
 
 
@@ -81,6 +83,7 @@ def describe_change(key: str, old: Any, new: Any) -> str:
     if _scalar_list(old) and _scalar_list(new):
         # Only on a refusal: the diff package stays unloaded for a plain `engine check`.
         from engine.diff.text import argv_delta
+
         return f"{key}: {argv_delta(old, new)}"
     a, b = _shown_pair(old, new)
     return f"{key}: {a} -> {b}"
@@ -129,14 +132,17 @@ def spec_mismatch(spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir
     ran_name, name = ran.get("name"), spec.data.get("name")
     if ran_name == name and isinstance(name, str):
         return None
-    ran_text = f"spec {ran_name!r} ({ran.get('path') or 'path not recorded'})" if ran_name \
+    ran_text = (
+        f"spec {ran_name!r} ({ran.get('path') or 'path not recorded'})"
+        if ran_name
         else "no spec name (not an engine run's evidence?)"
-    return (f"refusing to re-check {run_dir}: it is evidence of {ran_text}, not of spec "
-            f"{name!r} ({spec_label})")
+    )
+    return f"refusing to re-check {run_dir}: it is evidence of {ran_text}, not of spec {name!r} ({spec_label})"
 
 
-def step_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, str] | None = None
-                 ) -> tuple[list[str], list[str]]:
+def step_changes(
+    evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """(changes, notes): one line per step whose definition differs between the saved run and
     `plan`, and notes on differences that do not count (only a secret's text)."""
     scrubber = Scrubber.for_plan(plan, os.environ if environ is None else environ)
@@ -165,8 +171,9 @@ def step_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, 
                 how = "; ".join(_change(k, old_defs[name], new_def) for k in keys)
                 changes.append(f"step {name}: definition changed ({how})")
             else:
-                changes.append(f"step {name}: definition changed (fingerprint "
-                               f"{old_fp[name][:12]} -> {new_fp[name][:12]})")
+                changes.append(
+                    f"step {name}: definition changed (fingerprint {old_fp[name][:12]} -> {new_fp[name][:12]})"
+                )
     return changes, notes
 
 
@@ -191,12 +198,16 @@ def _harvesting(output: Any) -> Any:
     rules = output.get("harvest")
     if not isinstance(rules, Mapping):
         return dict(output)
-    return {**output, "harvest": {n: {k: v for k, v in r.items() if k not in _JUDGED}
-                                  if isinstance(r, Mapping) else r for n, r in rules.items()}}
+    return {
+        **output,
+        "harvest": {
+            n: {k: v for k, v in r.items() if k not in _JUDGED} if isinstance(r, Mapping) else r
+            for n, r in rules.items()
+        },
+    }
 
 
-def output_changes(evidence: Mapping[str, Any], plan: Plan,
-                   environ: Mapping[str, str] | None = None) -> list[str]:
+def output_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str, str] | None = None) -> list[str]:
     """One line per run step whose output rules (what made its harvest) changed since the run;
     empty for evidence that did not record them."""
     old_rules = evidence.get("output_rules")
@@ -212,8 +223,7 @@ def output_changes(evidence: Mapping[str, Any], plan: Plan,
         new = {"output": _harvesting(scrubber.scrub_obj(step["run"].get("output")))}
         keys = changed_keys(old, new)
         if keys:
-            lines.append(f"step {name}: output rules changed ("
-                         + "; ".join(_change(k, old, new) for k in keys) + ")")
+            lines.append(f"step {name}: output rules changed (" + "; ".join(_change(k, old, new) for k in keys) + ")")
     return lines
 
 
@@ -274,8 +284,16 @@ def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
     return path
 
 
-def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool, spec_label: str,
-            note: Callable[[str], None] = lambda text: None, store: bool = True) -> Recheck:
+def recheck(
+    spec: Spec,
+    saved: Mapping[str, Any],
+    run_dir: Path,
+    *,
+    replay: bool,
+    spec_label: str,
+    note: Callable[[str], None] = lambda text: None,
+    store: bool = True,
+) -> Recheck:
     """Judge a saved run with the spec's CURRENT checks (and, for a replay, its current output
     rules), and store the results beside the evidence (`store=False`: only judge, as `engine
     review` does in a checkout). Refused when a step changed since the run; SpecErrors/UsageError
@@ -292,16 +310,22 @@ def recheck(spec: Spec, saved: Mapping[str, Any], run_dir: Path, *, replay: bool
     if not changes and not replay:
         outputs = output_changes(saved, plan)
         if outputs:
-            raise Refused(f"refusing to re-check {run_dir}: the output rules changed since the run, "
-                          "so its harvest is not what they would give (`engine replay` re-harvests "
-                          "the saved logs with them).\n" + "\n".join(outputs))
+            raise Refused(
+                f"refusing to re-check {run_dir}: the output rules changed since the run, "
+                "so its harvest is not what they would give (`engine replay` re-harvests "
+                "the saved logs with them).\n" + "\n".join(outputs)
+            )
     if changes:
-        hint = " (`engine replay` accepts changed output rules and checks, nothing else)" if replay \
+        hint = (
+            " (`engine replay` accepts changed output rules and checks, nothing else)"
+            if replay
             else " (`engine check` accepts changed checks; `engine replay` also changed output rules)"
-        why = ["values changed since the run:"] + ["  " + t for t in value_change_lines(values)] \
-            if values else []
-        raise Refused(f"refusing to re-check {run_dir}: the spec's steps changed since the run"
-                      f"{hint}; run it again instead.\n" + "\n".join(changes + why))
+        )
+        why = ["values changed since the run:"] + ["  " + t for t in value_change_lines(values)] if values else []
+        raise Refused(
+            f"refusing to re-check {run_dir}: the spec's steps changed since the run"
+            f"{hint}; run it again instead.\n" + "\n".join(changes + why)
+        )
     doc = {k: v for k, v in saved.items() if k not in ("checks", "verdict")}
     if values:
         # No step reads them (the steps are unchanged), so only checks do: re-evaluate with the

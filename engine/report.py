@@ -4,6 +4,7 @@ All three are pure functions of (evidence, results, verdict) so a re-check rende
 the live run rendered; `write_file` is the one place a report reaches the disk. The VERDICT line is the one line a log scraper greps; its shape is fixed:
 ``VERDICT <spec> <OUTCOME> [<precondition message>] <failed names as JSON> seconds <N>``.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,24 @@ from typing import Any, Mapping, Sequence
 _NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 EXPLAIN_LINES = 8
-_MARK = {"PASS": "ok", "FAIL": "FAIL", "NO_DATA": "NO_DATA", "SKIPPED": "skip", "ERROR": "ERROR",
-         "DISABLED": "DISABLED"}
-_ICON = {"PASS": "✅", "FAIL": "❌", "NO_DATA": "❔", "SKIPPED": "⏭️", "ERROR": "💥", "DISABLED": "🚫",
-         "PRECONDITION": "⛔", "INTERRUPTED": "✋"}
+_MARK = {
+    "PASS": "ok",
+    "FAIL": "FAIL",
+    "NO_DATA": "NO_DATA",
+    "SKIPPED": "skip",
+    "ERROR": "ERROR",
+    "DISABLED": "DISABLED",
+}
+_ICON = {
+    "PASS": "✅",
+    "FAIL": "❌",
+    "NO_DATA": "❔",
+    "SKIPPED": "⏭️",
+    "ERROR": "💥",
+    "DISABLED": "🚫",
+    "PRECONDITION": "⛔",
+    "INTERRUPTED": "✋",
+}
 
 
 def _spec_name(evidence: Mapping[str, Any]) -> str:
@@ -72,16 +87,31 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 
 def _harvest_rows(verdict: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """One row per harvest problem: FAIL, or `note` where the spec opted in."""
-    return [(f"harvest:{p['step']}.{p['harvest']}", "FAIL" if p.get("fails") else "note",
-             f"{p.get('kind')}: {p.get('message')}") for p in verdict.get("harvest") or []]
+    return [
+        (
+            f"harvest:{p['step']}.{p['harvest']}",
+            "FAIL" if p.get("fails") else "note",
+            f"{p.get('kind')}: {p.get('message')}",
+        )
+        for p in verdict.get("harvest") or []
+    ]
 
 
-def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
-          verbose: bool = False) -> str:
+def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any], verbose: bool = False) -> str:
     """The terminal summary: steps, harvest problems, checks, explain trees of failing checks,
     VERDICT last."""
-    rows = _step_rows(evidence) + _harvest_rows(verdict) + [(r["name"], _MARK[r["outcome"]] + (" (warn)" if r.get(
-        "severity") == "warn" and r["outcome"] != "PASS" else ""), _shown(r)) for r in results]
+    rows = (
+        _step_rows(evidence)
+        + _harvest_rows(verdict)
+        + [
+            (
+                r["name"],
+                _MARK[r["outcome"]] + (" (warn)" if r.get("severity") == "warn" and r["outcome"] != "PASS" else ""),
+                _shown(r),
+            )
+            for r in results
+        ]
+    )
     width = max([len(r[0]) for r in rows] + [5])
     mark_width = max([len(r[1]) for r in rows] + [7])
     lines = [f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason"]
@@ -111,8 +141,8 @@ def explain_lines(result: Mapping[str, Any], verbose: bool = False) -> list[str]
 
 # ---------------------------------------------------------------- JUnit
 
-def junit(evidence: Mapping[str, Any], results: list[dict],
-          verdict: Mapping[str, Any] | None = None) -> str:
+
+def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any] | None = None) -> str:
     """One <testsuite>: a testcase per step and per check. Warn-severity misses are reported in
     <system-out> but are not failures, matching the verdict."""
     name = _spec_name(evidence)
@@ -121,16 +151,18 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
 
     def case(classname: str, case_name: str, seconds: Any) -> ET.Element:
         counts["tests"] += 1
-        return ET.SubElement(suite, "testcase", classname=classname, name=case_name,
-                             time=f"{float(seconds or 0):.3f}")
+        return ET.SubElement(suite, "testcase", classname=classname, name=case_name, time=f"{float(seconds or 0):.3f}")
 
     for step_name, step in (evidence.get("steps") or {}).items():
         el = case(f"{name}.steps", step_name, step.get("seconds"))
         status = step.get("status")
         if status == "failed" or status == "interrupted":
             counts["failures"] += 1
-            message = f"{status}: rc {step.get('rc')}" + (" (timed out)" if step.get(
-                "timed_out") else "") + (f": {step['error']}" if step.get("error") else "")
+            message = (
+                f"{status}: rc {step.get('rc')}"
+                + (" (timed out)" if step.get("timed_out") else "")
+                + (f": {step['error']}" if step.get("error") else "")
+            )
             failure = ET.SubElement(el, "failure", message=message, type=status)
             failure.text = "\n".join(step.get("failure_lines") or [])
         elif status in ("skipped", "not_run"):
@@ -141,16 +173,19 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
         el = case(f"{name}.harvest", f"{problem['step']}.{problem['harvest']} ({problem.get('kind')})", 0)
         if problem.get("fails"):
             counts["failures"] += 1
-            ET.SubElement(el, "failure", message=str(problem.get("message")), type="HARVEST").text = \
+            ET.SubElement(el, "failure", message=str(problem.get("message")), type="HARVEST").text = (
                 "lines " + ", ".join(str(n) for n in problem.get("lines") or [])
+            )
         else:
             ET.SubElement(el, "system-out").text = f"NOTE (opted in): {problem.get('message')}"
 
     for r in results:
         el = case(f"{name}.checks", r["name"], 0)
-        detail = "\n".join([f"{_where(r)} {r['expr']}".strip()]
-                           + [f"let {n} = {t}" for n, t in (r.get("let") or {}).items()]
-                           + [f"{t} = {v}" for t, v in r.get("explain") or []])
+        detail = "\n".join(
+            [f"{_where(r)} {r['expr']}".strip()]
+            + [f"let {n} = {t}" for n, t in (r.get("let") or {}).items()]
+            + [f"{t} = {v}" for t, v in r.get("explain") or []]
+        )
         warn = r.get("severity") == "warn"
         if r["outcome"] == "SKIPPED":
             counts["skipped"] += 1
@@ -176,17 +211,21 @@ def junit(evidence: Mapping[str, Any], results: list[dict],
 
 # ---------------------------------------------------------------- Markdown
 
+
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any],
-             figures: Sequence[Any] = ()) -> str:
+def markdown(
+    evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any], figures: Sequence[Any] = ()
+) -> str:
     """A PR-comment / step-summary table with the verdict on top, then the plots (`figures`,
     engine/plots.py) as Mermaid charts."""
     name = _spec_name(evidence)
-    head = f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): " \
-           f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
+    head = (
+        f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): "
+        f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
+    )
     lines = [head, ""]
     if verdict.get("message"):
         lines += [f"> {verdict['message']}", ""]
@@ -194,12 +233,12 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
         lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]
     lines += [f"| `{_cell(n[5:])}` | {_cell(s)} | {_cell(d)} |" for n, s, d in _step_rows(evidence)]
-    lines += [f"| `{_cell(n)}` | {'❌ FAIL' if m == 'FAIL' else 'note'} | {_cell(d)} |"
-              for n, m, d in _harvest_rows(verdict)]
+    lines += [
+        f"| `{_cell(n)}` | {'❌ FAIL' if m == 'FAIL' else 'note'} | {_cell(d)} |" for n, m, d in _harvest_rows(verdict)
+    ]
     lines += ["", "| check | outcome | value / reason |", "|---|---|---|"]
     for r in results:
-        outcome = f"{_ICON[r['outcome']]} {r['outcome']}" + (
-            " (warn)" if r.get("severity") == "warn" else "")
+        outcome = f"{_ICON[r['outcome']]} {r['outcome']}" + (" (warn)" if r.get("severity") == "warn" else "")
         lines.append(f"| `{_cell(r['name'])}` | {outcome} | {_cell(_shown(r, 120))} |")
     failing = [r for r in results if r["outcome"] in ("FAIL", "NO_DATA", "ERROR")]
     if failing:
@@ -209,6 +248,7 @@ def markdown(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[
         lines += ["</details>"]
     if figures:
         from engine import mermaid
+
         lines += ["", mermaid.section(list(figures)).rstrip("\n")]
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,7 @@ touched check evaluated old and new) and re-checked with the new spec, as `engin
 every change is classified (engine/diff/risk.py). Exit 0: nothing risky, or `--accept-risk`;
 1: risky changes need approval; 2: an invalid spec on either side, unreadable evidence, or bad usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,6 +70,7 @@ class Review:
 
 # ---------------------------------------------------------------- which specs
 
+
 def used(files: Mapping[str, bytes]) -> set[str]:
     """The files (repo-relative) that some file among `files` extends or includes: fragments."""
     out = set()
@@ -98,15 +100,20 @@ def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
     root = revision.root
     listed = revision.listing(spec_dir, evidence_dir)
     at_base = revision.read([p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
-    now = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / spec_dir).rglob("*"))
-           if p.suffix in SPEC_SUFFIXES and p.is_file()}
+    now = {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted((root / spec_dir).rglob("*"))
+        if p.suffix in SPEC_SUFFIXES and p.is_file()
+    }
     fragments = used(at_base) | used(now)
-    saved = {PurePosixPath(p).parent.name for p in listed if p.endswith("/evidence.json")} | \
-        {p.parent.name for p in (root / evidence_dir).glob("*/evidence.json")}
+    saved = {PurePosixPath(p).parent.name for p in listed if p.endswith("/evidence.json")} | {
+        p.parent.name for p in (root / evidence_dir).glob("*/evidence.json")
+    }
     return sorted(p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved)
 
 
 # ---------------------------------------------------------------- one spec
+
 
 def _saved_run(revision: Revision, rel_dir: str, tmp: Path) -> tuple[dict | None, dict | None, bool]:
     """(saved run now, saved run at the base, whether it changed): evidence documents, None when absent."""
@@ -183,19 +190,30 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
     out.saved = saved
     out.status = report.status if report.status != "both" else ("changed" if report.changed else "unchanged")
     side = right if right.spec is not None else left
-    gates = {mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate"
-                    and not c.get("disabled")} for mode, plan in side.plans.items()}
-    wheres = {mode: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
-              for mode, plan in side.plans.items()}
+    gates = {
+        mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate" and not c.get("disabled")}
+        for mode, plan in side.plans.items()
+    }
+    wheres = {
+        mode: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
+        for mode, plan in side.plans.items()
+    }
     if report.status == "deleted":
-        gates = {m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"}
-                 for m, p in left.plans.items()}
+        gates = {
+            m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"} for m, p in left.plans.items()
+        }
     out.risks = assess(report, rel, saved, gates, wheres)
     return out
 
 
-def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = "specs",
-                 evidence_dir: str = "evidence", accept: bool = False, cwd: Path | None = None) -> Review:
+def build_review(
+    base: str,
+    specs: Sequence[str] | None = None,
+    spec_dir: str = "specs",
+    evidence_dir: str = "evidence",
+    accept: bool = False,
+    cwd: Path | None = None,
+) -> Review:
     """Review every spec (or those named, paths relative to `cwd`) against git revision `base`."""
     cwd = cwd or Path.cwd()
     revision = Revision(repo_root(cwd), base)
@@ -208,8 +226,10 @@ def build_review(base: str, specs: Sequence[str] | None = None, spec_dir: str = 
     for p in paths:
         other = stems.setdefault(PurePosixPath(p).stem, p)
         if other != p:
-            raise DiffError(f"{other} and {p} share the name {PurePosixPath(p).stem!r}: "
-                            f"{rel_dirs[1]}/{PurePosixPath(p).stem}/ cannot say whose saved run it is")
+            raise DiffError(
+                f"{other} and {p} share the name {PurePosixPath(p).stem!r}: "
+                f"{rel_dirs[1]}/{PurePosixPath(p).stem}/ cannot say whose saved run it is"
+            )
     with tempfile.TemporaryDirectory(prefix="specprobe-review-") as tmp:
         reviews = [review_spec(revision, p, rel_dirs[1], Path(tmp)) for p in paths]
     return Review(base, revision.commit[:12], reviews, accept)
@@ -225,6 +245,7 @@ def _repo_rel(root: Path, cwd: Path, path: str) -> str:
 
 # ---------------------------------------------------------------- rendering
 
+
 def _headline(review: Review) -> str:
     n = len(grouped(review.risks))
     if review.invalid:
@@ -239,8 +260,7 @@ def _headline(review: Review) -> str:
 
 
 def _spec_row(s: SpecReview) -> tuple[str, str, str, str]:
-    what = {"invalid": "INVALID", "unchanged": "unchanged", "new": "new spec", "deleted": "deleted"}.get(
-        s.status, "")
+    what = {"invalid": "INVALID", "unchanged": "unchanged", "new": "new spec", "deleted": "deleted"}.get(s.status, "")
     if s.status in ("changed", "new") and s.report is not None:
         what = (what + "; " if what else "") + summary(s.report)
     risky = str(len(s.risks)) if s.risks else ("-" if s.status != "invalid" else "")
@@ -253,9 +273,14 @@ def render_review(review: Review, markdown: bool = False) -> str:
     head = _headline(review)
     count = f"{len(review.specs)} spec{'s' if len(review.specs) != 1 else ''}"
     if out.md:
-        out.lines += [f"## Spec review: {head}", "",
-                      f"{count}, base {code(review.base)} ({code(review.commit)}) -> this change", "",
-                      "| spec | change | saved run re-checked with the new spec | risky |", "|---|---|---|---|"]
+        out.lines += [
+            f"## Spec review: {head}",
+            "",
+            f"{count}, base {code(review.base)} ({code(review.commit)}) -> this change",
+            "",
+            "| spec | change | saved run re-checked with the new spec | risky |",
+            "|---|---|---|---|",
+        ]
         for row in map(_spec_row, review.specs):
             out.lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     else:
@@ -271,8 +296,7 @@ def render_review(review: Review, markdown: bool = False) -> str:
             out.head(f"{s.path}: invalid")
             out.lines += [f"    {e}" for e in s.errors] if not out.md else ["```", *s.errors, "```"]
     if review.risks:
-        out.head("risky changes (approve with --accept-risk)" if not review.accepted
-                 else "risky changes (accepted)")
+        out.head("risky changes (approve with --accept-risk)" if not review.accepted else "risky changes (accepted)")
         for group in grouped(review.risks):
             r, where, at = group[0], _places(group, out), out.at(group[0].where)
             if out.md:
@@ -321,6 +345,7 @@ def _html(text: str) -> str:
 
 # ---------------------------------------------------------------- the command
 
+
 def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """`engine review` (cli.py's `review` arguments): print the review; exit 0 safe (or accepted),
     1 risky, 2 invalid. `--markdown FILE` also writes it as Markdown; `--markdown -` prints Markdown."""
@@ -338,5 +363,15 @@ def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: 
     return review.exit_code
 
 
-__all__ = ["EXIT_INVALID", "EXIT_RISKY", "EXIT_SAFE", "WHY_RISKY", "Review", "SpecReview", "build_review",
-           "discover", "render_review", "review_main"]
+__all__ = [
+    "EXIT_INVALID",
+    "EXIT_RISKY",
+    "EXIT_SAFE",
+    "WHY_RISKY",
+    "Review",
+    "SpecReview",
+    "build_review",
+    "discover",
+    "render_review",
+    "review_main",
+]

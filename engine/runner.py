@@ -4,6 +4,7 @@ and, at the end, the checks and verdict it is given: during a run it is evidence
 The runner decides order and consequences (precondition, stop_on_failure, Ctrl-C); process.py
 runs commands, output.py interprets their lines, collectors.py reads state, evidence.py stores.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,17 +48,19 @@ def prepare_run_dir(run_dir: Path, force: bool = False) -> None:
             raise RunDirError(f"--run-dir {run_dir}: cannot list it: {exc.strerror or exc}") from None
         if entries and not force:
             shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-            raise RunDirError(f"--run-dir {run_dir}: exists and is not empty ({shown}); choose "
-                              f"another, empty it, or pass --force to run into it (the run's "
-                              f"evidence.json and logs replace theirs, other files stay)")
+            raise RunDirError(
+                f"--run-dir {run_dir}: exists and is not empty ({shown}); choose "
+                f"another, empty it, or pass --force to run into it (the run's "
+                f"evidence.json and logs replace theirs, other files stay)"
+            )
     try:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".writable.", dir=run_dir)
         os.close(fd)
         os.unlink(probe)
     except (OSError, ValueError) as exc:
-        raise RunDirError(f"--run-dir {run_dir}: cannot write there: "
-                          f"{getattr(exc, 'strerror', None) or exc}") from None
+        raise RunDirError(f"--run-dir {run_dir}: cannot write there: {getattr(exc, 'strerror', None) or exc}") from None
+
 
 # Evidence -> (check results, verdict): engine.verdict.judge bound to the plan.
 Judge = Callable[[Mapping[str, Any]], tuple[list[CheckResult], Verdict]]
@@ -148,10 +151,13 @@ class StopSignals:
             return
         if self.count == 2:
             killed = self.kill()
-            _say_now(f"engine: {signal.Signals(signum).name} again: SIGKILL to the running leg "
-                     f"({len(killed)} process group{'s' if len(killed) != 1 else ''}); "
-                     "the evidence is still written" if killed else
-                     f"engine: {signal.Signals(signum).name} again: still writing the evidence")
+            _say_now(
+                f"engine: {signal.Signals(signum).name} again: SIGKILL to the running leg "
+                f"({len(killed)} process group{'s' if len(killed) != 1 else ''}); "
+                "the evidence is still written"
+                if killed
+                else f"engine: {signal.Signals(signum).name} again: still writing the evidence"
+            )
         elif self.count == 3:
             _say_now("engine: stopping already; the evidence and the verdict are being written")
 
@@ -221,8 +227,7 @@ class Runner:
     def say(self, text: str) -> None:
         self.console.line(self.scrubber.scrub(text))
 
-    def execute(self, judge: Judge | None = None, stops: StopSignals | None = None
-                ) -> dict[str, Any]:
+    def execute(self, judge: Judge | None = None, stops: StopSignals | None = None) -> dict[str, Any]:
         stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
         # Should the engine die mid-run, the reaper masks what the legs left in the run dir.
         self._tell_reaper(lambda reaper: reaper.scrub_at_end(self.run_dir, self.scrubber.secrets))
@@ -264,8 +269,10 @@ class Runner:
             message(Reaper.get())
         except (RuntimeError, OSError) as exc:
             # The run itself is not at stake, only the cleanup after a killed engine: say so.
-            self.say(f"WARNING: {exc}; should the engine be killed, the run dir's files keep "
-                     f"what secrets the legs wrote into them")
+            self.say(
+                f"WARNING: {exc}; should the engine be killed, the run dir's files keep "
+                f"what secrets the legs wrote into them"
+            )
 
     def scrub_files(self, record: dict[str, Any] | None = None) -> None:
         """Mask every secret in the files under the run dir, saying which held one."""
@@ -296,8 +303,7 @@ class Runner:
         finally:
             record.setdefault("seconds", round(time.monotonic() - started, 3))
             self.scrub_files(record)
-        self.say(f"{name}_RC {rc} seconds {time.monotonic() - started:.1f} "
-                 f"elapsed {time.monotonic() - self.t0:.0f}")
+        self.say(f"{name}_RC {rc} seconds {time.monotonic() - started:.1f} elapsed {time.monotonic() - self.t0:.0f}")
         go_on = True
         if record["status"] == "failed":
             message = _precondition(step)
@@ -325,21 +331,36 @@ class Runner:
             self.say(f"   {message}")
             return None
         capture = Capture(rules, self.console)
-        display = ProgressDisplay(name, capture.progress,
-                                  rules.progress.every_s if rules.progress else None, self.console)
+        display = ProgressDisplay(
+            name, capture.progress, rules.progress.every_s if rules.progress else None, self.console
+        )
         log_rel = f"logs/{_safe_name(name)}.log"
-        record.update({"log": log_rel, "harvest": {}, "harvest_errors": [], "failure_lines": [],
-                       "diagnostics": None, "progress": None, "error": None})
+        record.update(
+            {
+                "log": log_rel,
+                "harvest": {},
+                "harvest_errors": [],
+                "failure_lines": [],
+                "diagnostics": None,
+                "progress": None,
+                "error": None,
+            }
+        )
         try:
             result = run_command(
                 [str(a) for a in run["argv"]],
                 env={str(k): _env_text(v) for k, v in (run.get("env") or {}).items()},
-                cwd=run.get("cwd") or None, timeout_s=run.get("timeout_s"),
-                grace_s=float(run.get("grace_s", defaults.GRACE_S)), log_path=self.run_dir / log_rel,
-                on_block=capture.feed, on_tick=display.tick,
+                cwd=run.get("cwd") or None,
+                timeout_s=run.get("timeout_s"),
+                grace_s=float(run.get("grace_s", defaults.GRACE_S)),
+                log_path=self.run_dir / log_rel,
+                on_block=capture.feed,
+                on_tick=display.tick,
                 signals=signal_rules,
-                strip_prefix=rules.strip_prefix, scrub=self.scrubber,
-                notify=lambda text: self.say("   " + text))
+                strip_prefix=rules.strip_prefix,
+                scrub=self.scrubber,
+                notify=lambda text: self.say("   " + text),
+            )
         except Interrupted as exc:
             display.close()
             self._record_capture(record, capture, failed=True)
@@ -348,22 +369,27 @@ class Runner:
         display.close()
         # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.
         problems = result.problems + rules.pattern_errors()
-        ok = result.rc in run.get("ok_exit_codes", [0]) and not result.timed_out \
-            and result.error is None and not problems
+        ok = (
+            result.rc in run.get("ok_exit_codes", [0])
+            and not result.timed_out
+            and result.error is None
+            and not problems
+        )
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
         record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
         self._record_capture(record, capture, failed=not ok)
         for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
-            self.say(f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
-                     f"({problem['kind']}): {problem['message']}")
+            self.say(
+                f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
+                f"({problem['kind']}): {problem['message']}"
+            )
         if record["error"]:
             self.say(f"   {record['error']}")
         if result.timed_out:
             self.say(f"   TIMEOUT after {run.get('timeout_s')} s")
         for sent in result.signals_sent:
-            self.say(f"   signal rule sent {sent['signal']} (line {sent['line']}, "
-                     f"{sent['at_s']:.1f} s)")
+            self.say(f"   signal rule sent {sent['signal']} (line {sent['line']}, {sent['at_s']:.1f} s)")
         if not ok:
             self._show_failure(capture)
             diag = (run.get("on_failure") or {}).get("diagnostics")
@@ -373,8 +399,14 @@ class Runner:
 
     def _record_capture(self, record: dict[str, Any], capture: Capture, failed: bool) -> None:
         harvest, errors = capture.harvest_result()
-        record.update({"harvest": harvest, "harvest_errors": errors, "lines": capture.lines,
-                       "progress": capture.progress.as_dict()})
+        record.update(
+            {
+                "harvest": harvest,
+                "harvest_errors": errors,
+                "lines": capture.lines,
+                "progress": capture.progress.as_dict(),
+            }
+        )
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -392,10 +424,12 @@ class Runner:
             self.say("   | " + line[:300])
 
     def _diagnostics(self, diag: Mapping[str, Any]) -> dict[str, Any]:
-        report = collect_diagnostics(Path(str(diag["dir"])),
-                                     int(diag.get("list_max", defaults.DIAGNOSTICS_LIST_MAX)),
-                                     int(diag.get("max_files", defaults.DIAGNOSTICS_MAX_FILES)),
-                                     int(diag.get("tail_lines", defaults.DIAGNOSTICS_TAIL_LINES)))
+        report = collect_diagnostics(
+            Path(str(diag["dir"])),
+            int(diag.get("list_max", defaults.DIAGNOSTICS_LIST_MAX)),
+            int(diag.get("max_files", defaults.DIAGNOSTICS_MAX_FILES)),
+            int(diag.get("tail_lines", defaults.DIAGNOSTICS_TAIL_LINES)),
+        )
         report = self.scrubber.scrub_obj(report)
         self.say(f"   DIAGNOSTICS {report['dir']}:")
         if not report["exists"]:
@@ -412,8 +446,7 @@ class Runner:
         return report
 
     # --- remove ------------------------------------------------------------------------------
-    def _remove(self, spec: str | Sequence[str], record: dict[str, Any],
-                also_under: Sequence[str] = ()) -> int:
+    def _remove(self, spec: str | Sequence[str], record: dict[str, Any], also_under: Sequence[str] = ()) -> int:
         paths = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
         removed, absent = [], []
         record.update({"paths": [str(p) for p in paths], "error": None})
@@ -425,8 +458,7 @@ class Runner:
                 else:
                     absent.append(str(target))
         except (ValueError, OSError) as exc:
-            record.update({"status": "failed", "error": str(exc), "removed": removed,
-                           "absent": absent})
+            record.update({"status": "failed", "error": str(exc), "removed": removed, "absent": absent})
             self.say(f"   REMOVE FAILED: {exc}")
             return 1
         record.update({"status": "ok", "removed": removed, "absent": absent})
@@ -440,9 +472,14 @@ class Runner:
     def _collect(self, name: str, spec: Mapping[str, Any], record: dict[str, Any]) -> int:
         collector = spec["collector"]
         record.update({"collector": collector, "error": None})
-        context = {"cwd": os.getcwd(), "run_dir": str(self.run_dir), "step": name,
-                   "log_path": str(self.run_dir / "logs" / f"{_safe_name(name)}.log"),
-                   "scrub": self.scrubber.scrub, "scrubber": self.scrubber}
+        context = {
+            "cwd": os.getcwd(),
+            "run_dir": str(self.run_dir),
+            "step": name,
+            "log_path": str(self.run_dir / "logs" / f"{_safe_name(name)}.log"),
+            "scrub": self.scrubber.scrub,
+            "scrubber": self.scrubber,
+        }
         try:
             state = collectors.collect(collector, spec.get("args") or {}, context)
         except collectors.CollectorError as exc:
@@ -459,8 +496,9 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "step"
 
 
-def check_removable(path: str | os.PathLike[str], run_dir: Path,
-                    also_under: Sequence[str | os.PathLike[str]] = ()) -> Path:
+def check_removable(
+    path: str | os.PathLike[str], run_dir: Path, also_under: Sequence[str | os.PathLike[str]] = ()
+) -> Path:
     """The absolute path to remove, or ValueError when removing it would destroy something the
     run (or the user) cannot lose: /, the home directory, the working directory or one of its
     parents, the run's evidence directory or one of its parents; and anything that is not inside
@@ -480,18 +518,18 @@ def check_removable(path: str | os.PathLike[str], run_dir: Path,
     # A symlink is unlinked, not followed, so judge the link itself, not what it points at.
     real = target.parent.resolve() / target.name if target.is_symlink() else target.resolve()
     if real == cwd or real in cwd.parents:
-        raise ValueError(f"refusing to remove {target}: it is (or contains) the working "
-                         f"directory {cwd}")
+        raise ValueError(f"refusing to remove {target}: it is (or contains) the working directory {cwd}")
     run = run_dir.resolve()
     if real == run or real in run.parents:
-        raise ValueError(f"refusing to remove {target}: it is (or contains) the run directory "
-                         f"{run}")
+        raise ValueError(f"refusing to remove {target}: it is (or contains) the run directory {run}")
     roots = [cwd, run] + [Path(os.path.abspath(os.path.expanduser(str(r)))).resolve() for r in also_under]
     if not any(limits.under(real, root) for root in roots):
         extra = "".join(f", {r}" for r in roots[2:])
-        raise ValueError(f"refusing to remove {target}: it is outside the working directory {cwd}"
-                         f", the run directory {run}{extra}; a step that must remove it says so with "
-                         f"`remove: {{paths: [...], also_under: [<a directory above it>]}}`")
+        raise ValueError(
+            f"refusing to remove {target}: it is outside the working directory {cwd}"
+            f", the run directory {run}{extra}; a step that must remove it says so with "
+            f"`remove: {{paths: [...], also_under: [<a directory above it>]}}`"
+        )
     return target
 
 
@@ -509,14 +547,19 @@ def remove_path(target: Path) -> bool:
     return False
 
 
-def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: int
-                        ) -> dict[str, Any]:
+def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: int) -> dict[str, Any]:
     """List a directory tree and tail its files, everything shown unfiltered: the failing rank's
     traceback may use words no failure pattern anticipated."""
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
-        return {"dir": str(root), "exists": False, "message": f"diagnostics dir {root} {what}",
-                "listing": [], "listing_more": 0, "files": []}
+        return {
+            "dir": str(root),
+            "exists": False,
+            "message": f"diagnostics dir {root} {what}",
+            "listing": [],
+            "listing_more": 0,
+            "files": [],
+        }
     entries: list[str] = []
     files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -527,10 +570,17 @@ def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: i
         for f in sorted(filenames):
             entries.append(str((base / f).relative_to(root)))
             files.append(base / f)
-    tails = [{"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
-             for f in files[:max_files]]
-    return {"dir": str(root), "exists": True, "listing": entries[:list_max],
-            "listing_more": max(len(entries) - list_max, 0), "files": tails}
+    tails = [
+        {"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
+        for f in files[:max_files]
+    ]
+    return {
+        "dir": str(root),
+        "exists": True,
+        "listing": entries[:list_max],
+        "listing_more": max(len(entries) - list_max, 0),
+        "files": tails,
+    }
 
 
 def tail_file(path: Path, n: int) -> list[str]:
@@ -551,9 +601,15 @@ def tail_file(path: Path, n: int) -> list[str]:
     return lines[-n:] if n > 0 else []
 
 
-def execute(plan: evidence.PlanLike, run_dir: str | os.PathLike[str], out: TextIO = sys.stdout, *,
-            is_tty: bool | None = None, judge: Judge | None = None,
-            stops: StopSignals | None = None) -> dict[str, Any]:
+def execute(
+    plan: evidence.PlanLike,
+    run_dir: str | os.PathLike[str],
+    out: TextIO = sys.stdout,
+    *,
+    is_tty: bool | None = None,
+    judge: Judge | None = None,
+    stops: StopSignals | None = None,
+) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the

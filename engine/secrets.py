@@ -5,6 +5,7 @@ A secret is a value whose NAME looks like a credential (`hf_token`, `HF_TOKEN`, 
 spec's values, the engine's environment or a step's `env`. Its text is replaced by `<redacted>`
 wherever it occurs, not only where the name is.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,11 @@ def secret_texts(values: Mapping[str, Any], secret_names: Iterable[str] = ()) ->
     """The text of every secret in a table of values (numbers too: `--set api_key=123456` parses
     as an int, and the leg still prints its digits)."""
     names = set(secret_names)
-    return [str(v) for k, v in values.items()
-            if (k in names or is_secret(str(k))) and isinstance(v, (str, int, float))
-            and not isinstance(v, bool)]
+    return [
+        str(v)
+        for k, v in values.items()
+        if (k in names or is_secret(str(k))) and isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    ]
 
 
 class PlanSecrets(Protocol):
@@ -226,7 +229,7 @@ class TreeScrubber:
         if not self.secrets:
             return []
         found = []
-        for dirpath, dirnames, filenames in os.walk(self.root):  # never follows symlinks
+        for dirpath, _dirnames, filenames in os.walk(self.root):  # never follows symlinks
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 try:
@@ -253,8 +256,7 @@ def redact(values: Mapping[str, Any], secret_names: Iterable[str] = ()) -> dict[
     """A copy safe to print or store: secret names -> <redacted>, secret text inside other values too."""
     names = set(secret_names)
     scrubber = Scrubber(secret_texts(values, names))
-    return {k: REDACTED if (k in names or is_secret(str(k))) else scrubber.scrub_obj(v)
-            for k, v in values.items()}
+    return {k: REDACTED if (k in names or is_secret(str(k))) else scrubber.scrub_obj(v) for k, v in values.items()}
 
 
 def redact_text(text: str, values: Mapping[str, Any]) -> str:

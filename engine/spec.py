@@ -3,6 +3,7 @@
 Every node of the merged document remembers the file and line it came from, so an error in a check
 inherited from `specs/lib/p4_base.yaml` is reported at that file's line, not at the child's.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,7 +20,6 @@ import jsonschema
 import yaml
 
 from engine import limits
-
 
 # Lists that merge BY NAME across extends/include; every other list is replaced wholesale.
 NAMED_LISTS = ("steps", "checks")
@@ -89,6 +89,7 @@ class SpecErrors(Exception):
 
 # --- located YAML ---------------------------------------------------------------------------------
 
+
 class _Map(dict):
     """A dict that remembers where it, each key and each value came from."""
 
@@ -138,12 +139,17 @@ class _Builder:
             raise SpecErrors([SpecError.at(mark, path, "recursive YAML alias")])
         self.nodes += 1
         if self.nodes > limits.SPEC_MAX_NODES:
-            raise SpecErrors([SpecError.at(mark, path, f"the document expands to more than "
-                                                       f"{limits.SPEC_MAX_NODES:,} nodes (a YAML alias "
-                                                       f"bomb?)")])
+            raise SpecErrors(
+                [
+                    SpecError.at(
+                        mark,
+                        path,
+                        f"the document expands to more than {limits.SPEC_MAX_NODES:,} nodes (a YAML alias bomb?)",
+                    )
+                ]
+            )
         if len(path) > limits.SPEC_MAX_DEPTH:
-            raise SpecErrors([SpecError.at(mark, path, f"nested deeper than {limits.SPEC_MAX_DEPTH} "
-                                                       f"levels")])
+            raise SpecErrors([SpecError.at(mark, path, f"nested deeper than {limits.SPEC_MAX_DEPTH} levels")])
         if isinstance(node, yaml.ScalarNode):
             try:
                 value = self.constructor.construct_object(node, deep=True)
@@ -167,7 +173,8 @@ class _Builder:
     def _mapping(self, node: yaml.MappingNode, mark: Mark, path: tuple) -> _Map:
         # Remember the explicit keys before flattening rewrites node.value (an alias revisits the same node).
         explicit = self.explicit.setdefault(
-            id(node), {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"})
+            id(node), {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+        )
         try:
             self.constructor.flatten_mapping(node)  # YAML merge keys (`<<: *base`)
         except yaml.YAMLError as e:
@@ -182,8 +189,11 @@ class _Builder:
             # Keys are JSON object keys: the YAML source text, so `1:` is "1" and `true:` is "true".
             key = key_node.value
             if key in out and id(key_node) in explicit and id(out.key_nodes[key]) in explicit:
-                errors.append(SpecError.at(kmark, path + (key,),
-                                           f"duplicate key {key!r} (first at line {out.key_marks[key].line})"))
+                errors.append(
+                    SpecError.at(
+                        kmark, path + (key,), f"duplicate key {key!r} (first at line {out.key_marks[key].line})"
+                    )
+                )
                 continue
             try:
                 value = self.build(val_node, path + (key,))
@@ -231,6 +241,7 @@ def parse_yaml(text: str, file: str) -> Any:
 
 
 # --- extends / include --------------------------------------------------------------------------
+
 
 def _copy_marks(src: Any) -> Any:
     if isinstance(src, _Map):
@@ -281,9 +292,16 @@ def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) 
         if name is not None and name in inherited:
             j = index[name]
             if not marked:
-                errors.append(SpecError.at(m, (section, i), (
-                    f"{what} {name!r} replaces the one inherited from {_where(out.item_marks[j])}; "
-                    f"write `override: true` in it to replace it on purpose, or rename it")))
+                errors.append(
+                    SpecError.at(
+                        m,
+                        (section, i),
+                        (
+                            f"{what} {name!r} replaces the one inherited from {_where(out.item_marks[j])}; "
+                            f"write `override: true` in it to replace it on purpose, or rename it"
+                        ),
+                    )
+                )
                 continue
             if section == "steps" and isinstance(out[j], _Map) and isinstance(body, _Map):
                 replaced = merge(out[j], body, top=False)
@@ -294,9 +312,14 @@ def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) 
             inherited.discard(name)  # overridden once; a second copy in this file is a duplicate
             continue
         if marked:
-            errors.append(SpecError.at(item.key_marks["override"], (section, i, "override"),
-                                       f"{what} {name!r} has `override: true` but inherits no {what} of that "
-                                       f"name; remove the marker (or fix the name)"))
+            errors.append(
+                SpecError.at(
+                    item.key_marks["override"],
+                    (section, i, "override"),
+                    f"{what} {name!r} has `override: true` but inherits no {what} of that "
+                    f"name; remove the marker (or fix the name)",
+                )
+            )
         out.put(_copy_marks(body), m)
         if name is not None:
             index[name] = len(out) - 1
@@ -307,8 +330,11 @@ def _disable_errors(base: _Map, over: _Map) -> list[SpecError]:
     """`disable: {check: reason}` drops an INHERITED check; a check this file writes itself is deleted, not
     disabled, and a check disabled above cannot be silently brought back by an override."""
     errors = []
-    inherited = {name: m for item, m in zip(base.get("checks") or [], getattr(base.get("checks"), "item_marks", []))
-                 if (name := _name_of(item)) is not None}
+    inherited = {
+        name: m
+        for item, m in zip(base.get("checks") or [], getattr(base.get("checks"), "item_marks", []))
+        if (name := _name_of(item)) is not None
+    }
     disabled = base.get("disable") if isinstance(base.get("disable"), _Map) else _Map(_NOWHERE)
     own = over.get("checks") if isinstance(over.get("checks"), _Seq) else _Seq(_NOWHERE)
     own_names = {name: m for item, m in zip(own, own.item_marks) if (name := _name_of(item)) is not None}
@@ -317,18 +343,37 @@ def _disable_errors(base: _Map, over: _Map) -> list[SpecError]:
         for name in table:
             where = table.key_marks[name]
             if name in own_names:
-                errors.append(SpecError.at(where, ("disable", name), (
-                    f"check {name!r} is both disabled here and written at {_where(own_names[name])}; "
-                    f"delete the check instead")))
+                errors.append(
+                    SpecError.at(
+                        where,
+                        ("disable", name),
+                        (
+                            f"check {name!r} is both disabled here and written at {_where(own_names[name])}; "
+                            f"delete the check instead"
+                        ),
+                    )
+                )
             elif name not in inherited:
                 known = ", ".join(sorted(inherited)) or "none"
-                errors.append(SpecError.at(where, ("disable", name), (
-                    f"disable names {name!r}, which is not an inherited check; inherited: {known}")))
+                errors.append(
+                    SpecError.at(
+                        where,
+                        ("disable", name),
+                        (f"disable names {name!r}, which is not an inherited check; inherited: {known}"),
+                    )
+                )
     for name, m in own_names.items():
         if name in disabled:
-            errors.append(SpecError.at(m, ("checks", name), (
-                f"check {name!r} was disabled at {_where(disabled.key_marks[name])}; an override cannot "
-                f"bring it back silently: remove that disable entry")))
+            errors.append(
+                SpecError.at(
+                    m,
+                    ("checks", name),
+                    (
+                        f"check {name!r} was disabled at {_where(disabled.key_marks[name])}; an override cannot "
+                        f"bring it back silently: remove that disable entry"
+                    ),
+                )
+            )
     return errors
 
 
@@ -366,9 +411,16 @@ def resolve_likes(doc: _Map) -> list[SpecError]:
             ref = item["like"]
             source = done.get(ref) if isinstance(ref, str) else None
             if source is None:
-                errors.append(SpecError.at(item.val_marks["like"], ("steps", i, "like"), (
-                    f"like names {ref!r}, which is not an earlier step; earlier steps: "
-                    f"{', '.join(done) or 'none'}")))
+                errors.append(
+                    SpecError.at(
+                        item.val_marks["like"],
+                        ("steps", i, "like"),
+                        (
+                            f"like names {ref!r}, which is not an earlier step; earlier steps: "
+                            f"{', '.join(done) or 'none'}"
+                        ),
+                    )
+                )
                 continue
             body = _without(item, "like")
             copied = merge(_without(source, "name"), body, top=False)
@@ -406,8 +458,9 @@ class _Loader:
             raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: {e}")]) from None
         except (OSError, ValueError) as e:
             mark, where = ref or (Mark(shown, 0, 0), ())
-            raise SpecErrors([SpecError.at(mark, where, f"cannot read {shown}: "
-                                                        f"{getattr(e, 'strerror', None) or e}")]) from None
+            raise SpecErrors(
+                [SpecError.at(mark, where, f"cannot read {shown}: {getattr(e, 'strerror', None) or e}")]
+            ) from None
         self.files[shown] = hashlib.sha256(raw).hexdigest()
         try:
             text = raw.decode("utf-8")
@@ -432,8 +485,9 @@ class _Loader:
                 except SpecErrors as e:
                     errors.extend(e.errors)
             else:
-                errors.append(SpecError.at(doc.val_marks["extends"], ("extends",),
-                                           "extends must be a non-empty path string"))
+                errors.append(
+                    SpecError.at(doc.val_marks["extends"], ("extends",), "extends must be a non-empty path string")
+                )
         fragments: list[_Map] = []
         inc = doc.get("include")
         if inc is not None:
@@ -444,8 +498,9 @@ class _Loader:
                     except SpecErrors as e:
                         errors.extend(e.errors)
             else:
-                errors.append(SpecError.at(doc.val_marks["include"], ("include",),
-                                           "include must be a list of path strings"))
+                errors.append(
+                    SpecError.at(doc.val_marks["include"], ("include",), "include must be a list of path strings")
+                )
         if errors:
             raise SpecErrors(errors)
         own = _copy_marks(doc)
@@ -462,6 +517,7 @@ class _Loader:
 
 
 # --- schema ------------------------------------------------------------------------------------
+
 
 def schema_text() -> str:
     """The JSON Schema of a spec, as shipped (`engine schema` prints it)."""
@@ -531,8 +587,15 @@ class Spec:
 
 
 def _type_name(x: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-            int: "number", float: "number"}.get(type(x), type(x).__name__)
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        type(None): "null",
+        int: "number",
+        float: "number",
+    }.get(type(x), type(x).__name__)
 
 
 def _branch_fits(branch: list, instance: Any) -> bool:
@@ -554,8 +617,11 @@ def best_error(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
     for e in error.context:
         branches.setdefault(e.schema_path[0], []).append(e)
     options = error.schema.get(error.validator) or []
-    fitting = [b for idx, b in branches.items() if _branch_fits(b, error.instance)
-               and not _unmeant_reference(options, idx, error.instance)]
+    fitting = [
+        b
+        for idx, b in branches.items()
+        if _branch_fits(b, error.instance) and not _unmeant_reference(options, idx, error.instance)
+    ]
     pool = [e for b in fitting for e in b] if fitting else list(error.context)
     return best_error(jsonschema.exceptions.best_match(pool))
 
@@ -583,7 +649,14 @@ def _schema_errors(spec: Spec) -> list[SpecError]:
             continue
         # A schema's errorMessage explains a broken rule; a plain wrong type is clearer in jsonschema's words.
         msg = err.schema.get("errorMessage") if isinstance(err.schema, dict) and err.validator != "type" else None
-        out.append(spec.error(path, f"{msg} (got {json.dumps(err.instance)[:80]})" if msg and err.validator != "oneOf" else msg or err.message))
+        out.append(
+            spec.error(
+                path,
+                f"{msg} (got {json.dumps(err.instance)[:80]})"
+                if msg and err.validator != "oneOf"
+                else msg or err.message,
+            )
+        )
     return out
 
 
@@ -600,8 +673,9 @@ def load_spec(path: str | os.PathLike) -> Spec:
     _index_marks(doc, (), vals, keys)
     vals[()] = Mark(display_path(p), 1, 1)
     top = display_path(p)
-    spec = Spec(path=p, data=_plain(doc), files=dict(loader.files), sha256=loader.files[top],
-                marks=vals, key_marks=keys)
+    spec = Spec(
+        path=p, data=_plain(doc), files=dict(loader.files), sha256=loader.files[top], marks=vals, key_marks=keys
+    )
     errors = sorted(_schema_errors(spec), key=SpecError.sort_key)
     if errors:
         raise SpecErrors(errors)

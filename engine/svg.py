@@ -4,6 +4,7 @@ Each series is drawn inside one group whose transform maps data to pixels, so a 
 `points` are the evidence's own numbers (exactly as JSON gave them) and a reader, or a test, can
 read them back. A gap in a series ends its polyline; the next drawn point starts a new one.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,11 +44,10 @@ def nice_step(span: float, target: int = 6) -> float:
 
 def _decimals(step: float) -> int:
     d = max(0, -math.floor(math.log10(step)))
-    return d + 1 if round(step / 10 ** -d, 6) % 1 else d
+    return d + 1 if round(step / 10**-d, 6) % 1 else d
 
 
-def axis(values: Sequence[Number], integer: bool, pad_few: bool = False
-         ) -> tuple[float, float, list[float], int]:
+def axis(values: Sequence[Number], integer: bool, pad_few: bool = False) -> tuple[float, float, list[float], int]:
     """(low, high, ticks, decimals) of an axis covering `values` with round tick marks."""
     if not values:
         return 0.0, 1.0, [], 0  # no data: a bare frame, no invented scale
@@ -71,8 +71,9 @@ def _legend(figure: Figure) -> list[tuple[str, str, bool, bool]]:
     """(text, colour, dashed, has data) of each legend entry."""
     out = []
     for i, s in enumerate(figure.series):
-        out.append((s.label if s.drawn() else f"{s.label} (no data)", PALETTE[i % len(PALETTE)], False,
-                    bool(s.drawn())))
+        out.append(
+            (s.label if s.drawn() else f"{s.label} (no data)", PALETTE[i % len(PALETTE)], False, bool(s.drawn()))
+        )
     for m in figure.markers:
         at = ", ".join(number_text(v) for v in m.at)
         out.append((f"{m.label} ({at})" if at else f"{m.label} (no data)", MARKER_COLOUR, True, bool(m.at)))
@@ -100,10 +101,8 @@ def render(figure: Figure, element_id: str | None = None) -> str:
     top = 14 + LEGEND_ROW * len(rows)
     left, right, bottom = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM
 
-    xs = [x for s in figure.series for x, _ in s.points] + \
-        [v for m in figure.markers if m.axis == "x" for v in m.at]
-    ys = [y for s in figure.series for _, y in s.drawn()] + \
-        [v for m in figure.markers if m.axis == "y" for v in m.at]
+    xs = [x for s in figure.series for x, _ in s.points] + [v for m in figure.markers if m.axis == "x" for v in m.at]
+    ys = [y for s in figure.series for _, y in s.drawn()] + [v for m in figure.markers if m.axis == "y" for v in m.at]
     integer_x = all(isinstance(x, int) or float(x).is_integer() for x in xs)
     x0, x1, xticks, xdec = axis(xs, integer=integer_x, pad_few=True)
     y0, y1, yticks, ydec = axis(ys, integer=False)
@@ -115,26 +114,34 @@ def render(figure: Figure, element_id: str | None = None) -> str:
     def py(y: float) -> float:
         return bottom - (y - y0) * sy
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" id="{escape(ident)}" width="{WIDTH}" '
-           f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-labelledby="{escape(ident)}-title" '
-           f'font-family="sans-serif" font-size="{FONT_PX}">',
-           f'<title id="{escape(ident)}-title">{escape(figure.title)}</title>',
-           f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" id="{escape(ident)}" width="{WIDTH}" '
+        f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-labelledby="{escape(ident)}-title" '
+        f'font-family="sans-serif" font-size="{FONT_PX}">',
+        f'<title id="{escape(ident)}-title">{escape(figure.title)}</title>',
+        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
+    ]
     # Grid and tick labels.
     out.append(f'<g class="grid" stroke="{GRID_COLOUR}" stroke-width="1">')
     out += [f'<line x1="{_fmt(px(t))}" y1="{top}" x2="{_fmt(px(t))}" y2="{bottom}"/>' for t in xticks]
     out += [f'<line x1="{left}" y1="{_fmt(py(t))}" x2="{right}" y2="{_fmt(py(t))}"/>' for t in yticks]
     out.append("</g>")
-    out.append(f'<rect class="frame" x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
-               f'fill="none" stroke="#999999"/>')
+    out.append(
+        f'<rect class="frame" x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
+        f'fill="none" stroke="#999999"/>'
+    )
     out.append('<g class="ticks" fill="#333333">')
     out += [f'<text x="{_fmt(px(t))}" y="{bottom + 16}" text-anchor="middle">{t:.{xdec}f}</text>' for t in xticks]
     out += [f'<text x="{left - 6}" y="{_fmt(py(t) + 4)}" text-anchor="end">{t:.{ydec}f}</text>' for t in yticks]
     out.append("</g>")
-    out.append(f'<text class="x-label" x="{_fmt((left + right) / 2)}" y="{HEIGHT - 12}" text-anchor="middle" '
-               f'fill="#111111">{escape(figure.x_label)}</text>')
-    out.append(f'<text class="y-label" x="16" y="{_fmt((top + bottom) / 2)}" text-anchor="middle" fill="#111111" '
-               f'transform="rotate(-90 16 {_fmt((top + bottom) / 2)})">{escape(figure.y_label)}</text>')
+    out.append(
+        f'<text class="x-label" x="{_fmt((left + right) / 2)}" y="{HEIGHT - 12}" text-anchor="middle" '
+        f'fill="#111111">{escape(figure.x_label)}</text>'
+    )
+    out.append(
+        f'<text class="y-label" x="16" y="{_fmt((top + bottom) / 2)}" text-anchor="middle" fill="#111111" '
+        f'transform="rotate(-90 16 {_fmt((top + bottom) / 2)})">{escape(figure.y_label)}</text>'
+    )
 
     # The data, in data coordinates: polyline points are the evidence's numbers.
     a, e = sx, left - x0 * sx
@@ -144,9 +151,11 @@ def render(figure: Figure, element_id: str | None = None) -> str:
         colour = PALETTE[i % len(PALETTE)]
         for run in s.runs():
             points = " ".join(f"{number_text(x)},{number_text(y)}" for x, y in run)
-            out.append(f'<polyline class="series" data-series="{escape(s.label)}" points="{points}" fill="none" '
-                       f'stroke="{colour}" stroke-width="1.5" stroke-linejoin="round" '
-                       f'vector-effect="non-scaling-stroke"/>')
+            out.append(
+                f'<polyline class="series" data-series="{escape(s.label)}" points="{points}" fill="none" '
+                f'stroke="{colour}" stroke-width="1.5" stroke-linejoin="round" '
+                f'vector-effect="non-scaling-stroke"/>'
+            )
     out.append("</g>")
     # Dots in pixels (a circle in data coordinates would be squashed into an ellipse): every point of
     # a short series, and a point a gap left alone, which a line cannot show.
@@ -157,37 +166,49 @@ def render(figure: Figure, element_id: str | None = None) -> str:
         few = sum(len(r) for r in runs) <= DOT_MAX_POINTS
         for run in runs:
             if few or len(run) == 1:
-                out += [f'<circle cx="{_fmt(px(x))}" cy="{_fmt(py(y))}" r="{3 if len(run) > 1 else 3.5}" '
-                        f'fill="{colour}"/>' for x, y in run]
+                out += [
+                    f'<circle cx="{_fmt(px(x))}" cy="{_fmt(py(y))}" r="{3 if len(run) > 1 else 3.5}" fill="{colour}"/>'
+                    for x, y in run
+                ]
     out.append("</g>")
-    out.append(f'<g class="markers" stroke="{MARKER_COLOUR}" stroke-width="1.2" stroke-dasharray="6 4" '
-               f'fill="{MARKER_COLOUR}">')
+    out.append(
+        f'<g class="markers" stroke="{MARKER_COLOUR}" stroke-width="1.2" stroke-dasharray="6 4" fill="{MARKER_COLOUR}">'
+    )
     for m in figure.markers:
         for v in m.at:
             label = escape(m.label)
             if m.axis == "x":
-                out.append(f'<line class="marker" data-axis="x" data-at="{number_text(v)}" x1="{_fmt(px(v))}" '
-                           f'y1="{top}" x2="{_fmt(px(v))}" y2="{bottom}"/>')
+                out.append(
+                    f'<line class="marker" data-axis="x" data-at="{number_text(v)}" x1="{_fmt(px(v))}" '
+                    f'y1="{top}" x2="{_fmt(px(v))}" y2="{bottom}"/>'
+                )
                 out.append(f'<text x="{_fmt(px(v) + 4)}" y="{top + 14}" stroke="none">{label}</text>')
             else:
-                out.append(f'<line class="marker" data-axis="y" data-at="{number_text(v)}" x1="{left}" '
-                           f'y1="{_fmt(py(v))}" x2="{right}" y2="{_fmt(py(v))}"/>')
-                out.append(f'<text x="{right - 4}" y="{_fmt(py(v) - 5)}" text-anchor="end" stroke="none">'
-                           f'{label}</text>')
+                out.append(
+                    f'<line class="marker" data-axis="y" data-at="{number_text(v)}" x1="{left}" '
+                    f'y1="{_fmt(py(v))}" x2="{right}" y2="{_fmt(py(v))}"/>'
+                )
+                out.append(
+                    f'<text x="{right - 4}" y="{_fmt(py(v) - 5)}" text-anchor="end" stroke="none">{label}</text>'
+                )
     out.append("</g>")
     if not figure.has_data():
-        out.append(f'<text class="no-data" x="{_fmt((left + right) / 2)}" y="{_fmt((top + bottom) / 2)}" '
-                   f'text-anchor="middle" font-size="16" fill="#888888">no data (see the notes)</text>')
+        out.append(
+            f'<text class="no-data" x="{_fmt((left + right) / 2)}" y="{_fmt((top + bottom) / 2)}" '
+            f'text-anchor="middle" font-size="16" fill="#888888">no data (see the notes)</text>'
+        )
     out.append('<g class="legend">')
     for r, row in enumerate(rows):
         x, y = float(left), 12 + r * LEGEND_ROW + 2
         for i in row:
             text, colour, dashed, has = entries[i]
             dash = ' stroke-dasharray="6 4"' if dashed else ""
-            out.append(f'<line x1="{_fmt(x)}" y1="{y}" x2="{_fmt(x + 22)}" y2="{y}" stroke="{colour}" '
-                       f'stroke-width="2"{dash}/>')
-            out.append(f'<text x="{_fmt(x + 28)}" y="{y + 4}" fill="{"#111111" if has else "#888888"}">'
-                       f'{escape(text)}</text>')
+            out.append(
+                f'<line x1="{_fmt(x)}" y1="{y}" x2="{_fmt(x + 22)}" y2="{y}" stroke="{colour}" stroke-width="2"{dash}/>'
+            )
+            out.append(
+                f'<text x="{_fmt(x + 28)}" y="{y + 4}" fill="{"#111111" if has else "#888888"}">{escape(text)}</text>'
+            )
             x += 28 + len(text) * CHAR_PX + 16
     out.append("</g>")
     out.append("</svg>")

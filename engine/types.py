@@ -2,6 +2,7 @@
 TypedDicts: plain dicts at run time (they are stored as JSON as they are), named in signatures so
 the contract is written where it is used rather than only in prose.
 """
+
 from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
@@ -9,6 +10,7 @@ from typing import Any, NotRequired, TypedDict
 
 class RunBody(TypedDict, total=False):
     """A resolved step's `run:` section, every default filled in (engine/defaults.py)."""
+
     argv: list[str]
     timeout_s: float
     grace_s: float
@@ -25,6 +27,7 @@ class RunBody(TypedDict, total=False):
 
 class Step(TypedDict, total=False):
     """One resolved step of a plan: exactly one of `run`, `remove`, `collect`, named by `kind`."""
+
     name: str
     kind: str  # run | remove | collect
     description: str
@@ -39,6 +42,7 @@ class Step(TypedDict, total=False):
 
 class Check(TypedDict):
     """One check of a plan, with where the spec writes it."""
+
     name: str
     why: str
     expr: str
@@ -53,6 +57,7 @@ class Check(TypedDict):
 
 class CheckResult(TypedDict):
     """One check evaluated over the evidence (engine/checks.py)."""
+
     name: str
     why: str
     expr: str
@@ -69,6 +74,7 @@ class CheckResult(TypedDict):
 
 class HarvestProblem(TypedDict):
     """Marker lines of a run step that did not parse, or disagree (engine/output.py)."""
+
     step: str
     harvest: str  # the harvest rule's name
     kind: str  # malformed | conflict
@@ -80,6 +86,7 @@ class HarvestProblem(TypedDict):
 class Verdict(TypedDict, total=False):
     """The run's verdict (engine/verdict.py); `message` only for PRECONDITION, `harvest` only when
     a step had a harvest problem."""
+
     outcome: str  # PASS | FAIL | PRECONDITION | INTERRUPTED
     failed: list[str]
     warnings: list[str]

@@ -3,6 +3,7 @@
 Every problem is returned (not just the first), each located at file:line:col with its field path, so
 one `engine validate` shows the whole list.
 """
+
 from __future__ import annotations
 
 import functools
@@ -80,9 +81,13 @@ def _unique_names(spec: Spec) -> list[SpecError]:
             if name in first:
                 file, line, _ = spec.locate((section, first[name]))
                 file2, line2, _ = spec.locate((section, i))
-                errors.append(spec.error((section, i, "name"),
-                                         f"duplicate {what} name {name!r}: {file}:{line} and {file2}:{line2}; "
-                                         f"rename one (a repeated name would replace the first)"))
+                errors.append(
+                    spec.error(
+                        (section, i, "name"),
+                        f"duplicate {what} name {name!r}: {file}:{line} and {file2}:{line2}; "
+                        f"rename one (a repeated name would replace the first)",
+                    )
+                )
             else:
                 first[name] = i
     return errors
@@ -95,8 +100,11 @@ def _mode_errors(spec: Spec) -> list[SpecError]:
     errors = []
     default = (data.get("modes") or {}).get("default")
     if default is not None and default not in modes:
-        errors.append(spec.error(("modes", "default"),
-                                 f"default mode {default!r} is not defined; modes: {', '.join(modes) or 'none'}"))
+        errors.append(
+            spec.error(
+                ("modes", "default"), f"default mode {default!r} is not defined; modes: {', '.join(modes) or 'none'}"
+            )
+        )
     defined_by: dict[str, str] = {}  # key -> first mode defining it
     for m, table in modes.items():
         for key in table:
@@ -104,8 +112,13 @@ def _mode_errors(spec: Spec) -> list[SpecError]:
     for m, table in modes.items():
         for key, first in defined_by.items():
             if key not in table:
-                errors.append(spec.error(("modes", m), f"mode {m!r} does not define {key!r} (mode {first!r} "
-                                                       f"does); every mode must define the same keys"))
+                errors.append(
+                    spec.error(
+                        ("modes", m),
+                        f"mode {m!r} does not define {key!r} (mode {first!r} "
+                        f"does); every mode must define the same keys",
+                    )
+                )
     known = _value_names(spec)
     for var, name in (data.get("env") or {}).items():
         if name not in known:
@@ -136,7 +149,7 @@ def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = No
     collects = sorted(n for n, s in steps.items() if "collect" in s)
     values = _value_names(spec)
     errors = []
-    for path, text in (_expressions(spec) if texts is None else texts):
+    for path, text in _expressions(spec) if texts is None else texts:
         try:
             chains = _roots(text)
         except Exception:  # noqa: BLE001 - a parse error, already reported by _compile_errors
@@ -148,8 +161,11 @@ def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = No
                     msg = f"step condition {text!r} reads {unknown_message(chain[0], values, ref=False)}"
             elif path[0] == "checks":
                 lets = list((data["checks"][path[1]].get("let") or {}))
-                msg = _let_problem(chain, path, lets) if chain[0] == "let" else \
-                    _evidence_problem(chain, steps, collects, values)
+                msg = (
+                    _let_problem(chain, path, lets)
+                    if chain[0] == "let"
+                    else _evidence_problem(chain, steps, collects, values)
+                )
             elif path[0] == "plots":  # a plot reads the evidence as a check does
                 msg = _evidence_problem(chain, steps, collects, values)
             if msg:
@@ -167,13 +183,16 @@ def _let_problem(chain: tuple[str, ...], path: tuple, lets: list[str]) -> str | 
     if len(path) >= 4 and path[2] == "let":
         me = path[3]
         if lets.index(name) >= lets.index(me):
-            return (f"let.{me} reads let.{name}, which is {'itself' if name == me else 'written after it'}; "
-                    f"a let reads only the lets above it")
+            return (
+                f"let.{me} reads let.{name}, which is {'itself' if name == me else 'written after it'}; "
+                f"a let reads only the lets above it"
+            )
     return None
 
 
-def _evidence_problem(chain: tuple[str, ...], steps: Mapping[str, Any], collects: list[str],
-                      values: set[str]) -> str | None:
+def _evidence_problem(
+    chain: tuple[str, ...], steps: Mapping[str, Any], collects: list[str], values: set[str]
+) -> str | None:
     root = chain[0]
     dotted = ".".join(chain)
     if root == "null":
@@ -193,8 +212,9 @@ def _evidence_problem(chain: tuple[str, ...], steps: Mapping[str, Any], collects
         if len(chain) >= 4 and chain[2] == "harvest":
             rules = sorted(_harvest_names(steps[name]))
             if chain[3] not in rules:
-                return (f"{dotted}: step {name!r} has no harvest rule {chain[3]!r}; "
-                        f"its rules: {', '.join(rules) or 'none'}")
+                return (
+                    f"{dotted}: step {name!r} has no harvest rule {chain[3]!r}; its rules: {', '.join(rules) or 'none'}"
+                )
     elif root == "state" and name not in collects:
         return f"{dotted}: no collect step named {name!r}; collect steps: {', '.join(collects) or 'none'}"
     elif root == "values" and name not in values:
@@ -268,8 +288,15 @@ def _types(node: dict, values: Mapping[str, Any], lets: Mapping[str, Types]) -> 
     return None
 
 
-_A = {"number": "a number", "string": "a string", "array": "a list", "object": "an object", "null": "null",
-      "boolean": "a boolean", "expression": "an expression reference"}
+_A = {
+    "number": "a number",
+    "string": "a string",
+    "array": "a list",
+    "object": "an object",
+    "null": "null",
+    "boolean": "a boolean",
+    "expression": "an expression reference",
+}
 
 
 def _what(node: dict, types: frozenset[str]) -> str:
@@ -288,8 +315,9 @@ def _bare(node: dict) -> bool:
     return node["type"] in ("field", "subexpression", "index_expression", "current")
 
 
-def boolean_findings(check: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[list[tuple[tuple, str]],
-                                                                                  list[tuple[tuple, str]]]:
+def boolean_findings(
+    check: Mapping[str, Any], values: Mapping[str, Any]
+) -> tuple[list[tuple[tuple, str]], list[tuple[tuple, str]]]:
     """(errors, warnings) as (path below the check, message): an expr or when whose top can never be a
     boolean would read as a system failure at run time ("got 120, not true"), so it is a spec error; a
     bare field reference passes only on an exact true, which deserves a word."""
@@ -309,14 +337,23 @@ def boolean_findings(check: Mapping[str, Any], values: Mapping[str, Any]) -> tup
         except Exception:  # noqa: BLE001
             continue
         types = _types(node, values, lets)
-        role = "a check passes only on exactly true" if key == "expr" else \
-            "a condition must be exactly true or false"
+        role = "a check passes only on exactly true" if key == "expr" else "a condition must be exactly true or false"
         if types is not None and "boolean" not in types:
-            errors.append(((key,), f"{key} {text!r} can never be true: {_what(node, types)}, and {role}; "
-                                   f"compare it (e.g. `... == ...`)"))
+            errors.append(
+                (
+                    (key,),
+                    f"{key} {text!r} can never be true: {_what(node, types)}, and {role}; "
+                    f"compare it (e.g. `... == ...`)",
+                )
+            )
         elif types is None and _bare(node):
-            warnings.append(((key,), f"{key} {text!r} is a bare field reference: it holds only when that field "
-                                     f"is exactly true; compare it (e.g. {text} == `true`) to say so"))
+            warnings.append(
+                (
+                    (key,),
+                    f"{key} {text!r} is a bare field reference: it holds only when that field "
+                    f"is exactly true; compare it (e.g. {text} == `true`) to say so",
+                )
+            )
     return errors, warnings
 
 
@@ -334,8 +371,9 @@ def _unused_lets(check: Mapping[str, Any]) -> list[tuple[tuple, str]]:
     return [(("let", n), f"let.{n} is never read (by expr, when or another let)") for n in lets if n not in read]
 
 
-def _check_findings(spec: Spec, checks: list[Check], values: Mapping[str, Any]
-                    ) -> tuple[list[SpecError], list[SpecError]]:
+def _check_findings(
+    spec: Spec, checks: list[Check], values: Mapping[str, Any]
+) -> tuple[list[SpecError], list[SpecError]]:
     """Per mode: the templated expressions once spliced (syntax, what they read), then what every
     check can yield. (errors, warnings)."""
     errors: list[SpecError] = []
@@ -359,19 +397,24 @@ def _check_findings(spec: Spec, checks: list[Check], values: Mapping[str, Any]
 def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
     """(path below run, pattern, needs a `step` group) of every regex in a run section."""
     found: list[tuple[tuple, Any, bool]] = [
-        (("output", "strip_prefix"), (run.get("output") or {}).get("strip_prefix"), False)]
+        (("output", "strip_prefix"), (run.get("output") or {}).get("strip_prefix"), False)
+    ]
     found += [(("signals", j, "match"), s.get("match"), False) for j, s in enumerate(run.get("signals") or [])]
     if run.get("progress"):
         found.append((("progress", "match"), run["progress"].get("match"), True))
     harvest = (run.get("output") or {}).get("harvest")
     if isinstance(harvest, dict):
-        found += [(("output", "harvest", name, "match"), rule.get("match"), False)
-                  for name, rule in harvest.items() if isinstance(rule, dict) and "match" in rule]
+        found += [
+            (("output", "harvest", name, "match"), rule.get("match"), False)
+            for name, rule in harvest.items()
+            if isinstance(rule, dict) and "match" in rule
+        ]
     return found
 
 
-def _regex_errors(spec: Spec, index: int, raw_run: Mapping[str, Any],
-                  resolved_run: Mapping[str, Any] | None = None) -> list[SpecError]:
+def _regex_errors(
+    spec: Spec, index: int, raw_run: Mapping[str, Any], resolved_run: Mapping[str, Any] | None = None
+) -> list[SpecError]:
     """Regexes compile. Without `resolved_run`: the patterns free of `${x}` (once for all modes); with it:
     the patterns that had `${x}`, as substituted in that mode."""
     raw = _patterns(raw_run)
@@ -402,12 +445,14 @@ def budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecE
     if budget is None or total <= budget:
         return None
     top = ", ".join(f"{n} {c:g} s" for n, c in sorted(costs, key=lambda x: -x[1])[:3])
-    return spec.error(("budget_s",), f"mode {mode!r}: worst case {total:g} s exceeds budget_s {budget:g} s "
-                                     f"(biggest: {top})")
+    return spec.error(
+        ("budget_s",), f"mode {mode!r}: worst case {total:g} s exceeds budget_s {budget:g} s (biggest: {top})"
+    )
 
 
-def _mode_pass(spec: Spec, mode: str, environ: Mapping[str, str],
-               unknown: dict[tuple, set[str]], warnings: list[SpecError]) -> list[SpecError]:
+def _mode_pass(
+    spec: Spec, mode: str, environ: Mapping[str, str], unknown: dict[tuple, set[str]], warnings: list[SpecError]
+) -> list[SpecError]:
     """Resolve values, every step and every check in one mode; unknown `${x}` go to `unknown` (reported
     across modes), warnings to `warnings`."""
     data = spec.data
@@ -438,14 +483,21 @@ def _mode_pass(spec: Spec, mode: str, environ: Mapping[str, str],
             continue
         if step["kind"] == "run":
             errors.extend(_regex_errors(spec, i, raw["run"], step["run"]))
-        if step["kind"] == "collect" and step["collect"].get("collector") == "command" \
-                and command_timeout(step["collect"]) is None:
+        if (
+            step["kind"] == "collect"
+            and step["collect"].get("collector") == "command"
+            and command_timeout(step["collect"]) is None
+        ):
             args = step["collect"]["args"]
             complete = False  # no honest worst case for this mode
-            errors.append(spec.error(("steps", i, "collect", "args"),
-                                     "the command collector's timeout_s must be a positive number of seconds and "
-                                     f"grace_s a non-negative one (got timeout_s={args.get('timeout_s')!r}, "
-                                     f"grace_s={args.get('grace_s')!r})"))
+            errors.append(
+                spec.error(
+                    ("steps", i, "collect", "args"),
+                    "the command collector's timeout_s must be a positive number of seconds and "
+                    f"grace_s a non-negative one (got timeout_s={args.get('timeout_s')!r}, "
+                    f"grace_s={args.get('grace_s')!r})",
+                )
+            )
         if step["enabled"]:
             costs.append((step["name"], step_cost(step)))
     if complete:

@@ -3,6 +3,7 @@
 A value is plain, `{eval: JMESPath over the other values}`, or `{switch: other, cases: {...}}`; strings
 may contain `${x}`. Values resolve in dependency order; a cycle is an error that names it.
 """
+
 from __future__ import annotations
 
 import json
@@ -128,6 +129,7 @@ def unknown_message(name: str, known: Iterable[str], ref: bool = True) -> str:
 
 # --- layering ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Definition:
     raw: Any  # as written (plain, {eval}, {switch}) or a parsed override
@@ -154,8 +156,13 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def layer(data: Mapping[str, Any], mode: str | None, environ: Mapping[str, str],
-          sets: Mapping[str, Any], builtins: Mapping[str, Any]) -> dict[str, Definition]:
+def layer(
+    data: Mapping[str, Any],
+    mode: str | None,
+    environ: Mapping[str, str],
+    sets: Mapping[str, Any],
+    builtins: Mapping[str, Any],
+) -> dict[str, Definition]:
     """Stack the layers into one definition per name (the highest layer wins)."""
     defs = {k: Definition(v, "builtin", ()) for k, v in builtins.items()}
     for k, v in (data.get("values") or {}).items():
@@ -216,7 +223,7 @@ class _Resolver:
         if name in self.failed:
             return False
         if name in self.stack:
-            cycle = self.stack[self.stack.index(name):] + [name]
+            cycle = self.stack[self.stack.index(name) :] + [name]
             d = self.defs[name]
             self.err(d.path, f"value cycle: {' -> '.join(cycle)}")
             self.failed.update(cycle)
@@ -226,8 +233,10 @@ class _Resolver:
             # exhaust the interpreter's stack.
             chain = self.stack[:3] + ["..."] + self.stack[-2:] + [name]
             if not self.too_deep:  # one such chain is reported; each later one is the same story
-                self.err(self.defs[name].path, f"values refer through more than "
-                                               f"{limits.VALUE_MAX_CHAIN} other values: {' -> '.join(chain)}")
+                self.err(
+                    self.defs[name].path,
+                    f"values refer through more than {limits.VALUE_MAX_CHAIN} other values: {' -> '.join(chain)}",
+                )
             self.too_deep = True
             self.failed.update(self.stack + [name])
             return False
@@ -300,8 +309,9 @@ class _Resolver:
         key = _case_key(self.values[other])
         cases = d.raw["cases"]
         if key not in cases:
-            self.err(d.path + ("cases",),
-                     f"value {name!r}: no case for {other}={key!r}; known cases: {', '.join(cases)}")
+            self.err(
+                d.path + ("cases",), f"value {name!r}: no case for {other}={key!r}; known cases: {', '.join(cases)}"
+            )
             return False
         chosen = cases[key]
         needed = [n for n, _ in iter_refs(chosen)]
@@ -319,8 +329,9 @@ def resolve(defs: dict[str, Definition], locate: Locate | None = None) -> Resolv
     sources = {}
     for name, d in defs.items():
         if name in r.values:
-            derived = d.source in ("default", "mode") and (_derived_kind(d.raw) or
-                                                          (isinstance(d.raw, (str, list, dict)) and list(iter_refs(d.raw))))
+            derived = d.source in ("default", "mode") and (
+                _derived_kind(d.raw) or (isinstance(d.raw, (str, list, dict)) and list(iter_refs(d.raw)))
+            )
             sources[name] = "derived" if derived else d.source
     # Keep the spec's order for people reading `engine plan`; errors sorted for stable output.
     values = {k: r.values[k] for k in defs if k in r.values}

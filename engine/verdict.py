@@ -4,6 +4,7 @@
 `git diff --exit-code`). `judge` is the whole evidence -> verdict step, used by `engine run` at the
 end of a run and by `engine check`/`replay` on a saved one, so both judge alike.
 """
+
 from __future__ import annotations
 
 import enum
@@ -18,6 +19,7 @@ from engine.types import Check, CheckResult, Step, Verdict
 
 class Exit(enum.IntEnum):
     """Process exit codes of `engine`."""
+
     PASS = 0
     USAGE = 2  # invalid spec, bad arguments, refused re-check
     PRECONDITION = 3
@@ -48,16 +50,18 @@ def run_status(record: Mapping[str, Any], ok_exit_codes: Sequence[Any]) -> str:
     return "ok" if ok else "failed"
 
 
-def _ok_exit_codes(name: str, plan_steps: Mapping[str, Mapping[str, Any]],
-                   evidence: Mapping[str, Any]) -> Sequence[Any]:
+def _ok_exit_codes(
+    name: str, plan_steps: Mapping[str, Mapping[str, Any]], evidence: Mapping[str, Any]
+) -> Sequence[Any]:
     """The plan's ok_exit_codes for a step; the run's own definition when the plan lacks it."""
     step = plan_steps.get(name) or (evidence.get("definitions") or {}).get(name) or {}
     codes = (step.get("run") or {}).get("ok_exit_codes") if isinstance(step, Mapping) else None
     return codes if isinstance(codes, list) else [0]
 
 
-def derive_statuses(steps: Iterable[Mapping[str, Any]], evidence: Mapping[str, Any]
-                    ) -> tuple[dict[str, Any], list[str]]:
+def derive_statuses(
+    steps: Iterable[Mapping[str, Any]], evidence: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
     """The evidence with every run step's status derived by `run_status`, and every remove or
     collect step that recorded an error failed (a copy; the input is left as it is), plus one
     note per step whose stored status said otherwise."""
@@ -71,29 +75,35 @@ def derive_statuses(steps: Iterable[Mapping[str, Any]], evidence: Mapping[str, A
         if record.get("kind", "run") != "run":
             # A remove or collect step has no exit code; its recorded error is what failed it.
             if record.get("status") == "ok" and record.get("error"):
-                notes.append(f"step {name}: the evidence says status 'ok', but it recorded the error "
-                             f"{str(record['error'])[:200]!r}: counted as failed")
+                notes.append(
+                    f"step {name}: the evidence says status 'ok', but it recorded the error "
+                    f"{str(record['error'])[:200]!r}: counted as failed"
+                )
                 doc["steps"][name] = {**record, "status": "failed"}
             continue
         codes = _ok_exit_codes(name, plan_steps, evidence)
         status = run_status(record, codes)
         if status != record.get("status"):
             rc = f"rc {record['rc']}" if "rc" in record else "no exit code"
-            notes.append(f"step {name}: the evidence says status {record.get('status')!r}, but it "
-                         f"recorded {rc} (ok_exit_codes {list(codes)}"
-                         f"{', timed out' if record.get('timed_out') else ''}): counted as {status}")
+            notes.append(
+                f"step {name}: the evidence says status {record.get('status')!r}, but it "
+                f"recorded {rc} (ok_exit_codes {list(codes)}"
+                f"{', timed out' if record.get('timed_out') else ''}): counted as {status}"
+            )
             doc["steps"][name] = {**record, "status": status}
     return doc, notes
 
 
 def harvest_rules(steps: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """Step name -> its harvest rules (name -> rule), for the run steps of a plan."""
-    return {s["name"]: ((s.get("run") or {}).get("output") or {}).get("harvest") or {}
-            for s in steps if s.get("kind") == "run"}
+    return {
+        s["name"]: ((s.get("run") or {}).get("output") or {}).get("harvest") or {}
+        for s in steps
+        if s.get("kind") == "run"
+    }
 
 
-def all_harvest_problems(evidence: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]
-                         ) -> list[dict[str, Any]]:
+def all_harvest_problems(evidence: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every run step's harvest problems (engine/output.py), judged by the plan's CURRENT rules:
     a spec that opts in later (on_conflict: pick) is honoured by `engine check`."""
     problems = []
@@ -110,12 +120,12 @@ def harvest_name(problem: Mapping[str, Any]) -> str:
 
 def preconditions(steps: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """Step name -> its precondition message, for the run steps that have one."""
-    return {s["name"]: s["run"]["precondition"] for s in steps
-            if s.get("kind") == "run" and s["run"].get("precondition")}
+    return {
+        s["name"]: s["run"]["precondition"] for s in steps if s.get("kind") == "run" and s["run"].get("precondition")
+    }
 
 
-def _precondition_failure(evidence: Mapping[str, Any],
-                          preconditions: Mapping[str, str]) -> tuple[str, str] | None:
+def _precondition_failure(evidence: Mapping[str, Any], preconditions: Mapping[str, str]) -> tuple[str, str] | None:
     for name, step in (evidence.get("steps") or {}).items():
         if step.get("status") != "failed":
             continue
@@ -125,9 +135,12 @@ def _precondition_failure(evidence: Mapping[str, Any],
     return None
 
 
-def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
-            preconditions: Mapping[str, str] | None = None,
-            harvest: Sequence[Mapping[str, Any]] = ()) -> Verdict:
+def verdict(
+    evidence: Mapping[str, Any],
+    results: Sequence[CheckResult],
+    preconditions: Mapping[str, str] | None = None,
+    harvest: Sequence[Mapping[str, Any]] = (),
+) -> Verdict:
     """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED, failed names (gate checks
     that FAIL/NO_DATA/ERROR, ``step:<name>`` for failed steps of any kind, ``harvest:<step>.<rule>`` for
     harvest problems no rule opted into), warnings, exit code, seconds; `harvest` lists every
@@ -143,17 +156,19 @@ def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
     # A harvest problem is not a check, but a gate all the same: the value the checks read may
     # not be what the leg meant.
     failed_steps += list(dict.fromkeys(harvest_name(p) for p in harvest if p.get("fails")))
-    failed_checks = [r["name"] for r in results
-                     if r["outcome"] in FAILING and r.get("severity", "gate") != "warn"]
-    warnings = [r["name"] for r in results
-                if r["outcome"] in FAILING and r.get("severity", "gate") == "warn"]
+    failed_checks = [r["name"] for r in results if r["outcome"] in FAILING and r.get("severity", "gate") != "warn"]
+    warnings = [r["name"] for r in results if r["outcome"] in FAILING and r.get("severity", "gate") == "warn"]
     disabled = [r["name"] for r in results if r["outcome"] == "DISABLED"]
     seconds = evidence.get("seconds")
     if seconds is None:
         seconds = 0.0
-    out: Verdict = {"outcome": "PASS", "failed": failed_steps + failed_checks,
-                    "warnings": warnings, "exit_code": int(Exit.PASS),
-                    "seconds": round(float(seconds), 1)}
+    out: Verdict = {
+        "outcome": "PASS",
+        "failed": failed_steps + failed_checks,
+        "warnings": warnings,
+        "exit_code": int(Exit.PASS),
+        "seconds": round(float(seconds), 1),
+    }
     if disabled:
         out["disabled"] = disabled
     if harvest:
@@ -162,8 +177,12 @@ def verdict(evidence: Mapping[str, Any], results: Sequence[CheckResult],
     if evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
         out.update(outcome="INTERRUPTED", exit_code=int(Exit.INTERRUPTED))
     elif precondition:
-        out.update(outcome="PRECONDITION", exit_code=int(Exit.PRECONDITION),
-                   failed=[f"step:{precondition[0]}"], message=precondition[1])
+        out.update(
+            outcome="PRECONDITION",
+            exit_code=int(Exit.PRECONDITION),
+            failed=[f"step:{precondition[0]}"],
+            message=precondition[1],
+        )
     elif out["failed"]:
         out.update(outcome="FAIL", exit_code=int(Exit.FAILED))
     return out
@@ -183,10 +202,18 @@ def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResu
         # Nothing after the precondition ran: every check would read missing data, and twenty
         # NO_DATA traces would bury the one line that matters (what could not be prepared).
         results: list[CheckResult] = [
-            {**_result_head(check), "outcome": "SKIPPED", "value": None, "missing": [],  # type: ignore[typeddict-item]
-             "explain": [], "reason": f"not evaluated: precondition step {blocked} failed"}
-            if not check.get("disabled") else evaluate([check], {})[0]
-            for check in plan.checks]
+            {
+                **_result_head(check),
+                "outcome": "SKIPPED",
+                "value": None,
+                "missing": [],  # type: ignore[typeddict-item]
+                "explain": [],
+                "reason": f"not evaluated: precondition step {blocked} failed",
+            }
+            if not check.get("disabled")
+            else evaluate([check], {})[0]
+            for check in plan.checks
+        ]
     else:
         results = evaluate(list(plan.checks), evidence, OPTIONS)
     problems = all_harvest_problems(evidence, harvest_rules(plan.steps))

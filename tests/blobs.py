@@ -1,4 +1,5 @@
 """Small files for store tests: write bytes under a temp dir, hash them."""
+
 from __future__ import annotations
 
 import hashlib

@@ -6,6 +6,7 @@ Debian's `chromium` (installed by .ci/run) and the websocket-client package; not
 downloaded. As root Chromium needs --no-sandbox, and on a machine with no network the background
 services must be off, or it keeps trying to reach Google's hosts.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,9 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--mute-audio")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--mute-audio",
+)
 
 
 def chromium_path() -> str | None:
@@ -46,8 +56,9 @@ class _Session:
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
 
-    def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-             timeout_s: float = 30) -> dict[str, Any]:
+    def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout_s: float = 30
+    ) -> dict[str, Any]:
         self.next_id += 1
         msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
         if session:
@@ -85,9 +96,19 @@ def render(url: str, measure: str, profile_dir: Path, width: int = 1100, timeout
     if binary is None:
         raise FileNotFoundError("chromium is not installed (.ci/run installs Debian's package)")
     profile_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile_dir}", "--remote-debugging-port=0",
-                             f"--window-size={width},900", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            binary,
+            *FLAGS,
+            f"--user-data-dir={profile_dir}",
+            "--remote-debugging-port=0",
+            f"--window-size={width},900",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         port_file = profile_dir / "DevToolsActivePort"
         deadline = time.monotonic() + timeout_s
@@ -98,36 +119,50 @@ def render(url: str, measure: str, profile_dir: Path, width: int = 1100, timeout
                 raise TimeoutError("chromium did not open its DevTools port")
             time.sleep(0.05)
         port, path = port_file.read_text().split()[:2]
-        ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=timeout_s,
-                                         suppress_origin=True)
+        ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=timeout_s, suppress_origin=True)
         cdp = _Session(ws)
         target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         sid = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             cdp.send(f"{domain}.enable", session=sid)
-        cdp.send("Emulation.setDeviceMetricsOverride",
-                 {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=sid)
+        cdp.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session=sid,
+        )
         cdp.events.clear()
         cdp.send("Page.navigate", {"url": url}, session=sid)
         loaded = bool(cdp.wait_for("Page.loadEventFired", timeout_s))
-        state = cdp.send("Runtime.evaluate", {"expression": "document.readyState + '|' + document.title",
-                                              "returnByValue": True}, session=sid)["result"]["value"]
-        measured = cdp.send("Runtime.evaluate", {"expression": f"JSON.stringify({measure})",
-                                                 "returnByValue": True}, session=sid)["result"].get("value")
+        state = cdp.send(
+            "Runtime.evaluate",
+            {"expression": "document.readyState + '|' + document.title", "returnByValue": True},
+            session=sid,
+        )["result"]["value"]
+        measured = cdp.send(
+            "Runtime.evaluate", {"expression": f"JSON.stringify({measure})", "returnByValue": True}, session=sid
+        )["result"].get("value")
         metrics = cdp.send("Page.getLayoutMetrics", session=sid)["cssContentSize"]
         height = int(metrics["height"]) + 1
-        cdp.send("Emulation.setDeviceMetricsOverride",
-                 {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=sid)
-        shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                        session=sid, timeout_s=timeout_s)
+        cdp.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=sid,
+        )
+        shot = cdp.send(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=sid, timeout_s=timeout_s
+        )
         # Late console messages (a resource refused after load) still count.
         cdp.send("Runtime.evaluate", {"expression": "1"}, session=sid)
         console, requests = [], []
         for event in cdp.events:
             method, params = event.get("method"), event.get("params", {})
             if method == "Runtime.consoleAPICalled":
-                console.append({"level": params.get("type"), "text": " ".join(
-                    str(a.get("value", a.get("description", ""))) for a in params.get("args", []))})
+                console.append(
+                    {
+                        "level": params.get("type"),
+                        "text": " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])),
+                    }
+                )
             elif method == "Runtime.exceptionThrown":
                 console.append({"level": "exception", "text": json.dumps(params.get("exceptionDetails"))})
             elif method == "Log.entryAdded":
@@ -141,9 +176,14 @@ def render(url: str, measure: str, profile_dir: Path, width: int = 1100, timeout
             pass
         ws.close()
         status, _, title = state.partition("|")
-        return PageResult(loaded=loaded and status == "complete", title=title, console=console,
-                          requests=requests, measured=json.loads(measured) if measured else None,
-                          png=base64.b64decode(shot["data"]))
+        return PageResult(
+            loaded=loaded and status == "complete",
+            title=title,
+            console=console,
+            requests=requests,
+            measured=json.loads(measured) if measured else None,
+            png=base64.b64decode(shot["data"]),
+        )
     finally:
         try:
             proc.wait(timeout=10)

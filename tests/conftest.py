@@ -13,12 +13,12 @@ from typing import Callable, Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))    # so tests can `import hubserver`
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import hubserver`
 
 from hubserver import HubServer  # noqa: E402
 
-HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"       # recognisable: tests grep every output for it
-HUB_LFS_THRESHOLD = 1024                        # files from 1 KB up take the LFS path in tests
+HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"  # recognisable: tests grep every output for it
+HUB_LFS_THRESHOLD = 1024  # files from 1 KB up take the LFS path in tests
 
 
 class SleepRecorder:
@@ -36,8 +36,13 @@ def _parses_commit_urls_of(endpoint: str) -> bool:
 
     oid = "0" * 40
     try:
-        CommitInfo(commit_url=f"{endpoint}/datasets/a/b/commit/{oid}", commit_message="m", commit_description="",
-                   oid=oid, _endpoint=endpoint)
+        CommitInfo(
+            commit_url=f"{endpoint}/datasets/a/b/commit/{oid}",
+            commit_message="m",
+            commit_description="",
+            oid=oid,
+            _endpoint=endpoint,
+        )
     except (TypeError, ValueError):
         return False
     return True
@@ -49,7 +54,7 @@ def hub_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     so the constant is patched); subprocesses get it through ``hub_server.env()``."""
     import huggingface_hub.constants as hf_constants
 
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True, raising=False)   # absent before Xet (< 0.30)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True, raising=False)  # absent before Xet (< 0.30)
     server = HubServer(token=HUB_TOKEN, lfs_threshold=HUB_LFS_THRESHOLD).start()
     if not _parses_commit_urls_of(server.url):
         # Older clients (0.26 ..) parse commit URLs against the endpoint read from HF_ENDPOINT at import only;
@@ -77,8 +82,9 @@ def hub_store(hub_server: HubServer, sleeps: SleepRecorder) -> Callable[..., obj
     """Factory: ``hub_store("name")`` -> a HubStore on ``tester/name`` with a fast, recorded retry policy."""
     from trainer.hub import HubStore, RetryPolicy
 
-    def make(name: str = "ckpt", *, token: str | None = HUB_TOKEN, attempts: int = 5,
-             repo_type: str = "dataset") -> HubStore:
+    def make(
+        name: str = "ckpt", *, token: str | None = HUB_TOKEN, attempts: int = 5, repo_type: str = "dataset"
+    ) -> HubStore:
         policy = RetryPolicy(attempts=attempts, base_s=0.01, max_s=0.05, max_retry_after_s=60, sleep=sleeps)
         return HubStore(f"tester/{name}", repo_type=repo_type, endpoint=hub_server.url, token=token, retry=policy)
 

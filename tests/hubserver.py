@@ -64,8 +64,23 @@ REDACTED = "<redacted>"
 REPO_TYPES = ("model", "dataset", "space")
 _URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 # Mirrors the Hub's default .gitattributes: these names are LFS whatever their size.
-DEFAULT_LFS_PATTERNS = ("*.safetensors", "*.pt", "*.pth", "*.bin", "*.ckpt", "*.h5", "*.onnx", "*.npy", "*.npz",
-                        "*.pkl", "*.zip", "*.gz", "*.tar", "*.parquet", "*.arrow")
+DEFAULT_LFS_PATTERNS = (
+    "*.safetensors",
+    "*.pt",
+    "*.pth",
+    "*.bin",
+    "*.ckpt",
+    "*.h5",
+    "*.onnx",
+    "*.npy",
+    "*.npz",
+    "*.pkl",
+    "*.zip",
+    "*.gz",
+    "*.tar",
+    "*.parquet",
+    "*.arrow",
+)
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in DEFAULT_LFS_PATTERNS).encode()
 FAULT_KINDS = ("status", "conflict", "reset", "lost_response", "truncate", "truncate_upload", "corrupt")
 
@@ -89,9 +104,10 @@ def _glob_match(pattern: str, path: str) -> bool:
 class Entry:
     """One file in a commit's tree. ``key`` addresses the stored bytes (a blob or an LFS object); ``oid`` and
     ``sha256`` are the hashes recorded at upload and are never recomputed, so corruption stays silent."""
+
     size: int
-    oid: str                    # git blob sha1 (regular) / sha1 of the pointer file (LFS)
-    lfs_sha256: str | None      # None for regular files
+    oid: str  # git blob sha1 (regular) / sha1 of the pointer file (LFS)
+    lfs_sha256: str | None  # None for regular files
     key: str
 
 
@@ -112,8 +128,8 @@ class Repo:
     repo_id: str
     private: bool
     created: str
-    commits: list[Commit] = field(default_factory=list)    # oldest first; commits[-1] is the head of main
-    blobs: dict[str, bytearray] = field(default_factory=dict)   # key -> bytes (regular blobs and LFS objects)
+    commits: list[Commit] = field(default_factory=list)  # oldest first; commits[-1] is the head of main
+    blobs: dict[str, bytearray] = field(default_factory=dict)  # key -> bytes (regular blobs and LFS objects)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -149,15 +165,30 @@ class Fault:
         return False
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("kind", "path_pattern", "method", "nth", "times", "status",
-                                              "retry_after", "mode", "file_pattern", "seen", "fired")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "kind",
+                "path_pattern",
+                "method",
+                "nth",
+                "times",
+                "status",
+                "retry_after",
+                "mode",
+                "file_pattern",
+                "seen",
+                "fired",
+            )
+        }
 
 
 class _Reply(Exception):
     """Raised inside a handler to answer with an error status (and X-Error-* headers)."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None,
-                 repo: Repo | None = None):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, headers: dict | None = None, repo: Repo | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.headers, self.repo = status, message, code, headers or {}, repo
 
@@ -169,10 +200,16 @@ class _Drop(Exception):
 class HubServer:
     """The server state plus a ThreadingHTTPServer on 127.0.0.1 (port 0 picks a free port)."""
 
-    def __init__(self, token: str | None = "hf_test_token", user: str = "specprobe-tester",
-                 lfs_threshold: int = 10 * 1024 * 1024, lfs_patterns: tuple[str, ...] = DEFAULT_LFS_PATTERNS,
-                 page_size: int = 1000, port: int = 0):
-        self.token = token          # None: any non-empty bearer token is accepted
+    def __init__(
+        self,
+        token: str | None = "hf_test_token",
+        user: str = "specprobe-tester",
+        lfs_threshold: int = 10 * 1024 * 1024,
+        lfs_patterns: tuple[str, ...] = DEFAULT_LFS_PATTERNS,
+        page_size: int = 1000,
+        port: int = 0,
+    ):
+        self.token = token  # None: any non-empty bearer token is accepted
         self.user = user
         self.lfs_threshold = lfs_threshold
         self.lfs_patterns = tuple(lfs_patterns)
@@ -181,7 +218,7 @@ class HubServer:
         self.faults: list[Fault] = []
         self.log: list[dict[str, Any]] = []
         self._lock = threading.RLock()
-        self._secret = uuid.uuid4().bytes     # signs LFS upload URLs
+        self._secret = uuid.uuid4().bytes  # signs LFS upload URLs
         self._counter = 0
         self._httpd = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._httpd.daemon_threads = True
@@ -197,8 +234,9 @@ class HubServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "HubServer":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="hubserver", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="hubserver", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -213,7 +251,7 @@ class HubServer:
         env = {"HF_ENDPOINT": self.url, "HF_HUB_DISABLE_TELEMETRY": "1"}
         if self.token is not None:
             env["HF_TOKEN"] = self.token
-        if disable_xet:     # Xet uploads cannot be served locally; LFS is the path this server speaks
+        if disable_xet:  # Xet uploads cannot be served locally; LFS is the path this server speaks
             env["HF_HUB_DISABLE_XET"] = "1"
         return env
 
@@ -224,18 +262,36 @@ class HubServer:
         self.stop()
 
     # --------------------------------------------------------------------------------- test API
-    def inject(self, kind: str, path_pattern: str = ".*", *, method: str | None = None, nth: int = 1,
-               times: int = 1, status: int | None = None, retry_after: float | None = None,
-               mode: str = "close", file_pattern: str = ".*") -> Fault:
+    def inject(
+        self,
+        kind: str,
+        path_pattern: str = ".*",
+        *,
+        method: str | None = None,
+        nth: int = 1,
+        times: int = 1,
+        status: int | None = None,
+        retry_after: float | None = None,
+        mode: str = "close",
+        file_pattern: str = ".*",
+    ) -> Fault:
         """Arm a fault on requests whose path (with query) matches ``path_pattern`` (``re.search``)."""
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
         if mode not in ("close", "short"):
             raise ValueError(f"unknown truncate mode {mode!r} (close|short)")
         default_status = {"conflict": 412, "status": 503}.get(kind, 503)
-        fault = Fault(kind=kind, path_pattern=path_pattern, method=method, nth=max(1, int(nth)),
-                      times=int(times), status=int(status if status is not None else default_status),
-                      retry_after=retry_after, mode=mode, file_pattern=file_pattern)
+        fault = Fault(
+            kind=kind,
+            path_pattern=path_pattern,
+            method=method,
+            nth=max(1, int(nth)),
+            times=int(times),
+            status=int(status if status is not None else default_status),
+            retry_after=retry_after,
+            mode=mode,
+            file_pattern=file_pattern,
+        )
         with self._lock:
             self.faults.append(fault)
         return fault
@@ -279,8 +335,7 @@ class HubServer:
 
     def requests(self, method: str | None = None, pattern: str = ".*") -> list[dict[str, Any]]:
         with self._lock:
-            return [r for r in self.log if (method is None or r["method"] == method)
-                    and re.search(pattern, r["path"])]
+            return [r for r in self.log if (method is None or r["method"] == method) and re.search(pattern, r["path"])]
 
     # -------------------------------------------------------------------------------- internals
     def _next_oid(self, *parts: str) -> str:
@@ -310,6 +365,7 @@ class _QuietServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
+
         if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
             return
         super().handle_error(request, client_address)
@@ -318,11 +374,12 @@ class _QuietServer(ThreadingHTTPServer):
 def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
     class Handler(_HubHandler):
         hub = server
+
     return Handler
 
 
 class _HubHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"       # keep-alive, like the Hub
+    protocol_version = "HTTP/1.1"  # keep-alive, like the Hub
     server_version = "specprobe-hubserver/1"
     hub: HubServer
 
@@ -331,29 +388,43 @@ class _HubHandler(BaseHTTPRequestHandler):
         # Without TCP_NODELAY every small response waits ~40 ms on delayed ACKs.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:     # noqa: A002 - the base class's name
-        pass    # the structured log below replaces stderr noise (and never holds a token)
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # the structured log below replaces stderr noise (and never holds a token)
 
     # ------------------------------------------------------------------------------- plumbing
-    def do_GET(self) -> None: self._dispatch("GET")
-    def do_HEAD(self) -> None: self._dispatch("HEAD")
-    def do_POST(self) -> None: self._dispatch("POST")
-    def do_PUT(self) -> None: self._dispatch("PUT")
-    def do_DELETE(self) -> None: self._dispatch("DELETE")
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
         self._method = method
         self._body: bytes | None = None
         self._fault: Fault | None = None
         self._status = 0
-        record = {"method": method, "path": self.path, "time": time.time(),
-                  # lower-case names: clients differ in how they spell them
-                  "headers": {k.lower(): (REDACTED if k.lower() == "authorization" else v)
-                              for k, v in self.headers.items()},
-                  "authorized": self._authorized(), "status": None, "fault": None}
+        record = {
+            "method": method,
+            "path": self.path,
+            "time": time.time(),
+            # lower-case names: clients differ in how they spell them
+            "headers": {k.lower(): (REDACTED if k.lower() == "authorization" else v) for k, v in self.headers.items()},
+            "authorized": self._authorized(),
+            "status": None,
+            "fault": None,
+        }
         self._record = record
         with self.hub._lock:
-            self.hub.log.append(record)     # before answering: a client that got its answer sees the record
+            self.hub.log.append(record)  # before answering: a client that got its answer sees the record
         try:
             if not self.path.startswith("/__control__/"):
                 self._fault = self.hub._fault_for(method, self.path)
@@ -368,7 +439,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self._status = -1
             self.close_connection = True
-        except Exception as e:      # a server bug must show as a 500 naming it, not a hang
+        except Exception as e:  # a server bug must show as a 500 naming it, not a hang
             self._error(_Reply(500, f"test hub server error: {type(e).__name__}: {e}"))
         record["status"] = self._status
 
@@ -378,8 +449,11 @@ class _HubHandler(BaseHTTPRequestHandler):
             return
         if f.kind == "status":
             self._read_body()
-            headers = {"Retry-After": str(int(f.retry_after) if float(f.retry_after).is_integer()
-                                          else f.retry_after)} if f.retry_after is not None else {}
+            headers = (
+                {"Retry-After": str(int(f.retry_after) if float(f.retry_after).is_integer() else f.retry_after)}
+                if f.retry_after is not None
+                else {}
+            )
             raise _Reply(f.status, f"injected fault: HTTP {f.status}", headers=headers)
         if f.kind == "conflict":
             self._read_body()
@@ -427,11 +501,17 @@ class _HubHandler(BaseHTTPRequestHandler):
         except ValueError:
             raise _Reply(400, "request body is not JSON") from None
 
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json", length: int | None = None) -> None:
-        self._read_body()       # keep-alive needs the request fully consumed
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        length: int | None = None,
+    ) -> None:
+        self._read_body()  # keep-alive needs the request fully consumed
         if self._fault is not None and self._fault.kind == "lost_response":
-            raise _Drop()       # the work is done (a commit landed); the answer never arrives
+            raise _Drop()  # the work is done (a commit landed); the answer never arrives
         self._status = status
         self._record["status"] = status
         self.send_response(status)
@@ -484,12 +564,17 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._api(method, repo_type, unquote(m.group(2)), m.group(3))
         m = re.match(r"^/(datasets/|spaces/)?([^/]+/[^/]+?)\.git/info/lfs/objects/batch$", path)
         if m and method == "POST":
-            return self._lfs_batch({"datasets/": "dataset", "spaces/": "space"}.get(m.group(1) or "", "model"),
-                                   m.group(2))
+            return self._lfs_batch(
+                {"datasets/": "dataset", "spaces/": "space"}.get(m.group(1) or "", "model"), m.group(2)
+            )
         m = re.match(r"^/(datasets/|spaces/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", raw_path)
         if m and method in ("GET", "HEAD"):
-            return self._resolve({"datasets/": "dataset", "spaces/": "space"}.get(m.group(1) or "", "model"),
-                                 unquote(m.group(2)), unquote(m.group(3)), unquote(m.group(4)))
+            return self._resolve(
+                {"datasets/": "dataset", "spaces/": "space"}.get(m.group(1) or "", "model"),
+                unquote(m.group(2)),
+                unquote(m.group(3)),
+                unquote(m.group(4)),
+            )
         self._read_body()
         raise _Reply(404, f"test hub server: no route for {method} {split.path}")
 
@@ -588,9 +673,16 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _whoami(self) -> None:
         if not self._authorized():
             raise _Reply(401, "Invalid credentials in Authorization header")
-        self._json({"type": "user", "id": "0" * 24, "name": self.hub.user, "fullname": self.hub.user,
-                    "orgs": [], "auth": {"type": "access_token",
-                                         "accessToken": {"displayName": "specprobe-test", "role": "write"}}})
+        self._json(
+            {
+                "type": "user",
+                "id": "0" * 24,
+                "name": self.hub.user,
+                "fullname": self.hub.user,
+                "orgs": [],
+                "auth": {"type": "access_token", "accessToken": {"displayName": "specprobe-test", "role": "write"}},
+            }
+        )
 
     def _create_repo(self) -> None:
         self._need_write_auth()
@@ -604,16 +696,24 @@ class _HubHandler(BaseHTTPRequestHandler):
         with self.hub._lock:
             existing = self.hub.repos.get((repo_type, repo_id))
             if existing is not None:
-                return self._json({"error": "You already created this repo", "url": self._repo_url(existing)},
-                                  status=409)
+                return self._json(
+                    {"error": "You already created this repo", "url": self._repo_url(existing)}, status=409
+                )
             repo = Repo(repo_type=repo_type, repo_id=repo_id, private=private, created=_now())
             # Like the Hub: a new repo starts with one commit holding .gitattributes.
             key = git_blob_sha1(GITATTRIBUTES)
             repo.blobs[key] = bytearray(GITATTRIBUTES)
-            repo.commits.append(Commit(oid=self.hub._next_oid(repo_id, "initial"), parent=None,
-                                       title="initial commit", message="initial commit", date=_now(),
-                                       author=self.hub.user,
-                                       tree={".gitattributes": Entry(len(GITATTRIBUTES), key, None, key)}))
+            repo.commits.append(
+                Commit(
+                    oid=self.hub._next_oid(repo_id, "initial"),
+                    parent=None,
+                    title="initial commit",
+                    message="initial commit",
+                    date=_now(),
+                    author=self.hub.user,
+                    tree={".gitattributes": Entry(len(GITATTRIBUTES), key, None, key)},
+                )
+            )
             self.hub.repos[(repo_type, repo_id)] = repo
         self._json({"url": self._repo_url(repo), "name": repo_id, "id": uuid.uuid4().hex[:24]})
 
@@ -632,10 +732,23 @@ class _HubHandler(BaseHTTPRequestHandler):
         with repo.lock:
             commit = self._commit_at(repo, rev or "main")
             siblings = [{"rfilename": p} for p in sorted(commit.tree)]
-        self._json({"_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
-                    "author": repo.repo_id.split("/")[0], "sha": commit.oid, "private": repo.private,
-                    "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
-                    "createdAt": repo.created, "lastModified": commit.date, "siblings": siblings})
+        self._json(
+            {
+                "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24],
+                "id": repo.repo_id,
+                "author": repo.repo_id.split("/")[0],
+                "sha": commit.oid,
+                "private": repo.private,
+                "gated": False,
+                "disabled": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "createdAt": repo.created,
+                "lastModified": commit.date,
+                "siblings": siblings,
+            }
+        )
 
     def _tree(self, repo: Repo, rev: str, prefix: str) -> None:
         recursive = (self._query.get("recursive", ["false"])[0]).lower() in ("1", "true")
@@ -652,18 +765,17 @@ class _HubHandler(BaseHTTPRequestHandler):
         base = prefix + "/" if prefix else ""
         items: list[dict[str, Any]] = []
         for d in sorted(dirs):
-            if d.startswith(base) and (recursive or "/" not in d[len(base):]):
-                items.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0,
-                              "path": d})
+            if d.startswith(base) and (recursive or "/" not in d[len(base) :]):
+                items.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
         for p in sorted(tree):
-            if p.startswith(base) and (recursive or "/" not in p[len(base):]):
+            if p.startswith(base) and (recursive or "/" not in p[len(base) :]):
                 items.append(self._file_json(p, tree[p]))
         items.sort(key=lambda i: i["path"])
         self._paged(items)
 
     def _paged(self, items: list[Any]) -> None:
         start = int(self._query.get("cursor", ["0"])[0] or 0)
-        page = items[start:start + self.hub.page_size]
+        page = items[start : start + self.hub.page_size]
         headers = {}
         if start + self.hub.page_size < len(items):
             split = urlsplit(self.path)
@@ -725,13 +837,17 @@ class _HubHandler(BaseHTTPRequestHandler):
         added: list[str] = []
         with repo.lock:
             if rev != "main":
-                raise _Reply(404, f"Invalid rev id: {rev} (this server commits to main only)",
-                             code="RevisionNotFound", repo=repo)
+                raise _Reply(
+                    404, f"Invalid rev id: {rev} (this server commits to main only)", code="RevisionNotFound", repo=repo
+                )
             head = repo.head
             parent = header.get("parentCommit")
             if parent is not None and not head.oid.startswith(parent):
-                raise _Reply(412, f"A commit has happened since. Parent commit {parent} is not the head "
-                                  f"{head.oid} of main", repo=repo)
+                raise _Reply(
+                    412,
+                    f"A commit has happened since. Parent commit {parent} is not the head {head.oid} of main",
+                    repo=repo,
+                )
             tree = dict(head.tree)
             new_blobs: dict[str, bytearray] = {}
             for line in lines[1:]:
@@ -757,30 +873,45 @@ class _HubHandler(BaseHTTPRequestHandler):
                     added.append(path)
                 elif key == "deletedFile":
                     if path not in tree:
-                        raise _Reply(404, f"A file with this name doesn't exist: {path}", code="EntryNotFound",
-                                     repo=repo)
+                        raise _Reply(
+                            404, f"A file with this name doesn't exist: {path}", code="EntryNotFound", repo=repo
+                        )
                     del tree[path]
                 elif key == "deletedFolder":
                     gone = [p for p in tree if p.startswith(path + "/")]
                     if not gone:
-                        raise _Reply(404, f"A folder with this name doesn't exist: {path}",
-                                     code="EntryNotFound", repo=repo)
+                        raise _Reply(
+                            404, f"A folder with this name doesn't exist: {path}", code="EntryNotFound", repo=repo
+                        )
                     for p in gone:
                         del tree[p]
                 else:
                     raise _Reply(400, f"unknown commit operation {key!r}")
             repo.blobs.update(new_blobs)
-            commit = Commit(oid=self.hub._next_oid(repo.repo_id, head.oid, summary), parent=head.oid,
-                            title=summary, message=summary + ("\n\n" + description if description else ""),
-                            date=_now(), author=self.hub.user, tree=tree)
+            commit = Commit(
+                oid=self.hub._next_oid(repo.repo_id, head.oid, summary),
+                parent=head.oid,
+                title=summary,
+                message=summary + ("\n\n" + description if description else ""),
+                date=_now(),
+                author=self.hub.user,
+                tree=tree,
+            )
             repo.commits.append(commit)
             fault = self._fault
             if fault is not None and fault.kind == "corrupt":
                 for p in added:
                     if re.search(fault.file_pattern, p):
                         self.hub._flip(repo.blobs[tree[p].key])
-        self._json({"success": True, "commitOid": commit.oid, "commitMessage": summary,
-                    "commitUrl": f"{self._repo_url(repo)}/commit/{commit.oid}", "hookOutput": ""})
+        self._json(
+            {
+                "success": True,
+                "commitOid": commit.oid,
+                "commitMessage": summary,
+                "commitUrl": f"{self._repo_url(repo)}/commit/{commit.oid}",
+                "hookOutput": "",
+            }
+        )
 
     def _commits(self, repo: Repo, rev: str) -> None:
         with repo.lock:
@@ -791,8 +922,18 @@ class _HubHandler(BaseHTTPRequestHandler):
             while c is not None:
                 chain.append(c)
                 c = by_oid.get(c.parent) if c.parent else None
-        self._paged([{"id": c.oid, "title": c.title, "message": c.message, "date": c.date,
-                      "authors": [{"user": c.author, "avatar": None}]} for c in chain])
+        self._paged(
+            [
+                {
+                    "id": c.oid,
+                    "title": c.title,
+                    "message": c.message,
+                    "date": c.date,
+                    "authors": [{"user": c.author, "avatar": None}],
+                }
+                for c in chain
+            ]
+        )
 
     # --------------------------------------------------------------------------------- LFS
     def _lfs_files(self, repo: Repo) -> None:
@@ -802,8 +943,17 @@ class _HubHandler(BaseHTTPRequestHandler):
             for c in repo.commits:
                 for path, e in c.tree.items():
                     if e.lfs_sha256 is not None and e.lfs_sha256 in repo.blobs:
-                        seen.setdefault(e.lfs_sha256, {"fileOid": e.lfs_sha256, "oid": e.oid, "filename": path,
-                                                       "pushedAt": c.date, "ref": "main", "size": e.size})
+                        seen.setdefault(
+                            e.lfs_sha256,
+                            {
+                                "fileOid": e.lfs_sha256,
+                                "oid": e.oid,
+                                "filename": path,
+                                "pushedAt": c.date,
+                                "ref": "main",
+                                "size": e.size,
+                            },
+                        )
         self._paged(list(seen.values()))
 
     def _lfs_files_delete(self, repo: Repo) -> None:
@@ -833,13 +983,18 @@ class _HubHandler(BaseHTTPRequestHandler):
             elif oid not in repo.blobs:
                 where = f"{_URL_PREFIX[repo.repo_type]}{repo.repo_id}"
                 item["actions"] = {
-                    "upload": {"href": f"{self.hub.url}/__lfs__/upload/{where}/{oid}/{size}?sig={self.hub._sign(oid)}",
-                               "header": {}},
+                    "upload": {
+                        "href": f"{self.hub.url}/__lfs__/upload/{where}/{oid}/{size}?sig={self.hub._sign(oid)}",
+                        "header": {},
+                    },
                     "verify": {"href": f"{self.hub.url}/__lfs__/verify/{where}", "header": {}},
                 }
             objects.append(item)
-        self._send(200, json.dumps({"transfer": "basic", "objects": objects}).encode(),
-                   content_type="application/vnd.git-lfs+json")
+        self._send(
+            200,
+            json.dumps({"transfer": "basic", "objects": objects}).encode(),
+            content_type="application/vnd.git-lfs+json",
+        )
 
     def _lfs_transfer(self, method: str, raw_path: str) -> None:
         m = re.match(r"^/__lfs__/upload/(datasets/|spaces/)?([^/]+/[^/]+)/([0-9a-f]{64})/(\d+)$", raw_path)
@@ -880,11 +1035,13 @@ class _HubHandler(BaseHTTPRequestHandler):
             commit = self._commit_at(repo, rev)
             entry = commit.tree.get(path)
             if entry is None:
-                raise _Reply(404, f"Entry not found: {path}", code="EntryNotFound", headers={
-                    "X-Repo-Commit": commit.oid})
+                raise _Reply(
+                    404, f"Entry not found: {path}", code="EntryNotFound", headers={"X-Repo-Commit": commit.oid}
+                )
             if entry.key not in repo.blobs:
-                raise _Reply(404, f"the LFS object of {path} was permanently deleted", headers={
-                    "X-Repo-Commit": commit.oid})
+                raise _Reply(
+                    404, f"the LFS object of {path} was permanently deleted", headers={"X-Repo-Commit": commit.oid}
+                )
             data = bytes(repo.blobs[entry.key])
         headers = {"X-Repo-Commit": commit.oid, "Accept-Ranges": "bytes"}
         if entry.lfs_sha256 is not None:
@@ -906,9 +1063,12 @@ class _HubHandler(BaseHTTPRequestHandler):
                 start, end = max(0, len(data) - int(m.group(2))), len(data) - 1
             end = min(end, len(data) - 1)
             if start >= len(data) or start > end:
-                raise _Reply(416, f"range {rng} not satisfiable for {len(data)} bytes",
-                             headers={"Content-Range": f"bytes */{len(data)}"})
-            status, body = 206, data[start:end + 1]
+                raise _Reply(
+                    416,
+                    f"range {rng} not satisfiable for {len(data)} bytes",
+                    headers={"Content-Range": f"bytes */{len(data)}"},
+                )
+            status, body = 206, data[start : end + 1]
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
         fault = self._fault
         if fault is not None and fault.kind == "truncate" and self._method == "GET" and len(body) > 1:

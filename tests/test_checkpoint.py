@@ -13,18 +13,40 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import (CHECKPOINT_FILES, Checkpointer, Pointer, ResumeRefused, prune_local, prune_plan,
-                                read_pointer, seal_trainer_state, write_checkpoint_dir)
+from trainer.checkpoint import (
+    CHECKPOINT_FILES,
+    Checkpointer,
+    Pointer,
+    ResumeRefused,
+    prune_local,
+    prune_plan,
+    read_pointer,
+    seal_trainer_state,
+    write_checkpoint_dir,
+)
 from trainer.lease import LEASE_PATH
 from trainer.runconfig import config_hash
 from trainer.store import LocalStore, MetadataMissing, StoreError, sha256_file
 from trainer.store_url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RUN_CONFIG = {"model": "tiny", "seq_len": 64, "micro_batch": 2, "accum": 1, "world_size": 1,
-              "tokens": 2560, "lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 2, "weight_decay": 0.1,
-              "grad_clip": 1.0, "seed": 1, "schedule": "cosine", "precision": "fp32",
-              "numerics": {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True}}
+RUN_CONFIG = {
+    "model": "tiny",
+    "seq_len": 64,
+    "micro_batch": 2,
+    "accum": 1,
+    "world_size": 1,
+    "tokens": 2560,
+    "lr": 3e-4,
+    "min_lr": 3e-5,
+    "warmup_steps": 2,
+    "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "seed": 1,
+    "schedule": "cosine",
+    "precision": "fp32",
+    "numerics": {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True},
+}
 CH = config_hash(RUN_CONFIG)
 
 
@@ -72,23 +94,37 @@ def push(ck: Checkpointer, tmp_path: Path, step: int, *, final: bool = False, to
 
 # ------------------------------------------------------------------------------------------- push
 
+
 def test_push_runs_push_verify_pointer_prune_in_order_and_writes_the_pointer(store, tmp_path):
     log = Recorder()
     ck = Checkpointer(store, log=log)
     pointer = push(ck, tmp_path, 10)
 
-    assert [l.split(" step=")[0] for l in log.lines] == ["CKPT push", "CKPT pushed", "CKPT verify", "latest.json ->",
-                                                         "CKPT prune"]
+    assert [line.split(" step=")[0] for line in log.lines] == [
+        "CKPT push",
+        "CKPT pushed",
+        "CKPT verify",
+        "latest.json ->",
+        "CKPT prune",
+    ]
     assert log.lines[0] == "CKPT push step=10 -> ckpt/checkpoint-10"
     assert log.lines[1].startswith("CKPT pushed step=10 revision=") and " seconds=" in log.lines[1]
-    assert log.lines[2:] == ["CKPT verify step=10 ok files=5", "latest.json -> step=10 path=ckpt/checkpoint-10",
-                             "CKPT prune step=10 removed=[]"]
+    assert log.lines[2:] == [
+        "CKPT verify step=10 ok files=5",
+        "latest.json -> step=10 path=ckpt/checkpoint-10",
+        "CKPT prune step=10 removed=[]",
+    ]
     assert content(store) == sorted([f"ckpt/checkpoint-10/{n}" for n in CHECKPOINT_FILES] + ["latest.json"])
 
     doc = json.loads(store.read_bytes("latest.json"))
     assert doc["format"] == "specprobe-pointer/1"
-    assert {k: doc[k] for k in ("step", "path_in_repo", "tokens", "config_hash", "terminal")} == \
-        {"step": 10, "path_in_repo": "ckpt/checkpoint-10", "tokens": 1280, "config_hash": CH, "terminal": False}
+    assert {k: doc[k] for k in ("step", "path_in_repo", "tokens", "config_hash", "terminal")} == {
+        "step": 10,
+        "path_in_repo": "ckpt/checkpoint-10",
+        "tokens": 1280,
+        "config_hash": CH,
+        "terminal": False,
+    }
     assert doc["files"] == {n: store.list_files()[f"ckpt/checkpoint-10/{n}"].sha256 for n in CHECKPOINT_FILES}
     assert doc["time"].endswith("Z") and read_pointer(store) == pointer
 
@@ -97,9 +133,14 @@ def test_push_is_one_commit_and_the_pointer_another(store, tmp_path):
     push(Checkpointer(store, log=Recorder(), prune=False), tmp_path, 10)
     log = json.loads((store.dir / ".specprobe/manifest.json").read_text())["log"]
     assert [e["message"].split("\n")[0] for e in log[1:]] == [
-        "lease acquired", "checkpoint step 10 -> ckpt/checkpoint-10", "latest.json -> step 10 ckpt/checkpoint-10"]
-    assert [sorted(e["added"]) for e in log[2:]] == [sorted(f"ckpt/checkpoint-10/{n}" for n in CHECKPOINT_FILES),
-                                                      ["latest.json"]]
+        "lease acquired",
+        "checkpoint step 10 -> ckpt/checkpoint-10",
+        "latest.json -> step 10 ckpt/checkpoint-10",
+    ]
+    assert [sorted(e["added"]) for e in log[2:]] == [
+        sorted(f"ckpt/checkpoint-10/{n}" for n in CHECKPOINT_FILES),
+        ["latest.json"],
+    ]
 
 
 class CorruptingStore(LocalStore):
@@ -126,12 +167,12 @@ def test_pointer_moves_only_after_verify_passes(store, tmp_path):
         push(Checkpointer(bad, log=log), tmp_path, 20)
     msg = str(e.value)
     assert "ckpt/checkpoint-20/model.safetensors" in msg and "latest.json was NOT moved" in msg
-    assert "even after a repair" in msg          # this store corrupts every upload, the repair's included
+    assert "even after a repair" in msg  # this store corrupts every upload, the repair's included
     local = sha256_file(tmp_path / "local/checkpoint-20/model.safetensors")
     stored = store.sha256("ckpt/checkpoint-20/model.safetensors")
     assert local in msg and stored in msg and local != stored
-    assert [l.split(" step=")[0] for l in log.lines] == ["CKPT push", "CKPT pushed", "CKPT repair"]
-    assert read_pointer(store).step == 10     # still the last verified checkpoint
+    assert [line.split(" step=")[0] for line in log.lines] == ["CKPT push", "CKPT pushed", "CKPT repair"]
+    assert read_pointer(store).step == 10  # still the last verified checkpoint
 
 
 def test_final_push_writes_final_and_a_terminal_pointer_keeping_ckpt_history(store, tmp_path):
@@ -168,38 +209,49 @@ def test_push_refuses_a_file_missing_from_the_local_folder(store, tmp_path):
 
 # ------------------------------------------------------------------------------------------ prune
 
+
 def test_prune_keeps_every_step_listed_and_optimizer_state_only_on_the_newest(store, tmp_path):
     log = Recorder()
     ck = Checkpointer(store, log=log)
     for step in (10, 20, 30):
         push(ck, tmp_path, step)
-    assert log.lines[-1] == ('CKPT prune step=30 removed=["ckpt/checkpoint-20/optimizer.pt", '
-                             '"ckpt/checkpoint-20/rng.pt"]')
+    assert log.lines[-1] == (
+        'CKPT prune step=30 removed=["ckpt/checkpoint-20/optimizer.pt", "ckpt/checkpoint-20/rng.pt"]'
+    )
     files = store.list_files()
     for step in (10, 20, 30):
         for name in ("model.safetensors", "config.json", "trainer_state.json"):
             assert f"ckpt/checkpoint-{step}/{name}" in files
-    assert [p for p in files if p.endswith(("optimizer.pt", "rng.pt"))] == \
-        ["ckpt/checkpoint-30/optimizer.pt", "ckpt/checkpoint-30/rng.pt"]
+    assert [p for p in files if p.endswith(("optimizer.pt", "rng.pt"))] == [
+        "ckpt/checkpoint-30/optimizer.pt",
+        "ckpt/checkpoint-30/rng.pt",
+    ]
 
 
 def test_prune_keeps_the_newest_n_optimizer_states_when_asked(store, tmp_path):
     ck = Checkpointer(store, log=Recorder(), keep_optimizer_states=2)
     for step in (10, 20, 30):
         push(ck, tmp_path, step)
-    assert sorted(p for p in store.list_files() if p.endswith("optimizer.pt")) == \
-        ["ckpt/checkpoint-20/optimizer.pt", "ckpt/checkpoint-30/optimizer.pt"]
+    assert sorted(p for p in store.list_files() if p.endswith("optimizer.pt")) == [
+        "ckpt/checkpoint-20/optimizer.pt",
+        "ckpt/checkpoint-30/optimizer.pt",
+    ]
 
 
 def test_prune_never_deletes_the_pointer_target():
     paths = [f"ckpt/checkpoint-{s}/{n}" for s in (5, 10, 100) for n in CHECKPOINT_FILES]
     # An orphan step 100 (pushed, never pointed at) is newer than the pointer's step 10.
-    assert prune_plan(paths, keep_step=10, keep_newest=1) == ["ckpt/checkpoint-5/optimizer.pt",
-                                                            "ckpt/checkpoint-5/rng.pt"]
+    assert prune_plan(paths, keep_step=10, keep_newest=1) == [
+        "ckpt/checkpoint-5/optimizer.pt",
+        "ckpt/checkpoint-5/rng.pt",
+    ]
     # Numeric order, not string order: 100 is the newest, 5 the oldest.
     assert prune_plan(paths, keep_step=100, keep_newest=1) == [
-        "ckpt/checkpoint-5/optimizer.pt", "ckpt/checkpoint-5/rng.pt",
-        "ckpt/checkpoint-10/optimizer.pt", "ckpt/checkpoint-10/rng.pt"]
+        "ckpt/checkpoint-5/optimizer.pt",
+        "ckpt/checkpoint-5/rng.pt",
+        "ckpt/checkpoint-10/optimizer.pt",
+        "ckpt/checkpoint-10/rng.pt",
+    ]
     assert prune_plan(paths + ["final/optimizer.pt", "latest.json"], keep_step=None, keep_newest=3) == []
 
 
@@ -208,7 +260,7 @@ def test_prune_disabled_keeps_all_optimizer_states(store, tmp_path):
     ck = Checkpointer(store, log=log, prune=False)
     push(ck, tmp_path, 10)
     push(ck, tmp_path, 20)
-    assert not any(l.startswith("CKPT prune") for l in log.lines)
+    assert not any(line.startswith("CKPT prune") for line in log.lines)
     assert sum(p.endswith("optimizer.pt") for p in store.list_files()) == 2
 
 
@@ -216,11 +268,16 @@ def test_prune_local_keeps_only_the_newest_folder(tmp_path):
     for name in ("checkpoint-10", "checkpoint-20", "final", "ckpt/checkpoint-5", "other"):
         (tmp_path / name).mkdir(parents=True)
     removed = prune_local(tmp_path, tmp_path / "checkpoint-20")
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in removed) == ["checkpoint-10", "ckpt/checkpoint-5", "final"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in removed) == [
+        "checkpoint-10",
+        "ckpt/checkpoint-5",
+        "final",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20", "ckpt", "other"]
 
 
 # ----------------------------------------------------------------------------------------- resume
+
 
 def test_resume_creates_a_missing_repo_and_starts_fresh(tmp_path):
     s = open_store(f"file://{tmp_path}/o/new-repo")
@@ -273,19 +330,25 @@ def test_history_without_a_pointer_resumes_from_the_newest_checkpoint_that_verif
     replace_in_store(store, "ckpt/checkpoint-20/rng.pt", b"not what step 20 saved", tmp_path)
     log = Recorder()
     pointer = Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=30)
-    assert (pointer.step, pointer.path_in_repo, pointer.tokens, pointer.terminal) == \
-        (10, "ckpt/checkpoint-10", 1280, False)
-    assert read_pointer(store) == pointer                          # the pointer was moved there, durably
+    assert (pointer.step, pointer.path_in_repo, pointer.tokens, pointer.terminal) == (
+        10,
+        "ckpt/checkpoint-10",
+        1280,
+        False,
+    )
+    assert read_pointer(store) == pointer  # the pointer was moved there, durably
     assert pointer.files == {n: sha256_file(tmp_path / "local/checkpoint-10" / n) for n in CHECKPOINT_FILES}
-    recovered = [l for l in log.lines if "has no latest.json" in l]
+    recovered = [line for line in log.lines if "has no latest.json" in line]
     assert len(recovered) == 1 and "ckpt/checkpoint-10 verifies (5 files re-hashed" in recovered[0]
-    assert "ckpt/checkpoint-20: rng.pt stored sha256" in recovered[0]      # and why the newer one did not
-    assert log.lines[-2:] == ["latest.json -> step=10 path=ckpt/checkpoint-10 (recovered)",
-                              "auto-resume: pointer step=10 path=ckpt/checkpoint-10"]
+    assert "ckpt/checkpoint-20: rng.pt stored sha256" in recovered[0]  # and why the newer one did not
+    assert log.lines[-2:] == [
+        "latest.json -> step=10 path=ckpt/checkpoint-10 (recovered)",
+        "auto-resume: pointer step=10 path=ckpt/checkpoint-10",
+    ]
 
 
 def test_history_without_a_pointer_refuses_when_no_checkpoint_verifies_saying_why_for_each(store, tmp_path):
-    ck = Checkpointer(store, log=Recorder())                 # prune on: step 10 loses its optimizer state
+    ck = Checkpointer(store, log=Recorder())  # prune on: step 10 loses its optimizer state
     push(ck, tmp_path, 10)
     push(ck, tmp_path, 20)
     store.commit({}, delete=["latest.json"])
@@ -295,13 +358,16 @@ def test_history_without_a_pointer_refuses_when_no_checkpoint_verifies_saying_wh
     assert "ckpt/checkpoint-20: model.safetensors stored sha256 " in msg and "trainer_state.json records" in msg
     assert "ckpt/checkpoint-10: optimizer.pt, rng.pt missing (pruned" in msg
     assert "Delete the repo or resume into a new one" in msg
-    assert read_pointer(store) is None                          # nothing written on a refusal
+    assert read_pointer(store) is None  # nothing written on a refusal
 
 
-@pytest.mark.parametrize("tamper,needle", [
-    (lambda d: {**d, "tokens_consumed": d["tokens_consumed"] + 1}, "does not match its own manifest_sha256"),
-    (lambda d: {k: v for k, v in d.items() if k not in ("files", "manifest_sha256")}, "records no file hashes"),
-])
+@pytest.mark.parametrize(
+    "tamper,needle",
+    [
+        (lambda d: {**d, "tokens_consumed": d["tokens_consumed"] + 1}, "does not match its own manifest_sha256"),
+        (lambda d: {k: v for k, v in d.items() if k not in ("files", "manifest_sha256")}, "records no file hashes"),
+    ],
+)
 def test_a_checkpoint_whose_own_record_was_altered_never_verifies(store, tmp_path, tamper, needle):
     ck = Checkpointer(store, log=Recorder())
     push(ck, tmp_path, 10)
@@ -317,7 +383,8 @@ def test_resume_refuses_a_pointer_whose_file_is_missing(store, tmp_path):
     store.commit({}, delete=["ckpt/checkpoint-20/optimizer.pt"])
     assert refused(store) == (
         f"latest.json points at ckpt/checkpoint-20 but ckpt/checkpoint-20/optimizer.pt is missing from "
-        f"{store.url}; refusing to start fresh over a repo with history. Delete the repo or resume into a new one.")
+        f"{store.url}; refusing to start fresh over a repo with history. Delete the repo or resume into a new one."
+    )
 
 
 def test_resume_refuses_a_pointer_whose_file_changed(store, tmp_path):
@@ -361,12 +428,15 @@ def _write(p: Path, data: bytes) -> Path:
     return p
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b"not json", "not valid JSON"),
-    (b"[1]", "must be a JSON object"),
-    (b'{"format": "other/9"}', "format 'other/9'"),
-    (b'{"format": "specprobe-pointer/1", "step": true}', "'step' must be int"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"not json", "not valid JSON"),
+        (b"[1]", "must be a JSON object"),
+        (b'{"format": "other/9"}', "format 'other/9'"),
+        (b'{"format": "specprobe-pointer/1", "step": true}', "'step' must be int"),
+    ],
+)
 def test_read_pointer_rejects_malformed_content_naming_latest_json(store, tmp_path, content, needle):
     store.commit({"latest.json": _write(tmp_path / "l", content)})
     with pytest.raises(ValueError, match="latest.json in file://") as e:
@@ -379,6 +449,7 @@ def test_read_pointer_is_none_when_absent(store):
 
 
 # ------------------------------------------------------------------------------------------ fetch
+
 
 class FlakyDownloadStore(LocalStore):
     bad_downloads = 1
@@ -394,22 +465,32 @@ class FlakyDownloadStore(LocalStore):
 def test_fetch_retries_a_bad_download_once_then_fails_naming_the_file(store, tmp_path):
     pointer = push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     flaky = FlakyDownloadStore(store.root, store.repo_id, url=store.url)
-    Checkpointer(flaky, log=Recorder()).fetch(pointer, tmp_path / "a")       # one bad download: retried
+    Checkpointer(flaky, log=Recorder()).fetch(pointer, tmp_path / "a")  # one bad download: retried
     assert sha256_file(tmp_path / "a/model.safetensors") == pointer.files["model.safetensors"]
 
     flaky.bad_downloads = 2
     with pytest.raises(StoreError, match=r"ckpt/checkpoint-10/config.json .* after two downloads"):
-        Checkpointer(flaky, log=Recorder()).fetch(pointer, tmp_path / "b")    # config.json sorts first
+        Checkpointer(flaky, log=Recorder()).fetch(pointer, tmp_path / "b")  # config.json sorts first
 
 
 # ------------------------------------------------------------------------------------ config hash
+
 
 def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
     shuffled = dict(reversed(list(RUN_CONFIG.items())))
     assert config_hash(shuffled) == CH and len(CH) == 64
     assert config_hash({**RUN_CONFIG, "push_every": 99, "log_every": 3}) == CH
-    for key, value in (("seq_len", 128), ("world_size", 2), ("seed", 2), ("tokens", 5120), ("min_lr", 0.0),
-                       ("warmup_steps", 0), ("weight_decay", 0.0), ("grad_clip", 0.5), ("precision", "bf16")):
+    for key, value in (
+        ("seq_len", 128),
+        ("world_size", 2),
+        ("seed", 2),
+        ("tokens", 5120),
+        ("min_lr", 0.0),
+        ("warmup_steps", 0),
+        ("weight_decay", 0.0),
+        ("grad_clip", 0.5),
+        ("precision", "bf16"),
+    ):
         assert config_hash({**RUN_CONFIG, key: value}) != CH
     with pytest.raises(ValueError, match="lacks \\['schedule'\\]"):
         config_hash({k: v for k, v in RUN_CONFIG.items() if k != "schedule"})
@@ -433,16 +514,23 @@ KILL_PUSH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("phase,resumes_at", [("CKPT push ", 10), ("CKPT pushed ", 10), ("CKPT verify ", 10),
-                                              ("latest.json -> ", 20), ("CKPT prune ", 20)])
+@pytest.mark.parametrize(
+    "phase,resumes_at",
+    [("CKPT push ", 10), ("CKPT pushed ", 10), ("CKPT verify ", 10), ("latest.json -> ", 20), ("CKPT prune ", 20)],
+)
 def test_a_push_killed_at_any_phase_leaves_a_resumable_store(store, tmp_path, phase, resumes_at):
     first = Checkpointer(store, log=Recorder())
     push(first, tmp_path, 10)
-    first.close()              # the killed writer below is another process: it needs the lease
+    first.close()  # the killed writer below is another process: it needs the lease
     local = tmp_path / "leg"
     fake_checkpoint(local, 20)
-    proc = subprocess.run([sys.executable, "-c", KILL_PUSH, store.url, phase, str(local), CH], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_PUSH, store.url, phase, str(local), CH],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert proc.stdout.splitlines()[-1].startswith(phase)
 
@@ -458,6 +546,7 @@ def test_a_push_killed_at_any_phase_leaves_a_resumable_store(store, tmp_path, ph
 
 # ------------------------------------------------------------------------------------ real model
 
+
 def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(store, tmp_path):
     torch = pytest.importorskip("torch")
     model_mod = pytest.importorskip("trainer.model")
@@ -470,10 +559,14 @@ def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(
     loss.backward()
     opt.step()
     rng = [{"rank": 0, "torch": torch.get_rng_state()}]
-    files = write_checkpoint_dir(tmp_path / "ck", model=model, cfg=cfg,
-                                 trainer_state={"step": 5, "tokens_consumed": 160, "config_hash": CH},
-                                 optimizer_state={"optimizer": opt.state_dict(), "scheduler": None, "scaler": None},
-                                 rng_states=rng)
+    files = write_checkpoint_dir(
+        tmp_path / "ck",
+        model=model,
+        cfg=cfg,
+        trainer_state={"step": 5, "tokens_consumed": 160, "config_hash": CH},
+        optimizer_state={"optimizer": opt.state_dict(), "scheduler": None, "scaler": None},
+        rng_states=rng,
+    )
     assert sorted(files) == sorted(CHECKPOINT_FILES)
     assert all(sha256_file(tmp_path / "ck" / n) == h for n, h in files.items())
 
@@ -486,13 +579,16 @@ def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(
     assert state["optimizer"]["state"][0]["step"].item() == 1
     assert torch.equal(torch.load(dest / "rng.pt", weights_only=False)[0]["torch"], rng[0]["torch"])
     from safetensors.torch import load_file
+
     from trainer.hf import hf_state_dict
+
     sd, expected = load_file(dest / "model.safetensors"), hf_state_dict(model)
     assert sorted(sd) == sorted(expected) and "model.embed_tokens.weight" in sd
     assert all(torch.equal(sd[k], expected[k].detach()) for k in sd)
 
 
 # ------------------------------------------------------------------------ over the Hub backend
+
 
 def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_path):
     store = hub_store("ckpt-protocol")
@@ -502,7 +598,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
     assert log.lines == ["auto-resume: repo missing, created hf://tester/ckpt-protocol, fresh start"]
     for step in (10, 20):
         d = tmp_path / f"l{step}"
-        files = fake_checkpoint(d, step, step, size=4096)        # over the server's LFS threshold
+        files = fake_checkpoint(d, step, step, size=4096)  # over the server's LFS threshold
         ck.push(step, d, files, tokens=step, config_hash=CH)
     commits_before = hub_server.commit_count("tester/ckpt-protocol")
 
@@ -511,7 +607,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
     assert "ckpt/checkpoint-10/optimizer.pt" not in store.list_files()
     dest = ck.fetch(pointer, tmp_path / "cold")
     assert (dest / "model.safetensors").read_bytes() == (tmp_path / "l20/model.safetensors").read_bytes()
-    assert hub_server.commit_count("tester/ckpt-protocol") == commits_before   # resume and fetch only read
+    assert hub_server.commit_count("tester/ckpt-protocol") == commits_before  # resume and fetch only read
 
 
 def test_a_hub_upload_corrupted_for_good_never_moves_the_pointer(hub_store, hub_server, tmp_path):
@@ -527,6 +623,7 @@ def test_a_hub_upload_corrupted_for_good_never_moves_the_pointer(hub_store, hub_
 
 # ------------------------------------------------------------------- pointer history and cross-checks
 
+
 def commit_pointer(store, tmp_path: Path, doc: dict) -> None:
     store.commit({"latest.json": _write(tmp_path / "forged-latest.json", json.dumps(doc).encode())})
 
@@ -536,18 +633,26 @@ def test_the_pointer_records_its_checkpoint_revision_and_the_pointer_it_replaced
     first = push(ck, tmp_path, 10)
     log = json.loads((store.dir / ".specprobe/manifest.json").read_text())["log"]
     assert first.previous is None and first.revision == next(
-        e["revision_id"] for e in log if e["message"] == "checkpoint step 10 -> ckpt/checkpoint-10")
+        e["revision_id"] for e in log if e["message"] == "checkpoint step 10 -> ckpt/checkpoint-10"
+    )
     second = push(ck, tmp_path, 20)
-    assert second.previous == {"step": 10, "path_in_repo": "ckpt/checkpoint-10", "revision": first.revision,
-                               "time": first.time}
+    assert second.previous == {
+        "step": 10,
+        "path_in_repo": "ckpt/checkpoint-10",
+        "revision": first.revision,
+        "time": first.time,
+    }
     assert read_pointer(store) == second and second.backward is False
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("tokens", 999, "tokens: pointer 999, trainer_state.json 1280"),
-    ("step", 12, "says step 12 but points at ckpt/checkpoint-10"),
-    ("config_hash", "0" * 64, "config_hash: pointer"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("tokens", 999, "tokens: pointer 999, trainer_state.json 1280"),
+        ("step", 12, "says step 12 but points at ckpt/checkpoint-10"),
+        ("config_hash", "0" * 64, "config_hash: pointer"),
+    ],
+)
 def test_a_pointer_that_disagrees_with_its_checkpoints_trainer_state_is_refused(store, tmp_path, field, value, needle):
     pointer = push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     commit_pointer(store, tmp_path, {**pointer.to_json(), field: value})
@@ -567,16 +672,21 @@ def test_a_push_that_would_move_the_pointer_back_is_refused_before_uploading(sto
     ck = Checkpointer(store, log=Recorder())
     push(ck, tmp_path, 10)
     push(ck, tmp_path, 20)
-    stale = Checkpointer(store, log=Recorder())          # e.g. a session resumed from a local step-15 folder
-    with pytest.raises(StoreError, match=r"latest.json is at step 20 \(ckpt/checkpoint-20\); moving it back to step "
-                                         r"15 .* would fork the run. Nothing was pushed"):
+    stale = Checkpointer(store, log=Recorder())  # e.g. a session resumed from a local step-15 folder
+    with pytest.raises(
+        StoreError,
+        match=r"latest.json is at step 20 \(ckpt/checkpoint-20\); moving it back to step "
+        r"15 .* would fork the run. Nothing was pushed",
+    ):
         push(stale, tmp_path, 15)
     assert read_pointer(store).step == 20 and not any("checkpoint-15" in p for p in content(store))
     allowed = Checkpointer(store, log=(log := Recorder()), allow_rollback=True)
     back = push(allowed, tmp_path, 15)
     assert (back.step, back.backward, back.previous["step"]) == (15, True, 20)
-    assert "latest.json -> step=15 path=ckpt/checkpoint-15 (moved BACK from step 20, allowed by " \
-           "--allow-pointer-rollback)" in log.lines
+    assert (
+        "latest.json -> step=15 path=ckpt/checkpoint-15 (moved BACK from step 20, allowed by "
+        "--allow-pointer-rollback)" in log.lines
+    )
     # Marked as an allowed move, it resumes without the flag.
     assert Checkpointer(store, log=Recorder()).resume_decision(config_hash=CH, horizon_step=30).step == 15
 
@@ -593,22 +703,25 @@ def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_pat
     log = Recorder()
     pointer = Checkpointer(store, log=log, allow_rollback=True).resume_decision(config_hash=CH, horizon_step=30)
     assert pointer.step == 10
-    assert any("moved back from step 20 to 10; resuming from it as --allow-pointer-rollback asks" in line
-               for line in log.lines)
+    assert any(
+        "moved back from step 20 to 10; resuming from it as --allow-pointer-rollback asks" in line for line in log.lines
+    )
 
 
 def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path):
     ck = Checkpointer(store, log=Recorder())
     push(ck, tmp_path, 10)
     d = tmp_path / "orphan"
-    store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})   # pushed, never pointed at
+    store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})  # pushed, never pointed at
     log = Recorder()
     assert Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=30).step == 10
-    assert any(line.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)")
-               for line in log.lines)
+    assert any(
+        line.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)") for line in log.lines
+    )
 
 
 # ------------------------------------------------------------------------------------------ repair
+
 
 class CorruptOnceStore(CorruptingStore):
     """Corrupts the stored model.safetensors of the first checkpoint commit only (then uploads are clean)."""
@@ -628,8 +741,14 @@ def test_a_corrupt_stored_file_is_repaired_and_the_push_completes(store, tmp_pat
     bad = CorruptOnceStore(store.root, store.repo_id, url=store.url)
     log = Recorder()
     pointer = push(Checkpointer(bad, log=log), tmp_path, 20)
-    assert [l.split(" step=")[0] for l in log.lines] == ["CKPT push", "CKPT pushed", "CKPT repair", "CKPT verify",
-                                                         "latest.json ->", "CKPT prune"]
+    assert [line.split(" step=")[0] for line in log.lines] == [
+        "CKPT push",
+        "CKPT pushed",
+        "CKPT repair",
+        "CKPT verify",
+        "latest.json ->",
+        "CKPT prune",
+    ]
     assert "ckpt/checkpoint-20/model.safetensors: stored sha256" in log.lines[2]
     assert pointer.step == 20 and read_pointer(store) == pointer
     assert store.sha256("ckpt/checkpoint-20/model.safetensors") == pointer.files["model.safetensors"]
@@ -638,11 +757,12 @@ def test_a_corrupt_stored_file_is_repaired_and_the_push_completes(store, tmp_pat
 def test_resume_over_a_store_copied_without_its_metadata_refuses_and_changes_nothing(store, tmp_path):
     push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     copy = tmp_path / "copied/probe/ckpt-x"
-    shutil.copytree(store.dir, copy, ignore=shutil.ignore_patterns(".specprobe"))    # `cp -r repo/*`
+    shutil.copytree(store.dir, copy, ignore=shutil.ignore_patterns(".specprobe"))  # `cp -r repo/*`
     before = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file())
     log = Recorder()
     with pytest.raises(MetadataMissing, match="but no .specprobe/manifest.json"):
         Checkpointer(open_store(f"file://{tmp_path}/copied/probe/ckpt-x"), log=log).resume_decision(
-            config_hash=CH, horizon_step=20)
+            config_hash=CH, horizon_step=20
+        )
     assert not any("fresh start" in line for line in log.lines)
     assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == before

@@ -1,4 +1,5 @@
 """engine/checks.py and engine/verdict.py: outcomes, missing-data detection, explain traces, the verdict."""
+
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from engine.verdict import Exit, verdict
 
 GOLDEN = Path(__file__).parent / "golden" / "checks"
 
+
 def _evidence() -> dict:
     return {
         "evidence_version": 1,
@@ -21,9 +23,19 @@ def _evidence() -> dict:
         "values": {"stop1": 10, "steps": 20, "gate_peak": False, "push_steps": [10]},
         "seconds": 12.34,
         "steps": {
-            "leg1": {"kind": "run", "status": "ok", "rc": 0,
-                     "harvest": {"run_json": {"final_step": 10, "segment_stop": True, "val_ppl": None,
-                                              "losses": {"5": 6.1, "10": 5.2}}}},
+            "leg1": {
+                "kind": "run",
+                "status": "ok",
+                "rc": 0,
+                "harvest": {
+                    "run_json": {
+                        "final_step": 10,
+                        "segment_stop": True,
+                        "val_ppl": None,
+                        "losses": {"5": 6.1, "10": 5.2},
+                    }
+                },
+            },
             "leg2": {"kind": "run", "status": "ok", "rc": 0, "harvest": {"run_json": {}}},
             "hub": {"kind": "collect", "status": "ok"},
         },
@@ -46,12 +58,15 @@ def test_exactly_true_passes():
     assert (r["file"], r["line"], r["severity"], r["why"]) == ("s.yaml", 7, "gate", "because")
 
 
-@pytest.mark.parametrize("expr, value", [
-    ("values.stop1", 10),                       # truthy number is not true
-    ("state.hub.checkpoints", [10, 20]),        # nor is a non-empty list
-    ("'true'", "true"),                         # nor the string
-    ("steps.leg1.harvest.run_json.final_step == `11`", False),
-])
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("values.stop1", 10),  # truthy number is not true
+        ("state.hub.checkpoints", [10, 20]),  # nor is a non-empty list
+        ("'true'", "true"),  # nor the string
+        ("steps.leg1.harvest.run_json.final_step == `11`", False),
+    ],
+)
 def test_anything_but_true_fails(expr, value):
     r = _one(expr)
     assert r["outcome"] == "FAIL"
@@ -68,7 +83,7 @@ def test_absent_key_is_no_data_but_explicit_null_is_data():
 
 
 def test_missing_data_never_passes_even_when_the_result_is_true():
-    r = _one("steps.leg9.rc == `null`")        # jmespath alone would say true
+    r = _one("steps.leg9.rc == `null`")  # jmespath alone would say true
     assert r["value"] is True
     assert r["outcome"] == "NO_DATA"
     assert r["missing"] == ["steps.leg9.rc"]
@@ -94,7 +109,7 @@ def test_lookup_on_a_null_value_is_missing():
 
 
 def test_quoted_keys_in_missing_paths():
-    r = _one("steps.leg1.harvest.run_json.losses.\"15\" < `6`")
+    r = _one('steps.leg1.harvest.run_json.losses."15" < `6`')
     assert r["missing"] == ['steps.leg1.harvest.run_json.losses."15"']
 
 
@@ -123,10 +138,15 @@ def test_when_over_absent_data_is_no_data_and_fails_the_verdict():
     assert (v["outcome"], v["failed"]) == ("FAIL", ["c"])
 
 
-@pytest.mark.parametrize("when, shown", [
-    ("values.stop1", "10"), ("steps.leg1.harvest.run_json.val_ppl", "null"), ("'false'", '"false"'),
-    ("state.hub.checkpoints", "[10,20]"),
-])
+@pytest.mark.parametrize(
+    "when, shown",
+    [
+        ("values.stop1", "10"),
+        ("steps.leg1.harvest.run_json.val_ppl", "null"),
+        ("'false'", '"false"'),
+        ("state.hub.checkpoints", "[10,20]"),
+    ],
+)
 def test_when_that_is_not_a_boolean_is_an_error(when, shown):
     r = _one("`true`", when=when)
     assert r["outcome"] == "ERROR"
@@ -167,8 +187,11 @@ def test_explain_marks_short_circuited_branches():
     assert r["explain"] == [["values.gate_peak", "false"], ["state.hub.has_final", "not evaluated"]]
     r = _one("values.stop1 == `3` || state.hub.has_final == `false`")
     assert r["explain"] == [
-        ["values.stop1 == `3`", "false"], ["values.stop1", "10"],
-        ["state.hub.has_final == `false`", "false"], ["state.hub.has_final", "true"]]
+        ["values.stop1 == `3`", "false"],
+        ["values.stop1", "10"],
+        ["state.hub.has_final == `false`", "false"],
+        ["state.hub.has_final", "true"],
+    ]
 
 
 def test_explain_values_are_cut_at_240_chars():
@@ -183,13 +206,46 @@ def test_warn_severity_is_kept():
     assert _one("values.stop1 == `1`", severity="warn")["severity"] == "warn"
 
 
-@pytest.mark.parametrize("expr", [
-    "a.b", "a[*].b", "a.*.b", "a[]", "a[?x == `1`].y", "a[0]", "a[1:2]", "*", "a | b", "!a",
-    "a && b || c", "(a || b) && c", "sort_by(@, &x)", "{a: b, c: d[0]}", "[a, b]", "@", "`1`", "'s'",
-    'a."x-y"', "a[-1].b", "length(a[*])", "a[*][*]", "a.[b, c]", "(a || b).c", "!(a == b)",
-    "(a.b[*].c).d", "a.b[*].c[?d].e", "a[::2]", "foo[].bar[]", "(a | b)[0]", "!a.b",
-    "max_by(a, &b).c", "`{\"k\": [1, null]}`", "'it\\'s'", "a[?!(b == c)]",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "a.b",
+        "a[*].b",
+        "a.*.b",
+        "a[]",
+        "a[?x == `1`].y",
+        "a[0]",
+        "a[1:2]",
+        "*",
+        "a | b",
+        "!a",
+        "a && b || c",
+        "(a || b) && c",
+        "sort_by(@, &x)",
+        "{a: b, c: d[0]}",
+        "[a, b]",
+        "@",
+        "`1`",
+        "'s'",
+        'a."x-y"',
+        "a[-1].b",
+        "length(a[*])",
+        "a[*][*]",
+        "a.[b, c]",
+        "(a || b).c",
+        "!(a == b)",
+        "(a.b[*].c).d",
+        "a.b[*].c[?d].e",
+        "a[::2]",
+        "foo[].bar[]",
+        "(a | b)[0]",
+        "!a.b",
+        "max_by(a, &b).c",
+        '`{"k": [1, null]}`',
+        "'it\\'s'",
+        "a[?!(b == c)]",
+    ],
+)
 def test_unparse_round_trips(expr):
     parsed = jmespath.compile(expr).parsed
     assert jmespath.compile(unparse(parsed)).parsed == parsed
@@ -201,6 +257,7 @@ def test_trace_returns_value_missing_explain():
 
 
 # ---------------------------------------------------------------- verdict
+
 
 def _results(*outcomes: tuple[str, str, str]) -> list[dict]:
     return [{"name": n, "outcome": o, "severity": s} for n, o, s in outcomes]
@@ -216,8 +273,16 @@ def test_verdict_fail_names_gate_checks_and_failed_steps():
     ev["steps"]["leg2"].update(status="failed", rc=1)
     # A failed collect step fails the verdict too, even when no check reads its state.
     ev["steps"]["hub"]["status"] = "failed"
-    v = verdict(ev, _results(("a", "FAIL", "gate"), ("b", "NO_DATA", "gate"), ("c", "ERROR", "gate"),
-                             ("w", "FAIL", "warn"), ("ok", "PASS", "gate")))
+    v = verdict(
+        ev,
+        _results(
+            ("a", "FAIL", "gate"),
+            ("b", "NO_DATA", "gate"),
+            ("c", "ERROR", "gate"),
+            ("w", "FAIL", "warn"),
+            ("ok", "PASS", "gate"),
+        ),
+    )
     assert v["outcome"] == "FAIL" and v["exit_code"] == Exit.FAILED
     assert v["failed"] == ["step:leg2", "step:hub", "a", "b", "c"]
     assert v["warnings"] == ["w"]

@@ -1,4 +1,5 @@
 """engine/cli.py end to end: real `engine` subprocesses on small specs whose legs are `python -c`."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,6 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-
-import pytest
 
 from engine.cli import main
 from engine.recheck import changed_keys
@@ -65,8 +64,7 @@ def write_spec(path: Path, code: str = TEE_CODE, output: str = "", checks: str =
 def engine(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env=full_env)
+    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=60, env=full_env)
 
 
 def last_line(text: str) -> str:
@@ -75,8 +73,7 @@ def last_line(text: str) -> str:
 
 def test_run_pass_writes_evidence_junit_markdown(tmp_path):
     spec = write_spec(tmp_path / "demo.yaml", output=STRIP, checks=CHECK_STEP + CHECK_RC)
-    r = engine("run", str(spec), "--run-dir", "r1", "--junit", "out/j.xml", "--markdown", "out/s.md",
-               cwd=tmp_path)
+    r = engine("run", str(spec), "--run-dir", "r1", "--junit", "out/j.xml", "--markdown", "out/s.md", cwd=tmp_path)
     assert r.returncode == Exit.PASS, r.stdout + r.stderr
     assert last_line(r.stdout).startswith("VERDICT demo PASS [] seconds ")
     assert f"run dir: {tmp_path / 'r1'}" in r.stdout
@@ -104,10 +101,9 @@ def test_env_override_and_set(tmp_path):
     spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
     r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"DEMO_WANT": "11"})
     assert r.returncode == Exit.FAILED
-    assert last_line(r.stdout) .startswith('VERDICT demo FAIL ["leg1_final_step"]')
+    assert last_line(r.stdout).startswith('VERDICT demo FAIL ["leg1_final_step"]')
     assert "[env]" in r.stdout
-    r = engine("run", str(spec), "--run-dir", "r2", "--set", "want=10", cwd=tmp_path,
-               env={"DEMO_WANT": "11"})
+    r = engine("run", str(spec), "--run-dir", "r2", "--set", "want=10", cwd=tmp_path, env={"DEMO_WANT": "11"})
     assert r.returncode == Exit.PASS and "[--set]" in r.stdout
 
 
@@ -120,13 +116,15 @@ def test_failed_leg_fails_the_verdict(tmp_path):
 
 def test_precondition_exit_3(tmp_path):
     text = write_spec(tmp_path / "demo.yaml", code="import sys; sys.exit(1)").read_text()
-    text = text.replace("      timeout_s: 20\n",
-                        "      timeout_s: 20\n      precondition: could not fetch the published mix\n")
+    text = text.replace(
+        "      timeout_s: 20\n", "      timeout_s: 20\n      precondition: could not fetch the published mix\n"
+    )
     (tmp_path / "demo.yaml").write_text(text)
     r = engine("run", "demo.yaml", "--run-dir", "r", cwd=tmp_path)
     assert r.returncode == Exit.PRECONDITION, r.stdout + r.stderr
     assert last_line(r.stdout).startswith(
-        'VERDICT demo PRECONDITION could not fetch the published mix ["step:leg1"] seconds ')
+        'VERDICT demo PRECONDITION could not fetch the published mix ["step:leg1"] seconds '
+    )
 
 
 def test_invalid_spec_exit_2_names_file_and_line(tmp_path):
@@ -223,11 +221,16 @@ def test_check_refuses_changed_steps(tmp_path):
     assert r.returncode == Exit.USAGE
     assert "step leg1: definition changed (run.argv:" in r.stderr
     write_spec(spec, output=STRIP)
-    spec.write_text(spec.read_text().replace("checks:\n", """\
+    spec.write_text(
+        spec.read_text().replace(
+            "checks:\n",
+            """\
   - name: leg2
     run: {argv: ["true"], timeout_s: 5}
 checks:
-"""))
+""",
+        )
+    )
     r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
     assert r.returncode == Exit.USAGE and "step leg2: added to the spec since the run" in r.stderr
 
@@ -256,8 +259,14 @@ def test_ctrl_c_writes_evidence_and_exits_130(tmp_path):
     code = "import time; print('started', flush=True); time.sleep(30)"
     spec = write_spec(tmp_path / "demo.yaml", code=code, checks=CHECK_RC)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(ENGINE + ["run", str(spec), "--run-dir", "r"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ENGINE + ["run", str(spec), "--run-dir", "r"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = tmp_path / "r" / "logs" / "leg1.log"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (log.is_file() and "started" in log.read_text()):
@@ -276,17 +285,28 @@ def test_check_never_imports_torch_or_the_trainer(tmp_path):
     # measures it); what would break that is a heavy import, which this names.
     spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
     assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 0
-    leaked = subprocess.run([sys.executable, "-c", (
-        "import sys; from engine.cli import main; main(['check', sys.argv[1], '--evidence', 'r']);"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'huggingface_hub', 'trainer')))"),
-        str(spec)], cwd=tmp_path, capture_output=True, text=True)
+    leaked = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from engine.cli import main; main(['check', sys.argv[1], '--evidence', 'r']);"
+                "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'huggingface_hub', 'trainer')))"
+            ),
+            str(spec),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert leaked.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_changed_keys():
-    assert changed_keys({"run": {"argv": ["a"], "timeout_s": 1}, "kind": "run"},
-                        {"run": {"argv": ["b"], "timeout_s": 1}, "kind": "run", "when": "x"}) == \
-        ["run.argv", "when"]
+    assert changed_keys(
+        {"run": {"argv": ["a"], "timeout_s": 1}, "kind": "run"},
+        {"run": {"argv": ["b"], "timeout_s": 1}, "kind": "run", "when": "x"},
+    ) == ["run.argv", "when"]
 
 
 def test_check_accepts_a_step_that_differs_only_in_a_secret(tmp_path):

@@ -1,5 +1,6 @@
 """`engine` as a process under the ordinary ways a run is cut short: a reader that closes the pipe,
 a --set that breaks the budget, a storm of Ctrl-Cs. Real subprocesses, real pipes, real signals."""
+
 from __future__ import annotations
 
 import json
@@ -48,15 +49,13 @@ def write_spec(path: Path, *actions: str, grace: int = 5) -> Path:
 
 
 def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env=ENV)
+    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=60, env=ENV)
 
 
 def closed_early(args: list[str], cwd: Path, read_lines: int = 0) -> tuple[int, str]:
     """Run engine with stdout on a real pipe whose reader reads `read_lines` lines, then closes it
     (`engine ... | head -N`); (exit code, stderr)."""
-    proc = subprocess.Popen(ENGINE + args, cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(ENGINE + args, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stderr is not None
     for _ in range(read_lines):
         proc.stdout.readline()
@@ -66,6 +65,7 @@ def closed_early(args: list[str], cwd: Path, read_lines: int = 0) -> tuple[int, 
 
 
 # ---------------------------------------------------------------- a closed stdout
+
 
 def test_run_piped_into_head_exits_with_the_verdicts_code(tmp_path: Path) -> None:
     # The leg fails after the reader has gone: today's `engine run | head -1` exited 0.
@@ -94,15 +94,22 @@ def test_check_validate_and_diff_keep_their_exit_codes_on_a_closed_pipe(tmp_path
 
 # ---------------------------------------------------------------- steps that are not legs
 
+
 def test_a_failed_wipe_or_collector_fails_the_verdict(tmp_path: Path) -> None:
     # Nothing reads either step, and the leg passes: a failed wipe used to leave a PASS behind.
     spec = write_spec(tmp_path / "s.yaml", "ran")
-    spec.write_text(spec.read_text().replace("steps:\n", """steps:
+    spec.write_text(
+        spec.read_text().replace(
+            "steps:\n",
+            """steps:
   - name: wipe
     remove: ["${work_dir}"]
   - name: state
     collect: {collector: json_file, args: {path: "${work_dir}/absent.json"}}
-""", 1))
+""",
+            1,
+        )
+    )
     r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     assert r.returncode == Exit.FAILED, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith('VERDICT cut_short FAIL ["step:wipe", "step:state"]')
@@ -114,6 +121,7 @@ def test_a_failed_wipe_or_collector_fails_the_verdict(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the budget at run time
+
 
 def test_a_set_that_breaks_the_budget_is_refused_like_validate(tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "s.yaml", "ran")
@@ -130,6 +138,7 @@ def test_a_set_that_breaks_the_budget_is_refused_like_validate(tmp_path: Path) -
 
 
 # ---------------------------------------------------------------- many Ctrl-Cs
+
 
 def _wait_for(path: Path, text: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
@@ -152,10 +161,15 @@ def _alive(pid: int) -> bool:
 def test_a_storm_of_ctrl_c_still_writes_the_evidence_and_exits_130(tmp_path: Path, gap_s: float) -> None:
     # The leg ignores SIGTERM with a 60 s grace: only the second Ctrl-C's SIGKILL ends it quickly.
     pidfile = tmp_path / "leg.pid"
-    spec = write_spec(tmp_path / "s.yaml", "@ignore_term", f"@pidfile:{pidfile}", "started", "@forever",
-                      grace=60)
-    proc = subprocess.Popen(ENGINE + ["run", str(spec), "--run-dir", "r"], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spec = write_spec(tmp_path / "s.yaml", "@ignore_term", f"@pidfile:{pidfile}", "started", "@forever", grace=60)
+    proc = subprocess.Popen(
+        ENGINE + ["run", str(spec), "--run-dir", "r"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(tmp_path / "r" / "logs" / "leg1.log", "started")
     started = time.monotonic()
     for _ in range(30):

@@ -27,16 +27,30 @@ def checkpoint_dir(d: Path, step: int) -> dict[str, str]:
 
 
 def cli(url: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer.collector", "--repo", url], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.collector", "--repo", url],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_missing_repo_reports_exists_false_without_error(tmp_path):
     doc = collect({"repo": f"file://{tmp_path}/o/absent"}, {})
-    assert doc == {"repo": f"file://{tmp_path}/o/absent", "exists": False, "error": None, "files": [],
-                   "sha256": {}, "sha256_source": "local-manifest", "checkpoints": [], "has_final": False,
-                   "pointer": None, "pointer_error": None}
-    assert not (tmp_path / "o/absent").exists()       # collecting never creates the repo
+    assert doc == {
+        "repo": f"file://{tmp_path}/o/absent",
+        "exists": False,
+        "error": None,
+        "files": [],
+        "sha256": {},
+        "sha256_source": "local-manifest",
+        "checkpoints": [],
+        "has_final": False,
+        "pointer": None,
+        "pointer_error": None,
+    }
+    assert not (tmp_path / "o/absent").exists()  # collecting never creates the repo
 
 
 def test_empty_repo_has_no_pointer_and_no_pointer_error(tmp_path):
@@ -56,13 +70,13 @@ def test_state_after_pushes_lists_steps_numerically_final_and_pointer(tmp_path):
     ck.push(100, tmp_path / "lf", checkpoint_dir(tmp_path / "lf", 100), tokens=100, config_hash="c", final=True)
 
     doc = collect({"repo": url}, {})
-    assert doc["checkpoints"] == [10, 20, 100]             # numeric, not "10" < "100" < "20"
+    assert doc["checkpoints"] == [10, 20, 100]  # numeric, not "10" < "100" < "20"
     assert doc["has_final"] is True and doc["error"] is None
     assert doc["pointer"]["step"] == 100 and doc["pointer"]["path_in_repo"] == "final"
     assert doc["pointer"]["terminal"] is True
     assert doc["files"] == sorted(store.list_files())
     assert "ckpt/checkpoint-10/model.safetensors" in doc["files"]
-    assert "ckpt/checkpoint-10/optimizer.pt" not in doc["files"]          # pruned
+    assert "ckpt/checkpoint-10/optimizer.pt" not in doc["files"]  # pruned
     assert doc["sha256"]["final/config.json"] == sha256_file(tmp_path / "lf/config.json")
     assert set(doc["sha256"]) == set(doc["files"])
 
@@ -91,8 +105,9 @@ def test_cli_prints_the_same_document_on_one_line(tmp_path):
     url = f"file://{tmp_path}/o/run"
     store = open_store(url)
     store.create()
-    Checkpointer(store, log=lambda _l: None).push(10, tmp_path / "l", checkpoint_dir(tmp_path / "l", 10),
-                                                  tokens=10, config_hash="c")
+    Checkpointer(store, log=lambda _l: None).push(
+        10, tmp_path / "l", checkpoint_dir(tmp_path / "l", 10), tokens=10, config_hash="c"
+    )
     proc = cli(url)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -119,14 +134,14 @@ def test_hub_state_over_the_hub_backend_reports_lfs_hashes(hub_store, tmp_path):
     store.create()
     d = tmp_path / "l"
     files = checkpoint_dir(d, 10)
-    (d / "model.safetensors").write_bytes(b"\x01" * 4096)        # LFS on the test server (>= 1 KB)
+    (d / "model.safetensors").write_bytes(b"\x01" * 4096)  # LFS on the test server (>= 1 KB)
     files["model.safetensors"] = sha256_file(d / "model.safetensors")
     Checkpointer(store, log=lambda _l: None).push(10, d, files, tokens=10, config_hash="c")
     doc = hub_state(store)
     assert doc["repo"] == "hf://tester/collect-me" and doc["exists"] is True and doc["error"] is None
     assert doc["sha256_source"] == "hub-lfs" and doc["checkpoints"] == [10]
     assert doc["sha256"]["ckpt/checkpoint-10/model.safetensors"] == files["model.safetensors"]
-    assert doc["sha256"]["latest.json"] is None                     # small file: no LFS hash on the Hub
+    assert doc["sha256"]["latest.json"] is None  # small file: no LFS hash on the Hub
     assert doc["pointer"]["path_in_repo"] == "ckpt/checkpoint-10"
 
 
@@ -140,18 +155,18 @@ def test_hash_stored_bytes_sees_an_object_damaged_after_its_upload(tmp_path):
     Checkpointer(store, log=lambda _l: None).push(10, tmp_path / "l", recorded, tokens=10, config_hash="c")
     clean = collect({"repo": url, "hash_stored_bytes": True}, {})
     assert clean["pointer_target_sha256_stored"] == clean["pointer"]["files"] == recorded
-    assert "pointer_target_sha256_stored" not in collect({"repo": url}, {})   # off by default: no download
+    assert "pointer_target_sha256_stored" not in collect({"repo": url}, {})  # off by default: no download
 
     sha = recorded["model.safetensors"]
     (obj,) = [p for p in (tmp_path / "o").rglob(sha) if p.is_file()]
     obj.chmod(0o644)
     obj.write_bytes(b"bit rot")
     damaged = collect({"repo": url, "hash_stored_bytes": True}, {})
-    assert damaged["pointer_target_sha256"] == recorded                    # the listing: still as recorded
-    assert damaged["pointer_target_sha256_stored"]["model.safetensors"] == \
-        hashlib.sha256(b"bit rot").hexdigest()
-    assert {k: v for k, v in damaged["pointer_target_sha256_stored"].items() if k != "model.safetensors"} == \
-        {k: v for k, v in recorded.items() if k != "model.safetensors"}
+    assert damaged["pointer_target_sha256"] == recorded  # the listing: still as recorded
+    assert damaged["pointer_target_sha256_stored"]["model.safetensors"] == hashlib.sha256(b"bit rot").hexdigest()
+    assert {k: v for k, v in damaged["pointer_target_sha256_stored"].items() if k != "model.safetensors"} == {
+        k: v for k, v in recorded.items() if k != "model.safetensors"
+    }
 
 
 def test_hash_stored_bytes_must_be_a_boolean_and_unknown_args_are_refused():

@@ -1,4 +1,5 @@
 """engine/collectors.py: built-in collectors and entry-point discovery."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,7 @@ LEG = str(Path(__file__).parent / "legs" / "leg.py")
 
 def test_json_file_reads_relative_to_cwd(tmp_path: Path) -> None:
     (tmp_path / "state.json").write_text(json.dumps({"step": 10, "files": ["a"]}))
-    assert collect("json_file", {"path": "state.json"}, {"cwd": str(tmp_path)}) == \
-        {"step": 10, "files": ["a"]}
+    assert collect("json_file", {"path": "state.json"}, {"cwd": str(tmp_path)}) == {"step": 10, "files": ["a"]}
 
 
 def test_json_file_missing_names_the_file(tmp_path: Path) -> None:
@@ -47,8 +47,7 @@ def test_command_failure_names_the_command_and_rc() -> None:
 
 def test_command_timeout_is_an_error() -> None:
     with pytest.raises(CollectorError, match="timed out after 0.5 s"):
-        collect("command", {"argv": [sys.executable, LEG, "@forever"], "timeout_s": 0.5,
-                            "grace_s": 0.5}, {})
+        collect("command", {"argv": [sys.executable, LEG, "@forever"], "timeout_s": 0.5, "grace_s": 0.5}, {})
 
 
 def test_command_env_and_non_json_output() -> None:
@@ -58,8 +57,11 @@ def test_command_env_and_non_json_output() -> None:
 
 
 def test_unknown_collector_lists_the_known_ones() -> None:
-    with pytest.raises(CollectorError, match=r"unknown collector 'nope'; known: .*command.*"
-                                             r"json_file"):
+    with pytest.raises(
+        CollectorError,
+        match=r"unknown collector 'nope'; known: .*command.*"
+        r"json_file",
+    ):
         collect("nope", {}, {})
 
 

@@ -1,4 +1,5 @@
 """trainer/data.py: manifest validation (each error names its shard or field) and pure batch sampling."""
+
 import hashlib
 import json
 from pathlib import Path
@@ -22,8 +23,16 @@ def write_mix(root: Path, shard_tokens=(100, 60, 45), val_tokens=80, vocab=300, 
         entries.append(_write(root, f"train/shard-{i:05d}.bin", np.arange(start, start + n) % vocab, np_dtype))
         start += n
     val = _write(root, "val/val-00000.bin", (np.arange(val_tokens) * 7 + 3) % vocab, np_dtype)
-    manifest = {"format": "specprobe-mix/1", "dtype": dtype, "vocab_size": vocab, "n_shards": len(entries),
-                "total_tokens": sum(shard_tokens), "shards": entries, "val": val, "source": {"kind": "test"}}
+    manifest = {
+        "format": "specprobe-mix/1",
+        "dtype": dtype,
+        "vocab_size": vocab,
+        "n_shards": len(entries),
+        "total_tokens": sum(shard_tokens),
+        "shards": entries,
+        "val": val,
+        "source": {"kind": "test"},
+    }
     (root / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
@@ -76,15 +85,23 @@ def test_every_step_rank_micro_reads_disjoint_samples_and_a_horizon_never_repeat
     for step in range(1, steps + 1):
         for rank in range(world):
             for micro in range(accum):
-                seen.extend(sample_indices(step=step, rank=rank, micro=micro, world_size=world, accum=accum, batch=batch))
+                seen.extend(
+                    sample_indices(step=step, rank=rank, micro=micro, world_size=world, accum=accum, batch=batch)
+                )
     assert sorted(seen) == list(range(steps * world * accum * batch))
 
 
 @settings(max_examples=60, deadline=None)
 @given(steps=st.integers(1, 5), world=st.integers(1, 4), accum=st.integers(1, 4), batch=st.integers(1, 5))
 def test_any_run_shape_tiles_the_first_samples_exactly_once(steps, world, accum, batch):
-    seen = np.concatenate([sample_indices(step=s, rank=r, micro=m, world_size=world, accum=accum, batch=batch)
-                           for s in range(1, steps + 1) for r in range(world) for m in range(accum)])
+    seen = np.concatenate(
+        [
+            sample_indices(step=s, rank=r, micro=m, world_size=world, accum=accum, batch=batch)
+            for s in range(1, steps + 1)
+            for r in range(world)
+            for m in range(accum)
+        ]
+    )
     assert np.array_equal(np.sort(seen), np.arange(steps * world * accum * batch))
 
 
@@ -168,28 +185,37 @@ def test_token_id_beyond_the_model_vocab_names_the_shard_and_position(tmp_path):
     with pytest.raises(DataError, match="manifest.json vocab_size 300 exceeds the model's vocab 256"):
         load_mix(tmp_path, seq_len=SEQ, model_vocab=256, need_samples=1)
     edit_manifest(tmp_path, lambda m: m.update(vocab_size=90))  # a manifest that under-reports its ids
-    with pytest.raises(DataError, match=r"train/shard-00000.bin: token id 99 \(first out-of-range id at position 90\) >= model vocab 90"):
+    with pytest.raises(
+        DataError,
+        match=r"train/shard-00000.bin: token id 99 \(first out-of-range id at position 90\) >= model vocab 90",
+    ):
         load_mix(tmp_path, seq_len=SEQ, model_vocab=90, need_samples=1)
 
 
 def test_too_few_samples_for_the_horizon_says_what_is_needed_and_what_there_is(tmp_path):
     write_mix(tmp_path)
-    with pytest.raises(DataError, match=r"needs 30 samples of seq_len\+1=8 tokens = 240 tokens, but the 3 train "
-                                        r"shards hold 205 tokens \(25 samples\)"):
+    with pytest.raises(
+        DataError,
+        match=r"needs 30 samples of seq_len\+1=8 tokens = 240 tokens, but the 3 train "
+        r"shards hold 205 tokens \(25 samples\)",
+    ):
         load_mix(tmp_path, seq_len=SEQ, model_vocab=512, need_samples=30)
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda m: m.pop("total_tokens"), "manifest.json: missing field 'total_tokens'"),
-    (lambda m: m.update(format="other/2"), "format is 'other/2'"),
-    (lambda m: m.update(dtype="int8"), "dtype is 'int8'"),
-    (lambda m: m.update(n_shards=4), "n_shards is 4 but shards lists 3"),
-    (lambda m: m.update(total_tokens=999), "total_tokens is 999 but the shards sum to 205"),
-    (lambda m: m["shards"][1].pop("sha256"), r"shards\[1\]: missing field 'sha256'"),
-    (lambda m: m["shards"][2].update(tokens="45"), r"shards\[2\].tokens: expected int"),
-    (lambda m: m["val"].update(path="../../etc/passwd"), "val.path '../../etc/passwd' must be a relative path"),
-    (lambda m: m.update(vocab_size=70000), "vocab_size 70000 does not fit dtype uint16"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda m: m.pop("total_tokens"), "manifest.json: missing field 'total_tokens'"),
+        (lambda m: m.update(format="other/2"), "format is 'other/2'"),
+        (lambda m: m.update(dtype="int8"), "dtype is 'int8'"),
+        (lambda m: m.update(n_shards=4), "n_shards is 4 but shards lists 3"),
+        (lambda m: m.update(total_tokens=999), "total_tokens is 999 but the shards sum to 205"),
+        (lambda m: m["shards"][1].pop("sha256"), r"shards\[1\]: missing field 'sha256'"),
+        (lambda m: m["shards"][2].update(tokens="45"), r"shards\[2\].tokens: expected int"),
+        (lambda m: m["val"].update(path="../../etc/passwd"), "val.path '../../etc/passwd' must be a relative path"),
+        (lambda m: m.update(vocab_size=70000), "vocab_size 70000 does not fit dtype uint16"),
+    ],
+)
 def test_malformed_manifest_names_the_field(tmp_path, edit, match):
     write_mix(tmp_path)
     edit_manifest(tmp_path, edit)

@@ -1,6 +1,7 @@
 """`engine diff --evidence` with numbers: each changed check judged old (with the old spec's values)
 and new (with the new spec's) on a real saved run, classified tightened / loosened / unchanged on this
 run / cannot tell (with the reason); and a diff that reads: token deltas, a reason said once."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def specs(tmp_path: Path) -> Path:
     """A copy of the fixture's specs/ to edit into the NEW side."""
     import shutil
+
     shutil.copytree(FIXTURE, tmp_path / "specs")
     return tmp_path / "specs"
 
@@ -43,8 +45,9 @@ def changed(specs: Path, path: str, old: str, new: str) -> None:
 
 
 def diff_text(new: Path, run: Path) -> str:
-    args = argparse.Namespace(old=str(FIXTURE / "probe.yaml"), new=str(new), base=None, evidence=str(run),
-                              markdown=None, mode=None)
+    args = argparse.Namespace(
+        old=str(FIXTURE / "probe.yaml"), new=str(new), base=None, evidence=str(run), markdown=None, mode=None
+    )
     out, err = io.StringIO(), io.StringIO()
     assert diff.diff_main(args, out, err) == 1, err.getvalue()
     return out.getvalue()
@@ -76,13 +79,25 @@ def test_a_literal_threshold_tightened_past_the_run_fails_it_and_says_so(specs: 
 
 def test_a_bound_that_reads_the_run_is_placed_by_the_runs_numbers(specs: Path, run: Path) -> None:
     # `mul(loss, 1.5)` -> `mul(loss, 2)`: which way it moved depends on the loss; the run gives it.
-    changed(specs, "lib/common.yaml", "final_loss < values.loss_max", "final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)")
+    changed(
+        specs,
+        "lib/common.yaml",
+        "final_loss < values.loss_max",
+        "final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)",
+    )
     base = specs.parent / "base"
     import shutil
+
     shutil.copytree(specs, base)
     changed(specs, "lib/common.yaml", "`1.5`)", "`2`)")
-    args = argparse.Namespace(old=str(base / "probe.yaml"), new=str(specs / "probe.yaml"), base=None,
-                              evidence=str(run), markdown=None, mode=None)
+    args = argparse.Namespace(
+        old=str(base / "probe.yaml"),
+        new=str(specs / "probe.yaml"),
+        base=None,
+        evidence=str(run),
+        markdown=None,
+        mode=None,
+    )
     out = io.StringIO()
     assert diff.diff_main(args, out, io.StringIO()) == 1
     assert "on this run: 2.25 < 3.375 PASS (margin 1.125) -> 2.25 < 4.5 PASS (margin 2.25)" in out.getvalue()
@@ -90,12 +105,18 @@ def test_a_bound_that_reads_the_run_is_placed_by_the_runs_numbers(specs: Path, r
 
 
 def test_a_let_rewrite_is_unchanged_on_this_run_and_a_new_shape_cannot_be_told(specs: Path, run: Path) -> None:
-    changed(specs, "lib/common.yaml", 'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
-            'expr: "let.loss < values.loss_max"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss')
+    changed(
+        specs,
+        "lib/common.yaml",
+        'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
+        'expr: "let.loss < values.loss_max"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss',
+    )
     changed(specs, "lib/common.yaml", 'expr: "steps.leg2.rc == `0`"', 'expr: "contains([`0`, `1`], steps.leg2.rc)"')
     text = diff_text(specs / "probe.yaml", run)
-    assert ("changed check loss_below_max on run" in text and
-            ": unchanged on this run (the same expression once its `let:` names are written out)" in text)
+    assert (
+        "changed check loss_below_max on run" in text
+        and ": unchanged on this run (the same expression once its `let:` names are written out)" in text
+    )
     by_name = reviewed(specs / "probe.yaml", run)
     assert by_name["loss_below_max"].shift.verdict == UNCHANGED
     exit_clean = by_name["leg2_exit_clean"].shift
@@ -110,32 +131,40 @@ def test_a_changed_leg_is_said_once_for_every_check_it_voids(specs: Path, run: P
     reason = "leg `leg2` changed since the run (argv added `--log-every 1` after `${stop1}`)"
     lines = text.splitlines()
     assert sum(reason.replace("${stop1}", "10") in line for line in lines) == 1, text
-    assert "    ! 3 checks this run cannot say how they fare (leg2_finished, loss_below_max, leg2_exit_clean), " \
-           "because" in lines
+    assert (
+        "    ! 3 checks this run cannot say how they fare (leg2_finished, loss_below_max, leg2_exit_clean), "
+        "because" in lines
+    )
 
 
 def test_expression_and_prose_deltas_show_only_the_changed_tokens() -> None:
     old = "is_finite(let.first2) && let.jump < mul(let.last1, `0.25`) && let.jump < abs(sub(let.first2, let.first1))"
-    assert expr_delta(old, old.replace("0.25", "0.5")) == \
-        "…mul(let.last1, [-`0.25`-]{+`0.5`+}) && let.jump <…"  # six tokens either side
+    assert (
+        expr_delta(old, old.replace("0.25", "0.5")) == "…mul(let.last1, [-`0.25`-]{+`0.5`+}) && let.jump <…"
+    )  # six tokens either side
     assert expr_delta("a==b", "a == b") == "a == b"  # the same tokens: nothing marked
-    assert prose_delta("Leg 2 must reach the horizon.", "Leg 2 must reach the end.") == \
-        "Leg 2 must reach the [-horizon.-]{+end.+}"
+    assert (
+        prose_delta("Leg 2 must reach the horizon.", "Leg 2 must reach the end.")
+        == "Leg 2 must reach the [-horizon.-]{+end.+}"
+    )
 
 
-@pytest.mark.parametrize("old, new, verdict", [
-    ("a.x <= `13.6`", "a.x <= `20`", LOOSENED),
-    ("a.x <= `13.6`", "a.x < `13.6`", TIGHTENED),
-    ("`13.6` >= a.x", "`20` >= a.x", LOOSENED),  # written the other way round
-    ("a.x > `1`", "a.x > `2`", TIGHTENED),  # a floor raised
-    ("!(a.x > `1`)", "!(a.x > `2`)", LOOSENED),  # under `!` the other way round
-    ("a.x < `1`", "a.x < `1` && a.y", TIGHTENED),  # a condition added
-    ("a.x < `1`", "a.x < `1` || a.y", LOOSENED),  # an alternative added
-    ("a.x < `1`", "a.x < `1`", UNCHANGED),
-    ("a.x == `1`", "a.x == `2`", UNKNOWN),  # an equality asks for another value
-    ("a.x < `1`", "a.y < `1`", UNKNOWN),  # what it compares changed
-    ("length(a[?x < `1`]) == `0`", "length(a[?x < `2`]) == `0`", UNKNOWN),  # inside a filter
-])
+@pytest.mark.parametrize(
+    "old, new, verdict",
+    [
+        ("a.x <= `13.6`", "a.x <= `20`", LOOSENED),
+        ("a.x <= `13.6`", "a.x < `13.6`", TIGHTENED),
+        ("`13.6` >= a.x", "`20` >= a.x", LOOSENED),  # written the other way round
+        ("a.x > `1`", "a.x > `2`", TIGHTENED),  # a floor raised
+        ("!(a.x > `1`)", "!(a.x > `2`)", LOOSENED),  # under `!` the other way round
+        ("a.x < `1`", "a.x < `1` && a.y", TIGHTENED),  # a condition added
+        ("a.x < `1`", "a.x < `1` || a.y", LOOSENED),  # an alternative added
+        ("a.x < `1`", "a.x < `1`", UNCHANGED),
+        ("a.x == `1`", "a.x == `2`", UNKNOWN),  # an equality asks for another value
+        ("a.x < `1`", "a.y < `1`", UNKNOWN),  # what it compares changed
+        ("length(a[?x < `1`]) == `0`", "length(a[?x < `2`]) == `0`", UNKNOWN),  # inside a filter
+    ],
+)
 def test_strictness_of_a_rewritten_comparison(old: str, new: str, verdict: str) -> None:
     assert shift({"expr": old}, {"expr": new}, {}, {}).verdict == verdict
 
@@ -150,16 +179,30 @@ def test_a_comparison_of_another_quantity_is_not_read_as_a_moved_bound() -> None
 
 def test_a_bound_moved_inside_a_let_rewrite_keeps_the_runs_numbers(specs: Path, run: Path) -> None:
     # Old: the loss against 1.5 x itself, written out; new: the same through `let:`, with 2 x.
-    changed(specs, "lib/common.yaml", "final_loss < values.loss_max",
-            "final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)")
+    changed(
+        specs,
+        "lib/common.yaml",
+        "final_loss < values.loss_max",
+        "final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)",
+    )
     base = specs.parent / "base"
     import shutil
+
     shutil.copytree(specs, base)
-    changed(specs, "lib/common.yaml",
-            'expr: "steps.leg2.harvest.run_json.final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)"',
-            'expr: "let.loss < mul(let.loss, `2`)"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss')
-    args = argparse.Namespace(old=str(base / "probe.yaml"), new=str(specs / "probe.yaml"), base=None,
-                              evidence=str(run), markdown=None, mode=None)
+    changed(
+        specs,
+        "lib/common.yaml",
+        'expr: "steps.leg2.harvest.run_json.final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)"',
+        'expr: "let.loss < mul(let.loss, `2`)"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss',
+    )
+    args = argparse.Namespace(
+        old=str(base / "probe.yaml"),
+        new=str(specs / "probe.yaml"),
+        base=None,
+        evidence=str(run),
+        markdown=None,
+        mode=None,
+    )
     out = io.StringIO()
     assert diff.diff_main(args, out, io.StringIO()) == 1
     assert "changed check loss_below_max on run " in out.getvalue() and ": loosened  (" in out.getvalue()
@@ -175,8 +218,20 @@ def test_markdown_numbers_are_code_spans(specs: Path, run: Path, tmp_path: Path)
     changed(specs, "lib/common.yaml", "loss_max: 3.0", "loss_max: 4.5")
     md = tmp_path / "d.md"
     os.environ.pop("NO_COLOR", None)
-    assert engine_main(["diff", str(FIXTURE / "probe.yaml"), str(specs / "probe.yaml"), "--evidence", str(run),
-                        "--markdown", str(md)]) == 1
+    assert (
+        engine_main(
+            [
+                "diff",
+                str(FIXTURE / "probe.yaml"),
+                str(specs / "probe.yaml"),
+                "--evidence",
+                str(run),
+                "--markdown",
+                str(md),
+            ]
+        )
+        == 1
+    )
     text = md.read_text()
     assert "- check `loss_below_max` (unchanged; reads a changed value) on run " in text
     assert "  - on this run: 2.25 < 3 PASS (margin 0.75) -> 2.25 < 4.5 PASS (margin 2.25)" in text

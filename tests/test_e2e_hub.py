@@ -10,6 +10,7 @@ client inside real subprocesses (the engine, torchrun and its gloo ranks, `pytho
     ends with the same final weights as a fault-free run, and no commit was pushed twice.
 (c) A missing Hub repo takes the fresh-start branch (`auto-resume: repo missing`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
-
 from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN
 from hubserver import HubServer
 from test_e2e_local import EngineRun, assert_every_check_passed, engine_env, run_engine, workdir_with_specs
@@ -46,8 +46,9 @@ def hub_env(server: HubServer) -> dict[str, str]:
 def titles(server: HubServer, repo_id: str) -> list[str]:
     """Commit titles on main, oldest first, without the per-commit unique marker and the writers' lease commits
     (a run of two legs takes and releases the lease twice)."""
-    return [t for t in (MARKER_SUFFIX.sub("", c.title) for c in server.repo(repo_id).commits)
-            if not t.startswith("lease ")]
+    return [
+        t for t in (MARKER_SUFFIX.sub("", c.title) for c in server.repo(repo_id).commits) if not t.startswith("lease ")
+    ]
 
 
 def stored_sha(server: HubServer, repo_id: str, path: str) -> str:
@@ -60,18 +61,20 @@ def settled_by_reading_back(server: HubServer, repo_id: str, start: int) -> int:
     to the repo read the commit history back (and did not push the commit again first)."""
     log = server.log
     i = next(i for i in range(start, len(log)) if log[i]["fault"] == "lost_response")
-    nxt = next(r for r in log[i + 1:] if f"/{repo_id}/" in r["path"] or r["path"].endswith(f"/{repo_id}"))
+    nxt = next(r for r in log[i + 1 :] if f"/{repo_id}/" in r["path"] or r["path"].endswith(f"/{repo_id}"))
     assert nxt["method"] == "GET" and re.search(r"/commits/main", nxt["path"]), nxt
     return i
 
 
-def assert_lost_answer_was_the_checkpoint_commit(server: HubServer, repo_id: str, start: int, step: int,
-                                                 dest: str, output: str) -> None:
+def assert_lost_answer_was_the_checkpoint_commit(
+    server: HubServer, repo_id: str, start: int, step: int, dest: str, output: str
+) -> None:
     """The second commit request at or after log index `start` (the first takes the lease) is the one whose answer
     was lost; it is the commit of checkpoint `step` (the history holds it once), and the trainer reported that
     commit's revision."""
-    commit_posts = [r for r in server.log[start:] if r["method"] == "POST"
-                    and r["path"] == f"/api/datasets/{repo_id}/commit/main"]
+    commit_posts = [
+        r for r in server.log[start:] if r["method"] == "POST" and r["path"] == f"/api/datasets/{repo_id}/commit/main"
+    ]
     assert [r["fault"] for r in commit_posts[:2]] == [None, "lost_response"], commit_posts[:3]
     title = f"checkpoint step {step} -> {dest}"
     landed = [c for c in server.repo(repo_id).commits if MARKER_SUFFIX.sub("", c.title) == title]
@@ -84,6 +87,7 @@ def fresh_id(prefix: str) -> str:
 
 
 # ------------------------------------------------------------------------------- (a) + (c): the smoke probe
+
 
 @dataclass
 class HubSmoke:
@@ -102,8 +106,14 @@ def hub_smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubSmoke]:
         workdir = workdir_with_specs(tmp_path_factory.mktemp("e2e_hub"))
         ckpt_id, mix_id = f"probe/{fresh_id('ckpt')}", f"probe/{fresh_id('mix')}"
         existed = ("dataset", ckpt_id) in server.repos
-        run = run_engine(workdir, "specs/p4_smoke.yaml", f"repo=hf://{ckpt_id}", f"mix_repo=hf://{mix_id}",
-                         env=engine_env(hub_env(server)), timeout=400)
+        run = run_engine(
+            workdir,
+            "specs/p4_smoke.yaml",
+            f"repo=hf://{ckpt_id}",
+            f"mix_repo=hf://{mix_id}",
+            env=engine_env(hub_env(server)),
+            timeout=400,
+        )
         yield HubSmoke(server, workdir, run, ckpt_id, mix_id, existed)
     finally:
         server.stop()
@@ -141,13 +151,15 @@ def test_p4_smoke_passes_over_http(hub_smoke: HubSmoke) -> None:
     # Each push is exactly one checkpoint commit; nothing was pushed twice.
     t = titles(server, hub_smoke.ckpt_id)
     ckpt_commits = [x for x in t if x.startswith("checkpoint step ")]
-    assert ckpt_commits == ["checkpoint step 10 -> ckpt/checkpoint-10", "checkpoint step 20 -> ckpt/checkpoint-20",
-                            "checkpoint step 20 -> final"], t
+    assert ckpt_commits == [
+        "checkpoint step 10 -> ckpt/checkpoint-10",
+        "checkpoint step 20 -> ckpt/checkpoint-20",
+        "checkpoint step 20 -> final",
+    ], t
 
 
 def _every_output_text(smoke: HubSmoke) -> dict[str, bytes]:
-    out: dict[str, bytes] = {"<engine stdout>": smoke.run.stdout.encode(),
-                             "<engine stderr>": smoke.run.stderr.encode()}
+    out: dict[str, bytes] = {"<engine stdout>": smoke.run.stdout.encode(), "<engine stderr>": smoke.run.stderr.encode()}
     for p in sorted(smoke.workdir.rglob("*")):
         if p.is_file() and not p.is_symlink() and "specs" not in p.relative_to(smoke.workdir).parts[:1]:
             out[str(p.relative_to(smoke.workdir))] = p.read_bytes()
@@ -156,7 +168,8 @@ def _every_output_text(smoke: HubSmoke) -> dict[str, bytes]:
         for path, data in smoke.server.files(repo_id).items():
             out[f"<hub {repo_id}>/{path}"] = data
         out[f"<hub {repo_id} commits>"] = json.dumps(
-            [[c.title, c.message] for c in smoke.server.repo(repo_id).commits]).encode()
+            [[c.title, c.message] for c in smoke.server.repo(repo_id).commits]
+        ).encode()
     return out
 
 
@@ -164,16 +177,23 @@ def test_token_appears_in_no_output(hub_smoke: HubSmoke) -> None:
     server, run = hub_smoke.server, hub_smoke.run
     assert run.rc == 0, run.explain()
     # The token was really in play: every write the server saw carried it as the bearer.
-    writes = [r for r in server.log if r["method"] in ("POST", "PUT", "DELETE")
-              and not r["path"].startswith(("/__lfs__/upload/", "/__control__/"))]
+    writes = [
+        r
+        for r in server.log
+        if r["method"] in ("POST", "PUT", "DELETE") and not r["path"].startswith(("/__lfs__/upload/", "/__control__/"))
+    ]
     assert len(writes) >= 10, len(writes)
     assert all(r["authorized"] for r in writes), [r["path"] for r in writes if not r["authorized"]]
     assert all(r["status"] != 401 for r in server.log)
 
     texts = _every_output_text(hub_smoke)
     ev_dir = run.run_dir.relative_to(hub_smoke.workdir)
-    expected = {f"{ev_dir}/evidence.json", f"{ev_dir}/logs/leg1.log", f"{ev_dir}/logs/leg2.log",
-                f"{ev_dir}/logs/fetch_mix.log"}
+    expected = {
+        f"{ev_dir}/evidence.json",
+        f"{ev_dir}/logs/leg1.log",
+        f"{ev_dir}/logs/leg2.log",
+        f"{ev_dir}/logs/fetch_mix.log",
+    }
     assert expected <= set(texts), sorted(texts)
     # leg 2's torchrun per-rank logs survive the run (leg 1's were wiped by the spec, checked for whatever is left)
     rank_logs = [k for k in texts if k.startswith(f"{ev_dir}/tlogs/") and k.endswith(("stdout.log", "stderr.log"))]
@@ -200,14 +220,16 @@ def test_missing_repo_takes_the_fresh_start_branch(hub_smoke: HubSmoke) -> None:
     api = "/api/datasets/" + hub_smoke.ckpt_id
     log = server.log
     first_404 = next(i for i, r in enumerate(log) if r["path"].startswith(api) and r["status"] == 404)
-    create = next(i for i, r in enumerate(log) if r["path"] == "/api/repos/create" and r["status"] == 200
-                  and i > first_404)
+    create = next(
+        i for i, r in enumerate(log) if r["path"] == "/api/repos/create" and r["status"] == 200 and i > first_404
+    )
     first_commit = next(i for i, r in enumerate(log) if r["path"].startswith(api + "/commit/"))
     assert first_404 < create < first_commit
     assert server.repo(hub_smoke.ckpt_id).private is True
 
 
 # ------------------------------------------------------------------- (b) nothing is lost under faults
+
 
 @dataclass
 class TrainerRun:
@@ -227,8 +249,16 @@ class TrainerRun:
 def run_hub_trainer(cmd: Sequence[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> TrainerRun:
     """Run torchrun + ranks in their own session with `env`; merged output, tee prefix stripped."""
     t0 = time.monotonic()
-    p = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         bufsize=1, start_new_session=True)
+    p = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
     lines: list[str] = []
     try:
         assert p.stdout is not None
@@ -244,7 +274,7 @@ def run_hub_trainer(cmd: Sequence[str], env: dict[str, str], cwd: Path, timeout:
     run_json = None
     for line in reversed(lines):
         if line.startswith("RUN_JSON "):
-            run_json = json.loads(line[len("RUN_JSON "):])
+            run_json = json.loads(line[len("RUN_JSON ") :])
             break
     return TrainerRun(rc, lines, time.monotonic() - t0, run_json)
 
@@ -253,13 +283,13 @@ STEPS, PUSH_EVERY, STOP = 6, 2, 4
 
 
 def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
-        hub_server: HubServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    hub_server: HubServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     mix = tiny_mix(tmp_path_factory)
     env = engine_env(hub_env(hub_server))
 
     def train(repo_id: str, out: Path, stop: int, log_dir: Path) -> TrainerRun:
-        args = trainer_args(root=mix, out=out, repo=f"hf://{repo_id}", steps=STEPS, push_every=PUSH_EVERY,
-                            stop=stop)
+        args = trainer_args(root=mix, out=out, repo=f"hf://{repo_id}", steps=STEPS, push_every=PUSH_EVERY, stop=stop)
         return run_hub_trainer(torchrun_cmd(args, log_dir=log_dir), env, cwd=tmp_path)
 
     # -- the fault-free reference: one session to the horizon.
@@ -288,11 +318,15 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     assert leg1.run_json["push_steps"] == [2, 4]
     # The Hub client's retries are diagnostics through `logging`, each with its time and the rank it ran on.
     retries = [line for line in leg1.lines if "trainer.hub: hub: " in line and "; retrying in " in line]
-    assert len(retries) >= 2, leg1.explain()           # the 503 and the 429
+    assert len(retries) >= 2, leg1.explain()  # the 503 and the 429
     stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} rank 0 WARNING trainer\.hub: hub: ")
     assert all(stamp.match(line) for line in retries), retries
-    assert [(f.kind, f.fired) for f in (lost, s503, s429, reset)] == \
-        [("lost_response", 1), ("status", 1), ("status", 1), ("reset", 1)], hub_server.faults
+    assert [(f.kind, f.fired) for f in (lost, s503, s429, reset)] == [
+        ("lost_response", 1),
+        ("status", 1),
+        ("status", 1),
+        ("reset", 1),
+    ], hub_server.faults
     # The first checkpoint commit is the one whose answer was lost: settled by reading the history back, it is
     # on the server exactly once and the trainer carried on with its revision.
     lost_req = hub_server.log[settled_by_reading_back(hub_server, faulted_id, n_log)]
@@ -300,14 +334,15 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     assert_lost_answer_was_the_checkpoint_commit(hub_server, faulted_id, n_log, 2, "ckpt/checkpoint-2", leg1.text)
     # The 429 carried Retry-After: 1 and the client waited at least that long before its next commit try.
     i429 = next(i for i, r in enumerate(hub_server.log) if r["fault"] == "status" and r["status"] == 429)
-    nxt = next(r for r in hub_server.log[i429 + 1:] if re.search(commit, r["path"]))
+    nxt = next(r for r in hub_server.log[i429 + 1 :] if re.search(commit, r["path"]))
     assert nxt["time"] - hub_server.log[i429]["time"] >= 0.95
 
-    shutil.rmtree(tmp_path / "out")         # cold: leg 2 has nothing but the Hub
+    shutil.rmtree(tmp_path / "out")  # cold: leg 2 has nothing but the Hub
     n_log = len(hub_server.log)
-    trunc = hub_server.inject("truncate", rf"/datasets/{repo_path}/resolve/[^/]+/ckpt/checkpoint-4/model\.safetensors",
-                              method="GET", nth=1)
-    lost2 = hub_server.inject("lost_response", commit, method="POST", nth=2)   # checkpoint-6's (after the lease)
+    trunc = hub_server.inject(
+        "truncate", rf"/datasets/{repo_path}/resolve/[^/]+/ckpt/checkpoint-4/model\.safetensors", method="GET", nth=1
+    )
+    lost2 = hub_server.inject("lost_response", commit, method="POST", nth=2)  # checkpoint-6's (after the lease)
     leg2 = train(faulted_id, tmp_path / "out", 0, tmp_path / "tlogs2")
     assert leg2.rc == 0 and leg2.run_json is not None, leg2.explain()
     assert leg2.run_json["resumed_from_step"] == STOP and leg2.run_json["first_step"] == STOP + 1
@@ -317,8 +352,11 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     settled_by_reading_back(hub_server, faulted_id, n_log)
     assert_lost_answer_was_the_checkpoint_commit(hub_server, faulted_id, n_log, 6, "ckpt/checkpoint-6", leg2.text)
     # The truncated transfer happened during the resume and was fetched again in full.
-    gets = [r for r in hub_server.log[n_log:] if r["method"] == "GET"
-            and re.search(r"/ckpt/checkpoint-4/model\.safetensors$", r["path"])]
+    gets = [
+        r
+        for r in hub_server.log[n_log:]
+        if r["method"] == "GET" and re.search(r"/ckpt/checkpoint-4/model\.safetensors$", r["path"])
+    ]
     assert [g["fault"] for g in gets][:1] == ["truncate"] and len(gets) >= 2, gets
 
     # -- nothing lost: the same final weights (and every checkpoint's weights) as the fault-free run.

@@ -9,6 +9,7 @@ values the checks are about (leg 1 stopped at 10, leg 2 resumed from 10, checkpo
 pointer at 20 whose hashes are the bytes in the store), so a check that silently stopped checking anything
 would still be caught here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from trainer_helpers import kill_tree
 
 pytestmark = pytest.mark.slow
@@ -37,12 +37,12 @@ SECTION = re.compile(r"^=== (?P<step>\S+)\s*$")
 
 # --------------------------------------------------------------------------------------------- helpers
 
+
 def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The caller's environment with the venv first on PATH, unbuffered output and no stray settings that would
     change what the specs resolve to (a mode, a target, a store, a repo, a token)."""
     env = dict(os.environ)
-    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "SPECPROBE_STORE", "HF_TOKEN",
-                 "HF_ENDPOINT"):
+    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "SPECPROBE_STORE", "HF_TOKEN", "HF_ENDPOINT"):
         env.pop(name, None)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
@@ -74,7 +74,9 @@ class EngineRun:
     @property
     def verdict_line(self) -> str:
         lines = [ln for ln in self.stdout.splitlines() if ln.startswith("VERDICT ")]
-        assert lines, f"no VERDICT line; rc={self.rc}\nstdout tail:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        assert lines, (
+            f"no VERDICT line; rc={self.rc}\nstdout tail:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        )
         return lines[-1]
 
     def checks(self) -> dict[str, dict]:
@@ -86,8 +88,10 @@ class EngineRun:
         return rj
 
     def explain(self) -> str:
-        return (f"rc={self.rc} after {self.seconds:.1f}s\nstdout tail:\n{self.stdout[-4000:]}\n"
-                f"stderr tail:\n{self.stderr[-2000:]}")
+        return (
+            f"rc={self.rc} after {self.seconds:.1f}s\nstdout tail:\n{self.stdout[-4000:]}\n"
+            f"stderr tail:\n{self.stderr[-2000:]}"
+        )
 
 
 def processes_naming(text: str) -> dict[int, str]:
@@ -102,7 +106,7 @@ def processes_naming(text: str) -> dict[int, str]:
             stat = (d / "stat").read_bytes()
         except OSError:
             continue
-        if not raw or stat[stat.rfind(b")") + 2:][:1] == b"Z":
+        if not raw or stat[stat.rfind(b")") + 2 :][:1] == b"Z":
             continue
         cmd = raw.replace(b"\0", b" ").decode(errors="replace")
         if text in cmd:
@@ -110,8 +114,15 @@ def processes_naming(text: str) -> dict[int, str]:
     return found
 
 
-def run_engine(cwd: Path, spec: str, *sets: str, env: dict[str, str] | None = None, timeout: float = 400,
-               watch: bool = False, probes: dict[str, str] | None = None) -> EngineRun:
+def run_engine(
+    cwd: Path,
+    spec: str,
+    *sets: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 400,
+    watch: bool = False,
+    probes: dict[str, str] | None = None,
+) -> EngineRun:
     """`engine run SPEC --set ...` in `cwd`; stdout streamed. With `watch`, at each step header the live
     processes whose command line names the run dir are recorded (who is still running between legs), and
     also at the first stdout line matching each of `probes` (label -> regex), recorded under its label."""
@@ -119,13 +130,21 @@ def run_engine(cwd: Path, spec: str, *sets: str, env: dict[str, str] | None = No
     for s in sets:
         argv += ["--set", s]
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env if env is not None else engine_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env if env is not None else engine_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
     out_lines: list[str] = []
     seen_at: dict[str, dict[int, str]] = {}
     run_dir: str | None = None
     stderr_box: list[str] = []
-    t = threading.Thread(target=lambda: stderr_box.append(proc.stderr.read()), daemon=True)   # type: ignore[union-attr]
+    t = threading.Thread(target=lambda: stderr_box.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
     t.start()
     try:
         assert proc.stdout is not None
@@ -145,7 +164,7 @@ def run_engine(cwd: Path, spec: str, *sets: str, env: dict[str, str] | None = No
                 raise TimeoutError(f"engine ran past {timeout}s:\n" + "".join(out_lines[-60:]))
         rc = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
     except BaseException:
-        kill_tree(proc.pid)       # the engine's group and every descendant (torchrun ranks have their own)
+        kill_tree(proc.pid)  # the engine's group and every descendant (torchrun ranks have their own)
         proc.wait()
         raise
     t.join(timeout=10)
@@ -155,8 +174,15 @@ def run_engine(cwd: Path, spec: str, *sets: str, env: dict[str, str] | None = No
     evidence_path = Path(run_dir) / "evidence.json"
     assert evidence_path.is_file(), f"no evidence.json in {run_dir} (rc={rc}):\n{stdout[-3000:]}"
     evidence = json.loads(evidence_path.read_text())
-    return EngineRun(rc=rc, stdout=stdout, stderr="".join(stderr_box), seconds=seconds, run_dir=Path(run_dir),
-                     evidence=evidence, seen_at=seen_at)
+    return EngineRun(
+        rc=rc,
+        stdout=stdout,
+        stderr="".join(stderr_box),
+        seconds=seconds,
+        run_dir=Path(run_dir),
+        evidence=evidence,
+        seen_at=seen_at,
+    )
 
 
 def assert_every_check_passed(run: EngineRun, spec_name: str, min_checks: int) -> None:
@@ -166,8 +192,11 @@ def assert_every_check_passed(run: EngineRun, spec_name: str, min_checks: int) -
     assert ev["verdict"]["outcome"] == "PASS" and ev["verdict"]["exit_code"] == 0, ev["verdict"]
     assert ev["verdict"]["failed"] == []
     assert len(ev["checks"]) >= min_checks, [c["name"] for c in ev["checks"]]
-    bad = {c["name"]: (c["outcome"], c.get("value"), c.get("missing")) for c in ev["checks"]
-           if c["outcome"] != "PASS" or c.get("value") is not True}
+    bad = {
+        c["name"]: (c["outcome"], c.get("value"), c.get("missing"))
+        for c in ev["checks"]
+        if c["outcome"] != "PASS" or c.get("value") is not True
+    }
     assert not bad, bad
     for name, step in ev["steps"].items():
         assert step["status"] in ("ok", "skipped"), (name, step)
@@ -176,6 +205,7 @@ def assert_every_check_passed(run: EngineRun, spec_name: str, min_checks: int) -
 def store_bytes_sha(repo_url: str, path: str) -> str:
     """The sha256 of the bytes the store holds for `path` (a re-read, not the recorded metadata)."""
     from trainer.store_url import open_store
+
     return hashlib.sha256(open_store(repo_url).read_bytes(path)).hexdigest()
 
 
@@ -186,6 +216,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- tests
+
 
 def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path) -> None:
     run = run_engine(workdir, "specs/p4_smoke.yaml")
@@ -236,8 +267,7 @@ def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path) -> None:
 
 
 def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) -> None:
-    run = run_engine(workdir, "specs/p4_preempt.yaml", watch=True,
-                     probes={"leg1_training": r"KEY> CKPT save step=10 "})
+    run = run_engine(workdir, "specs/p4_preempt.yaml", watch=True, probes={"leg1_training": r"KEY> CKPT save step=10 "})
     assert_every_check_passed(run, "p4_preempt", min_checks=19)
     ev = run.evidence
     run_dir = str(run.run_dir)
@@ -257,8 +287,9 @@ def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) ->
     # directory was alive (torchrun's ranks sit in their own sessions; a group kill alone would miss them).
     # The scan does see a running leg: torchrun and both ranks, while leg 1 saves its first checkpoint.
     assert len(run.seen_at.get("leg1_training", {})) >= 3, run.seen_at.get("leg1_training")
-    assert any("trainer.train" in c and "torch.distributed.run" not in c
-               for c in run.seen_at["leg1_training"].values()), run.seen_at["leg1_training"]
+    assert any(
+        "trainer.train" in c and "torch.distributed.run" not in c for c in run.seen_at["leg1_training"].values()
+    ), run.seen_at["leg1_training"]
     assert "hub_after_leg1" in run.seen_at, sorted(run.seen_at)
     assert run.seen_at["hub_after_leg1"] == {}, run.seen_at["hub_after_leg1"]
     assert run.seen_at.get("wipe_before_leg2") == {}, run.seen_at.get("wipe_before_leg2")
@@ -274,8 +305,10 @@ def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) ->
     assert leg2["push_steps"] == [20, 30] and leg2["tokens_consumed"] == 30 * 512
     assert after2["checkpoints"] == [10, 20, 30] and after2["has_final"] is True
     assert after2["pointer"]["step"] == 30 and after2["pointer"]["terminal"] is True
-    assert store_bytes_sha(ev["values"]["repo"], "final/model.safetensors") == \
-        after2["pointer"]["files"]["model.safetensors"]
+    assert (
+        store_bytes_sha(ev["values"]["repo"], "final/model.safetensors")
+        == after2["pointer"]["files"]["model.safetensors"]
+    )
 
     # And nothing of either leg is left running now that the engine has exited.
     left = processes_naming(run_dir)

@@ -14,6 +14,7 @@ value. The checks that read it must say NO_DATA (never FAIL, never PASS) and nam
 The check list is read from the specs themselves (load_spec + build_plan): a check added to a spec
 without a tamper case below makes `test_every_check_has_a_tamper_case` fail.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,8 +44,8 @@ EVIDENCE_DIR = ROOT / "evidence"
 SPECS = ("p4_smoke", "p4_soak", "p4_preempt")
 
 
-
 # ------------------------------------------------------------------ the spec side
+
 
 @lru_cache(maxsize=None)
 def _checks(stem: str) -> tuple[dict, ...]:
@@ -62,6 +63,7 @@ def check_by_name(stem: str, name: str) -> dict:
 
 
 # ------------------------------------------------------------------ bundles and `engine check`
+
 
 def copy_bundle(stem: str, dest: Path) -> Path:
     """A private copy of the saved bundle; the original is never written to."""
@@ -133,6 +135,7 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> _Baselines:
 
 # ------------------------------------------------------------------ evidence accessors
 
+
 def run_json(doc: dict, leg: str) -> dict:
     return doc["steps"][leg]["harvest"]["run_json"]
 
@@ -195,12 +198,14 @@ TARGET_READERS_AFTER_LEG1 = {"pointer_target_complete_after_leg1": "FAIL", "poin
 
 # ------------------------------------------------------------------ the tamper cases
 
+
 @dataclass(frozen=True)
 class Tamper:
     """One realistic way the check's fact is false. `also`: checks that read the very same fact
     and therefore flip with it, with the outcome they must have (only those present in the spec
     under test are expected); `apply` may return more of them when that depends on the bundle
     (a damaged checkpoint directory that is, in one spec, the pointer's target)."""
+
     fact: str
     apply: Callable[[dict], Mapping[str, str] | None]
     also: Mapping[str, str] = field(default_factory=dict)
@@ -360,8 +365,7 @@ def _leg2_validation_skipped(d: dict) -> None:
 
 
 def _leg2_validation_swallowed_an_error(d: dict) -> None:
-    run_json(d, "leg2").update(val_loss=None, val_ppl=None,
-                               val_error="RuntimeError: shard val-00000.bin is truncated")
+    run_json(d, "leg2").update(val_loss=None, val_ppl=None, val_error="RuntimeError: shard val-00000.bin is truncated")
 
 
 def _arm_peak_gate(d: dict) -> None:
@@ -375,8 +379,7 @@ def _soak_peak_over_gate_on_gpu(d: dict) -> None:
     # What a GPU soak reports (gate_peak is true off the local target): 13.7 GB reserved on the
     # worst rank of leg 1, over the 13.6 GB gate.
     _arm_peak_gate(d)
-    run_json(d, "leg1").update(peak_gpu_gb=12.4, peak_gpu_gb_max_rank=12.5,
-                               peak_reserved_gb_max_rank=13.7)
+    run_json(d, "leg1").update(peak_gpu_gb=12.4, peak_gpu_gb_max_rank=12.5, peak_reserved_gb_max_rank=13.7)
 
 
 def _leg1_collector_stalled(d: dict) -> None:
@@ -412,8 +415,7 @@ def _pointer_moved_before_verify(d: dict) -> None:
     state = hub(d, "hub_after_leg1")
     kill = val(d, "kill_step")
     path = f"ckpt/checkpoint-{kill}"
-    files = {name: hashlib.sha256(f"{path}/{name}".encode()).hexdigest()
-             for name in state["pointer"]["files"]}
+    files = {name: hashlib.sha256(f"{path}/{name}".encode()).hexdigest() for name in state["pointer"]["files"]}
     if kill not in state["checkpoints"]:
         state["checkpoints"] = sorted(state["checkpoints"] + [kill])
         state["files"] = sorted(state["files"] + [f"{path}/{n}" for n in files])
@@ -474,8 +476,9 @@ def _leg1_oldest_checkpoint_kept_only_its_state(d: dict) -> Mapping[str, str]:
     # Pruning that went too far: the oldest checkpoint lists, but holds only trainer_state.json.
     state = hub(d, "hub_after_leg1")
     oldest = f"ckpt/checkpoint-{min(state['checkpoints'])}"
-    names = tuple(n for n in ("model.safetensors", "config.json", "optimizer.pt", "rng.pt")
-                  if f"{oldest}/{n}" in state["files"])
+    names = tuple(
+        n for n in ("model.safetensors", "config.json", "optimizer.pt", "rng.pt") if f"{oldest}/{n}" in state["files"]
+    )
     return TARGET_READERS_AFTER_LEG1 if _lose_files(state, oldest, names) else {}
 
 
@@ -486,8 +489,9 @@ def _leg1_newest_checkpoint_lost_optimizer_state(d: dict) -> Mapping[str, str]:
 
 
 def _horizon_first_checkpoint_kept_only_its_state(d: dict) -> None:
-    _lose_files(hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'push_every')}",
-                ("model.safetensors", "config.json"))
+    _lose_files(
+        hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'push_every')}", ("model.safetensors", "config.json")
+    )
 
 
 def _horizon_newest_checkpoint_lost_optimizer_state(d: dict) -> None:
@@ -505,6 +509,7 @@ def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], Non
         # hash recorded then, only reading the bytes back shows it.
         state = hub(d, state_name)
         state["pointer_target_sha256_stored"]["model.safetensors"] = hashlib.sha256(b"bit rot").hexdigest()
+
     return apply
 
 
@@ -514,114 +519,143 @@ READ_BACK = {"pointer_targets_read_back_intact": "FAIL"}
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_common (all three specs)
     "final_leg_reached_the_horizon": (
-        Tamper("leg 2 stopped one step before the horizon", _leg2_stopped_one_step_early),),
-    "final_leg_was_not_a_segment": (
-        Tamper("leg 2 reported a segment boundary", _leg2_reported_a_segment),),
+        Tamper("leg 2 stopped one step before the horizon", _leg2_stopped_one_step_early),
+    ),
+    "final_leg_was_not_a_segment": (Tamper("leg 2 reported a segment boundary", _leg2_reported_a_segment),),
     "final_pushed": (
         # The pointer still names final/: the retention check finds its target's files gone too.
-        Tamper("final/ never reached the store", _final_not_pushed,
-               also={"checkpoints_complete_at_horizon": "FAIL"}),),
-    "all_steps_present": (
-        Tamper("the first push interval was pruned from ckpt/", _first_checkpoint_pruned),),
+        Tamper("final/ never reached the store", _final_not_pushed, also={"checkpoints_complete_at_horizon": "FAIL"}),
+    ),
+    "all_steps_present": (Tamper("the first push interval was pruned from ckpt/", _first_checkpoint_pruned),),
     "pointer_terminal_at_horizon": (
         Tamper("the horizon pointer is not terminal", _horizon_pointer_not_terminal),
         Tamper("the horizon pointer is one push stale", _horizon_pointer_stale),
-        Tamper("the horizon pointer names ckpt/ instead of final/", _horizon_pointer_names_a_ckpt),),
+        Tamper("the horizon pointer names ckpt/ instead of final/", _horizon_pointer_names_a_ckpt),
+    ),
     "pointer_hashes_match_listing": (
-        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn, also=READ_BACK),),
+        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn, also=READ_BACK),
+    ),
     "pointer_target_complete_after_leg1": (
-        Tamper("the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target,
-               also=READ_BACK),
+        Tamper("the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target, also=READ_BACK),
         Tamper("the pointer after leg 1 does not name the weights", _leg1_pointer_names_no_weights),
-        Tamper("the pointer's target after leg 1 lost its weights", _leg1_target_lost_its_weights),),
+        Tamper("the pointer's target after leg 1 lost its weights", _leg1_target_lost_its_weights),
+    ),
     "checkpoints_complete_after_leg1": (
-        Tamper("the oldest checkpoint after leg 1 kept only its trainer state",
-               _leg1_oldest_checkpoint_kept_only_its_state),
-        Tamper("the newest checkpoint after leg 1 lost optimizer.pt and rng.pt",
-               _leg1_newest_checkpoint_lost_optimizer_state),),
+        Tamper(
+            "the oldest checkpoint after leg 1 kept only its trainer state", _leg1_oldest_checkpoint_kept_only_its_state
+        ),
+        Tamper(
+            "the newest checkpoint after leg 1 lost optimizer.pt and rng.pt",
+            _leg1_newest_checkpoint_lost_optimizer_state,
+        ),
+    ),
     "checkpoints_complete_at_horizon": (
         Tamper("the first checkpoint kept only its trainer state", _horizon_first_checkpoint_kept_only_its_state),
-        Tamper("the newest ckpt/ directory lost optimizer.pt and rng.pt (the pointer names final/)",
-               _horizon_newest_checkpoint_lost_optimizer_state),
-        Tamper("final/ lost rng.pt", _final_lost_its_rng_state,
-               also={"pointer_hashes_match_listing": "FAIL", **READ_BACK}),),
-    "params_are_the_expected_model": (
-        Tamper("leg 2 trained another geometry", _leg2_wrong_geometry),),
+        Tamper(
+            "the newest ckpt/ directory lost optimizer.pt and rng.pt (the pointer names final/)",
+            _horizon_newest_checkpoint_lost_optimizer_state,
+        ),
+        Tamper(
+            "final/ lost rng.pt", _final_lost_its_rng_state, also={"pointer_hashes_match_listing": "FAIL", **READ_BACK}
+        ),
+    ),
+    "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", _leg2_wrong_geometry),),
     "final_leg_validation_actually_ran": (
         Tamper("validation skipped on leg 2", _leg2_validation_skipped),
-        Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error),),
+        Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error),
+    ),
     "horizon_tokens_match_the_arithmetic": (
-        Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short),),
+        Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short),
+    ),
     # p4_segment's loss check reads leg 2's final loss too; the count flips with a null loss.
     "final_loss_finite_and_below_ceiling": (
         Tamper("leg 2 ended on a NaN loss (JSON NaN)", _leg2_nan_literal, also=LEG2_LOSS_READERS),
-        Tamper("leg 2 ended on a non-finite loss (null, as the trainer writes it)",
-               _leg2_nan_as_the_trainer_writes_it,
-               also={**LEG2_LOSS_READERS, "final_leg_had_no_nonfinite_loss": "FAIL"}),),
+        Tamper(
+            "leg 2 ended on a non-finite loss (null, as the trainer writes it)",
+            _leg2_nan_as_the_trainer_writes_it,
+            also={**LEG2_LOSS_READERS, "final_leg_had_no_nonfinite_loss": "FAIL"},
+        ),
+    ),
     "final_leg_had_no_nonfinite_loss": (
-        Tamper("a NaN in the middle of leg 2, recovered from (final loss finite)", _leg2_nan_mid_run),),
+        Tamper("a NaN in the middle of leg 2, recovered from (final loss finite)", _leg2_nan_mid_run),
+    ),
     # ---- p4_segment (p4_smoke, p4_soak)
-    "leg1_stopped_at_the_stop_step": (
-        Tamper("leg 1 stopped one step late", _leg1_one_step_late),),
-    "leg1_reported_a_segment": (
-        Tamper("leg 1 reported the horizon, not a segment", _leg1_reported_horizon),),
-    "leg1_pushed_every_interval": (
-        Tamper("checkpoint push_every is missing after leg 1", _leg1_checkpoint_missing),),
+    "leg1_stopped_at_the_stop_step": (Tamper("leg 1 stopped one step late", _leg1_one_step_late),),
+    "leg1_reported_a_segment": (Tamper("leg 1 reported the horizon, not a segment", _leg1_reported_horizon),),
+    "leg1_pushed_every_interval": (Tamper("checkpoint push_every is missing after leg 1", _leg1_checkpoint_missing),),
     "leg1_pointer_at_stop": (
         Tamper("the pointer after leg 1 is stale", _leg1_pointer_stale),
-        Tamper("the pointer after leg 1 is terminal", _leg1_pointer_terminal),),
+        Tamper("the pointer after leg 1 is terminal", _leg1_pointer_terminal),
+    ),
     "leg2_resumed_from_exactly_the_stop": (
         Tamper("leg 2 resumed one push before the stop", _leg2_resumed_one_push_early),
-        Tamper("leg 2 started fresh", _leg2_fresh_start),),
+        Tamper("leg 2 started fresh", _leg2_fresh_start),
+    ),
     "leg2_continues_leg1_trajectory": (
-        Tamper("leg 2's first loss jumped 50 % above leg 1's last", _leg2_first_loss_jumped),),
+        Tamper("leg 2's first loss jumped 50 % above leg 1's last", _leg2_first_loss_jumped),
+    ),
     "tokens_at_the_stop_match_the_arithmetic": (
-        Tamper("leg 1 consumed one step's tokens too few", _leg1_tokens_one_step_short),),
-    "params_are_the_frozen_model": (
-        Tamper("leg 1 trained another geometry", _leg1_wrong_geometry),),
-    "checkpointing_really_off": (
-        Tamper("leg 1 ran with gradient checkpointing", _leg1_grad_ckpt_on),),
+        Tamper("leg 1 consumed one step's tokens too few", _leg1_tokens_one_step_short),
+    ),
+    "params_are_the_frozen_model": (Tamper("leg 1 trained another geometry", _leg1_wrong_geometry),),
+    "checkpointing_really_off": (Tamper("leg 1 ran with gradient checkpointing", _leg1_grad_ckpt_on),),
     "leg1_skipped_validation_by_design": (
         Tamper("leg 1 ran validation", _leg1_validated),
-        Tamper("leg 1 reports a perplexity although it skipped validation",
-               _leg1_ppl_without_validation),),
+        Tamper("leg 1 reports a perplexity although it skipped validation", _leg1_ppl_without_validation),
+    ),
     "leg1_loss_finite_and_below_ceiling": (
         Tamper("leg 1 ended on a loss spike above ln(vocab)", _leg1_ended_on_a_spike),
         # The trajectory check compares leg 2's first loss with leg 1's final loss: it cannot
         # hold when that loss is not a number, and says so by failing (is_finite guard).
-        Tamper("leg 1 ended on a non-finite loss (null, as the trainer writes it)",
-               _leg1_nan_as_the_trainer_writes_it,
-               also={"leg2_continues_leg1_trajectory": "FAIL", "leg1_had_no_nonfinite_loss": "FAIL"}),),
+        Tamper(
+            "leg 1 ended on a non-finite loss (null, as the trainer writes it)",
+            _leg1_nan_as_the_trainer_writes_it,
+            also={"leg2_continues_leg1_trajectory": "FAIL", "leg1_had_no_nonfinite_loss": "FAIL"},
+        ),
+    ),
     "leg1_had_no_nonfinite_loss": (
-        Tamper("a NaN in the middle of leg 1, recovered from (final loss finite)", _leg1_nan_mid_run),),
+        Tamper("a NaN in the middle of leg 1, recovered from (final loss finite)", _leg1_nan_mid_run),
+    ),
     "loss_at_horizon_below_step_one": (
-        Tamper("leg 2's loss at the horizon is only 5 % below step 1's", _leg2_loss_barely_moved),),
+        Tamper("leg 2's loss at the horizon is only 5 % below step 1's", _leg2_loss_barely_moved),
+    ),
     # ---- p4_soak
     "peak_memory_during_training_below_gate": (
-        Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),),
+        Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),
+    ),
     "pointer_targets_read_back_intact": (
-        Tamper("an object under the horizon pointer's target was damaged after its upload",
-               _stored_object_damaged_after_upload("hub_after_leg2")),
-        Tamper("an object under leg 1's pointer target was damaged after its upload",
-               _stored_object_damaged_after_upload("hub_after_leg1")),),
+        Tamper(
+            "an object under the horizon pointer's target was damaged after its upload",
+            _stored_object_damaged_after_upload("hub_after_leg2"),
+        ),
+        Tamper(
+            "an object under leg 1's pointer target was damaged after its upload",
+            _stored_object_damaged_after_upload("hub_after_leg1"),
+        ),
+    ),
     "collector_never_stalled_a_step": (
         Tamper("a full garbage collection stopped leg 1 for 0.62 s", _leg1_collector_stalled),
-        Tamper("leg 2's longest full collection took exactly the 0.1 s gate", _leg2_collector_stalled_just_at_the_gate),),
+        Tamper("leg 2's longest full collection took exactly the 0.1 s gate", _leg2_collector_stalled_just_at_the_gate),
+    ),
     # ---- p4_preempt
     "leg1_was_killed_mid_push": (
         Tamper("leg 1 was killed by its timeout", _killed_by_timeout),
-        Tamper("leg 1 was SIGKILLed by something else (rc -9, no signal rule fired)",
-               _killed_by_someone_else),),
+        Tamper("leg 1 was SIGKILLed by something else (rc -9, no signal rule fired)", _killed_by_someone_else),
+    ),
     "leg1_left_no_run_json": (
-        Tamper("leg 1 printed a RUN_JSON: the kill came after the run ended", _leg1_ran_to_the_end),),
+        Tamper("leg 1 printed a RUN_JSON: the kill came after the run ended", _leg1_ran_to_the_end),
+    ),
     "pointer_never_named_the_unfinished_checkpoint": (
-        Tamper("the pointer names the checkpoint whose push was killed", _pointer_moved_before_verify),),
+        Tamper("the pointer names the checkpoint whose push was killed", _pointer_moved_before_verify),
+    ),
     "leg2_resumed_from_last_verified": (
         Tamper("leg 2 resumed from the half-pushed checkpoint", _leg2_resumed_from_half_pushed),
-        Tamper("leg 2 started fresh", _leg2_fresh_start),),
+        Tamper("leg 2 started fresh", _leg2_fresh_start),
+    ),
     "nothing_was_lost": (
         Tamper("leg 2 has no loss for one step", _leg2_lost_a_step),
-        Tamper("leg 2 trained the last verified step again", _leg2_repeated_a_step),),
+        Tamper("leg 2 trained the last verified step again", _leg2_repeated_a_step),
+    ),
 }
 
 
@@ -629,12 +663,13 @@ def _cases() -> list:
     cases = []
     for stem in SPECS:
         for name in check_names(stem):
-            for i, tamper in enumerate(TAMPERS.get(name, ())):
+            for i in range(len(TAMPERS.get(name, ()))):
                 cases.append(pytest.param(stem, name, i, id=f"{stem}-{name}-{i}"))
     return cases
 
 
 # ------------------------------------------------------------------ the bundles themselves
+
 
 @pytest.mark.parametrize("stem", SPECS)
 def test_saved_bundle_is_a_small_real_run(stem: str) -> None:
@@ -653,8 +688,10 @@ def test_saved_bundle_is_a_small_real_run(stem: str) -> None:
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     assert size < 1_000_000, f"{stem} bundle is {size} bytes"
     # Every run step really ran; both collects really collected.
-    assert {s: st["status"] for s, st in doc["steps"].items()
-            if st["kind"] == "collect"} == {"hub_after_leg1": "ok", "hub_after_leg2": "ok"}
+    assert {s: st["status"] for s, st in doc["steps"].items() if st["kind"] == "collect"} == {
+        "hub_after_leg1": "ok",
+        "hub_after_leg2": "ok",
+    }
 
 
 @pytest.mark.parametrize("stem", SPECS)
@@ -676,8 +713,7 @@ def test_soak_peak_gate_is_skipped_on_the_local_target(baselines: dict) -> None:
 
 
 @pytest.mark.parametrize("stem", SPECS)
-def test_replay_re_harvests_the_saved_logs(stem: str, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture) -> None:
+def test_replay_re_harvests_the_saved_logs(stem: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The logs/ kept in the bundle are enough for `engine replay` to re-derive every harvest."""
     bundle = copy_bundle(stem, tmp_path)
     saved = read_evidence(bundle)
@@ -694,9 +730,9 @@ def test_replay_re_harvests_the_saved_logs(stem: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("stem", SPECS)
-def test_bundle_checks_from_another_checkout(stem: str, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture) -> None:
+def test_bundle_checks_from_another_checkout(
+    stem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """The evidence records this machine's absolute paths (run_dir, work_dir, python); a clone
     elsewhere (CI) must still re-check it with relative paths from its own root."""
     clone = tmp_path / "elsewhere" / "clone"
@@ -724,8 +760,14 @@ def test_bundles_check_like_ci_without_torch_or_trainer(tmp_path: Path) -> None:
         f"rcs = [main(['check', f'specs/{{s}}.yaml', '--evidence', f'evidence/{{s}}']) for s in {list(SPECS)!r}]\n"
         "print('RCS', rcs)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=clone, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "RCS [0, 0, 0]" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     for stem in SPECS:
@@ -733,6 +775,7 @@ def test_bundles_check_like_ci_without_torch_or_trainer(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ every check can fail
+
 
 def test_every_check_has_a_tamper_case() -> None:
     """A new check without a tamper case (or a stale case for a removed check) fails here."""
@@ -748,9 +791,9 @@ def test_every_check_has_a_tamper_case() -> None:
 
 
 @pytest.mark.parametrize("stem,name,index", _cases())
-def test_tampered_fact_fails_exactly_its_check(stem: str, name: str, index: int, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture,
-                                               baselines: dict) -> None:
+def test_tampered_fact_fails_exactly_its_check(
+    stem: str, name: str, index: int, tmp_path: Path, capsys: pytest.CaptureFixture, baselines: dict
+) -> None:
     tamper = TAMPERS[name][index]
     bundle = copy_bundle(stem, tmp_path)
     doc = read_evidence(bundle)
@@ -780,8 +823,7 @@ def test_tampered_fact_fails_exactly_its_check(stem: str, name: str, index: int,
     assert f"VERDICT {stem} FAIL" in got.out and name in got.out
 
 
-def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The control for the 13.7 GB case: the gate is `<=`, so 13.6 and 12.25 pass once armed."""
     for peak in (13.6, 12.25):
         bundle = copy_bundle("p4_soak", tmp_path / str(peak))
@@ -794,8 +836,7 @@ def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path,
         assert got.rc == Exit.PASS
 
 
-def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture) -> None:
+def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Armed on a run that measured nothing (peak null on CPU): a FAIL, not a silent pass."""
     bundle = copy_bundle("p4_soak", tmp_path)
     doc = read_evidence(bundle)
@@ -809,7 +850,8 @@ def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path,
 
 
 def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_soak(
-        tmp_path: Path, capsys: pytest.CaptureFixture, baselines: dict) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture, baselines: dict
+) -> None:
     """The check's own scenario (`why`): a restart from random weights jumps back up."""
     bundle = copy_bundle("p4_soak", tmp_path)
     doc = read_evidence(bundle)
@@ -821,7 +863,8 @@ def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_soak(
 
 
 def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_smoke(
-        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     bundle = copy_bundle("p4_smoke", tmp_path)
     doc = read_evidence(bundle)
     _leg2_restarted_from_random_weights(doc)
@@ -830,11 +873,13 @@ def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_smoke(
     assert got.result("leg2_continues_leg1_trajectory")["outcome"] == "FAIL"
 
 
-def test_a_tampered_copy_leaves_the_saved_bundle_untouched(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_a_tampered_copy_leaves_the_saved_bundle_untouched(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     def snapshot() -> dict[str, str]:
-        return {str(p.relative_to(EVIDENCE_DIR)): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(EVIDENCE_DIR.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(EVIDENCE_DIR)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(EVIDENCE_DIR.rglob("*"))
+            if p.is_file()
+        }
 
     before = snapshot()
     bundle = copy_bundle("p4_smoke", tmp_path)
@@ -904,11 +949,11 @@ def _delete(doc: dict, dotted: str) -> None:
 # mul()): jmespath raises a type error on the null, and the engine must still report the missing
 # path as NO_DATA, not an ERROR about types. Each such check, with one deletion that shows it.
 ERROR_ON_MISSING = {
-    "leg2_continues_leg1_trajectory": "steps.leg1.harvest.run_json.final_loss",   # sub()
-    "loss_at_horizon_below_step_one": "steps.leg1.harvest.run_json.losses",       # mul(get(..))
-    "leg1_was_killed_mid_push": "steps.leg1.signals_sent",                        # length()
-    "leg1_left_no_run_json": "steps.leg1.harvest_errors",                         # length()
-    "nothing_was_lost": "steps.leg2.harvest.run_json.losses",                     # keys()
+    "leg2_continues_leg1_trajectory": "steps.leg1.harvest.run_json.final_loss",  # sub()
+    "loss_at_horizon_below_step_one": "steps.leg1.harvest.run_json.losses",  # mul(get(..))
+    "leg1_was_killed_mid_push": "steps.leg1.signals_sent",  # length()
+    "leg1_left_no_run_json": "steps.leg1.harvest_errors",  # length()
+    "nothing_was_lost": "steps.leg2.harvest.run_json.losses",  # keys()
 }
 
 
@@ -926,8 +971,9 @@ def _missing_cases() -> list:
 
 
 @pytest.mark.parametrize("stem,deleted", _missing_cases())
-def test_missing_data_is_no_data(stem: str, deleted: str, tmp_path: Path,
-                                 capsys: pytest.CaptureFixture, baselines: dict) -> None:
+def test_missing_data_is_no_data(
+    stem: str, deleted: str, tmp_path: Path, capsys: pytest.CaptureFixture, baselines: dict
+) -> None:
     bundle = copy_bundle(stem, tmp_path)
     doc = read_evidence(bundle)
     _delete(doc, deleted)
@@ -954,8 +1000,10 @@ def test_missing_data_is_no_data(stem: str, deleted: str, tmp_path: Path,
             affected.add(name)
             assert _missing_outcome_ok(name, result), (name, result["outcome"], result["reason"])
             if result["outcome"] == "NO_DATA":
-                assert result["missing"] and all(_reads(m, deleted) for m in result["missing"]), \
-                    (name, result["missing"])
+                assert result["missing"] and all(_reads(m, deleted) for m in result["missing"]), (
+                    name,
+                    result["missing"],
+                )
                 assert result["reason"].startswith(f"no data: {result['missing'][0]} is missing")
         else:
             assert result["outcome"] == base, (name, result["outcome"], result["reason"])
@@ -987,23 +1035,32 @@ def test_null_is_data_absent_is_not(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert got.rc == Exit.FAILED
 
 
-def test_leg_without_run_json_is_no_data_for_every_reader(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture,
-                                                          baselines: dict) -> None:
+def test_leg_without_run_json_is_no_data_for_every_reader(
+    tmp_path: Path, capsys: pytest.CaptureFixture, baselines: dict
+) -> None:
     """What the engine records when leg 2 printed no RUN_JSON line at all (a crash after the last
     step): every check that reads leg 2's RUN_JSON is NO_DATA and names it."""
     bundle = copy_bundle("p4_smoke", tmp_path)
     doc = read_evidence(bundle)
     doc["steps"]["leg2"]["harvest"] = {}
     doc["steps"]["leg2"]["harvest_errors"] = [
-        {"name": "run_json", "marker": "RUN_JSON ", "line": None, "error": "missing", "text": None}]
+        {"name": "run_json", "marker": "RUN_JSON ", "line": None, "error": "missing", "text": None}
+    ]
     write_evidence(bundle, doc)
     got = engine_check("p4_smoke", bundle, capsys)
-    readers = {c["name"] for c in _checks("p4_smoke")
-               if any(_reads(p, "steps.leg2.harvest.run_json") for p in _read_paths(c, "expr"))}
-    assert readers >= {"final_leg_reached_the_horizon", "horizon_tokens_match_the_arithmetic",
-                       "final_leg_validation_actually_ran", "loss_at_horizon_below_step_one",
-                       "final_leg_had_no_nonfinite_loss", "leg2_continues_leg1_trajectory"}
+    readers = {
+        c["name"]
+        for c in _checks("p4_smoke")
+        if any(_reads(p, "steps.leg2.harvest.run_json") for p in _read_paths(c, "expr"))
+    }
+    assert readers >= {
+        "final_leg_reached_the_horizon",
+        "horizon_tokens_match_the_arithmetic",
+        "final_leg_validation_actually_ran",
+        "loss_at_horizon_below_step_one",
+        "final_leg_had_no_nonfinite_loss",
+        "leg2_continues_leg1_trajectory",
+    }
     not_pass = {n: o for n, o in got.outcomes.items() if o != baselines["p4_smoke"][n]}
     assert set(not_pass) == readers
     for name in readers:
@@ -1017,8 +1074,12 @@ def test_leg_without_run_json_is_no_data_for_every_reader(tmp_path: Path,
 
 
 def _function_gap_cases() -> list:
-    return [pytest.param(stem, name, ERROR_ON_MISSING[name], id=f"{stem}-{name}")
-            for stem in SPECS for name in check_names(stem) if name in ERROR_ON_MISSING]
+    return [
+        pytest.param(stem, name, ERROR_ON_MISSING[name], id=f"{stem}-{name}")
+        for stem in SPECS
+        for name in check_names(stem)
+        if name in ERROR_ON_MISSING
+    ]
 
 
 def test_error_on_missing_names_real_checks() -> None:
@@ -1027,9 +1088,9 @@ def test_error_on_missing_names_real_checks() -> None:
 
 
 @pytest.mark.parametrize("stem,name,deleted", _function_gap_cases())
-def test_missing_value_in_a_function_is_no_data(stem: str, name: str, deleted: str,
-                                                tmp_path: Path,
-                                                capsys: pytest.CaptureFixture) -> None:
+def test_missing_value_in_a_function_is_no_data(
+    stem: str, name: str, deleted: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     bundle = copy_bundle(stem, tmp_path)
     doc = read_evidence(bundle)
     _delete(doc, deleted)
@@ -1038,5 +1099,4 @@ def test_missing_value_in_a_function_is_no_data(stem: str, name: str, deleted: s
     assert got.rc == Exit.FAILED and name in got.record["verdict"]["failed"]
     result = got.result(name)
     assert result["outcome"] == "NO_DATA", (result["outcome"], result["reason"])
-    assert result["reason"] == f"no data: {deleted} is missing" or \
-        result["reason"].startswith(f"no data: {deleted}")
+    assert result["reason"] == f"no data: {deleted} is missing" or result["reason"].startswith(f"no data: {deleted}")

@@ -1,5 +1,6 @@
 """engine/evidence.py: evidence.json is standard JSON; non-finite numbers are stored as
 {"$nonfinite": ...} and load back as the floats the live run's checks saw."""
+
 from __future__ import annotations
 
 import json
@@ -52,15 +53,18 @@ checks:
 
 def strict_loads(text: str) -> object:
     """A reader that refuses NaN/Infinity tokens, as jq and JavaScript do."""
+
     def refuse(token: str) -> None:
         raise ValueError(f"non-standard JSON token {token}")
+
     return json.loads(text, parse_constant=refuse)
 
 
 def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(tmp_path: Path) -> None:
@@ -70,11 +74,20 @@ def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(tmp_path
     assert r.returncode == Exit.FAILED, r.stdout + r.stderr
     text = (tmp_path / "r" / "evidence.json").read_text()
     stored = strict_loads(text)["steps"]["leg1"]["harvest"]["run_json"]
-    assert stored == {"final_loss": {"$nonfinite": "NaN"}, "peak": {"$nonfinite": "Infinity"},
-                      "low": {"$nonfinite": "-Infinity"}, "ok": 1.5}
+    assert stored == {
+        "final_loss": {"$nonfinite": "NaN"},
+        "peak": {"$nonfinite": "Infinity"},
+        "low": {"$nonfinite": "-Infinity"},
+        "ok": 1.5,
+    }
     live = {c["name"]: c["outcome"] for c in strict_loads(text)["checks"]}
-    assert live == {"loss_is_finite": "FAIL", "loss_below_ceiling": "FAIL",
-                    "loss_not_above_ceiling": "PASS", "peak_is_finite": "FAIL", "low_below_zero": "PASS"}
+    assert live == {
+        "loss_is_finite": "FAIL",
+        "loss_below_ceiling": "FAIL",
+        "loss_not_above_ceiling": "PASS",
+        "peak_is_finite": "FAIL",
+        "low_below_zero": "PASS",
+    }
     r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
     (record,) = (tmp_path / "r").glob("check-*.json")
     rechecked = {c["name"]: c["outcome"] for c in strict_loads(record.read_text())["checks"]}

@@ -1,5 +1,6 @@
 """The trainer's garbage-collector handling (trainer/heap.py): freezing what lives after the compile,
 then counting and timing the full collections that still stop the training thread."""
+
 from __future__ import annotations
 
 import gc
@@ -19,35 +20,35 @@ class Node:
 def unfrozen() -> Iterator[None]:
     gc.unfreeze()
     yield
-    gc.unfreeze()                                               # the rest of the suite as it was
+    gc.unfreeze()  # the rest of the suite as it was
 
 
 def test_freeze_heap_collects_garbage_first_then_freezes_what_lives():
     cycle = Node()
-    cycle.me = cycle                        # garbage only a collection can free (a reference cycle)
+    cycle.me = cycle  # garbage only a collection can free (a reference cycle)
     dead = weakref.ref(cycle)
     del cycle
     alive = [Node() for _ in range(1000)]
     frozen, seconds = freeze_heap()
-    assert dead() is None                                       # collected before the freeze, not frozen
+    assert dead() is None  # collected before the freeze, not frozen
     assert frozen >= len(alive) and seconds >= 0
     # Frozen objects leave the collector's generations. (Not frozen == get_freeze_count(): a frozen
     # object freed by refcount, on another thread of the suite, shrinks that count in between.)
     mine = {id(n) for n in alive}
     assert sum(id(o) in mine for o in gc.get_objects()) == 0
     fresh = Node()
-    assert any(o is fresh for o in gc.get_objects())            # what lives after the freeze is collected again
+    assert any(o is fresh for o in gc.get_objects())  # what lives after the freeze is collected again
 
 
 def test_full_collections_counts_only_generation_2_and_only_while_watching():
-    gc.collect(2)                                               # before: not counted
+    gc.collect(2)  # before: not counted
     with FullCollections() as watch:
         gc.collect(0)
-        gc.collect(1)                                           # young generations: not the stall it tracks
+        gc.collect(1)  # young generations: not the stall it tracks
         assert watch.count == 0 and watch.max_s == 0.0
         gc.collect(2)
-        gc.collect()                                            # 2 is the default generation
-    gc.collect(2)                                               # after: not counted, the hook is gone
+        gc.collect()  # 2 is the default generation
+    gc.collect(2)  # after: not counted, the hook is gone
     assert watch.count == 2
     assert 0 < watch.max_s <= watch.total_s
     assert watch._hook not in gc.callbacks
@@ -58,7 +59,7 @@ def test_full_collections_counts_only_generation_2_and_only_while_watching():
 
 def fastest_full_collection(times: int = 3) -> float:
     seconds = []
-    for _ in range(times):                                      # the fastest: a busy core slows only some
+    for _ in range(times):  # the fastest: a busy core slows only some
         with FullCollections() as watch:
             gc.collect()
         assert watch.count == 1
@@ -81,7 +82,7 @@ def test_start_and_stop_are_idempotent():
     watch = FullCollections()
     watch.start()
     watch.start()
-    assert gc.callbacks.count(watch._hook) == 1                 # one hook: each collection counted once
+    assert gc.callbacks.count(watch._hook) == 1  # one hook: each collection counted once
     gc.collect()
     watch.stop()
     watch.stop()
@@ -104,14 +105,24 @@ if os.environ.get("RANK") == "1":
 @pytest.mark.slow
 def test_trainer_reports_the_full_collections_of_its_worst_rank(tmp_path, tmp_path_factory):
     from trainer_helpers import explain, run_trainer, store_url, tiny_mix, torchrun_cmd, trainer_args
+
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(COLLECTING_RANK)
-    r = run_trainer(torchrun_cmd(trainer_args(root=tiny_mix(tmp_path_factory), out=tmp_path / "out",
-                                              repo=store_url(tmp_path / "store"), steps=6, push_every=3)),
-                    env={"PYTHONPATH": str(site)})
+    r = run_trainer(
+        torchrun_cmd(
+            trainer_args(
+                root=tiny_mix(tmp_path_factory),
+                out=tmp_path / "out",
+                repo=store_url(tmp_path / "store"),
+                steps=6,
+                push_every=3,
+            )
+        ),
+        env={"PYTHONPATH": str(site)},
+    )
     assert r.rc == 0 and r.run_json is not None, explain(r)
-    rj = r.run_json                                 # rank 0's report; only rank 1 collected
+    rj = r.run_json  # rank 0's report; only rank 1 collected
     assert rj["gc_full_collections"] >= 1 and rj["gc_full_s_max"] > 0, rj
     assert rj["gc_full_s_max"] <= rj["gc_full_s_total"]
     (line,) = [ln for ln in r.starting("gc: ") if "full collections after the freeze" in ln]

@@ -1,6 +1,7 @@
 """Hostile specs, hostile legs and hostile evidence (issue 21): each case ends in a clear error
 (exit 2 naming the input, or the leg's own harvest error), never a traceback, a hang, a leak or an
 orphan. Everything runs for real: `engine` subprocesses, real legs, real signals."""
+
 from __future__ import annotations
 
 import io
@@ -28,11 +29,17 @@ ENGINE = [sys.executable, "-m", "engine.cli"]
 TOKEN = "hf_HOSTILE_TOKEN_5b7c9d1e3f"
 
 
-def write_spec(path: Path, steps: list[dict], checks: list[dict] | None = None,
-               values: dict | None = None, **top: object) -> Path:
-    doc = {"version": 1, "name": "hostile", "budget_s": 1000, "values": values or {},
-           "steps": steps,
-           "checks": checks or [{"name": "ran", "why": "the leg ran", "expr": "steps.leg.rc == `0`"}]}
+def write_spec(
+    path: Path, steps: list[dict], checks: list[dict] | None = None, values: dict | None = None, **top: object
+) -> Path:
+    doc = {
+        "version": 1,
+        "name": "hostile",
+        "budget_s": 1000,
+        "values": values or {},
+        "steps": steps,
+        "checks": checks or [{"name": "ran", "why": "the leg ran", "expr": "steps.leg.rc == `0`"}],
+    }
     doc.update(top)
     path.write_text(yaml.safe_dump(doc, sort_keys=False, width=10_000))
     return path
@@ -58,13 +65,11 @@ def engine(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
     return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
 
 
-def engine_process(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None
-                   ) -> subprocess.CompletedProcess:
+def engine_process(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """`engine ARGS` as a subprocess: for the cases that would hang or eat the memory of the
     test process if the behaviour under test broke."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def no_traceback(proc: subprocess.CompletedProcess) -> None:
@@ -106,19 +111,33 @@ def all_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 def files_holding(root: Path, needle: bytes) -> list[str]:
-    return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink()
-            and needle in p.read_bytes()]
+    return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
 
 
 # ------------------------------------------------------------------ tracebacks -> clear errors
 
+
 def test_run_json_nested_100000_deep_or_with_a_5000_digit_integer_is_a_harvest_error(tmp_path):
-    code = ("print('DEEP ' + '[' * 100000 + ']' * 100000); print('BIG {\"n\": ' + '7' * 5000 + '}');"
-            "print('FINE {\"n\": 1}')")
-    spec = write_spec(tmp_path / "s.yaml", [
-        {"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60, "output": {"harvest": {
-            "deep": {"marker": "DEEP "}, "big": {"marker": "BIG "}, "fine": {"marker": "FINE "}}}}}],
-        checks=[{"name": "fine", "why": "the sane marker is still read", "expr": "steps.leg.harvest.fine.n == `1`"}])
+    code = (
+        "print('DEEP ' + '[' * 100000 + ']' * 100000); print('BIG {\"n\": ' + '7' * 5000 + '}');"
+        "print('FINE {\"n\": 1}')"
+    )
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [
+            {
+                "name": "leg",
+                "run": {
+                    "argv": ["${python}", "-c", code],
+                    "timeout_s": 60,
+                    "output": {
+                        "harvest": {"deep": {"marker": "DEEP "}, "big": {"marker": "BIG "}, "fine": {"marker": "FINE "}}
+                    },
+                },
+            }
+        ],
+        checks=[{"name": "fine", "why": "the sane marker is still read", "expr": "steps.leg.harvest.fine.n == `1`"}],
+    )
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)
     # The engine reads on and the sane marker passes its check; the two it could not read fail the
@@ -137,11 +156,14 @@ def test_a_jmespath_expression_nested_3000_deep_is_invalid_not_a_crash(tmp_path)
     assert proc.returncode == 2 and "$.checks[0].expr" in proc.stdout and "nested" in proc.stdout
 
 
-@pytest.mark.parametrize("step,named", [
-    (leg("a\0b"), "argv[2] contains a NUL byte"),
-    (leg("hi", env={"BAD=NAME": "x"}), "environment variable name 'BAD=NAME' is not valid"),
-    (leg("hi", env={"GOOD": "x\0y"}), "environment variable GOOD contains a NUL byte"),
-])
+@pytest.mark.parametrize(
+    "step,named",
+    [
+        (leg("a\0b"), "argv[2] contains a NUL byte"),
+        (leg("hi", env={"BAD=NAME": "x"}), "environment variable name 'BAD=NAME' is not valid"),
+        (leg("hi", env={"GOOD": "x\0y"}), "environment variable GOOD contains a NUL byte"),
+    ],
+)
 def test_argv_nul_or_a_bad_environment_name_fails_the_step_with_a_message(tmp_path, step, named):
     spec = write_spec(tmp_path / "s.yaml", [step])
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
@@ -176,22 +198,28 @@ def test_a_report_that_became_unwritable_during_the_run_is_an_error_before_the_v
     # The leg turns the report's directory into a file: the check at the start passed.
     (tmp_path / "out").mkdir()
     code = "import shutil; shutil.rmtree('out'); open('out', 'w').close()"
-    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": {"argv": ["${python}", "-c", code],
-                                                                    "timeout_s": 60}}])
+    spec = write_spec(
+        tmp_path / "s.yaml", [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
+    )
     proc = engine("run", str(spec), "--run-dir", "r", "--junit", "out/junit.xml", cwd=tmp_path)
     no_traceback(proc)
     assert proc.returncode == 2 and "could not write the report out/junit.xml" in proc.stderr
     assert evidence(tmp_path / "r")["verdict"]["outcome"] == "PASS"  # the run itself is kept
 
 
-@pytest.mark.parametrize("content,says", [
-    (b"{\"evidence_version\": 1, \"x\": " + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested"),
-    (b"{\"evidence_version\": 1, \"x\": " + b"[" * 500 + b"]" * 500 + b"}", "nested more than"),
-    (json.dumps({"evidence_version": 1, "steps": [], "values": "x"}).encode(), "$.steps: expected an object"),
-    (json.dumps({"evidence_version": 1, "steps": {"leg": {"status": 3, "log": "/etc/passwd"}}}).encode(),
-     "$.steps.leg.status: expected a string"),
-    (b"{\"evidence_version\": 1, \"mode\": \"\xff\xfe\"}", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        (b'{"evidence_version": 1, "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested"),
+        (b'{"evidence_version": 1, "x": ' + b"[" * 500 + b"]" * 500 + b"}", "nested more than"),
+        (json.dumps({"evidence_version": 1, "steps": [], "values": "x"}).encode(), "$.steps: expected an object"),
+        (
+            json.dumps({"evidence_version": 1, "steps": {"leg": {"status": 3, "log": "/etc/passwd"}}}).encode(),
+            "$.steps.leg.status: expected a string",
+        ),
+        (b'{"evidence_version": 1, "mode": "\xff\xfe"}', "not UTF-8"),
+    ],
+)
 def test_check_on_hostile_evidence_is_refused_naming_the_problem(tmp_path, content, says):
     spec = write_spec(tmp_path / "s.yaml", [leg("hi")])
     (tmp_path / "r").mkdir()
@@ -223,11 +251,22 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
 
 # ------------------------------------------------------------------ hangs and blow-ups, bounded
 
+
 def test_a_catastrophic_strip_prefix_gives_up_and_fails_the_step_not_the_engine(tmp_path):
     line = "a" * 64 + "!"
-    spec = write_spec(tmp_path / "s.yaml", [
-        leg(*[line] * 3, "RUN_JSON {}", "@forever", timeout_s=3, grace_s=1,
-            output={"strip_prefix": "^(a|aa)+$", "harvest": {"rj": {"marker": "RUN_JSON "}}})])
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [
+            leg(
+                *[line] * 3,
+                "RUN_JSON {}",
+                "@forever",
+                timeout_s=3,
+                grace_s=1,
+                output={"strip_prefix": "^(a|aa)+$", "harvest": {"rj": {"marker": "RUN_JSON "}}},
+            )
+        ],
+    )
     started = time.monotonic()
     proc = engine_process("run", str(spec), "--run-dir", "r", cwd=tmp_path, timeout=90)
     took = time.monotonic() - started
@@ -250,12 +289,17 @@ signal.setitimer(signal.ITIMER_REAL, 0.5)
 signal.signal(signal.SIGALRM, signal.default_int_handler)
 started = time.monotonic()
 try:
-    evaluate([{{"name": "c", "why": "w", "expr": "regex_match('{'a' * 200}!', '^(a|aa)+$')"}}], {{}}, OPTIONS)
+    evaluate([{{"name": "c", "why": "w", "expr": "regex_match('{"a" * 200}!', '^(a|aa)+$')"}}], {{}}, OPTIONS)
 except KeyboardInterrupt:
     print("interrupted after", round(time.monotonic() - started, 1))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout.startswith("interrupted after"), proc.stdout + proc.stderr
     assert float(proc.stdout.split()[-1]) < 10
 
@@ -288,9 +332,10 @@ def test_range_bombs_are_refused_with_the_expression_named(tmp_path):
 
 def test_huge_integers_from_arithmetic_are_refused():
     from engine.functions import FunctionError, compile_expr, search
+
     expr = "mul(mul(mul(mul(x, x), mul(x, x)), mul(mul(x, x), mul(x, x))), x)"
     with pytest.raises(FunctionError, match="digits"):
-        search(compile_expr(expr), {"x": 10 ** 60})
+        search(compile_expr(expr), {"x": 10**60})
 
 
 def test_a_diamond_of_includes_22_deep_loads_each_file_once(tmp_path):
@@ -299,8 +344,10 @@ def test_a_diamond_of_includes_22_deep_loads_each_file_once(tmp_path):
         for side in "ab":
             body = f"values: {{v{level}{side}: {level}}}\n" + (f"include: {nxt}\n" if nxt else "")
             (tmp_path / f"d{level}{side}.yaml").write_text(body)
-    (tmp_path / "s.yaml").write_text("version: 1\nname: diamond\nbudget_s: 10\ninclude: [d0a.yaml, d0b.yaml]\n"
-                                     "steps: []\nchecks: [{name: c, why: w, expr: '`true`'}]\n")
+    (tmp_path / "s.yaml").write_text(
+        "version: 1\nname: diamond\nbudget_s: 10\ninclude: [d0a.yaml, d0b.yaml]\n"
+        "steps: []\nchecks: [{name: c, why: w, expr: '`true`'}]\n"
+    )
     proc = engine_process("validate", "s.yaml", cwd=tmp_path)
     no_traceback(proc)
     assert proc.returncode == 0, proc.stdout
@@ -344,8 +391,10 @@ def test_a_chain_of_500_values_is_an_error_not_a_recursion_crash(tmp_path):
 
 def test_a_command_collector_printing_too_much_is_an_error_in_bounded_memory(tmp_path):
     code = "import sys\nfor _ in range(40): sys.stdout.write('x' * (1 << 20) + '\\n')"
-    spec = write_spec(tmp_path / "s.yaml", [
-        leg("hi"), {"name": "st", "collect": {"collector": "command", "args": {"argv": ["${python}", "-c", code]}}}])
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [leg("hi"), {"name": "st", "collect": {"collector": "command", "args": {"argv": ["${python}", "-c", code]}}}],
+    )
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)
     step = evidence(tmp_path / "r")["steps"]["st"]
@@ -354,8 +403,9 @@ def test_a_command_collector_printing_too_much_is_an_error_in_bounded_memory(tmp
 
 def test_output_without_newlines_is_cut_per_line_and_kept_small(tmp_path):
     code = "import sys\nfor _ in range(50): sys.stdout.write('y' * (1 << 20))\nsys.exit(1)"
-    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": {"argv": ["${python}", "-c", code],
-                                                                    "timeout_s": 60}}])
+    spec = write_spec(
+        tmp_path / "s.yaml", [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
+    )
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)
     assert (tmp_path / "r" / "evidence.json").stat().st_size < 200_000
@@ -367,8 +417,19 @@ def test_output_without_newlines_is_cut_per_line_and_kept_small(tmp_path):
 
 def test_a_run_json_line_over_the_line_limit_says_so(tmp_path):
     code = "print('RUN_JSON {\"pad\": \"' + 'z' * (3 << 20) + '\"}')"
-    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": {
-        "argv": ["${python}", "-c", code], "timeout_s": 60, "output": {"harvest": {"rj": {"marker": "RUN_JSON "}}}}}])
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [
+            {
+                "name": "leg",
+                "run": {
+                    "argv": ["${python}", "-c", code],
+                    "timeout_s": 60,
+                    "output": {"harvest": {"rj": {"marker": "RUN_JSON "}}},
+                },
+            }
+        ],
+    )
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)
     (error,) = evidence(tmp_path / "r")["steps"]["leg"]["harvest_errors"]
@@ -377,9 +438,11 @@ def test_a_run_json_line_over_the_line_limit_says_so(tmp_path):
 
 def test_a_big_leg_log_keeps_its_head_and_tail_with_a_marker(tmp_path):
     from engine.process import run_command
+
     log = tmp_path / "leg.log"
-    result = run_command([sys.executable, LEG, "@repeat:200000:line {i} of the leg"], log_path=log,
-                         log_limits=(64 << 10, 64 << 10))
+    result = run_command(
+        [sys.executable, LEG, "@repeat:200000:line {i} of the leg"], log_path=log, log_limits=(64 << 10, 64 << 10)
+    )
     assert result.rc == 0 and result.lines == 200_000
     text = log.read_text()
     assert len(text) < (64 << 10) * 3
@@ -390,16 +453,22 @@ def test_a_big_leg_log_keeps_its_head_and_tail_with_a_marker(tmp_path):
 
 # ------------------------------------------------------------------ leaks
 
+
 def test_a_secret_straddling_the_line_cut_leaks_no_piece(tmp_path):
     from engine.process import run_command
+
     at = limits.LINE_MAX_CHARS - len(TOKEN) // 2  # half of it before the cut, half after
     log = tmp_path / "leg.log"
     seen: list[str] = []
-    result = run_command([sys.executable, LEG, f"@line:{3 << 20}:{at}:{TOKEN}", f"after {TOKEN}"],
-                         log_path=log, scrub=Scrubber([TOKEN]), on_block=lambda b: seen.extend(b.lines))
+    result = run_command(
+        [sys.executable, LEG, f"@line:{3 << 20}:{at}:{TOKEN}", f"after {TOKEN}"],
+        log_path=log,
+        scrub=Scrubber([TOKEN]),
+        on_block=lambda b: seen.extend(b.lines),
+    )
     assert result.rc == 0
     text = log.read_text() + "\n".join(seen)
-    for piece in (TOKEN, TOKEN[: len(TOKEN) // 2], TOKEN[len(TOKEN) // 2:]):
+    for piece in (TOKEN, TOKEN[: len(TOKEN) // 2], TOKEN[len(TOKEN) // 2 :]):
         assert piece not in text
     assert seen[1] == "after <redacted>"
 
@@ -421,11 +490,16 @@ def test_no_file_under_the_run_dir_holds_a_secret_after_a_passing_or_failing_run
         "open(os.path.join(d, 'env.log'), 'w').write(repr(dict(os.environ)))\n"
         "open(os.path.join(d, 'blob.bin'), 'wb').write(b'\\0' * 5000 + os.environ['HF_TOKEN'].encode() + b'\\1')\n"
         "print('token', os.environ['HF_TOKEN'])\n"
-        f"sys.exit({rc})\n")
-    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": {
-        "argv": ["${python}", str(script), "${run_dir}"], "timeout_s": 60}}], values={"api_key": "k3y-0123456789"})
-    proc = engine("run", str(spec), "--run-dir", "r", "--set", "api_key=0123456789abc", cwd=tmp_path,
-                  env={"HF_TOKEN": TOKEN})
+        f"sys.exit({rc})\n"
+    )
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "leg", "run": {"argv": ["${python}", str(script), "${run_dir}"], "timeout_s": 60}}],
+        values={"api_key": "k3y-0123456789"},
+    )
+    proc = engine(
+        "run", str(spec), "--run-dir", "r", "--set", "api_key=0123456789abc", cwd=tmp_path, env={"HF_TOKEN": TOKEN}
+    )
     no_traceback(proc)
     assert proc.returncode == (0 if rc == 0 else 5)
     for secret in (TOKEN, "0123456789abc"):
@@ -438,13 +512,20 @@ def test_no_file_under_the_run_dir_holds_a_secret_after_a_passing_or_failing_run
 
 # ------------------------------------------------------------------ orphans
 
+
 @pytest.mark.parametrize("escape", ["@daemon", "@orphan"])
 def test_sigkill_of_the_engine_takes_the_whole_leg_with_it(tmp_path, escape):
     leader, escaped = tmp_path / "leader.pid", tmp_path / "escaped.pid"
     spec = write_spec(tmp_path / "s.yaml", [leg(f"{escape}:{escaped}", f"@pidfile:{leader}", "@forever")])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(ENGINE + ["run", str(spec), "--run-dir", "r"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ENGINE + ["run", str(spec), "--run-dir", "r"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         pids = [pid_in(leader), pid_in(escaped)]
         assert not any(gone(p) for p in pids)
@@ -459,6 +540,7 @@ def test_sigkill_of_the_engine_takes_the_whole_leg_with_it(tmp_path, escape):
 
 def test_a_child_orphaned_at_once_dies_with_the_leg(tmp_path):
     from engine.process import run_command
+
     escaped = tmp_path / "escaped.pid"
     result = run_command([sys.executable, LEG, f"@orphan:{escaped}"], timeout_s=30)
     assert result.rc == 0
@@ -466,6 +548,7 @@ def test_a_child_orphaned_at_once_dies_with_the_leg(tmp_path):
 
 
 # ------------------------------------------------------------------ also
+
 
 def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(tmp_path):
     outside = tmp_path / "outside"
@@ -477,8 +560,10 @@ def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(tmp_p
     no_traceback(proc)
     assert "outside the working directory" in evidence(work / "r")["steps"]["wipe"]["error"]
     assert (outside / "victim").exists()
-    spec = write_spec(work / "s2.yaml", [leg("hi"), {"name": "wipe", "remove": {
-        "paths": ["../outside/victim"], "also_under": [str(outside)]}}])
+    spec = write_spec(
+        work / "s2.yaml",
+        [leg("hi"), {"name": "wipe", "remove": {"paths": ["../outside/victim"], "also_under": [str(outside)]}}],
+    )
     proc = engine("run", str(spec), "--run-dir", "r2", cwd=work)
     no_traceback(proc)
     assert evidence(work / "r2")["steps"]["wipe"]["status"] == "ok" and not (outside / "victim").exists()
@@ -487,8 +572,15 @@ def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(tmp_p
 def test_control_characters_from_a_leg_reach_neither_the_terminal_nor_the_junit(tmp_path):
     nasty = "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;ZXZpbA==\x07\x00\x08\x9b"
     code = f"import sys; print('KEY> ' + {nasty!r}); print('Error ' + {nasty!r}); sys.exit(1)"
-    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": {
-        "argv": ["${python}", "-c", code], "timeout_s": 60, "output": {"echo_prefixes": ["KEY>"]}}}])
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [
+            {
+                "name": "leg",
+                "run": {"argv": ["${python}", "-c", code], "timeout_s": 60, "output": {"echo_prefixes": ["KEY>"]}},
+            }
+        ],
+    )
     proc = engine("run", str(spec), "--run-dir", "r", "--junit", "j.xml", cwd=tmp_path)
     no_traceback(proc)
     assert proc.returncode == 5 and "KEY> \\x1b]0;pwned\\x07" in proc.stdout
@@ -515,19 +607,48 @@ RANKS = str(Path(__file__).parent / "legs" / "ranks.py")
 
 
 def torchrun_leg(*args: str, timeout_s: int = 120) -> dict:
-    return {"name": "leg", "run": {
-        "argv": ["${python}", "-m", "torch.distributed.run", "--nproc_per_node=2", "--redirects", "3",
-                 "--tee", "3", "--log-dir", "${run_dir}/tlogs", RANKS, *args],
-        "timeout_s": timeout_s, "grace_s": 5, "env": {"OMP_NUM_THREADS": "1"},
-        "output": {"strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*"},
-        "on_failure": {"diagnostics": {"dir": "${run_dir}/tlogs"}}}}
+    return {
+        "name": "leg",
+        "run": {
+            "argv": [
+                "${python}",
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node=2",
+                "--redirects",
+                "3",
+                "--tee",
+                "3",
+                "--log-dir",
+                "${run_dir}/tlogs",
+                RANKS,
+                *args,
+            ],
+            "timeout_s": timeout_s,
+            "grace_s": 5,
+            "env": {"OMP_NUM_THREADS": "1"},
+            "output": {"strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*"},
+            "on_failure": {"diagnostics": {"dir": "${run_dir}/tlogs"}},
+        },
+    }
 
 
 @pytest.mark.slow
 def test_a_failing_torchrun_leg_leaves_its_token_in_no_file_and_no_output(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", [torchrun_leg("leak")])
-    proc = engine_process("run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md",
-                          cwd=tmp_path, timeout=300, env={"HF_TOKEN": TOKEN})
+    proc = engine_process(
+        "run",
+        str(spec),
+        "--run-dir",
+        "r",
+        "--junit",
+        "j.xml",
+        "--markdown",
+        "m.md",
+        cwd=tmp_path,
+        timeout=300,
+        env={"HF_TOKEN": TOKEN},
+    )
     # The ranks' tracebacks are in the report; the engine's own would be on stderr.
     assert "Traceback" not in proc.stderr and proc.stdout.splitlines()[-1].startswith("VERDICT hostile FAIL")
     assert proc.returncode == 5, proc.stdout[-3000:]
@@ -549,11 +670,18 @@ def test_sigkill_of_the_engine_takes_torchrun_and_its_ranks_with_it(tmp_path):
     pids.mkdir()
     spec = write_spec(tmp_path / "s.yaml", [torchrun_leg("sleep", str(pids), timeout_s=600)])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(ENGINE + ["run", str(spec), "--run-dir", "r"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ENGINE + ["run", str(spec), "--run-dir", "r"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     ranks = [pid_in(pids / "rank0.pid", 120), pid_in(pids / "rank1.pid", 120)]
     try:
         import psutil
+
         agent = psutil.Process(ranks[0]).parent()
         victims = ranks + ([agent.pid] if agent is not None and agent.pid != proc.pid else [])
         proc.send_signal(signal.SIGKILL)

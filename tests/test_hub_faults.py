@@ -11,14 +11,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
+from blobs import sha, write
 from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
+
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
 from trainer.hub import COMMIT_MARKER, HubStore
 from trainer.lease import LEASE_PATH
 from trainer.store import StoreError
-from blobs import sha, write
 
 COMMIT = r"/commit/main$"
 
@@ -34,8 +34,9 @@ def commit_posts(server: HubServer) -> list[dict]:
 
 
 @pytest.mark.parametrize("status", [500, 503])
-def test_5xx_on_commit_is_retried_with_exponential_backoff(hub_server: HubServer, hub_store, sleeps: SleepRecorder,
-                                                          tmp_path: Path, status: int) -> None:
+def test_5xx_on_commit_is_retried_with_exponential_backoff(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, status: int
+) -> None:
     store = ready(hub_store, "s5xx")
     before = hub_server.commit_count("tester/s5xx")
     hub_server.inject("status", COMMIT, status=status, times=2)
@@ -43,7 +44,7 @@ def test_5xx_on_commit_is_retried_with_exponential_backoff(hub_server: HubServer
     assert rev == hub_server.repo("tester/s5xx").head.oid
     assert hub_server.commit_count("tester/s5xx") == before + 1
     assert [r["status"] for r in commit_posts(hub_server)] == [status, status, 200]
-    assert len(sleeps.delays) == 2 and sleeps.delays[1] > sleeps.delays[0] * 1.4   # 0.01 -> 0.02 (jittered)
+    assert len(sleeps.delays) == 2 and sleeps.delays[1] > sleeps.delays[0] * 1.4  # 0.01 -> 0.02 (jittered)
 
 
 def test_429_honours_retry_after(hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path) -> None:
@@ -85,21 +86,22 @@ def test_connection_reset_mid_lfs_upload(hub_server: HubServer, hub_store, tmp_p
     hub_server.inject("reset", r"^/__lfs__/upload/", method="PUT")
     store.commit({"m.safetensors": write(tmp_path, "m", data)})
     assert hub_server.files("tester/slfsreset")["m.safetensors"] == data
-    assert len(hub_server.requests("PUT", r"^/__lfs__/upload/")) == 2      # the cut upload was sent again
+    assert len(hub_server.requests("PUT", r"^/__lfs__/upload/")) == 2  # the cut upload was sent again
     assert store.sha256("m.safetensors") == sha(data)
 
 
-def test_commit_that_lands_but_whose_answer_is_lost_is_not_pushed_twice(hub_server: HubServer, hub_store,
-                                                                         tmp_path: Path) -> None:
+def test_commit_that_lands_but_whose_answer_is_lost_is_not_pushed_twice(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
     store = ready(hub_store, "slost")
     before = hub_server.commit_count("tester/slost")
     hub_server.inject("lost_response", COMMIT)
     rev = store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(2048))}, message="checkpoint")
     repo = hub_server.repo("tester/slost")
-    assert hub_server.commit_count("tester/slost") == before + 1          # landed once, never re-pushed
+    assert hub_server.commit_count("tester/slost") == before + 1  # landed once, never re-pushed
     assert len(commit_posts(hub_server)) == 1
     assert rev == repo.head.oid and COMMIT_MARKER in repo.head.title
-    assert hub_server.requests("GET", r"/commits/main")                  # settled by reading the history back
+    assert hub_server.requests("GET", r"/commits/main")  # settled by reading the history back
 
 
 def test_412_conflict_rereads_the_head_and_retries(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
@@ -111,19 +113,19 @@ def test_412_conflict_rereads_the_head_and_retries(hub_server: HubServer, hub_st
     assert hub_server.commit_count("tester/s412") == before + 1 and rev == hub_server.repo("tester/s412").head.oid
 
 
-def test_a_real_concurrent_writer_is_a_412_then_a_clean_retry(hub_server: HubServer, hub_store,
-                                                             tmp_path: Path) -> None:
+def test_a_real_concurrent_writer_is_a_412_then_a_clean_retry(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
     store = ready(hub_store, "srace")
     other = hub_store("srace")
     real_head = store.head
     heads = iter([None])
 
-    def stale_head() -> str:      # our head read happens, then someone else commits before our POST
+    def stale_head() -> str:  # our head read happens, then someone else commits before our POST
         h = real_head()
         if next(heads, "done") is None:
             other.commit({"other.txt": write(tmp_path, "o", b"theirs")})
         return h
-    store.head = stale_head      # type: ignore[method-assign]
+
+    store.head = stale_head  # type: ignore[method-assign]
     store.commit({"mine.txt": write(tmp_path, "m", b"ours")})
     files = hub_server.files("tester/srace")
     assert files["other.txt"] == b"theirs" and files["mine.txt"] == b"ours"
@@ -131,8 +133,9 @@ def test_a_real_concurrent_writer_is_a_412_then_a_clean_retry(hub_server: HubSer
 
 
 @pytest.mark.parametrize("mode", ["close", "short"])
-def test_truncated_download_is_caught_and_fetched_again(hub_server: HubServer, hub_store, tmp_path: Path,
-                                                        mode: str) -> None:
+def test_truncated_download_is_caught_and_fetched_again(
+    hub_server: HubServer, hub_store, tmp_path: Path, mode: str
+) -> None:
     store = ready(hub_store, f"strunc{mode}")
     data = os.urandom(6000)
     store.commit({"m.safetensors": write(tmp_path, "m", data)})
@@ -168,13 +171,15 @@ def test_silent_corruption_is_caught(hub_server: HubServer, hub_store, tmp_path:
 
 # ------------------------------------------------------------------------------------ the Checkpointer
 
+
 def make_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
     """A checkpoint folder with the real file names; contents are a pure function of the step."""
     folder = tmp / f"local-{step}"
     files = {}
     for name in CHECKPOINT_FILES:
-        data = hashlib.sha256(f"{name}:{step}".encode()).digest() * (200 if name.endswith((".safetensors", ".pt"))
-                                                                     else 2)
+        data = hashlib.sha256(f"{name}:{step}".encode()).digest() * (
+            200 if name.endswith((".safetensors", ".pt")) else 2
+        )
         files[name] = sha(write(folder, name, data).read_bytes())
     return folder, files
 
@@ -191,11 +196,12 @@ def final_state(server: HubServer, repo_id: str) -> dict[str, str]:
     return {p: sha(b) for p, b in server.files(repo_id).items() if p not in (POINTER_PATH, LEASE_PATH)}
 
 
-def test_checkpointer_pointer_does_not_move_on_corruption_that_persists(hub_server: HubServer, hub_store,
-                                                                       tmp_path: Path) -> None:
+def test_checkpointer_pointer_does_not_move_on_corruption_that_persists(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
     store = hub_store("ckcorrupt")
     log: list[str] = []
-    run_pushes(store, tmp_path, [10], log)          # step 10 is clean; final=True for that one push though
+    run_pushes(store, tmp_path, [10], log)  # step 10 is clean; final=True for that one push though
     ck = Checkpointer(store, log=log.append)
     hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$", times=10)
     folder, files = make_ckpt(tmp_path, 20)
@@ -206,7 +212,8 @@ def test_checkpointer_pointer_does_not_move_on_corruption_that_persists(hub_serv
 
 
 def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_succeeds(
-        hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
     store = hub_store("ckrepair")
     run_pushes(store, tmp_path, [10], [])
     folder, files = make_ckpt(tmp_path, 20)
@@ -219,25 +226,30 @@ def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_
     log: list[str] = []
     pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash="cfg")
     assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
-    assert sha(hub_server.files("tester/ckrepair")[path]) == files["model.safetensors"] == pointer.files[
-        "model.safetensors"]
-    assert hub_server.requests("POST", r"/lfs-files/batch$")          # the bad object was purged, then uploaded
+    assert (
+        sha(hub_server.files("tester/ckrepair")[path])
+        == files["model.safetensors"]
+        == pointer.files["model.safetensors"]
+    )
+    assert hub_server.requests("POST", r"/lfs-files/batch$")  # the bad object was purged, then uploaded
     assert read_pointer(store).step == 20
 
 
-def test_checkpointer_landed_but_unacknowledged_push_is_not_pushed_twice(hub_server: HubServer, hub_store,
-                                                                         tmp_path: Path) -> None:
+def test_checkpointer_landed_but_unacknowledged_push_is_not_pushed_twice(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
     store = hub_store("cklost")
     log: list[str] = []
-    hub_server.inject("lost_response", COMMIT, nth=1)       # the first checkpoint commit
+    hub_server.inject("lost_response", COMMIT, nth=1)  # the first checkpoint commit
     run_pushes(store, tmp_path, [10, 20], log)
     titles = [c.title for c in hub_server.repo("tester/cklost").commits]
     assert sum("checkpoint step 10" in t for t in titles) == 1
     assert read_pointer(store).step == 20
 
 
-def test_nothing_is_lost_under_faults_same_final_state_as_a_clean_run(hub_server: HubServer, hub_store,
-                                                                      tmp_path: Path) -> None:
+def test_nothing_is_lost_under_faults_same_final_state_as_a_clean_run(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
     steps = [10, 20, 30]
     run_pushes(hub_store("clean"), tmp_path / "a", steps, [])
     faulty = hub_store("faulty")
@@ -257,18 +269,23 @@ def test_nothing_is_lost_under_faults_same_final_state_as_a_clean_run(hub_server
     assert final_state(hub_server, "tester/faulty") == final_state(hub_server, "tester/clean")
     clean_ptr = json.loads(hub_server.files("tester/clean")[POINTER_PATH])
     faulty_ptr = json.loads(hub_server.files("tester/faulty")[POINTER_PATH])
-    for doc in (clean_ptr, faulty_ptr):      # when and at which revision differ between two repos
+    for doc in (clean_ptr, faulty_ptr):  # when and at which revision differ between two repos
         doc.pop("time"), doc.pop("revision")
         assert doc.pop("previous")["step"] == 20 and doc["path_in_repo"] == "final"
-    assert faulty_ptr == clean_ptr and faulty_ptr["files"]["model.safetensors"] == \
-        final_state(hub_server, "tester/clean")["final/model.safetensors"]
+    assert (
+        faulty_ptr == clean_ptr
+        and faulty_ptr["files"]["model.safetensors"]
+        == final_state(hub_server, "tester/clean")["final/model.safetensors"]
+    )
 
 
-def test_control_endpoint_arms_a_fault_for_another_process(hub_server: HubServer, hub_store,
-                                                          tmp_path: Path) -> None:
+def test_control_endpoint_arms_a_fault_for_another_process(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
     store = ready(hub_store, "sctl")
-    req = urllib.request.Request(hub_server.url + "/__control__/inject", method="POST",
-                                 data=json.dumps({"kind": "lost_response", "path_pattern": COMMIT}).encode())
+    req = urllib.request.Request(
+        hub_server.url + "/__control__/inject",
+        method="POST",
+        data=json.dumps({"kind": "lost_response", "path_pattern": COMMIT}).encode(),
+    )
     with urllib.request.urlopen(req) as r:
         assert json.loads(r.read())["kind"] == "lost_response"
     before = hub_server.commit_count("tester/sctl")
@@ -281,11 +298,12 @@ def test_control_endpoint_arms_a_fault_for_another_process(hub_server: HubServer
 LFS_PUT = r"^/__lfs__/upload/"
 
 
-def test_a_4xx_in_the_upload_phase_is_retried_and_the_commit_lands_once(hub_server: HubServer, hub_store,
-                                                                       sleeps: SleepRecorder, tmp_path: Path) -> None:
+def test_a_4xx_in_the_upload_phase_is_retried_and_the_commit_lands_once(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+) -> None:
     store = ready(hub_store, "sup400")
     before = hub_server.commit_count("tester/sup400")
-    hub_server.inject("truncate_upload", LFS_PUT, method="PUT")   # storage gets half the body: its own 400
+    hub_server.inject("truncate_upload", LFS_PUT, method="PUT")  # storage gets half the body: its own 400
     data = os.urandom(8192)
     store.commit({"m.safetensors": write(tmp_path, "m", data)})
     assert [r["status"] for r in hub_server.requests("PUT", LFS_PUT)] == [400, 200]
@@ -293,8 +311,9 @@ def test_a_4xx_in_the_upload_phase_is_retried_and_the_commit_lands_once(hub_serv
     assert hub_server.commit_count("tester/sup400") == before + 1 and len(sleeps.delays) == 1
 
 
-def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(hub_server: HubServer, hub_store,
-                                                                  tmp_path: Path) -> None:
+def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
     store = ready(hub_store, "sup400b")
     before = hub_server.commit_count("tester/sup400b")
     hub_server.inject("truncate_upload", LFS_PUT, method="PUT", times=100)
@@ -302,15 +321,16 @@ def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(hub_server: Hu
         store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(8192))})
     msg = str(e.value)
     assert "after 5 tries" in msg and "Error while uploading 'm.safetensors'" in msg
-    assert "uploaded bytes do not match oid" in msg, msg         # storage's own words, not only the wrapper
+    assert "uploaded bytes do not match oid" in msg, msg  # storage's own words, not only the wrapper
     assert len(hub_server.requests("PUT", LFS_PUT)) == 5 and hub_server.commit_count("tester/sup400b") == before
 
 
 def test_a_permanent_4xx_that_hf_xet_raises_as_connection_error_is_not_retried(
-        hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub.constants as hf_constants
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False, raising=False)   # the client as shipped
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False, raising=False)  # the client as shipped
     store = ready(hub_store, "sxet404")
     hub_server.inject("status", r"/xet-write-token/", status=404, times=100)
     with pytest.raises(StoreError) as e:
@@ -320,17 +340,18 @@ def test_a_permanent_4xx_that_hf_xet_raises_as_connection_error_is_not_retried(
     assert sleeps.delays == [] and len(hub_server.requests("GET", r"/xet-write-token/")) == 1
 
 
-def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(hub_server: HubServer, hub_store,
-                                                                    sleeps: SleepRecorder, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub.constants as hf_constants
+
     ready(hub_store, "s401")
     wrong = hub_store("s401", token="hf_WrongTokenValue12345")
     with pytest.raises(StoreError) as e:
         wrong.commit({"a.json": write(tmp_path, "a", b"{}")})
     msg = str(e.value)
     assert "HTTP 401" in msg and "HF_TOKEN" in msg and "`hf auth login`" in msg and "invalid" in msg
-    assert "Invalid credentials in Authorization header" in msg          # the server's cause
+    assert "Invalid credentials in Authorization header" in msg  # the server's cause
     assert "hf_WrongTokenValue12345" not in msg and sleeps.delays == []
     # No token anywhere: the message says so.
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -340,10 +361,13 @@ def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(hub_server: H
         anonymous.create()
 
 
-def test_the_token_hf_auth_login_saved_is_used_without_hf_token(hub_server: HubServer, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_token_hf_auth_login_saved_is_used_without_hf_token(
+    hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub.constants as hf_constants
+
     from trainer.store_url import open_store
+
     (tmp_path / "token").write_text(HUB_TOKEN + "\n")
     monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -362,13 +386,15 @@ def test_the_token_hf_auth_login_saved_is_used_without_hf_token(hub_server: HubS
     assert "hf_ExpiredLoginToken9876" not in str(e.value)
 
 
-def test_retry_backoff_never_touches_the_global_random(hub_server: HubServer, hub_store, sleeps: SleepRecorder,
-                                                       tmp_path: Path) -> None:
+def test_retry_backoff_never_touches_the_global_random(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+) -> None:
     import random
+
     store = ready(hub_store, "sjitter")
     random.seed(1234)
     state = random.getstate()
     hub_server.inject("status", COMMIT, status=503, times=3)
     store.commit({"a.json": write(tmp_path, "a", b"{}")})
-    assert len(sleeps.delays) == 3 and len(set(sleeps.delays)) == 3     # jittered, exponential
-    assert random.getstate() == state          # training state (saved in rng.pt) is not moved by a retry
+    assert len(sleeps.delays) == 3 and len(set(sleeps.delays)) == 3  # jittered, exponential
+    assert random.getstate() == state  # training state (saved in rng.pt) is not moved by a retry

@@ -10,19 +10,24 @@ import traceback
 from pathlib import Path
 
 import pytest
-
 from conftest import HUB_TOKEN
 from hubserver import HubServer
+
 from trainer.hub import HubStore, RetryPolicy
 from trainer.store import RepoMissing, StoreError
 from trainer.store_url import open_store
 
 
-def test_token_is_the_bearer_and_never_leaks(hub_server: HubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                             capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_token_is_the_bearer_and_never_leaks(
+    hub_server: HubServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
-    caplog.set_level(logging.DEBUG)                 # every logger, the client's request dumps included
+    caplog.set_level(logging.DEBUG)  # every logger, the client's request dumps included
     logging.getLogger("huggingface_hub").setLevel(logging.DEBUG)
     texts: list[str] = []
 
@@ -30,7 +35,7 @@ def test_token_is_the_bearer_and_never_leaks(hub_server: HubServer, tmp_path: Pa
         texts.append("".join(traceback.format_exception(exc)))
 
     store = open_store("hf://tester/secret")
-    store.retry = RetryPolicy(attempts=3, base_s=0.0, sleep=lambda s: None)     # type: ignore[attr-defined]
+    store.retry = RetryPolicy(attempts=3, base_s=0.0, sleep=lambda s: None)  # type: ignore[attr-defined]
     texts.append(repr(store))
     try:
         store.list_files()
@@ -56,8 +61,12 @@ def test_token_is_the_bearer_and_never_leaks(hub_server: HubServer, tmp_path: Pa
     except StoreError as e:
         keep(e)
     # A rejected token: the message says so without repeating it.
-    wrong = HubStore("tester/secret", endpoint=hub_server.url, token=HUB_TOKEN + "x",
-                     retry=RetryPolicy(attempts=1, sleep=lambda s: None))
+    wrong = HubStore(
+        "tester/secret",
+        endpoint=hub_server.url,
+        token=HUB_TOKEN + "x",
+        retry=RetryPolicy(attempts=1, sleep=lambda s: None),
+    )
     try:
         wrong.list_files()
     except StoreError as e:
@@ -70,9 +79,15 @@ def test_token_is_the_bearer_and_never_leaks(hub_server: HubServer, tmp_path: Pa
 
     out, err = capfd.readouterr()
     files = [p.read_bytes().decode("latin-1") for p in tmp_path.rglob("*") if p.is_file()]
-    everything = {"log": caplog.text, "stdout": out, "stderr": err, "exceptions": "\n".join(texts),
-                  "server_log": json.dumps(hub_server.log), "files": "\n".join(files)}
-    assert len(texts) == 5 and caplog.text       # the checks below looked at real output
+    everything = {
+        "log": caplog.text,
+        "stdout": out,
+        "stderr": err,
+        "exceptions": "\n".join(texts),
+        "server_log": json.dumps(hub_server.log),
+        "files": "\n".join(files),
+    }
+    assert len(texts) == 5 and caplog.text  # the checks below looked at real output
     for where, text in everything.items():
         assert HUB_TOKEN not in text, f"the token leaked into {where}"
         assert HUB_TOKEN[3:] not in text, f"part of the token leaked into {where}"

@@ -11,15 +11,22 @@ import urllib.request
 from typing import Any
 
 import pytest
+from conftest import HUB_TOKEN
+from hubserver import HubServer, git_blob_sha1
 from huggingface_hub import CommitOperationAdd, HfApi
 from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
-from conftest import HUB_TOKEN
-from hubserver import HubServer, git_blob_sha1
 
-
-def http(server: HubServer, method: str, path: str, body: Any = None, *, token: str | None = HUB_TOKEN,
-         headers: dict[str, str] | None = None, raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+def http(
+    server: HubServer,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    token: str | None = HUB_TOKEN,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+) -> tuple[int, dict[str, str], bytes]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(server.url + path, data=data, method=method)
     if token:
@@ -36,15 +43,25 @@ def http(server: HubServer, method: str, path: str, body: Any = None, *, token: 
 
 
 def create(server: HubServer, name: str = "r") -> None:
-    status, _, _ = http(server, "POST", "/api/repos/create", {"name": name, "organization": "tester",
-                                                             "type": "dataset", "private": True})
+    status, _, _ = http(
+        server,
+        "POST",
+        "/api/repos/create",
+        {"name": name, "organization": "tester", "type": "dataset", "private": True},
+    )
     assert status == 200
 
 
 def commit(server: HubServer, lines: list[dict], name: str = "r", token: str | None = HUB_TOKEN):
     raw = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-    return http(server, "POST", f"/api/datasets/tester/{name}/commit/main", raw=raw, token=token,
-                headers={"Content-Type": "application/x-ndjson"})
+    return http(
+        server,
+        "POST",
+        f"/api/datasets/tester/{name}/commit/main",
+        raw=raw,
+        token=token,
+        headers={"Content-Type": "application/x-ndjson"},
+    )
 
 
 def file_line(path: str, data: bytes) -> dict:
@@ -53,11 +70,12 @@ def file_line(path: str, data: bytes) -> dict:
 
 def test_create_twice_answers_409_with_the_url(hub_server: HubServer) -> None:
     create(hub_server)
-    status, _, body = http(hub_server, "POST", "/api/repos/create",
-                           {"name": "r", "organization": "tester", "type": "dataset"})
+    status, _, body = http(
+        hub_server, "POST", "/api/repos/create", {"name": "r", "organization": "tester", "type": "dataset"}
+    )
     assert status == 409
     assert json.loads(body)["url"] == f"{hub_server.url}/datasets/tester/r"
-    assert hub_server.commit_count("tester/r") == 1     # the initial commit with .gitattributes
+    assert hub_server.commit_count("tester/r") == 1  # the initial commit with .gitattributes
 
 
 def test_writes_need_the_bearer_token(hub_server: HubServer) -> None:
@@ -74,17 +92,22 @@ def test_writes_need_the_bearer_token(hub_server: HubServer) -> None:
 def test_commit_history_and_parent_commit_conflict(hub_server: HubServer) -> None:
     create(hub_server)
     head0 = json.loads(http(hub_server, "GET", "/api/datasets/tester/r")[2])["sha"]
-    status, _, body = commit(hub_server, [{"key": "header", "value": {"summary": "one", "parentCommit": head0}},
-                                          file_line("a.txt", b"hello")])
+    status, _, body = commit(
+        hub_server,
+        [{"key": "header", "value": {"summary": "one", "parentCommit": head0}}, file_line("a.txt", b"hello")],
+    )
     assert status == 200
     oid1 = json.loads(body)["commitOid"]
     assert json.loads(body)["commitUrl"].endswith(f"/datasets/tester/r/commit/{oid1}")
     # A second commit on the stale parent is refused with 412 and changes nothing.
-    status, _, _ = commit(hub_server, [{"key": "header", "value": {"summary": "two", "parentCommit": head0}},
-                                       file_line("b.txt", b"x")])
+    status, _, _ = commit(
+        hub_server, [{"key": "header", "value": {"summary": "two", "parentCommit": head0}}, file_line("b.txt", b"x")]
+    )
     assert status == 412
-    assert hub_server.files("tester/r") == {".gitattributes": hub_server.files("tester/r")[".gitattributes"],
-                                            "a.txt": b"hello"}
+    assert hub_server.files("tester/r") == {
+        ".gitattributes": hub_server.files("tester/r")[".gitattributes"],
+        "a.txt": b"hello",
+    }
     history = json.loads(http(hub_server, "GET", "/api/datasets/tester/r/commits/main")[2])
     assert [c["id"] for c in history] == [oid1, head0]
     assert history[0]["title"] == "one"
@@ -92,23 +115,26 @@ def test_commit_history_and_parent_commit_conflict(hub_server: HubServer) -> Non
 
 def test_deleting_an_absent_file_is_entry_not_found(hub_server: HubServer) -> None:
     create(hub_server)
-    status, headers, _ = commit(hub_server, [{"key": "header", "value": {"summary": "d"}},
-                                             {"key": "deletedFile", "value": {"path": "nope.txt"}}])
+    status, headers, _ = commit(
+        hub_server,
+        [{"key": "header", "value": {"summary": "d"}}, {"key": "deletedFile", "value": {"path": "nope.txt"}}],
+    )
     assert (status, headers["X-Error-Code"]) == (404, "EntryNotFound")
     assert hub_server.commit_count("tester/r") == 1
 
 
 def test_resolve_headers_range_and_errors(hub_server: HubServer) -> None:
     create(hub_server)
-    data = bytes(range(256)) * 8            # 2048 bytes: above the 1 KB test threshold, but sent as a file line
+    data = bytes(range(256)) * 8  # 2048 bytes: above the 1 KB test threshold, but sent as a file line
     commit(hub_server, [{"key": "header", "value": {"summary": "s"}}, file_line("d/x.bin", data)])
     head = hub_server.repo("tester/r").head.oid
     status, headers, body = http(hub_server, "GET", "/datasets/tester/r/resolve/main/d/x.bin")
     assert status == 200 and body == data
     assert headers["ETag"] == f'"{git_blob_sha1(data)}"' and headers["X-Repo-Commit"] == head
-    status, headers, body = http(hub_server, "GET", "/datasets/tester/r/resolve/main/d/x.bin",
-                                 headers={"Range": "bytes=100-"})
-    assert status == 206 and body == data[100:] and headers["Content-Range"] == f"bytes 100-2047/2048"
+    status, headers, body = http(
+        hub_server, "GET", "/datasets/tester/r/resolve/main/d/x.bin", headers={"Range": "bytes=100-"}
+    )
+    assert status == 206 and body == data[100:] and headers["Content-Range"] == "bytes 100-2047/2048"
     status, headers, _ = http(hub_server, "HEAD", "/datasets/tester/r/resolve/main/d/nope")
     assert (status, headers["X-Error-Code"], headers["X-Repo-Commit"]) == (404, "EntryNotFound", head)
     status, headers, _ = http(hub_server, "GET", "/datasets/tester/r/resolve/" + "0" * 40 + "/d/x.bin")
@@ -119,23 +145,36 @@ def test_lfs_batch_upload_verify_and_linked_headers(hub_server: HubServer) -> No
     create(hub_server)
     data = b"w" * 3000
     oid = hashlib.sha256(data).hexdigest()
-    status, _, body = http(hub_server, "POST", "/datasets/tester/r.git/info/lfs/objects/batch",
-                           {"operation": "upload", "transfers": ["basic"], "objects": [{"oid": oid, "size": 3000}]})
+    status, _, body = http(
+        hub_server,
+        "POST",
+        "/datasets/tester/r.git/info/lfs/objects/batch",
+        {"operation": "upload", "transfers": ["basic"], "objects": [{"oid": oid, "size": 3000}]},
+    )
     obj = json.loads(body)["objects"][0]
     upload, verify = obj["actions"]["upload"]["href"], obj["actions"]["verify"]["href"]
     assert upload.startswith(hub_server.url)
     # The upload URL is presigned: no bearer token needed, but a bad signature is refused.
-    path = upload[len(hub_server.url):]
+    path = upload[len(hub_server.url) :]
     assert http(hub_server, "PUT", path.replace("sig=", "sig=0"), raw=data, token=None)[0] == 403
     assert http(hub_server, "PUT", path, raw=data[:-1] + b"x", token=None)[0] == 400
     assert http(hub_server, "PUT", path, raw=data, token=None)[0] == 200
-    assert http(hub_server, "POST", verify[len(hub_server.url):], {"oid": oid, "size": 3000})[0] == 200
+    assert http(hub_server, "POST", verify[len(hub_server.url) :], {"oid": oid, "size": 3000})[0] == 200
     # Once stored, the batch answer carries no actions (nothing to upload again).
-    body = http(hub_server, "POST", "/datasets/tester/r.git/info/lfs/objects/batch",
-                {"operation": "upload", "objects": [{"oid": oid, "size": 3000}]})[2]
+    body = http(
+        hub_server,
+        "POST",
+        "/datasets/tester/r.git/info/lfs/objects/batch",
+        {"operation": "upload", "objects": [{"oid": oid, "size": 3000}]},
+    )[2]
     assert "actions" not in json.loads(body)["objects"][0]
-    commit(hub_server, [{"key": "header", "value": {"summary": "s"}},
-                        {"key": "lfsFile", "value": {"path": "w.bin", "algo": "sha256", "oid": oid, "size": 3000}}])
+    commit(
+        hub_server,
+        [
+            {"key": "header", "value": {"summary": "s"}},
+            {"key": "lfsFile", "value": {"path": "w.bin", "algo": "sha256", "oid": oid, "size": 3000}},
+        ],
+    )
     status, headers, _ = http(hub_server, "HEAD", "/datasets/tester/r/resolve/main/w.bin")
     assert headers["X-Linked-Etag"] == f'"{oid}"' and headers["X-Linked-Size"] == "3000"
 
@@ -149,9 +188,12 @@ def test_request_log_redacts_authorization(hub_server: HubServer) -> None:
 
 def test_faults_fire_on_the_nth_matching_request_via_the_control_endpoint(hub_server: HubServer) -> None:
     create(hub_server)
-    status, _, body = http(hub_server, "POST", "/__control__/inject",
-                           {"kind": "status", "path_pattern": "^/api/datasets/tester/r$", "status": 500,
-                            "nth": 2, "times": 2})
+    status, _, body = http(
+        hub_server,
+        "POST",
+        "/__control__/inject",
+        {"kind": "status", "path_pattern": "^/api/datasets/tester/r$", "status": 500, "nth": 2, "times": 2},
+    )
     assert status == 200 and json.loads(body)["nth"] == 2
     codes = [http(hub_server, "GET", "/api/datasets/tester/r")[0] for _ in range(4)]
     assert codes == [200, 500, 500, 200]
@@ -180,12 +222,16 @@ def test_client_reads_tree_pages_paths_info_and_its_own_exceptions(hub_server: H
     api = HfApi(endpoint=hub_server.url, token=HUB_TOKEN)
     url = api.create_repo("tester/r", repo_type="dataset", private=True)
     assert url.repo_id == "tester/r" and url.repo_type == "dataset"
-    api.create_commit("tester/r", [CommitOperationAdd(f"d/f{i}.txt", f"{i}".encode()) for i in range(5)]
-                      + [CommitOperationAdd("README.md", b"---\nlicense: mit\n---\nhi\n")],
-                      commit_message="five", repo_type="dataset")
+    api.create_commit(
+        "tester/r",
+        [CommitOperationAdd(f"d/f{i}.txt", f"{i}".encode()) for i in range(5)]
+        + [CommitOperationAdd("README.md", b"---\nlicense: mit\n---\nhi\n")],
+        commit_message="five",
+        repo_type="dataset",
+    )
     tree = [e.path for e in api.list_repo_tree("tester/r", repo_type="dataset", recursive=True)]
     assert tree == [".gitattributes", "README.md", "d", "d/f0.txt", "d/f1.txt", "d/f2.txt", "d/f3.txt", "d/f4.txt"]
-    assert any(r["path"] == "/api/validate-yaml" for r in hub_server.log)      # README.md is validated
+    assert any(r["path"] == "/api/validate-yaml" for r in hub_server.log)  # README.md is validated
     info = api.get_paths_info("tester/r", ["d/f3.txt", "d", "missing"], repo_type="dataset")
     assert [(type(i).__name__, i.path) for i in info] == [("RepoFile", "d/f3.txt"), ("RepoFolder", "d")]
     with pytest.raises(RepositoryNotFoundError):
@@ -194,6 +240,8 @@ def test_client_reads_tree_pages_paths_info_and_its_own_exceptions(hub_server: H
         api.list_repo_tree("tester/r", repo_type="dataset", revision="f" * 40).__next__()
     with pytest.raises(EntryNotFoundError):
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
-        get_hf_file_metadata(hf_hub_url("tester/r", "nope", repo_type="dataset", endpoint=hub_server.url),
-                             token=HUB_TOKEN)
+
+        get_hf_file_metadata(
+            hf_hub_url("tester/r", "nope", repo_type="dataset", endpoint=hub_server.url), token=HUB_TOKEN
+        )
     assert api.whoami()["name"] == hub_server.user

@@ -9,6 +9,7 @@ later push; a third session finishes. Every kill is checked: what the store hold
 decision the next session takes from that (resume from the pointer, recover the newest verified checkpoint,
 or start fresh).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,22 +19,36 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN
 from hubserver import HubServer
-from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, explain, open_repo, run_trainer,
-                             store_url, torchrun_cmd, trainer_args)
+from trainer_helpers import (
+    BASELINE_PUSH_EVERY,
+    BASELINE_STEPS,
+    Run,
+    baseline,
+    explain,
+    open_repo,
+    run_trainer,
+    store_url,
+    torchrun_cmd,
+    trainer_args,
+)
 
 pytestmark = pytest.mark.slow
 
-LAST = BASELINE_STEPS          # 6: pushes at 2 (the first), 4, 6 (ckpt/checkpoint-6, then final/)
+LAST = BASELINE_STEPS  # 6: pushes at 2 (the first), 4, 6 (ckpt/checkpoint-6, then final/)
 
 
 def line(phase: str, step: int) -> str:
     """The regex of a protocol line of the ckpt/ push of ``step``."""
-    return {"save": rf"^CKPT save step={step} ", "push": rf"^CKPT push step={step} -> ckpt/",
-            "pushed": rf"^CKPT pushed step={step} ", "verify": rf"^CKPT verify step={step} ok",
-            "pointer": rf"^latest\.json -> step={step} path=ckpt/", "prune": rf"^CKPT prune step={step} "}[phase]
+    return {
+        "save": rf"^CKPT save step={step} ",
+        "push": rf"^CKPT push step={step} -> ckpt/",
+        "pushed": rf"^CKPT pushed step={step} ",
+        "verify": rf"^CKPT verify step={step} ok",
+        "pointer": rf"^latest\.json -> step={step} path=ckpt/",
+        "prune": rf"^CKPT prune step={step} ",
+    }[phase]
 
 
 FINAL_PUSH = rf"^CKPT push step={LAST} -> final"
@@ -41,12 +56,22 @@ PHASES = ("save", "push", "pushed", "verify", "pointer", "prune")
 # (name, kill_on, kill_after): the second kill of each trial, at a later push; the final/ push's own lines are
 # told from the ckpt/checkpoint-6 ones by arming the kill only after its "-> final" line.
 LATER = {
-    "local": [("save@4", line("save", 4), None), ("pushed@4", line("pushed", 4), None),
-              ("verify@4", line("verify", 4), None), ("pointer@4", line("pointer", 4), None),
-              ("prune@4", line("prune", 4), None), ("push@final", FINAL_PUSH, None)],
-    "hub": [("push@4", line("push", 4), None), ("pushed@6", line("pushed", 6), None),
-            ("verify@6", line("verify", 6), None), ("pointer@6", line("pointer", 6), None),
-            ("pushed@final", line("pushed", LAST), FINAL_PUSH), ("verify@final", line("verify", LAST), FINAL_PUSH)],
+    "local": [
+        ("save@4", line("save", 4), None),
+        ("pushed@4", line("pushed", 4), None),
+        ("verify@4", line("verify", 4), None),
+        ("pointer@4", line("pointer", 4), None),
+        ("prune@4", line("prune", 4), None),
+        ("push@final", FINAL_PUSH, None),
+    ],
+    "hub": [
+        ("push@4", line("push", 4), None),
+        ("pushed@6", line("pushed", 6), None),
+        ("verify@6", line("verify", 6), None),
+        ("pointer@6", line("pointer", 6), None),
+        ("pushed@final", line("pushed", LAST), FINAL_PUSH),
+        ("verify@final", line("verify", LAST), FINAL_PUSH),
+    ],
 }
 TRIALS = [(backend, first, *LATER[backend][i]) for backend in ("local", "hub") for i, first in enumerate(PHASES)]
 RESULTS: dict[str, str] = {}
@@ -59,8 +84,16 @@ class Backend:
         self.kind, self.server = kind, server
         self.repo_id = f"probe/kill-{name}"
         self.url = store_url(tmp_path / "store") if kind == "local" else f"hf://{self.repo_id}"
-        self.env = {} if server is None else {**server.env(), "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                                              "SPECPROBE_HUB_RETRIES": "6", "SPECPROBE_HUB_BACKOFF_S": "0.05"}
+        self.env = (
+            {}
+            if server is None
+            else {
+                **server.env(),
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "SPECPROBE_HUB_RETRIES": "6",
+                "SPECPROBE_HUB_BACKOFF_S": "0.05",
+            }
+        )
 
     def files(self) -> dict[str, bytes]:
         if self.server is not None:
@@ -84,7 +117,7 @@ def expected_decision(files: dict[str, bytes], url: str) -> str:
         p = json.loads(files["latest.json"])
         return f"auto-resume: pointer step={p['step']} path={p['path_in_repo']}"
     steps = sorted({int(m.group(1)) for f in files if (m := re.match(r"^ckpt/checkpoint-(\d+)/", f))})
-    if steps:       # the first push landed, its pointer did not: the checkpoint is recovered
+    if steps:  # the first push landed, its pointer did not: the checkpoint is recovered
         return f"latest.json -> step={steps[-1]} path=ckpt/checkpoint-{steps[-1]} (recovered)"
     return f"auto-resume: no pointer in {url}, fresh start"
 
@@ -107,19 +140,23 @@ def kill_and_check(backend: Backend, args: list[str], kill_on: str, kill_after: 
 @pytest.fixture
 def server_for(request):
     """A Hub test server for the hub trials (none for the local ones)."""
+
     def make(kind: str) -> HubServer | None:
         if kind != "hub":
             return None
         server = HubServer(token=HUB_TOKEN, lfs_threshold=HUB_LFS_THRESHOLD).start()
         request.addfinalizer(server.stop)
         return server
+
     return make
 
 
-@pytest.mark.parametrize("backend_kind,first,later,later_on,later_after", TRIALS,
-                         ids=[f"{b}-{f}@2-{n}" for b, f, n, _, _ in TRIALS])
+@pytest.mark.parametrize(
+    "backend_kind,first,later,later_on,later_after", TRIALS, ids=[f"{b}-{f}@2-{n}" for b, f, n, _, _ in TRIALS]
+)
 def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
-        backend_kind, first, later, later_on, later_after, tmp_path, tmp_path_factory, server_for):
+    backend_kind, first, later, later_on, later_after, tmp_path, tmp_path_factory, server_for
+):
     base = baseline(tmp_path_factory)
     trial = f"{backend_kind}-{first}@2-{later}"
     RESULTS[trial] = "not finished"
@@ -133,14 +170,14 @@ def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
     assert (ptr["step"] if ptr else None) in allowed_after(first, 2, None), (trial, ptr)
     decision = expected_decision(backend.files(), backend.url)
     decisions = [decision]
-    shutil.rmtree(out, ignore_errors=True)                      # cold: nothing local survives the crash
+    shutil.rmtree(out, ignore_errors=True)  # cold: nothing local survives the crash
 
     # Kill 2: the next session, at a later push.
     later_phase, _, at = later.partition("@")
     run = kill_and_check(backend, args, later_on, later_after, trial)
     assert decision in run.lines, (decision, explain(run))
     ptr = backend.pointer()
-    if at == "final":           # the non-terminal pointer at 6 stays until final/ is pointed at
+    if at == "final":  # the non-terminal pointer at 6 stays until final/ is pointed at
         assert ptr["step"] == LAST and ptr["path_in_repo"] in (f"ckpt/checkpoint-{LAST}", "final"), (trial, ptr)
     else:
         step = int(at)
@@ -157,21 +194,24 @@ def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
         assert done.run_json["final_step"] == BASELINE_STEPS
         for s, loss in done.run_json["losses"].items():
             assert loss == base.run.run_json["losses"][s], (trial, s)
-        assert "lease.json" not in backend.files()      # the session that finished released the store
+        assert "lease.json" not in backend.files()  # the session that finished released the store
     final = backend.pointer()
     assert final["terminal"] is True and final["step"] == LAST
     assert backend.final_sha() == base.final_sha, trial
     RESULTS[trial] = "bit-identical after: " + " | ".join(
         "recovered" if "(recovered)" in d else "fresh" if "fresh start" in d else d.split(": ", 1)[-1]
-        for d in decisions)
+        for d in decisions
+    )
 
 
 def test_zz_report_kills(capsys):
     """Prints the tally for the README (runs last in this module: pytest keeps definition order)."""
     with capsys.disabled():
         same = sum(v.startswith("bit-identical") for v in RESULTS.values())
-        print(f"\nkill-anywhere: {len(RESULTS)} trials ({2 * len(RESULTS)} kills), {same} of {len(RESULTS)} ended "
-              f"bit-identical to the uninterrupted run: {RESULTS}")
+        print(
+            f"\nkill-anywhere: {len(RESULTS)} trials ({2 * len(RESULTS)} kills), {same} of {len(RESULTS)} ended "
+            f"bit-identical to the uninterrupted run: {RESULTS}"
+        )
     assert same == len(RESULTS) == len(TRIALS)
     # The kills at the first push must have reached every branch a first session can leave behind, on both
     # backends: nothing pushed (fresh start), pushed without a pointer (recovered), pointed at (resumed).

@@ -1,6 +1,7 @@
 """engine/'s shape, read from its source with ast: no import cycle (imports inside functions
 included, where lazy imports would hide one), never the trainer, no module that has outgrown one
 concept. `python tests/test_layering.py` prints the import graph and the module sizes."""
+
 from __future__ import annotations
 
 import ast
@@ -32,7 +33,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
     return found
@@ -87,20 +88,22 @@ def test_engine_has_no_import_cycle_even_through_lazy_imports() -> None:
 
 
 def test_a_lazy_import_that_closes_a_circle_is_found() -> None:
-    graph = {"engine.cli": {"engine.diff"}, "engine.diff": {"engine.recheck"},
-             "engine.recheck": {"engine.cli", "json"}, "engine.plan": set()}
+    graph = {
+        "engine.cli": {"engine.diff"},
+        "engine.diff": {"engine.recheck"},
+        "engine.recheck": {"engine.cli", "json"},
+        "engine.plan": set(),
+    }
     assert cycles(graph) == [["engine.cli", "engine.diff", "engine.recheck"]]
 
 
 def test_engine_never_imports_the_trainer() -> None:
-    offenders = {name: sorted(d for d in deps if d.split(".")[0] == "trainer")
-                 for name, deps in import_graph().items()}
+    offenders = {name: sorted(d for d in deps if d.split(".")[0] == "trainer") for name, deps in import_graph().items()}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_no_engine_module_outgrows_one_concept() -> None:
-    sizes = {name: len(path.read_text(encoding="utf-8").splitlines())
-             for name, path in engine_modules().items()}
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in engine_modules().items()}
     assert {k: n for k, n in sizes.items() if n > MAX_LINES} == {}
 
 

@@ -13,13 +13,22 @@ import time
 from pathlib import Path
 
 import pytest
-
 from blobs import write
+from trainer_helpers import (
+    BASELINE_PUSH_EVERY,
+    BASELINE_STEPS,
+    baseline,
+    explain,
+    run_trainer,
+    store_url,
+    torchrun_cmd,
+    trainer_args,
+    weights_sha256,
+)
+
 from trainer.lease import LEASE_PATH, Lease, LeaseDoc, LeaseHeld, LeaseLost, Writer, parse_lease, this_writer
 from trainer.store import Conflict, LocalStore, StoreError
 from trainer.store_url import open_store
-from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, baseline, explain, run_trainer, store_url,
-                             torchrun_cmd, trainer_args, weights_sha256)
 
 FOREIGN = Writer(id="far-away:4242:abcd1234", host="far-away", boot_id="0000-boot", pid=4242, pid_start="99")
 
@@ -61,7 +70,7 @@ def test_a_live_holder_refuses_a_second_writer_naming_it(store, tmp_path):
     msg = str(e.value)
     assert "is being written by another trainer" in msg
     assert "writer far-away:4242:abcd1234 (host far-away, pid 4242)" in msg
-    assert "expires " in msg and holder(store) == FOREIGN               # untouched
+    assert "expires " in msg and holder(store) == FOREIGN  # untouched
 
 
 def test_an_expired_lease_is_taken_over(store, tmp_path):
@@ -75,10 +84,20 @@ def test_an_expired_lease_is_taken_over(store, tmp_path):
 def test_a_holder_whose_process_died_on_this_machine_is_taken_over_at_once(store, tmp_path):
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     me = this_writer()
-    dead = Writer(id=f"{me.host}:{done.stdout.strip()}:deadbeef", host=me.host, boot_id=me.boot_id,
-                  pid=int(done.stdout), pid_start="1")
-    reused = Writer(id=f"{me.host}:{me.pid}:0ldpid00", host=me.host, boot_id=me.boot_id, pid=me.pid,
-                    pid_start=str(int(me.pid_start) - 1))          # this pid, but another process's start time
+    dead = Writer(
+        id=f"{me.host}:{done.stdout.strip()}:deadbeef",
+        host=me.host,
+        boot_id=me.boot_id,
+        pid=int(done.stdout),
+        pid_start="1",
+    )
+    reused = Writer(
+        id=f"{me.host}:{me.pid}:0ldpid00",
+        host=me.host,
+        boot_id=me.boot_id,
+        pid=me.pid,
+        pid_start=str(int(me.pid_start) - 1),
+    )  # this pid, but another process's start time
     for gone in (dead, reused):
         plant(store, tmp_path, gone, expires_in=600)
         lines: list[str] = []
@@ -91,7 +110,7 @@ def test_the_heartbeat_renews_the_lease_while_the_writer_works(store, tmp_path):
     lease = Lease(store, ttl_s=1.2, log=[].append)
     lease.acquire()
     first = parse_lease(store.read_bytes(LEASE_PATH), LEASE_PATH).expires
-    time.sleep(2.0)                     # longer than the TTL: only renewals keep it alive
+    time.sleep(2.0)  # longer than the TTL: only renewals keep it alive
     doc = parse_lease(store.read_bytes(LEASE_PATH), LEASE_PATH)
     assert doc.writer == this_writer() and doc.expires > first + 0.5 and doc.expires > time.time()
     lease.release()
@@ -100,13 +119,13 @@ def test_the_heartbeat_renews_the_lease_while_the_writer_works(store, tmp_path):
 def test_a_writer_whose_lease_was_taken_over_stops_writing(store, tmp_path):
     lease = Lease(store, ttl_s=60, log=[].append)
     lease.acquire()
-    plant(store, tmp_path, FOREIGN, expires_in=100)     # ours expired meanwhile and another writer claimed it
+    plant(store, tmp_path, FOREIGN, expires_in=100)  # ours expired meanwhile and another writer claimed it
     with pytest.raises(LeaseLost, match="lost its lease: it is held by writer far-away:4242"):
         lease.commit({"latest.json": write(tmp_path, "l", b"{}")}, message="pointer")
     assert "latest.json" not in store.list_files()
-    with pytest.raises(LeaseLost):          # and stays stopped
+    with pytest.raises(LeaseLost):  # and stays stopped
         lease.commit({"x": write(tmp_path, "x", b"x")})
-    lease.release()                          # not ours: left alone
+    lease.release()  # not ours: left alone
     assert holder(store) == FOREIGN
 
 
@@ -114,7 +133,7 @@ def test_a_write_renews_a_lease_that_is_due_in_the_same_commit(store, tmp_path):
     clock = [1000.0]
     lease = Lease(store, ttl_s=100, log=[].append, clock=lambda: clock[0])
     lease.acquire()
-    clock[0] += 70                          # 30 s left of 100: due
+    clock[0] += 70  # 30 s left of 100: due
     rev_before = json.loads((store.dir / ".specprobe/manifest.json").read_text())["revision"]
     lease.commit({"a": write(tmp_path, "a", b"a")}, message="work")
     manifest = json.loads((store.dir / ".specprobe/manifest.json").read_text())
@@ -149,7 +168,7 @@ def test_the_hub_claims_the_lease_by_parent_commit(hub_server, hub_store, tmp_pa
     store.create()
     rev = store.revision()
     other = hub_store("lease")
-    other.commit({"x": write(tmp_path, "x", b"x")})          # the head moves after we read it
+    other.commit({"x": write(tmp_path, "x", b"x")})  # the head moves after we read it
     with pytest.raises(Conflict, match="the head moved"):
         store.commit({LEASE_PATH: write(tmp_path, "l", b"{}")}, expect_revision=rev)
     assert LEASE_PATH not in store.list_files()
@@ -178,12 +197,13 @@ def test_a_bad_lease_ttl_in_the_environment_names_the_variable(store, monkeypatc
 
 # ------------------------------------------------------------------------------ two real trainers
 
+
 @pytest.mark.slow
 def test_a_second_trainer_on_the_same_store_is_refused_naming_the_first_which_finishes(tmp_path, tmp_path_factory):
     base = baseline(tmp_path_factory)
     repo = store_url(tmp_path / "store")
     args = dict(root=base.mix, repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)
-    env = {"SPECPROBE_LEASE_TTL_S": "600"}      # A's lease outlives however long B takes to start
+    env = {"SPECPROBE_LEASE_TTL_S": "600"}  # A's lease outlives however long B takes to start
     b: dict[str, object] = {}
 
     def second_trainer_while_a_is_frozen(a_rank0: int) -> None:
@@ -195,13 +215,12 @@ def test_a_second_trainer_on_the_same_store_is_refused_naming_the_first_which_fi
 
     def on_a_line(line: str) -> None:
         if line.startswith("lease: ") and " holds " in line and "frozen" not in b:
-            rank0 = int(line.split()[1].split(":")[1])      # the writer id is host:pid:token
+            rank0 = int(line.split()[1].split(":")[1])  # the writer id is host:pid:token
             os.kill(rank0, signal.SIGSTOP)
             b["frozen"] = rank0
             threading.Thread(target=second_trainer_while_a_is_frozen, args=(rank0,), daemon=True).start()
 
-    a = run_trainer(torchrun_cmd(trainer_args(out=tmp_path / "out-a", **args)), env=env, on_line=on_a_line,
-                    timeout=300)
+    a = run_trainer(torchrun_cmd(trainer_args(out=tmp_path / "out-a", **args)), env=env, on_line=on_a_line, timeout=300)
     assert a.rc == 0 and a.run_json is not None, explain(a)
     assert "run" in b, "trainer B never ran"
     b_run = b["run"]
@@ -222,9 +241,19 @@ def test_a_trainer_renews_its_lease_while_it_trains(tmp_path, tmp_path_factory):
     base = baseline(tmp_path_factory)
     # Pushes over a slow link (1.5 s each) keep the session writing for several of its 2 s leases.
     repo = store_url(tmp_path / "store")
-    run = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=tmp_path / "out", repo=repo + "?link_mb_s=1",
-                                                steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)),
-                      env={"SPECPROBE_LEASE_TTL_S": "2"}, timeout=240)
+    run = run_trainer(
+        torchrun_cmd(
+            trainer_args(
+                root=base.mix,
+                out=tmp_path / "out",
+                repo=repo + "?link_mb_s=1",
+                steps=BASELINE_STEPS,
+                push_every=BASELINE_PUSH_EVERY,
+            )
+        ),
+        env={"SPECPROBE_LEASE_TTL_S": "2"},
+        timeout=240,
+    )
     assert run.rc == 0 and run.run_json is not None, explain(run)
     store = open_store(repo)
     log = json.loads((store.dir / ".specprobe/manifest.json").read_text())["log"]

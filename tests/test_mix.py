@@ -1,4 +1,5 @@
 """trainer/mix.py: the synthetic mix (deterministic, well-formed, learnable) and build/publish/fetch."""
+
 import json
 import math
 import sys
@@ -24,7 +25,10 @@ def test_synthetic_build_is_deterministic_and_seed_dependent(tmp_path):
     a = build_synthetic(tmp_path / "a", **SMALL)
     b = build_synthetic(tmp_path / "b", **SMALL)
     c = build_synthetic(tmp_path / "c", **{**SMALL, "seed": 8})
-    hashes = lambda m: [e["sha256"] for e in [*m["shards"], m["val"]]]
+
+    def hashes(m):
+        return [e["sha256"] for e in [*m["shards"], m["val"]]]
+
     assert hashes(a) == hashes(b)
     assert (tmp_path / "a/train/shard-00002.bin").read_bytes() == (tmp_path / "b/train/shard-00002.bin").read_bytes()
     assert not set(hashes(a)) & set(hashes(c))
@@ -36,7 +40,11 @@ def test_synthetic_manifest_describes_the_files_and_how_they_were_built(tmp_path
     assert read_manifest(tmp_path) == m
     assert (m["dtype"], m["vocab_size"], m["n_shards"], m["total_tokens"]) == ("uint16", 512, 3, 30_000)
     assert [e["tokens"] for e in m["shards"]] == [10_000, 10_000, 10_000] and m["val"]["tokens"] == 5_000
-    assert [e["path"] for e in m["shards"]] == ["train/shard-00000.bin", "train/shard-00001.bin", "train/shard-00002.bin"]
+    assert [e["path"] for e in m["shards"]] == [
+        "train/shard-00000.bin",
+        "train/shard-00001.bin",
+        "train/shard-00002.bin",
+    ]
     assert m["source"]["kind"] == "synthetic" and m["source"]["seed"] == 7 and m["source"]["eos_id"] == EOS_ID
     tokens = np.fromfile(tmp_path / "train/shard-00000.bin", dtype="<u2")
     assert tokens.max() < 512
@@ -96,8 +104,25 @@ def test_tiny_model_learns_the_synthetic_mix(tmp_path, one_thread):
 
 
 def test_cli_build_prints_a_summary(tmp_path, capsys):
-    assert main(cli("build", "--out", tmp_path, "--synthetic", "--tokens", 5000, "--val-tokens", 500,
-                    "--vocab", 300, "--shards", 2)) == 0
+    assert (
+        main(
+            cli(
+                "build",
+                "--out",
+                tmp_path,
+                "--synthetic",
+                "--tokens",
+                5000,
+                "--val-tokens",
+                500,
+                "--vocab",
+                300,
+                "--shards",
+                2,
+            )
+        )
+        == 0
+    )
     assert f"built mix at {tmp_path} shards=2 total_tokens=5000 vocab=300 val_tokens=500" in capsys.readouterr().out
 
 
@@ -113,7 +138,10 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
 def test_text_build_without_tokenizers_says_how_to_get_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails whether or not it is installed
     (tmp_path / "a.txt").write_text("hello")
-    assert main(cli("build", "--out", tmp_path / "m", "--text", tmp_path / "a.txt", "--tokenizer", tmp_path / "t.json")) == 2
+    assert (
+        main(cli("build", "--out", tmp_path / "m", "--text", tmp_path / "a.txt", "--tokenizer", tmp_path / "t.json"))
+        == 2
+    )
     assert "needs the `tokenizers` package: pip install tokenizers" in capsys.readouterr().err
 
 
@@ -128,14 +156,21 @@ def test_text_build_tokenises_documents_with_eos_between(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "one.txt").write_text("the cat sat on the mat")
     (tmp_path / "many.jsonl").write_text('{"text": "a dog sat"}\n{"text": "the dog"}\n')
-    m = mixmod.build_text(tmp_path / "mix", files=[tmp_path / "one.txt", tmp_path / "many.jsonl"],
-                          tokenizer=tmp_path / "tokenizer.json", eos_token=None, val_tokens=3, shards=2)
+    m = mixmod.build_text(
+        tmp_path / "mix",
+        files=[tmp_path / "one.txt", tmp_path / "many.jsonl"],
+        tokenizer=tmp_path / "tokenizer.json",
+        eos_token=None,
+        val_tokens=3,
+        shards=2,
+    )
     ids = np.concatenate([np.fromfile(tmp_path / "mix" / e["path"], dtype="<u2") for e in [*m["shards"], m["val"]]])
     assert ids.tolist() == [2, 3, 4, 5, 2, 6, 0, 7, 8, 4, 0, 2, 8, 0]
     assert m["val"]["tokens"] == 3 and m["vocab_size"] == 9 and m["source"]["eos_token"] == "<|endoftext|>"
 
 
 # ---------------------------------------------------------------------------------------- store side
+
 
 def repo_url(tmp_path, name="mix"):
     return f"file://{tmp_path}/store/lab/{name}"
@@ -146,8 +181,13 @@ def test_publish_then_fetch_gives_a_verified_copy(tmp_path, capsys):
     url = repo_url(tmp_path)
     assert main(cli("publish", "--from", tmp_path / "src", "--repo", url)) == 0
     files = open_store(url).list_files()
-    assert sorted(files) == ["manifest.json", "train/shard-00000.bin", "train/shard-00001.bin",
-                             "train/shard-00002.bin", "val/val-00000.bin"]
+    assert sorted(files) == [
+        "manifest.json",
+        "train/shard-00000.bin",
+        "train/shard-00001.bin",
+        "train/shard-00002.bin",
+        "val/val-00000.bin",
+    ]
     assert main(cli("fetch", "--repo", url, "--out", tmp_path / "dst")) == 0
     out = capsys.readouterr().out
     assert f"mix at {tmp_path / 'dst'} shards=3 total_tokens=30000" in out and "downloaded 5 of 5 files" in out
@@ -186,11 +226,29 @@ def test_fetch_of_a_missing_repo_names_it_and_exits_2(tmp_path, capsys):
 
 def test_fetch_if_missing_builds_publishes_and_fetches_the_synthetic_mix(tmp_path, capsys):
     url = repo_url(tmp_path, "fresh")
-    args = cli("fetch", "--repo", url, "--out", tmp_path / "root", "--if-missing-build-synthetic",
-               "--tokens", 20_000, "--val-tokens", 1_000, "--vocab", 400, "--seed", 3, "--shards", 2)
+    args = cli(
+        "fetch",
+        "--repo",
+        url,
+        "--out",
+        tmp_path / "root",
+        "--if-missing-build-synthetic",
+        "--tokens",
+        20_000,
+        "--val-tokens",
+        1_000,
+        "--vocab",
+        400,
+        "--seed",
+        3,
+        "--shards",
+        2,
+    )
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "missing: building a synthetic mix" in out and f"mix at {tmp_path / 'root'} shards=2 total_tokens=20000" in out
+    assert (
+        "missing: building a synthetic mix" in out and f"mix at {tmp_path / 'root'} shards=2 total_tokens=20000" in out
+    )
     remote = json.loads(open_store(url).read_bytes("manifest.json"))
     assert remote == build_synthetic(tmp_path / "again", tokens=20_000, val_tokens=1_000, vocab=400, seed=3, shards=2)
     assert main(args) == 0  # second use: the repo exists now, nothing is rebuilt
@@ -213,8 +271,12 @@ def test_republishing_a_different_mix_replaces_the_old_files_in_one_commit(tmp_p
     monkeypatch.setattr(store, "commit", spy)
     monkeypatch.setattr(mixmod, "_open", lambda _url: store)
     mixmod.publish(tmp_path / "v2", url)
-    assert commits == [(["manifest.json", "train/shard-00000.bin", "train/shard-00001.bin", "val/val-00000.bin"],
-                        ["train/shard-00002.bin"])]
+    assert commits == [
+        (
+            ["manifest.json", "train/shard-00000.bin", "train/shard-00001.bin", "val/val-00000.bin"],
+            ["train/shard-00002.bin"],
+        )
+    ]
     assert sorted(store.list_files()) == commits[0][0]
 
 
@@ -242,7 +304,12 @@ def test_first_use_over_the_hub_protocol_builds_publishes_and_fetches(tmp_path, 
     for k, v in hub_server.env().items():
         monkeypatch.setenv(k, v)
     args = ["--tokens", "20000", "--val-tokens", "1000", "--vocab", "400", "--seed", "3", "--shards", "2"]
-    assert main(["fetch", "--repo", "hf://tester/mix", "--out", str(tmp_path / "a"), "--if-missing-build-synthetic", *args]) == 0
+    assert (
+        main(
+            ["fetch", "--repo", "hf://tester/mix", "--out", str(tmp_path / "a"), "--if-missing-build-synthetic", *args]
+        )
+        == 0
+    )
     assert "missing: building a synthetic mix" in capsys.readouterr().out
     # a second machine: the repo exists now, so it downloads what the first one published
     assert main(["fetch", "--repo", "hf://tester/mix", "--out", str(tmp_path / "b")]) == 0

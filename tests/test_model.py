@@ -1,6 +1,7 @@
 """trainer/model.py and the modules applied to it: geometry, loss equivalences, attention paths, the model
 options, the compile policy (trainer/compile.py), the kernels (trainer/kernels.py) and the HF Llama on-disk
 format (trainer/hf.py)."""
+
 import json
 
 import pytest
@@ -129,11 +130,34 @@ def test_hf_config_round_trips_and_has_every_llamaconfig_key():
     cfg = GEOMETRIES["ounce100m-22l"]
     d = to_hf_config(cfg)
     assert d["architectures"] == ["LlamaForCausalLM"] and d["model_type"] == "llama"
-    assert {k: d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                              "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")} == {
-        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 22, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 2048}
-    assert (d["rms_norm_eps"], d["rope_theta"], d["hidden_act"], d["tie_word_embeddings"]) == (1e-5, 10000.0, "silu", True)
+    assert {
+        k: d[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+    } == {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49152,
+        "max_position_embeddings": 2048,
+    }
+    assert (d["rms_norm_eps"], d["rope_theta"], d["hidden_act"], d["tie_word_embeddings"]) == (
+        1e-5,
+        10000.0,
+        "silu",
+        True,
+    )
     assert (d["attention_bias"], d["mlp_bias"], d["torch_dtype"]) == (False, False, "float32")
     assert from_hf_config(d) == cfg
     # the transformers-5 spelling of the same model
@@ -142,12 +166,15 @@ def test_hf_config_round_trips_and_has_every_llamaconfig_key():
     assert from_hf_config(d5) == cfg
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("model_type", "gpt2", "model_type is 'gpt2'"),
-    ("tie_word_embeddings", False, "tie_word_embeddings is False"),
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope type is 'llama3'"),
-    ("head_dim", 32, "head_dim 32"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("model_type", "gpt2", "model_type is 'gpt2'"),
+        ("tie_word_embeddings", False, "tie_word_embeddings is False"),
+        ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope type is 'llama3'"),
+        ("head_dim", 32, "head_dim 32"),
+    ],
+)
 def test_hf_config_this_model_cannot_represent_is_refused(field, value, match):
     d = to_hf_config(TINY)
     d[field] = value
@@ -164,9 +191,17 @@ def test_hf_config_missing_field_is_named():
 
 def test_hf_state_dict_uses_exactly_llama_names_without_the_tied_head():
     names = set(hf_state_dict(tiny()))
-    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    per_layer = [
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ]
     want = {"model.embed_tokens.weight", "model.norm.weight"}
     want |= {f"model.layers.{i}.{n}" for i in range(TINY.n_layer) for n in per_layer}
     assert names == want
@@ -192,7 +227,9 @@ def test_load_hf_state_dict_names_missing_and_unexpected_keys():
     sd = hf_state_dict(tiny())
     sd.pop("model.norm.weight")
     sd["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
-    with pytest.raises(KeyError, match=r"missing \['model.norm.weight'\].*unexpected \['model.layers.0.mlp.extra.weight'\]"):
+    with pytest.raises(
+        KeyError, match=r"missing \['model.norm.weight'\].*unexpected \['model.layers.0.mlp.extra.weight'\]"
+    ):
         load_hf_state_dict(tiny(), sd)
 
 
@@ -282,7 +319,7 @@ def test_pointwise_softmax_gradient_pass_equals_the_in_place_one(compiled):
     ref_loss, ref_grad = K.ce_grad_eager(logits.clone(), y)
     assert grad.dtype == torch.bfloat16 and grad.shape == (37, 300)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=0, atol=2 ** -8)
+    torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=0, atol=2**-8)
     assert torch.allclose(grad.float().sum(1), torch.zeros(37), atol=0.05)  # softmax - one-hot sums to 0
 
 
@@ -332,13 +369,15 @@ def test_sdpa_gqa_is_on_from_cuda_capability_8_and_off_below_and_on_cpu(monkeypa
 
 def _saved_by_compiled_block(lean: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
     from torch._functorch import config as partitioner
+
     saved = []
 
     def pack(t):
         saved.append((tuple(t.shape), t.dtype))
         return t
+
     # The config module's own patch(): monkeypatch's undo would delete a config attribute, not restore it.
-    with partitioner.patch(ban_recompute_materialized_backward=True):   # torch's default
+    with partitioner.patch(ban_recompute_materialized_backward=True):  # torch's default
         m = tiny(seed=8)
         compile_blocks(m, ModelOptions(lean_activations=lean))
         x, y = batch()
@@ -356,10 +395,12 @@ def test_lean_activations_make_compiled_blocks_save_the_weights_not_their_bf16_c
     lean = _saved_by_compiled_block(lean=True)
     torch._dynamo.reset()
     bf16_weights = lambda saved: [s for s, dt in saved if s in shapes and dt == torch.bfloat16]  # noqa: E731
-    assert len(bf16_weights(default)) >= 7 * TINY.n_layer     # q, k, v, o, gate, up, down per block
+    assert len(bf16_weights(default)) >= 7 * TINY.n_layer  # q, k, v, o, gate, up, down per block
     assert bf16_weights(lean) == []
-    activation_bytes = lambda saved: sum(torch.Size(s).numel() * (2 if dt == torch.bfloat16 else 4)  # noqa: E731
-                                         for s, dt in saved if s not in shapes)
+
+    def activation_bytes(saved):
+        return sum(torch.Size(s).numel() * (2 if dt == torch.bfloat16 else 4) for s, dt in saved if s not in shapes)
+
     assert activation_bytes(lean) < activation_bytes(default)
 
 
@@ -376,6 +417,7 @@ def test_a_second_backward_through_the_loss_is_refused_not_scaled_twice():
 
 def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(monkeypatch):
     from torch._inductor import config as inductor
+
     monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
     torch._dynamo.reset()
     ref, m = tiny(seed=9), tiny(seed=9)
@@ -383,9 +425,9 @@ def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(
     x, y = batch()
     with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
         compile_model(m, ModelOptions())
-        assert m._compiled_call_impl is not None                 # compiled in place, not wrapped
-        assert inductor.coordinate_descent_tuning is True        # the kernel tuning comes with the scope
-        assert inductor.combo_kernels is False                   # combo kernels are opt-in
+        assert m._compiled_call_impl is not None  # compiled in place, not wrapped
+        assert inductor.coordinate_descent_tuning is True  # the kernel tuning comes with the scope
+        assert inductor.combo_kernels is False  # combo kernels are opt-in
         loss = m(x, y)[1]
         loss.backward()
     torch._dynamo.reset()
@@ -399,9 +441,10 @@ def test_compile_model_keeps_the_names_and_computes_the_same_loss_and_gradients(
 
 def test_compile_model_leaves_tuning_to_inductors_own_switch_when_set(monkeypatch):
     from torch._inductor import config as inductor
+
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0")
     with inductor.patch(coordinate_descent_tuning=False, combo_kernels=False):
-        compile_model(tiny(), ModelOptions())   # lazy: nothing is built before the first forward
+        compile_model(tiny(), ModelOptions())  # lazy: nothing is built before the first forward
         assert inductor.coordinate_descent_tuning is False
         assert inductor_kernel_settings() == "coordinate-descent tuning off, combo kernels off"
 
@@ -409,8 +452,9 @@ def test_compile_model_leaves_tuning_to_inductors_own_switch_when_set(monkeypatc
 @pytest.mark.parametrize("combo", [False, True])
 def test_combo_kernels_follow_the_model_option(combo):
     from torch._inductor import config as inductor
+
     with inductor.patch(combo_kernels=False):
-        compile_model(tiny(), ModelOptions(combo_kernels=combo))   # what SPECPROBE_COMBO_KERNELS=1 sets
+        compile_model(tiny(), ModelOptions(combo_kernels=combo))  # what SPECPROBE_COMBO_KERNELS=1 sets
         assert inductor.combo_kernels is combo
         assert inductor_kernel_settings().endswith(f"combo kernels {'on' if combo else 'off'}")
 
@@ -418,6 +462,7 @@ def test_combo_kernels_follow_the_model_option(combo):
 @pytest.mark.parametrize("graphs, kwargs", [(False, {}), (True, {"mode": "reduce-overhead"})])
 def test_compile_model_asks_for_cuda_graphs_only_when_told(monkeypatch, graphs, kwargs):
     from torch._inductor import config as inductor
+
     seen = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append(kw))
     with inductor.patch(coordinate_descent_tuning=False):
@@ -427,12 +472,12 @@ def test_compile_model_asks_for_cuda_graphs_only_when_told(monkeypatch, graphs, 
 
 def test_keep_grads_allocated_gives_zero_gradients_only_where_none_exist():
     m = tiny(seed=2)
-    m.norm.weight.requires_grad_(False)                     # frozen: left without a gradient
+    m.norm.weight.requires_grad_(False)  # frozen: left without a gradient
     up = m.layers[0].mlp.up_proj.weight
     kept = up.grad = torch.full_like(up, 3.0)
     keep_grads_allocated(m)
     assert m.norm.weight.grad is None
-    assert up.grad is kept and bool((kept == 3.0).all())     # an existing gradient is left as it is
+    assert up.grad is kept and bool((kept == 3.0).all())  # an existing gradient is left as it is
     others = [p for p in m.parameters() if p.requires_grad and p is not up]
     assert len(others) == len(list(m.parameters())) - 2
     assert all(p.grad is not None and p.grad.shape == p.shape and not p.grad.any() for p in others)
@@ -450,7 +495,7 @@ def test_accumulating_into_kept_gradients_zeroed_in_place_equals_set_to_none_bit
         if in_place:
             keep_grads_allocated(m)
             ptrs.append([p.grad.data_ptr() for p in m.parameters()])
-        for _ in range(2):                                   # two steps of two accumulated micro-steps
+        for _ in range(2):  # two steps of two accumulated micro-steps
             for x, y in ((x1, y1), (x2, y2)):
                 (m(x, y)[1] / 2).backward()
             step_grads = [p.grad.clone() for p in m.parameters()]
@@ -460,7 +505,7 @@ def test_accumulating_into_kept_gradients_zeroed_in_place_equals_set_to_none_bit
         if in_place:
             ptrs.append([p.grad.data_ptr() for p in m.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
-    assert ptrs[0] == ptrs[1]                                 # never reallocated
+    assert ptrs[0] == ptrs[1]  # never reallocated
 
 
 def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):
@@ -482,8 +527,8 @@ def switch_off_then_on(monkeypatch, switch: str, autocast: bool = False):
 
 def test_fp32_weight_gradients_equal_nn_linear_in_fp32(monkeypatch):
     (ref_loss, ref, ref_calls), (loss, got, calls) = switch_off_then_on(monkeypatch, "fp32_wgrad")
-    assert ref_calls == [] and calls == [1] * 7 * TINY.n_layer   # every projection went through it, once
-    assert loss == ref_loss and got.keys() == ref.keys()   # the same matmuls in the same order
+    assert ref_calls == [] and calls == [1] * 7 * TINY.n_layer  # every projection went through it, once
+    assert loss == ref_loss and got.keys() == ref.keys()  # the same matmuls in the same order
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-8, msg=name)
 
@@ -511,7 +556,7 @@ def test_linear_fp32_grad_computes_the_linear_map_and_its_gradients():
     x.grad = w.grad = None
     out = K.LinearFp32Grad.apply(x, w)
     with MatmulCounter() as mm:
-        out.backward(g)                                        # a frozen weight gets no gradient computed
+        out.backward(g)  # a frozen weight gets no gradient computed
     assert mm.calls == 1 and w.grad is None and x.grad is not None
 
 

@@ -1,4 +1,5 @@
 """build_plan: mode choice, resolved steps with defaults, checks, budget arithmetic, fingerprints, describe."""
+
 import copy
 from pathlib import Path
 
@@ -61,7 +62,12 @@ def test_values_and_sources(spec):
     assert p.values["store_root"] == "/runs/r1/store"
     assert p.values["mode"] == "soak"
     assert (p.sources["tps"], p.sources["repo"], p.sources["tokens"], p.sources["steps"], p.sources["run_id"]) == (
-        "--set", "env", "derived", "mode", "builtin")
+        "--set",
+        "env",
+        "derived",
+        "mode",
+        "builtin",
+    )
     assert p.secret_names == ["hf_token"]
     assert p.values["hf_token"] == "hf_sekrit_value"  # the runner needs the real value
 
@@ -75,8 +81,9 @@ def test_steps_are_resolved_with_defaults_and_locations(spec):
     assert run["argv"][1:2] == ["-c"] and run["argv"][-2:] == ["--steps", "20"]  # list value spliced
     assert run["timeout_s"] == 60 and run["grace_s"] == 30 and run["ok_exit_codes"] == [0]
     assert run["env"] == {"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_sekrit_value"}
-    assert run["output"]["harvest"] == {"run_json": {"marker": "RUN_JSON ", "pick": "last",
-                                                     "on_conflict": "fail", "on_malformed": "fail"}}
+    assert run["output"]["harvest"] == {
+        "run_json": {"marker": "RUN_JSON ", "pick": "last", "on_conflict": "fail", "on_malformed": "fail"}
+    }
     assert run["output"]["failure_lines"] == 45 and run["output"]["tail_lines"] == 40
     assert run["signals"] == [{"match": "^CKPT push step=10 ", "signal": "SIGKILL", "after_s": 0}]
     assert run["progress"] == {"match": r"^step (?P<step>\d+)/(?P<total>\d+)", "every_s": 30}
@@ -131,9 +138,11 @@ def test_describe_shows_everything_but_secrets(spec):
 
 def test_spec_errors_surface_from_build_plan(tmp_path):
     p = tmp_path / "s.yaml"
-    p.write_text("version: 1\nname: s\nbudget_s: 9\nvalues: {t: soon}\n"
-                 "steps: [{name: a, run: {argv: [x], timeout_s: '${t}'}}]\n"
-                 "checks: [{name: c, why: w, expr: '`true`'}]\n")
+    p.write_text(
+        "version: 1\nname: s\nbudget_s: 9\nvalues: {t: soon}\n"
+        "steps: [{name: a, run: {argv: [x], timeout_s: '${t}'}}]\n"
+        "checks: [{name: c, why: w, expr: '`true`'}]\n"
+    )
     with pytest.raises(SpecErrors) as e:
         build_plan(load_spec(p), environ={})
     assert [x.path for x in e.value.errors] == ["$.steps[0].run.timeout_s"]
@@ -142,9 +151,11 @@ def test_spec_errors_surface_from_build_plan(tmp_path):
 
 def test_spec_without_modes_runs_in_mode_default(tmp_path):
     p = tmp_path / "s.yaml"
-    p.write_text("version: 1\nname: s\nbudget_s: 9\n"
-                 "steps: [{name: a, remove: '${run_dir}/x'}]\n"
-                 "checks: [{name: c, why: w, expr: '`true`'}]\n")
+    p.write_text(
+        "version: 1\nname: s\nbudget_s: 9\n"
+        "steps: [{name: a, remove: '${run_dir}/x'}]\n"
+        "checks: [{name: c, why: w, expr: '`true`'}]\n"
+    )
     pl = build_plan(load_spec(p), environ={}, builtins={"run_dir": "/r"})
     assert pl.mode == "default" and pl.steps[0]["remove"] == ["/r/x"] and pl.worst_case_s == 0
     with pytest.raises(UsageError, match="this spec has no modes"):

@@ -3,6 +3,7 @@
 
 Regenerate the golden files after an intended change with SPECPROBE_UPDATE_GOLDEN=1 and review the diff.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,11 +62,14 @@ def polylines(svg_root, series: str) -> list[list[tuple[float, float]]]:
 
 
 def mermaid_lines(block: str) -> dict[str, list[float]]:
-    return {m.group(1): [float(v) for v in m.group(2).split(", ")]
-            for m in re.finditer(r'^    line "([^"]*)" \[([^\]]*)\]$', block, re.M)}
+    return {
+        m.group(1): [float(v) for v in m.group(2).split(", ")]
+        for m in re.finditer(r'^    line "([^"]*)" \[([^\]]*)\]$', block, re.M)
+    }
 
 
 # ---------------------------------------------------------------- golden files, one per renderer
+
 
 def test_svg_of_each_plot_matches_its_golden_file(probe):
     for figure in probe[3]:
@@ -81,6 +85,7 @@ def test_html_report_matches_its_golden_file(probe):
 
 
 # ---------------------------------------------------------------- what is drawn is the evidence
+
 
 def test_svg_polylines_hold_the_evidence_numbers_and_break_at_a_gap(probe):
     evidence, *_, figures = probe
@@ -130,8 +135,10 @@ def test_mermaid_joins_legs_that_follow_each_other_into_one_line(monkeypatch):
     evidence = json.loads((ROOT / "evidence" / "p4_soak" / "evidence.json").read_text())
     loss = for_spec(load_spec("specs/p4_soak.yaml"), evidence)[0]
     block = mermaid.block(loss)
-    losses = evidence["steps"]["leg1"]["harvest"]["run_json"]["losses"] | \
-        evidence["steps"]["leg2"]["harvest"]["run_json"]["losses"]
+    losses = (
+        evidence["steps"]["leg1"]["harvest"]["run_json"]["losses"]
+        | evidence["steps"]["leg2"]["harvest"]["run_json"]["losses"]
+    )
     assert mermaid_lines(block) == {"leg 1 + leg 2": [losses[str(s)] for s in range(1, 181)]}
     assert 'x-axis "step (120: stop / cold resume)" 1 --> 180' in block
     assert "line 1: leg 1 (x 1-120), then leg 2 (x 121-180)" in mermaid.markdown(loss)
@@ -147,6 +154,7 @@ def test_markdown_report_ends_with_the_plots(probe):
 
 # ---------------------------------------------------------------- the HTML page
 
+
 def test_html_report_is_valid_html5_with_one_svg_per_plot(probe):
     page = htmlreport.render(*probe)
     doc = strict_html(page)
@@ -161,8 +169,7 @@ def test_html_report_loads_nothing_and_runs_nothing(probe):
     doc = strict_html(page)
     tags = {e.tag.split("}")[-1] for e in doc.iter()}
     assert not tags & {"script", "link", "img", "iframe", "object", "embed", "image", "use"}
-    assert not [e for e in doc.iter() for k in e.attrib if k.split("}")[-1] in ("href", "src")
-                or k.startswith("on")]
+    assert not [e for e in doc.iter() for k in e.attrib if k.split("}")[-1] in ("href", "src") or k.startswith("on")]
     assert re.findall(r"https?://[^\s\"'<>]+", page) == ["http://www.w3.org/2000/svg"] * 3
     assert "default-src 'none'" in page
 
@@ -171,13 +178,13 @@ def test_html_report_shows_the_failure_tree_and_escapes_text(probe):
     evidence, results, verdict, figures = probe
     failing = json.loads(json.dumps(evidence))
     failing["steps"]["leg2"]["harvest"]["run_json"]["final_step"] = 7
-    failing["spec"]["name"] = "a<b>&\"c\""
+    failing["spec"]["name"] = 'a<b>&"c"'
     spec = load_spec(PROBE)
     results, verdict = judge(build_plan(spec), failing)
     page = htmlreport.render(failing, results, verdict, for_spec(spec, failing))
     strict_html(page)
     assert "a&lt;b&gt;&amp;&quot;c&quot;" in page and "<b>&" not in page
-    tree = page[page.index('<section id="failures">'):page.index('<section id="plots">')]
+    tree = page[page.index('<section id="failures">') : page.index('<section id="plots">')]
     assert "leg2_finished" in tree and "steps.leg2.harvest.run_json.final_step = 7" in tree
 
 
@@ -201,8 +208,7 @@ def test_saved_soak_run_report_is_valid_and_draws_every_loss(tmp_path, monkeypat
     assert polylines(svgs["plot-tokens_per_s"], "leg 2") == [rates] and len(rates) == 13
     # On the CPU there are no device memory figures: the plot says so instead of drawing zeros.
     assert polylines(svgs["plot-peak_memory"], "leg 1") == []
-    assert "leg 1: no data: `steps.leg1.harvest.run_json.peak_reserved_gb_by_rank` is null" in \
-        page_path.read_text()
+    assert "leg 1: no data: `steps.leg1.harvest.run_json.peak_reserved_gb_by_rank` is null" in page_path.read_text()
 
 
 def test_html_and_markdown_both_on_stdout_is_refused(capsys):

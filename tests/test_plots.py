@@ -1,5 +1,6 @@
 """engine/plots.py: a spec's plots evaluated over the evidence; missing data is a gap or "no data",
 with a note, never a number."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.plots import PlotDef, SeriesDef, MarkerDef, definitions, figures, for_spec
+from engine.plots import MarkerDef, PlotDef, SeriesDef, definitions, figures, for_spec
 from engine.spec import load_spec
 from engine.validate import validate
 
@@ -91,8 +92,11 @@ def test_repeated_x_keeps_the_last_value_and_says_so():
 
 def test_markers_take_a_number_or_a_list_and_note_what_is_missing():
     ev = {"v": {"stop": 10, "pushes": [5, 10, "x"]}}
-    fig = one("v.stop", ev, (MarkerDef("x", "v.stop", "stop"), MarkerDef("x", "v.pushes", "push"),
-                            MarkerDef("y", "v.gate", "gate")))
+    fig = one(
+        "v.stop",
+        ev,
+        (MarkerDef("x", "v.stop", "stop"), MarkerDef("x", "v.pushes", "push"), MarkerDef("y", "v.gate", "gate")),
+    )
     assert [m.at for m in fig.markers] == [[10], [5, 10], []]
     assert 'marker push: not drawn at "x": not a number' in fig.notes
     assert "marker gate: no data: v.gate is missing" in fig.notes
@@ -148,21 +152,35 @@ def test_validate_reports_plot_problems_like_check_problems(tmp_path, monkeypatc
     ]
 
 
-@pytest.mark.parametrize("plot, message", [
-    ({"title": "t", "why": "w", "series": []}, "should be non-empty"),
-    ({"title": "t", "why": " ", "series": [{"label": "a", "points": "x"}]}, "why must say what a reader"),
-    ({"title": "t", "why": "w", "series": [{"label": "a"}]}, "'points' is a required property"),
-    ({"title": "t", "why": "w", "series": [{"label": "a", "points": "x"}], "markers": [{"label": "m"}]},
-     "a marker needs exactly one of x, y"),
-    ({"title": "t", "why": "w", "series": [{"label": "a", "points": "x"}], "colour": "red"},
-     "unknown key 'colour'"),
-])
+@pytest.mark.parametrize(
+    "plot, message",
+    [
+        ({"title": "t", "why": "w", "series": []}, "should be non-empty"),
+        ({"title": "t", "why": " ", "series": [{"label": "a", "points": "x"}]}, "why must say what a reader"),
+        ({"title": "t", "why": "w", "series": [{"label": "a"}]}, "'points' is a required property"),
+        (
+            {"title": "t", "why": "w", "series": [{"label": "a", "points": "x"}], "markers": [{"label": "m"}]},
+            "a marker needs exactly one of x, y",
+        ),
+        (
+            {"title": "t", "why": "w", "series": [{"label": "a", "points": "x"}], "colour": "red"},
+            "unknown key 'colour'",
+        ),
+    ],
+)
 def test_schema_refuses_malformed_plots_with_a_located_message(tmp_path, monkeypatch, plot, message):
     monkeypatch.chdir(tmp_path)
-    spec = {"version": 1, "name": "p", "budget_s": 10, "steps": [{"name": "a", "remove": "x"}],
-            "checks": [{"name": "c", "why": "w", "expr": "`true`"}], "plots": {"bad": plot}}
+    spec = {
+        "version": 1,
+        "name": "p",
+        "budget_s": 10,
+        "steps": [{"name": "a", "remove": "x"}],
+        "checks": [{"name": "c", "why": "w", "expr": "`true`"}],
+        "plots": {"bad": plot},
+    }
     (tmp_path / "p.yaml").write_text(json.dumps(spec, indent=1))
     from engine.spec import SpecErrors
+
     with pytest.raises(SpecErrors) as info:
         load_spec("p.yaml")
     text = str(info.value)

@@ -1,4 +1,5 @@
 """engine/process.py: one command in its own process group, with real subprocesses."""
+
 from __future__ import annotations
 
 import os
@@ -49,14 +50,14 @@ def collect_lines() -> tuple[list[tuple[int, str]], callable]:
 
     def on_block(block: Block) -> None:
         got.extend((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+
     return got, on_block
 
 
 def test_lines_stream_to_log_and_callback_with_numbers(tmp_path: Path) -> None:
     got, on_block = collect_lines()
     log = tmp_path / "logs" / "a.log"
-    result = run_command(leg("one", "@stderr:two", "three", "@rc:3"), log_path=log,
-                         on_block=on_block, timeout_s=30)
+    result = run_command(leg("one", "@stderr:two", "three", "@rc:3"), log_path=log, on_block=on_block, timeout_s=30)
     assert result.rc == 3
     assert result.lines == 3 and not result.timed_out and result.terminated_by is None
     assert got == [(1, "one"), (2, "two"), (3, "three")]
@@ -66,9 +67,16 @@ def test_lines_stream_to_log_and_callback_with_numbers(tmp_path: Path) -> None:
 def test_env_is_merged_over_environ_and_cwd_applies(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SPECPROBE_OUTER", "outer")
     got, on_block = collect_lines()
-    run_command([sys.executable, "-c", "import os; print(os.environ['SPECPROBE_OUTER'], "
-                 "os.environ['SPECPROBE_INNER'], os.getcwd())"],
-                env={"SPECPROBE_INNER": "inner"}, cwd=tmp_path, on_block=on_block)
+    run_command(
+        [
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['SPECPROBE_OUTER'], os.environ['SPECPROBE_INNER'], os.getcwd())",
+        ],
+        env={"SPECPROBE_INNER": "inner"},
+        cwd=tmp_path,
+        on_block=on_block,
+    )
     assert got == [(1, f"outer inner {tmp_path}")]
 
 
@@ -88,8 +96,7 @@ def test_missing_executable_is_rc_127_with_a_message(tmp_path: Path) -> None:
 
 def test_timeout_sends_term_to_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    result = run_command(leg(f"@pidfile:{pidfile}", "started", "@forever"), timeout_s=1.0,
-                         grace_s=5)
+    result = run_command(leg(f"@pidfile:{pidfile}", "started", "@forever"), timeout_s=1.0, grace_s=5)
     assert result.timed_out is True and result.terminated_by == "timeout"
     assert result.rc == -signal.SIGTERM
     assert 1.0 <= result.seconds < 4.0
@@ -98,8 +105,7 @@ def test_timeout_sends_term_to_group(tmp_path: Path) -> None:
 
 def test_leg_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    result = run_command(leg("@ignore_term", f"@pidfile:{pidfile}", "@forever"),
-                         timeout_s=0.5, grace_s=1.0)
+    result = run_command(leg("@ignore_term", f"@pidfile:{pidfile}", "@forever"), timeout_s=0.5, grace_s=1.0)
     assert result.timed_out and result.rc == -signal.SIGKILL
     assert 1.5 <= result.seconds < 5.0
     with pytest.raises(ProcessLookupError):
@@ -109,8 +115,7 @@ def test_leg_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
 def test_leg_that_exits_leaves_no_orphans(tmp_path: Path) -> None:
     """A grandchild still sleeping in the group when the leader exits is killed too."""
     pidfile, child = tmp_path / "pid", tmp_path / "child"
-    result = run_command(leg(f"@pidfile:{pidfile}", f"@spawn:{child}", "leader done"),
-                         timeout_s=30)
+    result = run_command(leg(f"@pidfile:{pidfile}", f"@spawn:{child}", "leader done"), timeout_s=30)
     assert result.rc == 0 and result.seconds < 5
     with pytest.raises(ProcessLookupError):
         os.killpg(int(pidfile.read_text()), 0)
@@ -119,8 +124,9 @@ def test_leg_that_exits_leaves_no_orphans(tmp_path: Path) -> None:
 
 def test_leg_killed_after_grace_leaves_no_orphans(tmp_path: Path) -> None:
     pidfile, child = tmp_path / "pid", tmp_path / "child"
-    result = run_command(leg("@ignore_term", f"@pidfile:{pidfile}", f"@spawn:{child}",
-                             "@forever"), timeout_s=0.5, grace_s=0.5)
+    result = run_command(
+        leg("@ignore_term", f"@pidfile:{pidfile}", f"@spawn:{child}", "@forever"), timeout_s=0.5, grace_s=0.5
+    )
     assert result.timed_out
     with pytest.raises(ProcessLookupError):
         os.killpg(int(pidfile.read_text()), 0)
@@ -130,8 +136,10 @@ def test_leg_killed_after_grace_leaves_no_orphans(tmp_path: Path) -> None:
 def test_grandchild_escaping_the_group_with_the_pipe_cannot_hang_the_drain(tmp_path: Path) -> None:
     # setsid puts the sleeper outside the leg's group; it inherits the pipe. The bounded drain
     # gives up on it instead of waiting 300 s for EOF.
-    code = ("import subprocess, sys; p = subprocess.Popen(['setsid', 'sleep', '30']); "
-            "open(sys.argv[1], 'w').write(str(p.pid)); print('bye')")
+    code = (
+        "import subprocess, sys; p = subprocess.Popen(['setsid', 'sleep', '30']); "
+        "open(sys.argv[1], 'w').write(str(p.pid)); print('bye')"
+    )
     escaped = tmp_path / "escaped"
     started = time.monotonic()
     result = run_command([sys.executable, "-c", code, str(escaped)], drain_s=0.5)
@@ -144,32 +152,41 @@ def test_grandchild_escaping_the_group_with_the_pipe_cannot_hang_the_drain(tmp_p
 
 def _launcher_code() -> str:
     # What torchrun does: each worker in a session of its own, the launcher waiting on them.
-    return ("import subprocess, sys, time; "
-            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
-            "start_new_session=True); "
-            "open(sys.argv[1], 'w').write(str(w.pid)); print('workers up', flush=True); w.wait()")
+    return (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "start_new_session=True); "
+        "open(sys.argv[1], 'w').write(str(w.pid)); print('workers up', flush=True); w.wait()"
+    )
 
 
 @pytest.mark.parametrize("how", ["timeout", "signal_rule"])
 def test_workers_in_their_own_session_die_with_the_leg(tmp_path: Path, how: str) -> None:
     # A process-group kill alone left torchrun's ranks training (and pushing) after the leg ended.
     worker = tmp_path / "worker"
-    kwargs = ({"timeout_s": 1.5, "grace_s": 1} if how == "timeout" else
-              {"timeout_s": 30, "signals": compile_signal_rules(
-                  [{"match": "^workers up", "signal": "SIGKILL", "after_s": 0.7}])})
+    kwargs = (
+        {"timeout_s": 1.5, "grace_s": 1}
+        if how == "timeout"
+        else {
+            "timeout_s": 30,
+            "signals": compile_signal_rules([{"match": "^workers up", "signal": "SIGKILL", "after_s": 0.7}]),
+        }
+    )
     result = run_command([sys.executable, "-c", _launcher_code(), str(worker)], **kwargs)
     assert result.terminated_by == how
     assert pid_gone(pid_in(worker)), "a worker outside the leg's process group survived the leg"
 
 
 def test_signal_rule_kills_the_leg_when_the_line_appears(tmp_path: Path) -> None:
-    rules = compile_signal_rules([{"match": "^CKPT push step=10 ", "signal": "SIGKILL",
-                                   "after_s": 0}])
+    rules = compile_signal_rules([{"match": "^CKPT push step=10 ", "signal": "SIGKILL", "after_s": 0}])
     got, on_block = collect_lines()
-    result = run_command(leg("step 9", "[default0]: CKPT push step=10 -> ckpt", "@sleep:0.3",
-                             "never printed", "@forever"),
-                         signals=rules, strip_prefix=re.compile(r"^\[default\d*\]:\s*"),
-                         on_block=on_block, timeout_s=30)
+    result = run_command(
+        leg("step 9", "[default0]: CKPT push step=10 -> ckpt", "@sleep:0.3", "never printed", "@forever"),
+        signals=rules,
+        strip_prefix=re.compile(r"^\[default\d*\]:\s*"),
+        on_block=on_block,
+        timeout_s=30,
+    )
     assert result.terminated_by == "signal_rule"
     assert result.rc == -signal.SIGKILL and not result.timed_out
     assert [s["signal"] for s in result.signals_sent] == ["SIGKILL"]
@@ -206,8 +223,7 @@ def test_ctrl_c_terminates_the_group_and_raises_with_the_result(tmp_path: Path) 
 
     threading.Thread(target=interrupt_soon, daemon=True).start()
     with pytest.raises(Interrupted) as caught:
-        run_command(leg(f"@pidfile:{pidfile}", f"@spawn:{child}", "@forever"), timeout_s=60,
-                    grace_s=5)
+        run_command(leg(f"@pidfile:{pidfile}", f"@spawn:{child}", "@forever"), timeout_s=60, grace_s=5)
     assert isinstance(caught.value, KeyboardInterrupt)
     assert caught.value.result.terminated_by == "interrupt"
     assert caught.value.result.rc == -signal.SIGTERM
@@ -224,8 +240,12 @@ def test_on_tick_is_called_while_the_leg_runs() -> None:
 
 def test_scrub_applies_before_the_log_and_the_callback(tmp_path: Path) -> None:
     got, on_block = collect_lines()
-    run_command(leg("token=hf_FAKE_SECRET_123"), log_path=tmp_path / "s.log", on_block=on_block,
-                scrub=lambda text: text.replace("hf_FAKE_SECRET_123", "<redacted>"))
+    run_command(
+        leg("token=hf_FAKE_SECRET_123"),
+        log_path=tmp_path / "s.log",
+        on_block=on_block,
+        scrub=lambda text: text.replace("hf_FAKE_SECRET_123", "<redacted>"),
+    )
     assert got == [(1, "token=<redacted>")]
     assert (tmp_path / "s.log").read_text() == "token=<redacted>\n"
 
@@ -236,8 +256,10 @@ def test_many_lines_are_counted_and_logged_whole(tmp_path: Path) -> None:
 
     def on_block(block: Block) -> None:
         count[0] += len(block.lines)
-    result = run_command(leg("@repeat:200000:line {i}"), log_path=log, on_block=on_block,
-                         strip_prefix=re.compile(r"^\[rank\d\]: "))
+
+    result = run_command(
+        leg("@repeat:200000:line {i}"), log_path=log, on_block=on_block, strip_prefix=re.compile(r"^\[rank\d\]: ")
+    )
     assert result.lines == 200000 == count[0]
     with open(log) as fh:
         assert sum(1 for _ in fh) == 200000
@@ -245,6 +267,7 @@ def test_many_lines_are_counted_and_logged_whole(tmp_path: Path) -> None:
 
 def test_required_literal_is_what_every_match_contains() -> None:
     from engine.lines import required_literal
+
     assert required_literal(re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)")) == "step "
     assert required_literal(re.compile(r"^CKPT push step=10 ")) == "CKPT push step=10 "
     assert required_literal(re.compile(r"ab*c")) == "a"
@@ -254,23 +277,31 @@ def test_required_literal_is_what_every_match_contains() -> None:
 
 def test_block_finds_lines_after_the_prefix_is_stripped() -> None:
     tee = re.compile(r"^\[default\d\]:\s*")
-    block = Block("[default0]: CKPT a\nplain\n[default1]: x CKPT b\n[default0]: CKPT c", 4, 11,
-                  tee)
+    block = Block("[default0]: CKPT a\nplain\n[default1]: x CKPT b\n[default0]: CKPT c", 4, 11, tee)
     assert list(block.find_lines(["CKPT", "plain"])) == [
-        (11, "CKPT a"), (12, "plain"), (13, "x CKPT b"), (14, "CKPT c")]
+        (11, "CKPT a"),
+        (12, "plain"),
+        (13, "x CKPT b"),
+        (14, "CKPT c"),
+    ]
     assert list(block.find_last_line("CKPT")) == ["CKPT c", "x CKPT b", "CKPT a"]
     assert block.tail(2) == ["x CKPT b", "CKPT c"]
     assert block.lines == ["CKPT a", "plain", "x CKPT b", "CKPT c"]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["", "step 3/9", "[rank0]: step 4/9", "CKPT push", "xstep 1/2",
-                                 "[rank1]: noise", "step x/9"]), min_size=1, max_size=30),
-       st.sampled_from([r"^step (?P<s>\d+)/", r"step \d", r"^\[rank\d\]", r"push$", r"\d/9$"]),
-       st.booleans())
-def test_line_matcher_agrees_with_a_plain_per_line_scan(lines: list[str], regex: str,
-                                                       strip: bool) -> None:
+@given(
+    st.lists(
+        st.sampled_from(["", "step 3/9", "[rank0]: step 4/9", "CKPT push", "xstep 1/2", "[rank1]: noise", "step x/9"]),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([r"^step (?P<s>\d+)/", r"step \d", r"^\[rank\d\]", r"push$", r"\d/9$"]),
+    st.booleans(),
+)
+def test_line_matcher_agrees_with_a_plain_per_line_scan(lines: list[str], regex: str, strip: bool) -> None:
     from engine.lines import LineMatcher
+
     tee = re.compile(r"^\[rank\d\]:\s*") if strip else None
     block = Block("\n".join(lines), len(lines), 5, tee)
     stripped = [tee.sub("", line, count=1) if tee else line for line in lines]
@@ -288,21 +319,27 @@ def test_engine_cpu_per_line_stays_well_below_the_legs_own(tmp_path: Path) -> No
     import resource
 
     from engine.output import Capture, compile_rules
-    run = {"output": {"strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*",
-                      "echo_prefixes": ["CKPT ", "RUN_JSON ", "resume from"],
-                      "harvest": {"run_json": {"marker": "RUN_JSON ", "pick": "last"}},
-                      "failure_patterns": ["Traceback", "Error", "[rank"]},
-           "progress": {"match": r"^step (?P<step>\d+)/(?P<total>\d+)", "every_s": 30}}
+
+    run = {
+        "output": {
+            "strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*",
+            "echo_prefixes": ["CKPT ", "RUN_JSON ", "resume from"],
+            "harvest": {"run_json": {"marker": "RUN_JSON ", "pick": "last"}},
+            "failure_patterns": ["Traceback", "Error", "[rank"],
+        },
+        "progress": {"match": r"^step (?P<step>\d+)/(?P<total>\d+)", "every_s": 30},
+    }
     rules = compile_rules(run)
     capture = Capture(rules)
-    before, kids = resource.getrusage(resource.RUSAGE_SELF), \
-        resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = run_command(leg("@repeat:300000:[default0]: step {i}/300000 loss 5.1 lr 3e-04"),
-                         on_block=capture.feed, strip_prefix=rules.strip_prefix,
-                         log_path=tmp_path / "big.log", signals=compile_signal_rules(
-                             [{"match": "^CKPT push step=10 ", "signal": "KILL"}]))
-    after, kids_after = resource.getrusage(resource.RUSAGE_SELF), \
-        resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = run_command(
+        leg("@repeat:300000:[default0]: step {i}/300000 loss 5.1 lr 3e-04"),
+        on_block=capture.feed,
+        strip_prefix=rules.strip_prefix,
+        log_path=tmp_path / "big.log",
+        signals=compile_signal_rules([{"match": "^CKPT push step=10 ", "signal": "KILL"}]),
+    )
+    after, kids_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     ours = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     theirs = (kids_after.ru_utime - kids.ru_utime) + (kids_after.ru_stime - kids.ru_stime)
     assert result.lines == 300000 and capture.progress.step == 299999

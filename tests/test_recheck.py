@@ -1,6 +1,7 @@
 """engine/recheck.py: `engine check` judges a saved run with the spec's CURRENT values, refuses
 evidence of another spec or of changed steps (saying what changed, readably), and derives each leg's
 outcome from its recorded exit code rather than a stored status string."""
+
 from __future__ import annotations
 
 import json
@@ -44,16 +45,18 @@ checks:
 """
 
 
-def write_spec(path: Path, name: str = "lossy", rc: int = 0, ceiling: str = "6.0", steps: str = "20",
-               extra: str = "") -> Path:
+def write_spec(
+    path: Path, name: str = "lossy", rc: int = 0, ceiling: str = "6.0", steps: str = "20", extra: str = ""
+) -> Path:
     path.write_text(SPEC.format(name=name, leg=LEG, rc=rc, ceiling=ceiling, steps=steps, extra=extra))
     return path
 
 
 def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_check_uses_the_specs_current_values_and_lists_each_change(tmp_path: Path) -> None:
@@ -112,21 +115,20 @@ def test_changed_output_rules_are_refused_by_check_but_not_the_judging_options(t
     spec.write_text(spec.read_text().replace('marker: "RUN_JSON "', 'marker: "RUN "'))
     r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
     assert r.returncode == Exit.USAGE
-    assert ("step leg1: output rules changed (output.harvest.run_json.marker: "
-            '"RUN_JSON " -> "RUN ")') in r.stderr and "engine replay" in r.stderr
+    assert (
+        'step leg1: output rules changed (output.harvest.run_json.marker: "RUN_JSON " -> "RUN ")'
+    ) in r.stderr and "engine replay" in r.stderr
     r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)  # re-harvested: no "RUN " line
     assert r.returncode == Exit.FAILED and "steps.leg1.harvest.run_json.final_loss is missing" in r.stdout
 
 
 def test_evidence_of_another_spec_is_refused_naming_both(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "evidence" / "p4_soak", tmp_path / "p4_soak")
-    r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), "--evidence", str(tmp_path / "p4_soak"),
-               cwd=tmp_path)
+    r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), "--evidence", str(tmp_path / "p4_soak"), cwd=tmp_path)
     assert r.returncode == Exit.USAGE, r.stdout
     assert "evidence of spec 'p4_soak' (specs/p4_soak.yaml), not of spec 'p4_smoke'" in r.stderr
     assert r.stdout == "" and not list((tmp_path / "p4_soak").glob("check-*.json"))
-    r = engine("check", str(ROOT / "specs" / "p4_soak.yaml"), "--evidence", str(tmp_path / "p4_soak"),
-               cwd=tmp_path)
+    r = engine("check", str(ROOT / "specs" / "p4_soak.yaml"), "--evidence", str(tmp_path / "p4_soak"), cwd=tmp_path)
     assert r.returncode == Exit.PASS, r.stderr
 
 
@@ -141,18 +143,20 @@ def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(tmp_path: P
     assert r.returncode == Exit.FAILED, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith('VERDICT lossy FAIL ["step:leg1"]')
     assert r.stdout.splitlines()[1].split()[:2] == ["step:leg1", "failed"]
-    assert "the evidence says status 'ok', but it recorded rc 3 (ok_exit_codes [0]): counted as failed" \
-        in r.stderr
+    assert "the evidence says status 'ok', but it recorded rc 3 (ok_exit_codes [0]): counted as failed" in r.stderr
 
 
-@pytest.mark.parametrize("record, codes, status", [
-    ({"status": "ok", "rc": 3}, [0], "failed"),
-    ({"status": "failed", "rc": -9}, [0, -9], "ok"),
-    ({"status": "ok", "rc": 0, "timed_out": True}, [0], "failed"),
-    ({"status": "ok", "rc": 127, "error": "cannot start"}, [0, 127], "failed"),
-    ({"status": "ok"}, [0], "failed"),  # an ok without any exit code
-    ({"status": "not_run"}, [0], "not_run"),
-    ({"status": "interrupted", "rc": 0}, [0], "interrupted"),
-])
+@pytest.mark.parametrize(
+    "record, codes, status",
+    [
+        ({"status": "ok", "rc": 3}, [0], "failed"),
+        ({"status": "failed", "rc": -9}, [0, -9], "ok"),
+        ({"status": "ok", "rc": 0, "timed_out": True}, [0], "failed"),
+        ({"status": "ok", "rc": 127, "error": "cannot start"}, [0, 127], "failed"),
+        ({"status": "ok"}, [0], "failed"),  # an ok without any exit code
+        ({"status": "not_run"}, [0], "not_run"),
+        ({"status": "interrupted", "rc": 0}, [0], "interrupted"),
+    ],
+)
 def test_run_status_comes_from_the_recorded_exit_code(record: dict, codes: list, status: str) -> None:
     assert run_status(record, codes) == status

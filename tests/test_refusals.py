@@ -5,6 +5,7 @@ hash, a changed configuration, `--resume never` over an existing run, and a stal
 Real torchrun (2 gloo ranks) against copies of real stores. "No rank left hanging" = torchrun returns
 within the timeout and reports exit code 3 for the ranks (the launcher itself exits 1).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,26 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from trainer_helpers import (BASELINE_PUSH_EVERY, BASELINE_STEPS, Run, baseline, build_tiny_mix, copy_repo,
-                             explain, open_repo, pointer, rank_exit_codes, repo_dir, run_trainer, shared,
-                             single_cmd, store_url, torchrun_cmd, trainer_args, weights_sha256)
+from trainer_helpers import (
+    BASELINE_PUSH_EVERY,
+    BASELINE_STEPS,
+    Run,
+    baseline,
+    build_tiny_mix,
+    copy_repo,
+    explain,
+    open_repo,
+    pointer,
+    rank_exit_codes,
+    repo_dir,
+    run_trainer,
+    shared,
+    single_cmd,
+    store_url,
+    torchrun_cmd,
+    trainer_args,
+    weights_sha256,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,10 +43,21 @@ def _segment_repo(tmp_path_factory) -> tuple[Path, str]:
 
     def build(d: Path) -> tuple[Path, str]:
         repo = store_url(d / "store")
-        r = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=d / "out", repo=repo, steps=BASELINE_STEPS,
-                                                  push_every=BASELINE_PUSH_EVERY, stop=4)))
+        r = run_trainer(
+            torchrun_cmd(
+                trainer_args(
+                    root=base.mix,
+                    out=d / "out",
+                    repo=repo,
+                    steps=BASELINE_STEPS,
+                    push_every=BASELINE_PUSH_EVERY,
+                    stop=4,
+                )
+            )
+        )
         assert r.rc == 0, explain(r)
         return base.mix, repo
+
     return shared("segment4", tmp_path_factory, build)
 
 
@@ -40,7 +68,7 @@ def _refused(run: Run, *fragments: str) -> None:
     codes = rank_exit_codes(run)
     assert set(codes) == {0, 1} and 3 in codes.values() and set(codes.values()) <= {3, -15}, explain(run)
     refusals = run.starting("refused: ")
-    assert len(refusals) == 1, explain(run)          # rank 0 alone says it, once
+    assert len(refusals) == 1, explain(run)  # rank 0 alone says it, once
     for f in fragments:
         assert f in refusals[0], (f, refusals[0])
     assert not run.starting("step ") and not run.starting("CKPT push"), "it trained or pushed anyway"
@@ -63,8 +91,7 @@ def test_terminal_pointer_refuses_to_train_further(tmp_path, tmp_path_factory):
 def test_terminal_pointer_single_process_exit_code_is_3(tmp_path, tmp_path_factory):
     base = baseline(tmp_path_factory)
     repo = copy_repo(base.repo, tmp_path)
-    args = trainer_args(root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=2,
-                        nproc=1)
+    args = trainer_args(root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=2, nproc=1)
     run = run_trainer(single_cmd(args), timeout=60)
     assert run.rc == 3, explain(run)
     assert "already finished at step 6" in run.text
@@ -105,21 +132,31 @@ def test_config_change_refuses(tmp_path, tmp_path_factory):
     mix, seg = _segment_repo(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     # --min-lr defaults to lr/10: both change, and both are named.
-    _refused(_train(mix, repo, tmp_path, lr=1e-3), "another configuration (changed: lr: 0.003 -> 0.001; "
-             "min_lr: 0.0003 -> 0.0001)", "--allow-config-change lr,min_lr")
+    _refused(
+        _train(mix, repo, tmp_path, lr=1e-3),
+        "another configuration (changed: lr: 0.003 -> 0.001; min_lr: 0.0003 -> 0.0001)",
+        "--allow-config-change lr,min_lr",
+    )
     assert pointer(repo)["step"] == 4
 
 
-@pytest.mark.parametrize("flags, change", [(["--grad-clip", "0.5"], "grad_clip: 1.0 -> 0.5"),
-                                           (["--warmup-steps", "1"], "warmup_steps: 2 -> 1"),
-                                           (["--min-lr", "0.001"], "min_lr: 0.0003 -> 0.001"),
-                                           (["--weight-decay", "0.0"], "weight_decay: 0.1 -> 0.0")])
-def test_every_recipe_flag_that_changes_the_weights_refuses_a_silent_change(tmp_path, tmp_path_factory, flags,
-                                                                           change):
+@pytest.mark.parametrize(
+    "flags, change",
+    [
+        (["--grad-clip", "0.5"], "grad_clip: 1.0 -> 0.5"),
+        (["--warmup-steps", "1"], "warmup_steps: 2 -> 1"),
+        (["--min-lr", "0.001"], "min_lr: 0.0003 -> 0.001"),
+        (["--weight-decay", "0.0"], "weight_decay: 0.1 -> 0.0"),
+    ],
+)
+def test_every_recipe_flag_that_changes_the_weights_refuses_a_silent_change(tmp_path, tmp_path_factory, flags, change):
     mix, seg = _segment_repo(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
-    _refused(_train(mix, repo, tmp_path, extra=flags), f"(changed: {change})",
-             f"--allow-config-change {change.split(':')[0]}")
+    _refused(
+        _train(mix, repo, tmp_path, extra=flags),
+        f"(changed: {change})",
+        f"--allow-config-change {change.split(':')[0]}",
+    )
     assert pointer(repo)["step"] == 4
 
 
@@ -129,15 +166,30 @@ def test_an_allowed_change_is_logged_recorded_and_takes_effect(tmp_path, tmp_pat
     same, changed = copy_repo(seg, tmp_path / "a"), copy_repo(seg, tmp_path / "b")
     kept = _train(mix, same, tmp_path / "a")
     assert kept.rc == 0 and kept.run_json["config_changes"] == [], explain(kept)
-    run = _train(mix, changed, tmp_path / "b",
-                 extra=["--weight-decay", "0.0", "--grad-clip", "0.5", "--allow-config-change", "weight_decay",
-                        "--allow-config-change", "grad_clip"])
+    run = _train(
+        mix,
+        changed,
+        tmp_path / "b",
+        extra=[
+            "--weight-decay",
+            "0.0",
+            "--grad-clip",
+            "0.5",
+            "--allow-config-change",
+            "weight_decay",
+            "--allow-config-change",
+            "grad_clip",
+        ],
+    )
     assert run.rc == 0, explain(run)
     assert run.starting("config change allowed: ") == [
         "config change allowed: weight_decay: 0.1 -> 0.0 (--allow-config-change)",
-        "config change allowed: grad_clip: 1.0 -> 0.5 (--allow-config-change)"]
-    assert run.run_json["config_changes"] == [{"field": "weight_decay", "old": 0.1, "new": 0.0},
-                                              {"field": "grad_clip", "old": 1.0, "new": 0.5}]
+        "config change allowed: grad_clip: 1.0 -> 0.5 (--allow-config-change)",
+    ]
+    assert run.run_json["config_changes"] == [
+        {"field": "weight_decay", "old": 0.1, "new": 0.0},
+        {"field": "grad_clip", "old": 1.0, "new": 0.5},
+    ]
     assert weights_sha256(changed) != weights_sha256(same)
     # The next session resumes from the changed run's own checkpoints: no change left to allow.
     assert pointer(changed)["terminal"] is True
@@ -152,15 +204,27 @@ def test_a_field_that_defines_the_run_cannot_be_allowed_to_change(tmp_path, tmp_
     assert pointer(repo)["step"] == 4
 
 
-@pytest.mark.parametrize("var, change", [("SPECPROBE_FP32_WGRAD", "numerics.fp32_wgrad: true -> false"),
-                                         ("SPECPROBE_BF16_RESIDUAL", "numerics.bf16_residual: true -> false")])
+@pytest.mark.parametrize(
+    "var, change",
+    [
+        ("SPECPROBE_FP32_WGRAD", "numerics.fp32_wgrad: true -> false"),
+        ("SPECPROBE_BF16_RESIDUAL", "numerics.bf16_residual: true -> false"),
+    ],
+)
 def test_a_changed_numerics_option_refuses_the_resume_naming_it(tmp_path, tmp_path_factory, var, change):
     """A model option that changes what is computed is part of the run, like the learning rate: resuming
     with it changed would splice two different runs together."""
     mix, seg = _segment_repo(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
-    run = run_trainer(torchrun_cmd(trainer_args(root=mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS,
-                                                push_every=BASELINE_PUSH_EVERY)), env={var: "0"}, timeout=90)
+    run = run_trainer(
+        torchrun_cmd(
+            trainer_args(
+                root=mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY
+            )
+        ),
+        env={var: "0"},
+        timeout=90,
+    )
     _refused(run, f"(changed: {change})", "--allow-config-change " + change.split(":")[0])
     assert pointer(repo)["step"] == 4
 
@@ -186,13 +250,19 @@ def test_failed_background_push_fails_the_run(tmp_path, tmp_path_factory):
     staging = repo_dir(repo) / ".specprobe" / "staging"
 
     def break_store(line: str) -> None:
-        if line.startswith("CKPT prune step=2 "):     # step 2 is durable; its prune commits nothing
+        if line.startswith("CKPT prune step=2 "):  # step 2 is durable; its prune commits nothing
             shutil.rmtree(staging, ignore_errors=True)
             staging.write_text("not a directory")
 
-    run = run_trainer(torchrun_cmd(trainer_args(root=base.mix, out=tmp_path / "out", repo=repo,
-                                                steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)),
-                      on_line=break_store, timeout=90)
+    run = run_trainer(
+        torchrun_cmd(
+            trainer_args(
+                root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY
+            )
+        ),
+        on_line=break_store,
+        timeout=90,
+    )
     codes = rank_exit_codes(run)
     assert 4 in codes.values() and set(codes.values()) <= {4, -15}, explain(run)
     failed = run.starting("CKPT FAILED: push of step=4 to " + repo)

@@ -1,4 +1,5 @@
 """engine/report.py: terminal table + VERDICT line, JUnit XML, Markdown."""
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from engine.verdict import verdict
 
 GOLDEN = Path(__file__).parent / "golden" / "checks"
 
+
 def _golden() -> tuple[dict, list[dict], dict]:
     evidence = json.loads((GOLDEN / "evidence.json").read_text())
     results = evaluate(json.loads((GOLDEN / "checks.json").read_text()), evidence, OPTIONS)
@@ -19,28 +21,42 @@ def _golden() -> tuple[dict, list[dict], dict]:
 
 
 def test_verdict_line_shape():
-    assert verdict_line("p4_smoke", {"outcome": "PASS", "failed": [], "seconds": 3.2}) == \
-        "VERDICT p4_smoke PASS [] seconds 3.2"
-    assert verdict_line("p4_smoke", {"outcome": "FAIL", "failed": ["step:leg2", "a"], "seconds": 9}) == \
-        'VERDICT p4_smoke FAIL ["step:leg2", "a"] seconds 9'
-    assert verdict_line("p4", {"outcome": "PRECONDITION", "failed": ["step:fetch_mix"], "seconds": 1.0,
-                               "message": "could not fetch the published mix"}) == \
-        'VERDICT p4 PRECONDITION could not fetch the published mix ["step:fetch_mix"] seconds 1.0'
+    assert (
+        verdict_line("p4_smoke", {"outcome": "PASS", "failed": [], "seconds": 3.2})
+        == "VERDICT p4_smoke PASS [] seconds 3.2"
+    )
+    assert (
+        verdict_line("p4_smoke", {"outcome": "FAIL", "failed": ["step:leg2", "a"], "seconds": 9})
+        == 'VERDICT p4_smoke FAIL ["step:leg2", "a"] seconds 9'
+    )
+    assert (
+        verdict_line(
+            "p4",
+            {
+                "outcome": "PRECONDITION",
+                "failed": ["step:fetch_mix"],
+                "seconds": 1.0,
+                "message": "could not fetch the published mix",
+            },
+        )
+        == 'VERDICT p4 PRECONDITION could not fetch the published mix ["step:fetch_mix"] seconds 1.0'
+    )
 
 
 def test_table_lists_steps_and_checks_and_ends_with_the_verdict():
     evidence, results, v = _golden()
     text = table(evidence, results, v)
     lines = text.splitlines()
-    assert lines[-1] == ('VERDICT p4_smoke FAIL ["step:leg2", "leg2_resumed_and_finished", '
-                         '"all_steps_present", "leg2_pointer_terminal", "loss_is_a_number"] seconds 41.7')
+    assert lines[-1] == (
+        'VERDICT p4_smoke FAIL ["step:leg2", "leg2_resumed_and_finished", '
+        '"all_steps_present", "leg2_pointer_terminal", "loss_is_a_number"] seconds 41.7'
+    )
     row = next(line for line in lines if line.startswith("leg2_resumed_and_finished"))
     assert "NO_DATA" in row and "steps.leg2.harvest.run_json.final_step is missing" in row
     assert any(line.startswith("step:leg2") and "failed" in line and "rc 1" in line for line in lines)
     # A failing check is followed by its location and its explain tree.
     i = lines.index(next(line for line in lines if line.startswith("all_steps_present")))
-    assert lines[i + 1].strip() == ("specs/p4_smoke.yaml:52  state.hub_after_leg2.checkpoints == "
-                                    "values.all_push_steps")
+    assert lines[i + 1].strip() == ("specs/p4_smoke.yaml:52  state.hub_after_leg2.checkpoints == values.all_push_steps")
     assert "state.hub_after_leg2.checkpoints = [10]" in lines[i + 2]
     assert "values.all_push_steps = [10,20]" in lines[i + 3]
     warn = next(line for line in lines if line.startswith("tokens_warn"))
@@ -71,8 +87,10 @@ def test_junit_is_valid_xml_with_the_right_counts():
     assert int(root.get("skipped")) == 1
     by_name = {c.get("name"): c for c in cases}
     assert by_name["leg2"].find("failure").get("message") == "failed: rc 1"
-    assert by_name["leg2_resumed_and_finished"].find("failure").get("message") == \
-        "no data: steps.leg2.harvest.run_json.final_step is missing"
+    assert (
+        by_name["leg2_resumed_and_finished"].find("failure").get("message")
+        == "no data: steps.leg2.harvest.run_json.final_step is missing"
+    )
     assert by_name["peak_memory_below_limit"].find("skipped") is not None
     assert by_name["tokens_warn"].find("failure") is None
     assert "WARNING" in by_name["tokens_warn"].find("system-out").text
@@ -95,5 +113,4 @@ def test_markdown_escapes_pipes():
     results = evaluate([{"name": "p", "expr": "a || b"}], {"a": "x|y"}, OPTIONS)
     md = markdown(evidence, results, verdict(evidence, results))
     assert "a \\|\\| b" not in md.splitlines()[0]
-    assert all(line.count("|") - line.count("\\|") == 4 for line in md.splitlines()
-               if line.startswith("| `p`"))
+    assert all(line.count("|") - line.count("\\|") == 4 for line in md.splitlines() if line.startswith("| `p`"))

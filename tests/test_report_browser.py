@@ -5,6 +5,7 @@ nothing fetched, each plot at its drawn size with its lines inside it, and a scr
 Outside CI a machine without Chromium skips this test; under CI (CI=true) a missing Chromium fails it,
 so a broken install step cannot pass unnoticed.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from browser import chromium_path, render
+
 from engine.cli import main
 from engine.svg import HEIGHT, WIDTH
 

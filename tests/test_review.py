@@ -5,6 +5,7 @@ a real `engine run` of it committed as evidence/probe/, as a project keeps its l
 copies it, commits one change on a branch and reviews the branch against main: every risky class
 exits 1 (and 0 with --accept-risk), every safe class exits 0, an invalid spec on either side 2.
 """
+
 from __future__ import annotations
 
 import io
@@ -25,10 +26,14 @@ FIXTURE = ROOT / "tests" / "specs" / "review" / "specs"
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
-                          text=True).stdout
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
 def run_probe(repo: Path, run_dir: str = "evidence/probe", mode: str = "smoke") -> None:
@@ -78,9 +83,11 @@ def commit(repo: Path, message: str) -> None:
 def review(*args: str) -> tuple[int, str, str]:
     """`engine review --base main ARGS` in the current directory: (exit code, stdout, stderr)."""
     from engine.cli import _parser
+
     parsed = _parser().parse_args(["review", "--base", "main", *args])
     out, err = io.StringIO(), io.StringIO()
     from engine.review import review_main
+
     rc = review_main(parsed, out, err)
     return rc, out.getvalue(), err.getvalue()
 
@@ -105,53 +112,99 @@ def _other_specs_run(repo: Path) -> None:
 
 RISKY: dict[str, tuple[str, str, Callable[[Path], None]]] = {
     # case: (risk kind, a phrase its line must hold, the change)
-    "gate_removed": ("gate removed", "gate `leg2_exit_clean` removed (it checked: Leg 2 exits 0.)",
-                     lambda r: _remove_check(r, "leg2_exit_clean")),
-    "gate_disabled": ("gate disabled", "gate `peak_below_gate` DISABLED: measured elsewhere now",
-                      lambda r: edit(r, PROBE, "budget_s: 300\n",
-                                     "budget_s: 300\ndisable:\n  peak_below_gate: measured elsewhere now\n")),
-    "gate_demoted": ("gate demoted", "gate `leg2_exit_clean` demoted to warn",
-                     lambda r: edit(r, LIB, 'expr: "steps.leg2.rc == `0`"',
-                                    'expr: "steps.leg2.rc == `0`"\n    severity: warn')),
-    "gate_given_a_when": ("gate given a when", "gate `loss_below_max` given `when: mode == 'soak'`",
-                          lambda r: edit(r, LIB, 'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
-                                         'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"\n'
-                                         '    when: "mode == \'soak\'"')),
+    "gate_removed": (
+        "gate removed",
+        "gate `leg2_exit_clean` removed (it checked: Leg 2 exits 0.)",
+        lambda r: _remove_check(r, "leg2_exit_clean"),
+    ),
+    "gate_disabled": (
+        "gate disabled",
+        "gate `peak_below_gate` DISABLED: measured elsewhere now",
+        lambda r: edit(
+            r, PROBE, "budget_s: 300\n", "budget_s: 300\ndisable:\n  peak_below_gate: measured elsewhere now\n"
+        ),
+    ),
+    "gate_demoted": (
+        "gate demoted",
+        "gate `leg2_exit_clean` demoted to warn",
+        lambda r: edit(r, LIB, 'expr: "steps.leg2.rc == `0`"', 'expr: "steps.leg2.rc == `0`"\n    severity: warn'),
+    ),
+    "gate_given_a_when": (
+        "gate given a when",
+        "gate `loss_below_max` given `when: mode == 'soak'`",
+        lambda r: edit(
+            r,
+            LIB,
+            'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
+            'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"\n    when: "mode == \'soak\'"',
+        ),
+    ),
     "value_threshold_loosened": (
-        "gate loosened", "gate `loss_below_max` loosened on run ",
-        lambda r: edit(r, LIB, "loss_max: 3.0", "loss_max: 4.5")),
+        "gate loosened",
+        "gate `loss_below_max` loosened on run ",
+        lambda r: edit(r, LIB, "loss_max: 3.0", "loss_max: 4.5"),
+    ),
     "literal_threshold_loosened": (
-        "gate loosened", "12.5 <= 13.6 PASS (margin 1.1) -> 12.5 <= 20 PASS (margin 7.5)",
-        lambda r: edit(r, LIB, "<= `13.6`", "<= `20`")),
+        "gate loosened",
+        "12.5 <= 13.6 PASS (margin 1.1) -> 12.5 <= 20 PASS (margin 7.5)",
+        lambda r: edit(r, LIB, "<= `13.6`", "<= `20`"),
+    ),
     "gate_rewritten_beyond_telling": (
-        "gate rewritten", "gate `leg1_stopped_at_stop` changed and it cannot be told whether it asks less",
-        lambda r: edit(r, LIB, "steps.leg1.harvest.run_json.final_step == values.stop1",
-                       "steps.leg1.harvest.run_json.final_step >= values.stop1 || steps.leg1.rc == `0`")),
+        "gate rewritten",
+        "gate `leg1_stopped_at_stop` changed and it cannot be told whether it asks less",
+        lambda r: edit(
+            r,
+            LIB,
+            "steps.leg1.harvest.run_json.final_step == values.stop1",
+            "steps.leg1.harvest.run_json.final_step >= values.stop1 || steps.leg1.rc == `0`",
+        ),
+    ),
     "legs_changed_without_a_new_run": (
-        "legs changed", "legs changed in smoke: `leg1` argv added `--log-every 1` after `10` (and in soak); evidence/probe "
+        "legs changed",
+        "legs changed in smoke: `leg1` argv added `--log-every 1` after `10` (and in soak); evidence/probe "
         "is a run of other legs (`leg1` differ: `engine check` refuses it)",
-        lambda r: edit(r, LIB, '"--stop-after-steps", "${stop1}"]', '"--stop-after-steps", "${stop1}", "--log-every", "1"]')),
-    "budget_raised": ("budget raised", "budget_s 300 s -> 900 s",
-                      lambda r: edit(r, PROBE, "budget_s: 300", "budget_s: 900")),
-    "exit_codes_widened": ("exit codes widened", "leg `leg2` ok_exit_codes [0] -> [0,1]",
-                           lambda r: edit(r, LIB, "      timeout_s: 60\n      grace_s: 5\n      output:\n        harvest:\n"
-                                          "          run_json: {marker: \"RUN_JSON \", pick: last}\nchecks:",
-                                          "      timeout_s: 60\n      grace_s: 5\n      ok_exit_codes: [0, 1]\n"
-                                          "      output:\n        harvest:\n"
-                                          "          run_json: {marker: \"RUN_JSON \", pick: last}\nchecks:")),
+        lambda r: edit(
+            r, LIB, '"--stop-after-steps", "${stop1}"]', '"--stop-after-steps", "${stop1}", "--log-every", "1"]'
+        ),
+    ),
+    "budget_raised": (
+        "budget raised",
+        "budget_s 300 s -> 900 s",
+        lambda r: edit(r, PROBE, "budget_s: 300", "budget_s: 900"),
+    ),
+    "exit_codes_widened": (
+        "exit codes widened",
+        "leg `leg2` ok_exit_codes [0] -> [0,1]",
+        lambda r: edit(
+            r,
+            LIB,
+            "      timeout_s: 60\n      grace_s: 5\n      output:\n        harvest:\n"
+            '          run_json: {marker: "RUN_JSON ", pick: last}\nchecks:',
+            "      timeout_s: 60\n      grace_s: 5\n      ok_exit_codes: [0, 1]\n"
+            "      output:\n        harvest:\n"
+            '          run_json: {marker: "RUN_JSON ", pick: last}\nchecks:',
+        ),
+    ),
     "saved_run_fails_the_new_spec": (
-        "saved run fails", "evidence/probe (smoke) fails under the new spec: `leg1_reported_memory_below_12`",
-        lambda r: edit(r, LIB, "checks:\n", "checks:\n  - name: leg1_reported_memory_below_12\n    why: A tighter card.\n"
-                                            "    expr: \"steps.leg1.harvest.run_json.peak_gb < `12`\"\n")),
-    "spec_deleted": ("gate removed", "spec deleted: its 5 gate checks no longer run",
-                     lambda r: (r / PROBE).unlink()),
+        "saved run fails",
+        "evidence/probe (smoke) fails under the new spec: `leg1_reported_memory_below_12`",
+        lambda r: edit(
+            r,
+            LIB,
+            "checks:\n",
+            "checks:\n  - name: leg1_reported_memory_below_12\n    why: A tighter card.\n"
+            '    expr: "steps.leg1.harvest.run_json.peak_gb < `12`"\n',
+        ),
+    ),
+    "spec_deleted": ("gate removed", "spec deleted: its 5 gate checks no longer run", lambda r: (r / PROBE).unlink()),
     "mode_removed": ("gate removed", "mode `soak` removed", lambda r: edit(r, PROBE, "  soak: {stop1: 20}\n", "")),
-    "evidence_removed": ("evidence removed", "evidence/probe removed",
-                         lambda r: shutil.rmtree(r / "evidence")),
+    "evidence_removed": ("evidence removed", "evidence/probe removed", lambda r: shutil.rmtree(r / "evidence")),
     # A bundle committed for the spec that is another spec's run: nothing re-checks the probe any more.
     "saved_run_of_another_spec": (
-        "saved run refused", "evidence/probe (renewed in this change) is refused by `engine check`: refusing",
-        lambda r: _other_specs_run(r)),
+        "saved run refused",
+        "evidence/probe (renewed in this change) is refused by `engine check`: refusing",
+        lambda r: _other_specs_run(r),
+    ),
 }
 
 
@@ -176,30 +229,51 @@ def test_each_risky_class_exits_1_names_the_change_and_why_and_accept_risk_exits
 
 # ---------------------------------------------------------------- the safe classes
 
+
 def _new_run_of_new_legs(repo: Path) -> None:
     RISKY["legs_changed_without_a_new_run"][2](repo)
     run_probe(repo)  # the new legs, run for real, committed with the change
 
 
 SAFE: dict[str, Callable[[Path], None]] = {
-    "add_a_check": lambda r: edit(r, LIB, "checks:\n", "checks:\n  - name: leg2_resumed_from_stop\n"
-                                  "    why: Leg 2 resumes from the stop step.\n"
-                                  "    expr: \"steps.leg2.harvest.run_json.resumed_from_step == values.stop1\"\n"),
+    "add_a_check": lambda r: edit(
+        r,
+        LIB,
+        "checks:\n",
+        "checks:\n  - name: leg2_resumed_from_stop\n"
+        "    why: Leg 2 resumes from the stop step.\n"
+        '    expr: "steps.leg2.harvest.run_json.resumed_from_step == values.stop1"\n',
+    ),
     "tighten_a_value_threshold": lambda r: edit(r, LIB, "loss_max: 3.0", "loss_max: 2.5"),
     "tighten_a_literal_threshold": lambda r: edit(r, LIB, "<= `13.6`", "< `13`"),
-    "reword_a_why": lambda r: edit(r, LIB, "why: Leg 2 must reach the horizon.",
-                                   "why: >\n      Leg 2 must reach the horizon;\n      a leg that exits early still has rc 0."),
-    "reformat_the_yaml": lambda r: (edit(r, PROBE, "modes:\n  default: smoke\n  smoke: {stop1: 10}\n  soak: {stop1: 20}\n",
-                                         "modes:\n  soak:\n    stop1: 20\n  smoke:\n    stop1: 10\n  default: smoke\n"),
-                                    edit(r, LIB, 'expr: "steps.leg2.rc == `0`"', "expr: >-\n      steps.leg2.rc   ==   `0`")),
+    "reword_a_why": lambda r: edit(
+        r,
+        LIB,
+        "why: Leg 2 must reach the horizon.",
+        "why: >\n      Leg 2 must reach the horizon;\n      a leg that exits early still has rc 0.",
+    ),
+    "reformat_the_yaml": lambda r: (
+        edit(
+            r,
+            PROBE,
+            "modes:\n  default: smoke\n  smoke: {stop1: 10}\n  soak: {stop1: 20}\n",
+            "modes:\n  soak:\n    stop1: 20\n  smoke:\n    stop1: 10\n  default: smoke\n",
+        ),
+        edit(r, LIB, 'expr: "steps.leg2.rc == `0`"', "expr: >-\n      steps.leg2.rc   ==   `0`"),
+    ),
     "rewrite_a_check_through_let": lambda r: edit(
-        r, LIB, 'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
-        'expr: "let.loss < values.loss_max"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss'),
+        r,
+        LIB,
+        'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
+        'expr: "let.loss < values.loss_max"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss',
+    ),
     "legs_changed_with_a_new_run_committed": _new_run_of_new_legs,
     # stop1 moves leg 1's stop AND what `leg1_stopped_at_stop` asks: the old check fails the new run,
     # which says nothing of the new check (an equality asked for another value, not a looser one).
-    "stop_step_moved_with_a_new_run_committed": lambda r: (edit(r, PROBE, "smoke: {stop1: 10}", "smoke: {stop1: 15}"),
-                                                           run_probe(r)),
+    "stop_step_moved_with_a_new_run_committed": lambda r: (
+        edit(r, PROBE, "smoke: {stop1: 10}", "smoke: {stop1: 15}"),
+        run_probe(r),
+    ),
     "a_longer_timeout": lambda r: edit(r, LIB, "timeout_s: 60", "timeout_s: 90"),
 }
 
@@ -256,8 +330,14 @@ def test_an_uncommitted_change_in_the_working_tree_is_reviewed_too(repo: Path) -
 
 # ---------------------------------------------------------------- exit 2
 
+
 def test_an_invalid_spec_on_either_side_exits_2_naming_file_and_line(repo: Path) -> None:
-    edit(repo, LIB, "      timeout_s: 60\n      grace_s: 5\n      output:", "      timeout_s: sixty\n      grace_s: 5\n      output:")
+    edit(
+        repo,
+        LIB,
+        "      timeout_s: 60\n      grace_s: 5\n      output:",
+        "      timeout_s: sixty\n      grace_s: 5\n      output:",
+    )
     rc, text, _ = review()
     assert rc == EXIT_INVALID
     assert text.splitlines()[1].startswith("INVALID: specs/probe.yaml")
@@ -270,10 +350,12 @@ def test_an_invalid_spec_on_either_side_exits_2_naming_file_and_line(repo: Path)
     assert re.search(r"main:specs/lib/common\.yaml:\d+:\d+: ", text), text
 
 
-def test_an_unknown_base_or_a_directory_outside_git_exits_2(repo: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_base_or_a_directory_outside_git_exits_2(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.cli import _parser
     from engine.review import review_main
+
     err = io.StringIO()
     assert review_main(_parser().parse_args(["review", "--base", "no-such-rev"]), io.StringIO(), err) == EXIT_INVALID
     assert err.getvalue().startswith("--base no-such-rev: not a revision of the repository at ")
@@ -294,6 +376,7 @@ def test_corrupt_saved_evidence_exits_2_naming_the_file(repo: Path) -> None:
 
 # ---------------------------------------------------------------- which specs, and the outputs
 
+
 def test_fragments_are_reviewed_through_the_specs_that_use_them_and_new_specs_are_labelled_new(repo: Path) -> None:
     (repo / "specs" / "probe2.yaml").write_text((repo / PROBE).read_text().replace("name: probe", "name: probe2"))
     commit(repo, "a second probe")
@@ -306,8 +389,7 @@ def test_fragments_are_reviewed_through_the_specs_that_use_them_and_new_specs_ar
     assert "saved run: no saved run under evidence/probe2/" in text
 
 
-def test_markdown_file_and_dash_have_one_meaning(repo: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture) -> None:
+def test_markdown_file_and_dash_have_one_meaning(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     RISKY["gate_removed"][2](repo)
     commit(repo, "drop a gate")
     out = tmp_path / "review.md"
@@ -315,8 +397,9 @@ def test_markdown_file_and_dash_have_one_meaning(repo: Path, tmp_path: Path,
     printed = capsys.readouterr().out
     assert printed.startswith("engine review: 1 spec, base main (")  # FILE: text printed, Markdown written
     md = out.read_text()
-    assert md.startswith("## Spec review: RISKY: 1 risky change need approval\n") or \
-        md.startswith("## Spec review: RISKY: 1 risky change needs approval\n")
+    assert md.startswith("## Spec review: RISKY: 1 risky change need approval\n") or md.startswith(
+        "## Spec review: RISKY: 1 risky change needs approval\n"
+    )
     assert "- **gate removed** in `specs/probe.yaml` [mode smoke, soak]: gate `leg2_exit_clean` removed" in md
     assert "  - *why risky*: a gate that no longer exists can no longer fail a run" in md
     assert "<details><summary>specs/probe.yaml: checks: 1 removed</summary>" in md

@@ -1,6 +1,7 @@
 """The spec workflow: .github/workflows/specs.yml is a thin wrapper of .github/scripts/spec_review.py,
 which runs here for real against a temp git repository (a clone with a PR branch) and a fake
 pull_request event payload. Only the HTTP call to GitHub is replaced, by `GitHubApiMock`."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,10 +34,14 @@ spec_review = _load_script()
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
-                          text=True).stdout
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
 class GitHubApiMock:
@@ -54,7 +59,7 @@ class GitHubApiMock:
             raise spec_review.ApiError(self.refuse, "Resource not accessible by integration")
         if method == "GET":
             page = int(parse_qs(urlsplit(path).query)["page"][0])
-            return self.comments[(page - 1) * 100:page * 100]
+            return self.comments[(page - 1) * 100 : page * 100]
         if method == "POST":
             made = {"id": 1000 + len(self.comments), "body": body["body"], "user": {"type": "Bot"}}
             self.comments.append(made)
@@ -80,6 +85,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.chdir(upstream)
     try:
         from engine.cli import main as engine_main
+
         assert engine_main(["run", "specs/probe.yaml", "--run-dir", "evidence/probe"]) == 0
     finally:
         os.chdir(cwd)
@@ -89,19 +95,28 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     git(work, "checkout", "-q", "-b", "pr")
     lib = work / "specs" / "lib" / "common.yaml"
     text = lib.read_text()
-    lib.write_text(text[:text.index("  - name: leg2_exit_clean")])  # the last check: a gate removed
+    lib.write_text(text[: text.index("  - name: leg2_exit_clean")])  # the last check: a gate removed
     git(work, "commit", "-q", "-am", "drop a gate")
     return work
 
 
 def _event(tmp: Path, clone: Path, labels: list[str], fork: bool = False) -> Path:
     base_sha = git(clone, "rev-parse", "origin/main").strip()
-    payload = {"action": "labeled" if labels else "opened", "number": 7,
-               "repository": {"full_name": "lab/specprobe"},
-               "pull_request": {"number": 7, "labels": [{"name": n} for n in labels],
-                                "base": {"sha": base_sha, "ref": "main", "repo": {"full_name": "lab/specprobe"}},
-                                "head": {"sha": git(clone, "rev-parse", "HEAD").strip(), "ref": "pr",
-                                         "repo": {"full_name": "someone/specprobe" if fork else "lab/specprobe"}}}}
+    payload = {
+        "action": "labeled" if labels else "opened",
+        "number": 7,
+        "repository": {"full_name": "lab/specprobe"},
+        "pull_request": {
+            "number": 7,
+            "labels": [{"name": n} for n in labels],
+            "base": {"sha": base_sha, "ref": "main", "repo": {"full_name": "lab/specprobe"}},
+            "head": {
+                "sha": git(clone, "rev-parse", "HEAD").strip(),
+                "ref": "pr",
+                "repo": {"full_name": "someone/specprobe" if fork else "lab/specprobe"},
+            },
+        },
+    }
     path = tmp / "event.json"
     path.write_text(json.dumps(payload))
     return path
@@ -111,12 +126,18 @@ def _env(tmp: Path, event: Path) -> dict[str, str]:
     shim = tmp / "bin"
     shim.mkdir(exist_ok=True)
     # `engine` is this venv's engine, whatever PATH the job's shell has.
-    (shim / "engine").write_text(f"#!/bin/sh\nexec {sys.executable} -m engine.cli \"$@\"\n")
+    (shim / "engine").write_text(f'#!/bin/sh\nexec {sys.executable} -m engine.cli "$@"\n')
     (shim / "engine").chmod(0o755)
     (tmp / "runner").mkdir(exist_ok=True)
-    return {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "GITHUB_EVENT_PATH": str(event),
-            "RUNNER_TEMP": str(tmp / "runner"), "GITHUB_STEP_SUMMARY": str(tmp / "summary.md"),
-            "GITHUB_OUTPUT": str(tmp / "output"), "PYTHONPATH": str(ROOT)}
+    return {
+        **os.environ,
+        "PATH": f"{shim}:{os.environ['PATH']}",
+        "GITHUB_EVENT_PATH": str(event),
+        "RUNNER_TEMP": str(tmp / "runner"),
+        "GITHUB_STEP_SUMMARY": str(tmp / "summary.md"),
+        "GITHUB_OUTPUT": str(tmp / "output"),
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 def _step(job: str, name: str) -> str:
@@ -126,8 +147,7 @@ def _step(job: str, name: str) -> str:
 
 def _run_step(clone: Path, env: Mapping[str, str], job: str, name: str) -> subprocess.CompletedProcess:
     """The workflow's own `run:` text, as Actions runs it (`bash -e`), in the PR's checkout."""
-    return subprocess.run(["bash", "-e", "-c", _step(job, name)], cwd=clone, env=env, capture_output=True,
-                          text=True)
+    return subprocess.run(["bash", "-e", "-c", _step(job, name)], cwd=clone, env=env, capture_output=True, text=True)
 
 
 def test_a_risky_pr_fails_the_job_until_it_carries_the_label(clone: Path, tmp_path: Path) -> None:
@@ -163,7 +183,9 @@ def test_a_safe_pr_passes_and_says_so(clone: Path, tmp_path: Path) -> None:
     proc = _run_step(safe, env, "review", "Review the spec change")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     comment = (tmp_path / "runner" / "spec-review" / "comment.md").read_text()
-    assert comment.startswith(spec_review.MARKER + "\nNothing risky in the spec change.\n\n## Spec review: nothing risky")
+    assert comment.startswith(
+        spec_review.MARKER + "\nNothing risky in the spec change.\n\n## Spec review: nothing risky"
+    )
 
 
 def test_no_merge_base_is_a_loud_failure(clone: Path, tmp_path: Path) -> None:
@@ -193,8 +215,9 @@ def test_the_comment_is_one_sticky_comment_created_then_updated(clone: Path, tmp
     assert _run_step(clone, env, "review", "Review the spec change").returncode == 0
     assert spec_review.main(["comment", "--out", str(out)], env, api) == 0
     assert api.calls[-1] == ("PATCH", f"/repos/lab/specprobe/issues/comments/{ours[0]['id']}")
-    assert [c["id"] for c in api.comments if spec_review.MARKER in c["body"] and c["user"]["type"] == "Bot"] == \
-        [ours[0]["id"]]
+    assert [c["id"] for c in api.comments if spec_review.MARKER in c["body"] and c["user"]["type"] == "Bot"] == [
+        ours[0]["id"]
+    ]
     assert "approved by the label" in ours[0]["body"]
     assert others[5]["body"] == f"quoting {spec_review.MARKER}"  # a human's comment is never edited
 
@@ -232,8 +255,9 @@ def test_the_workflow_is_a_thin_wrapper_with_one_writing_job() -> None:
             assert step.get("uses", "actions/").startswith("actions/"), step  # GitHub's own actions only
             run = step.get("run", "")
             assert len(run.splitlines()) <= 3, f"job logic belongs in the script: {run}"
-    assert next(s for s in review["steps"] if s.get("uses", "").startswith("actions/checkout"))["with"] == \
-        {"fetch-depth": 0}
+    assert next(s for s in review["steps"] if s.get("uses", "").startswith("actions/checkout"))["with"] == {
+        "fetch-depth": 0
+    }
     assert "spec_review.py check" in _step("review", "Review the spec change")
     assert "spec_review.py comment" in _step("comment", "Post or update the review comment")
     text = WORKFLOW.read_text()

@@ -1,4 +1,5 @@
 """engine/secrets.py: which names are secret, and their text kept out of everything shown or stored."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -6,18 +7,39 @@ import pytest
 from engine.secrets import REDACTED, Scrubber, is_secret, redact, redact_text
 
 
-@pytest.mark.parametrize("name,secret", [
-    ("hf_token", True), ("HF_TOKEN", True), ("apiKey", True), ("db_password", True), ("client_secret", True),
-    ("tokens", False), ("tokens_consumed", False), ("push_every", False), ("keys", False)])
+@pytest.mark.parametrize(
+    "name,secret",
+    [
+        ("hf_token", True),
+        ("HF_TOKEN", True),
+        ("apiKey", True),
+        ("db_password", True),
+        ("client_secret", True),
+        ("tokens", False),
+        ("tokens_consumed", False),
+        ("push_every", False),
+        ("keys", False),
+    ],
+)
 def test_secret_looking_names(name, secret):
     assert is_secret(name) is secret
 
 
 def test_redact_hides_secret_values_everywhere():
-    values = {"hf_token": "hf_abcdef123", "url": "https://u:hf_abcdef123@host", "n": 3,
-              "argv": ["--token", "hf_abcdef123"], "tokens": 100}
-    assert redact(values) == {"hf_token": REDACTED, "url": f"https://u:{REDACTED}@host", "n": 3,
-                              "argv": ["--token", REDACTED], "tokens": 100}
+    values = {
+        "hf_token": "hf_abcdef123",
+        "url": "https://u:hf_abcdef123@host",
+        "n": 3,
+        "argv": ["--token", "hf_abcdef123"],
+        "tokens": 100,
+    }
+    assert redact(values) == {
+        "hf_token": REDACTED,
+        "url": f"https://u:{REDACTED}@host",
+        "n": 3,
+        "argv": ["--token", REDACTED],
+        "tokens": 100,
+    }
     assert redact_text("x hf_abcdef123 y", values) == f"x {REDACTED} y"
     assert values["hf_token"] == "hf_abcdef123"  # the original is untouched
 
@@ -38,8 +60,8 @@ def test_the_run_scrubber_covers_values_environment_and_step_env() -> None:
     plan = SimpleNamespace(
         values={"hf_token": "tok_from_values", "repo": "hf://o/n", "enabled_key": True},
         secret_names=["repo_alias"],
-        steps=[{"run": {"env": {"DB_PASSWORD": "pw_from_step_env", "MODE": "visible"}}},
-               {"remove": ["/tmp/x"]}])
+        steps=[{"run": {"env": {"DB_PASSWORD": "pw_from_step_env", "MODE": "visible"}}}, {"remove": ["/tmp/x"]}],
+    )
     scrubber = Scrubber.for_plan(plan, {"HF_TOKEN": "tok_from_environ", "HOME": "/root"})
     text = "tok_from_values pw_from_step_env tok_from_environ visible /root hf://o/n True"
     assert scrubber.scrub(text) == f"{REDACTED} {REDACTED} {REDACTED} visible /root hf://o/n True"

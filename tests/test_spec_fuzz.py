@@ -1,6 +1,7 @@
 """Property: whatever text or structure a spec file holds, loading and validating it only ever yields
 SpecErrors (raised by load_spec, returned by validate), never another exception. A spec that validates
 clean must also plan in every mode."""
+
 import copy
 from pathlib import Path
 
@@ -12,43 +13,176 @@ from engine.plan import build_plan, mode_names
 from engine.spec import SpecError, SpecErrors, load_spec
 from engine.validate import validate
 
-SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 VALID = {
-    "version": 1, "name": "fuzz", "budget_s": 1000, "mode_env": "FUZZ_MODE", "env": {"FUZZ_N": "n"},
-    "values": {"n": 2, "m": {"eval": "mul(n, `3`)"}, "s": "${run_dir}/x-${n}",
-               "w": {"switch": "mode", "cases": {"a": 1, "b": 2}}, "lst": ["--n", "${n}"]},
+    "version": 1,
+    "name": "fuzz",
+    "budget_s": 1000,
+    "mode_env": "FUZZ_MODE",
+    "env": {"FUZZ_N": "n"},
+    "values": {
+        "n": 2,
+        "m": {"eval": "mul(n, `3`)"},
+        "s": "${run_dir}/x-${n}",
+        "w": {"switch": "mode", "cases": {"a": 1, "b": 2}},
+        "lst": ["--n", "${n}"],
+    },
     "modes": {"default": "a", "a": {"t": 10}, "b": {"t": 20}},
     "steps": [
-        {"name": "leg", "when": "n > `1`", "run": {
-            "argv": ["${python}", "-c", "pass", "${lst}"], "timeout_s": "${t}", "grace_s": 1,
-            "output": {"strip_prefix": "^x", "harvest": {"rj": {"marker": "RJ ", "pick": "all"}},
-                       "failure_patterns": ["Error"]},
-            "signals": [{"match": "^boom ${n}", "signal": "SIGTERM"}],
-            "progress": {"match": "(?P<step>\\d+)"}}},
+        {
+            "name": "leg",
+            "when": "n > `1`",
+            "run": {
+                "argv": ["${python}", "-c", "pass", "${lst}"],
+                "timeout_s": "${t}",
+                "grace_s": 1,
+                "output": {
+                    "strip_prefix": "^x",
+                    "harvest": {"rj": {"marker": "RJ ", "pick": "all"}},
+                    "failure_patterns": ["Error"],
+                },
+                "signals": [{"match": "^boom ${n}", "signal": "SIGTERM"}],
+                "progress": {"match": "(?P<step>\\d+)"},
+            },
+        },
         {"name": "wipe", "remove": ["${s}"]},
         {"name": "st", "collect": {"collector": "command", "args": {"argv": ["true"], "timeout_s": 5}}},
     ],
-    "checks": [{"name": "c", "why": "w", "expr": "steps.leg.harvest.rj[0].x == values.m && state.st != `null`",
-                "when": "mode == 'a'", "severity": "warn"}],
+    "checks": [
+        {
+            "name": "c",
+            "why": "w",
+            "expr": "steps.leg.harvest.rj[0].x == values.m && state.st != `null`",
+            "when": "mode == 'a'",
+            "severity": "warn",
+        }
+    ],
 }
 
-TOKENS = ["version: 1\n", "name: x\n", "steps:\n", "checks:\n", "values:\n", "modes:\n", "extends: x.yaml\n",
-          "include: [a]\n", "- ", "  ", "name: ", "run: ", "argv: ", "remove: ", "collect: ", "{", "}", "[", "]",
-          ", ", ": ", "&a ", "*a", "<<: ", "${n}", "`1`", "'", '"', "\t", "\n", "eval: ", "switch: ", "cases: ",
-          "timeout_s: ", "0", "1e9", "-1", "null", "true", "~", "!!binary aGk=", "!!python/object:os.system",
-          "? ", "|\n  x\n", "---\n", "...\n", "%YAML 1.1\n", "\x00", "é", "#c\n"]
+TOKENS = [
+    "version: 1\n",
+    "name: x\n",
+    "steps:\n",
+    "checks:\n",
+    "values:\n",
+    "modes:\n",
+    "extends: x.yaml\n",
+    "include: [a]\n",
+    "- ",
+    "  ",
+    "name: ",
+    "run: ",
+    "argv: ",
+    "remove: ",
+    "collect: ",
+    "{",
+    "}",
+    "[",
+    "]",
+    ", ",
+    ": ",
+    "&a ",
+    "*a",
+    "<<: ",
+    "${n}",
+    "`1`",
+    "'",
+    '"',
+    "\t",
+    "\n",
+    "eval: ",
+    "switch: ",
+    "cases: ",
+    "timeout_s: ",
+    "0",
+    "1e9",
+    "-1",
+    "null",
+    "true",
+    "~",
+    "!!binary aGk=",
+    "!!python/object:os.system",
+    "? ",
+    "|\n  x\n",
+    "---\n",
+    "...\n",
+    "%YAML 1.1\n",
+    "\x00",
+    "é",
+    "#c\n",
+]
 
-KEYS = ["version", "name", "budget_s", "values", "modes", "steps", "checks", "run", "argv", "timeout_s", "grace_s",
-        "remove", "collect", "collector", "args", "expr", "why", "when", "severity", "eval", "switch", "cases",
-        "default", "output", "harvest", "marker", "pick", "signals", "match", "signal", "progress", "env", "x"]
+KEYS = [
+    "version",
+    "name",
+    "budget_s",
+    "values",
+    "modes",
+    "steps",
+    "checks",
+    "run",
+    "argv",
+    "timeout_s",
+    "grace_s",
+    "remove",
+    "collect",
+    "collector",
+    "args",
+    "expr",
+    "why",
+    "when",
+    "severity",
+    "eval",
+    "switch",
+    "cases",
+    "default",
+    "output",
+    "harvest",
+    "marker",
+    "pick",
+    "signals",
+    "match",
+    "signal",
+    "progress",
+    "env",
+    "x",
+]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
-                    st.sampled_from(["", "x", "${n}", "${nope}", "`1`", "mul(n)", "steps.leg.rc", "a ==",
-                                     "(?P<step>", "SIGKILL", "last", "${n}${n}", "$${n}"]), st.text(max_size=8))
-structures = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)), max_leaves=25)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10**6),
+    st.floats(allow_nan=True),
+    st.sampled_from(
+        [
+            "",
+            "x",
+            "${n}",
+            "${nope}",
+            "`1`",
+            "mul(n)",
+            "steps.leg.rc",
+            "a ==",
+            "(?P<step>",
+            "SIGKILL",
+            "last",
+            "${n}${n}",
+            "$${n}",
+        ]
+    ),
+    st.text(max_size=8),
+)
+structures = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)),
+    max_leaves=25,
+)
 
 
 def _paths(node, prefix=()):

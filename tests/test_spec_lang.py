@@ -1,6 +1,7 @@
 """The spec language's guards against silent weakening: duplicate names, explicit inheritance
 (`override`, `disable`, `like`), named sub-expressions (`let`), checks that can never be true, and
 `${x}` in checks. Real `engine` commands (in process) on small specs whose leg is `python -c`."""
+
 from __future__ import annotations
 
 import json
@@ -89,12 +90,19 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ------------------------------------------------------------------ 1. duplicate names
 
-@pytest.mark.parametrize("section, text", [
-    ("check", "checks:\n  - {name: twice, why: w, expr: \"`true` == `true`\"}\n"
-              "  - {name: other, why: w, expr: \"`true` == `true`\"}\n"
-              "  - {name: twice, why: copy-pasted, expr: \"`false` == `true`\"}\n"),
-    ("step", "steps:\n  - {name: again, remove: /tmp/specprobe-a}\n  - {name: again, remove: /tmp/specprobe-b}\n"),
-])
+
+@pytest.mark.parametrize(
+    "section, text",
+    [
+        (
+            "check",
+            'checks:\n  - {name: twice, why: w, expr: "`true` == `true`"}\n'
+            '  - {name: other, why: w, expr: "`true` == `true`"}\n'
+            '  - {name: twice, why: copy-pasted, expr: "`false` == `true`"}\n',
+        ),
+        ("step", "steps:\n  - {name: again, remove: /tmp/specprobe-a}\n  - {name: again, remove: /tmp/specprobe-b}\n"),
+    ],
+)
 def test_a_name_repeated_in_one_file_is_refused_naming_both_places(section, text, tmp_path, capsys):
     """With `extends` the second copy used to replace the first silently: a copy-pasted check that was
     not renamed removed a gate and `engine validate` said OK."""
@@ -107,7 +115,9 @@ def test_a_name_repeated_in_one_file_is_refused_naming_both_places(section, text
 
 
 def test_a_name_repeated_in_a_file_without_parent_is_refused_too(tmp_path, capsys):
-    path = write(tmp_path, "solo.yaml", PARENT + "  - name: loss_is_low\n    why: again\n    expr: \"`true` == `true`\"\n")
+    path = write(
+        tmp_path, "solo.yaml", PARENT + '  - name: loss_is_low\n    why: again\n    expr: "`true` == `true`"\n'
+    )
     rc, out, _ = validate_cli(path, capsys)
     assert rc == Exit.USAGE
     again = len(PARENT.splitlines()) + 1
@@ -116,31 +126,42 @@ def test_a_name_repeated_in_a_file_without_parent_is_refused_too(tmp_path, capsy
 
 # ------------------------------------------------------------------ 2. override / disable / like
 
+
 def test_replacing_an_inherited_check_without_override_names_the_parents_line(tmp_path, capsys):
-    path = child(tmp_path, "checks:\n  - name: loss_is_low\n    why: looser\n    expr: \"steps.leg1.harvest.run_json.loss < `9`\"\n")
+    path = child(
+        tmp_path,
+        'checks:\n  - name: loss_is_low\n    why: looser\n    expr: "steps.leg1.harvest.run_json.loss < `9`"\n',
+    )
     (msg,) = load_errors(path)
-    assert msg.startswith("child.yaml:5:5: $.checks[0]: check 'loss_is_low' replaces the one inherited from "
-                          f"parent.yaml:{LOSS_LINE}; write `override: true`")
+    assert msg.startswith(
+        "child.yaml:5:5: $.checks[0]: check 'loss_is_low' replaces the one inherited from "
+        f"parent.yaml:{LOSS_LINE}; write `override: true`"
+    )
     rc, out, _ = validate_cli(path, capsys)
     assert rc == Exit.USAGE and f"parent.yaml:{LOSS_LINE}" in out
 
 
 def test_replacing_an_inherited_step_without_override_names_the_parents_line(tmp_path):
-    path = child(tmp_path, "steps:\n  - name: leg1\n    run: {argv: [\"true\"]}\n")
+    path = child(tmp_path, 'steps:\n  - name: leg1\n    run: {argv: ["true"]}\n')
     (msg,) = load_errors(path)
     assert f"step 'leg1' replaces the one inherited from parent.yaml:{LEG1_LINE}" in msg
 
 
 def test_override_on_a_name_nothing_defines_is_an_error(tmp_path):
     """A stale marker (the parent renamed its check) would otherwise add a second, unrelated gate."""
-    path = child(tmp_path, "checks:\n  - name: loss_is_lower\n    override: true\n    why: w\n    expr: \"`true` == `true`\"\n")
+    path = child(
+        tmp_path, 'checks:\n  - name: loss_is_lower\n    override: true\n    why: w\n    expr: "`true` == `true`"\n'
+    )
     (msg,) = load_errors(path)
     assert "check 'loss_is_lower' has `override: true` but inherits no check of that name" in msg
 
 
 def test_a_check_override_replaces_it_whole(tmp_path):
-    path = child(tmp_path, "checks:\n  - name: loss_is_low\n    override: true\n    why: looser here\n"
-                           "    expr: \"steps.leg1.harvest.run_json.loss < `9`\"\n")
+    path = child(
+        tmp_path,
+        "checks:\n  - name: loss_is_low\n    override: true\n    why: looser here\n"
+        '    expr: "steps.leg1.harvest.run_json.loss < `9`"\n',
+    )
     spec = load_spec(path)
     (check,) = [c for c in spec.data["checks"] if c["name"] == "loss_is_low"]
     assert check == {"name": "loss_is_low", "why": "looser here", "expr": "steps.leg1.harvest.run_json.loss < `9`"}
@@ -150,16 +171,19 @@ def test_a_check_override_replaces_it_whole(tmp_path):
 
 def test_a_step_override_merges_mappings_deeply_and_replaces_lists(tmp_path):
     """Change one leg's argv without copying its output rules; a list is replaced, not appended to."""
-    path = child(tmp_path, "steps:\n  - name: leg1\n    override: true\n    run:\n"
-                           "      argv: [\"${python}\", \"-c\", \"print(1)\"]\n"
-                           "      output: {failure_patterns: [\"Error\"]}\n")
+    path = child(
+        tmp_path,
+        "steps:\n  - name: leg1\n    override: true\n    run:\n"
+        '      argv: ["${python}", "-c", "print(1)"]\n'
+        '      output: {failure_patterns: ["Error"]}\n',
+    )
     spec = load_spec(path)
     (step,) = spec.data["steps"]
     assert step["run"]["argv"] == ["${python}", "-c", "print(1)"]
-    assert step["run"]["timeout_s"] == 30 and step["run"]["grace_s"] == 5            # kept
+    assert step["run"]["timeout_s"] == 30 and step["run"]["grace_s"] == 5  # kept
     assert step["run"]["output"]["harvest"] == {"run_json": {"marker": "RUN_JSON ", "pick": "last"}}  # kept
-    assert step["run"]["output"]["echo_prefixes"] == ["RUN_JSON "]                    # kept
-    assert step["run"]["output"]["failure_patterns"] == ["Error"]                     # replaced, not merged
+    assert step["run"]["output"]["echo_prefixes"] == ["RUN_JSON "]  # kept
+    assert step["run"]["output"]["failure_patterns"] == ["Error"]  # replaced, not merged
     assert "override" not in step
     # Each field is located where it is written: the new argv in the child, the timeout in the parent.
     assert spec.locate(("steps", 0, "run", "argv"))[:2] == ("child.yaml", 8)
@@ -182,9 +206,11 @@ def test_like_must_name_an_earlier_step(tmp_path):
     assert "$.steps[1].like: like names 'leg2', which is not an earlier step; earlier steps: leg1" in msg
 
 
-DISABLE = ("disable:\n  loss_is_low: this variant trains on noise; its loss is not expected to drop\n"
-           "checks:\n  - name: leg_reported\n    why: the leg reported\n"
-           "    expr: \"steps.leg1.harvest.run_json != `null`\"\n")
+DISABLE = (
+    "disable:\n  loss_is_low: this variant trains on noise; its loss is not expected to drop\n"
+    "checks:\n  - name: leg_reported\n    why: the leg reported\n"
+    '    expr: "steps.leg1.harvest.run_json != `null`"\n'
+)
 
 
 def test_disable_needs_a_reason_and_an_inherited_check(tmp_path):
@@ -193,22 +219,40 @@ def test_disable_needs_a_reason_and_an_inherited_check(tmp_path):
     assert "$.disable.loss_is_low" in msg and "needs its reason" in msg
     path = child(tmp_path, "disable:\n  loss_is_lo: typo\n")
     (msg,) = load_errors(path)
-    assert "disable names 'loss_is_lo', which is not an inherited check; inherited: leg_exit_clean, " \
-           "loss_is_low, stopped_at_stop" in msg
-    path = child(tmp_path, "disable:\n  loss_is_low: why\nchecks:\n  - name: loss_is_low\n    override: true\n"
-                           "    why: w\n    expr: \"`true` == `true`\"\n")
+    assert (
+        "disable names 'loss_is_lo', which is not an inherited check; inherited: leg_exit_clean, "
+        "loss_is_low, stopped_at_stop" in msg
+    )
+    path = child(
+        tmp_path,
+        "disable:\n  loss_is_low: why\nchecks:\n  - name: loss_is_low\n    override: true\n"
+        '    why: w\n    expr: "`true` == `true`"\n',
+    )
     (msg,) = load_errors(path)
     assert "check 'loss_is_low' is both disabled here and written at child.yaml:7" in msg
 
 
 def test_a_disabled_check_shows_in_every_report_and_never_fails_the_verdict(tmp_path, capsys):
     # The parent's leg reports loss 2.5; the child makes it fail the (disabled) check.
-    path = child(tmp_path, DISABLE + "values:\n  leg_code: \"import json; print('RUN_JSON ' + "
-                                     "json.dumps({'final_step': 10, 'loss': 7.5}))\"\n")
+    path = child(
+        tmp_path,
+        DISABLE + "values:\n  leg_code: \"import json; print('RUN_JSON ' + "
+        "json.dumps({'final_step': 10, 'loss': 7.5}))\"\n",
+    )
     run_dir = tmp_path / "run"
     capsys.readouterr()
-    rc = main(["run", str(path), "--run-dir", str(run_dir), "--junit", str(tmp_path / "j.xml"),
-               "--markdown", str(tmp_path / "s.md")])
+    rc = main(
+        [
+            "run",
+            str(path),
+            "--run-dir",
+            str(run_dir),
+            "--junit",
+            str(tmp_path / "j.xml"),
+            "--markdown",
+            str(tmp_path / "s.md"),
+        ]
+    )
     out, _ = capsys.readouterr()
     assert rc == Exit.PASS, out
     reason = "this variant trains on noise; its loss is not expected to drop (disabled at child.yaml:5)"
@@ -228,8 +272,11 @@ def test_a_disabled_check_shows_in_every_report_and_never_fails_the_verdict(tmp_
     capsys.readouterr()
     assert main(["check", str(path), "--evidence", str(run_dir)]) == Exit.PASS
     assert "DISABLED" in capsys.readouterr().out
-    path.write_text(path.read_text().replace("disable:\n  loss_is_low: this variant trains on noise; its loss is "
-                                             "not expected to drop\n", ""))
+    path.write_text(
+        path.read_text().replace(
+            "disable:\n  loss_is_low: this variant trains on noise; its loss is not expected to drop\n", ""
+        )
+    )
     assert main(["check", str(path), "--evidence", str(run_dir)]) == Exit.FAILED
     assert 'VERDICT child FAIL ["loss_is_low"]' in capsys.readouterr().out
 
@@ -247,58 +294,79 @@ def test_engine_diff_reports_a_newly_disabled_check(tmp_path, capsys):
 
 # ------------------------------------------------------------------ 5. checks that can never be true
 
-@pytest.mark.parametrize("expr, why", [
-    ("steps.leg1.harvest.run_json.final_step", None),   # bare reference: a warning, below
-    ("add(steps.leg1.rc, `1`)", "add() returns a number"),
-    ("length(steps.leg1.harvest.run_json.losses)", "length() returns a number"),
-    ("to_string(steps.leg1.rc)", "to_string() returns a string"),
-    ("`120`", "it is a literal (a number)"),
-    ("'done'", "it is a literal (a string)"),
-    ("steps.leg1.harvest.run_json.losses.*", "a projection yields a list"),
-    ("steps.*.rc", "a projection yields a list"),
-    ("[steps.leg1.rc, `0`]", "it yields a list or null"),
-    ("values.stop", "it yields a number"),           # a value known to be a number in every mode
-    ("steps.leg1.rc || `0`", None),  # the left operand may be anything: the data decides
-])
+
+@pytest.mark.parametrize(
+    "expr, why",
+    [
+        ("steps.leg1.harvest.run_json.final_step", None),  # bare reference: a warning, below
+        ("add(steps.leg1.rc, `1`)", "add() returns a number"),
+        ("length(steps.leg1.harvest.run_json.losses)", "length() returns a number"),
+        ("to_string(steps.leg1.rc)", "to_string() returns a string"),
+        ("`120`", "it is a literal (a number)"),
+        ("'done'", "it is a literal (a string)"),
+        ("steps.leg1.harvest.run_json.losses.*", "a projection yields a list"),
+        ("steps.*.rc", "a projection yields a list"),
+        ("[steps.leg1.rc, `0`]", "it yields a list or null"),
+        ("values.stop", "it yields a number"),  # a value known to be a number in every mode
+        ("steps.leg1.rc || `0`", None),  # the left operand may be anything: the data decides
+    ],
+)
 def test_a_check_that_can_never_be_true_is_a_spec_error(expr, why, tmp_path, capsys):
-    path = child(tmp_path, f"checks:\n  - name: odd\n    why: w\n    expr: \"{expr}\"\n")
+    path = child(tmp_path, f'checks:\n  - name: odd\n    why: w\n    expr: "{expr}"\n')
     errors, warnings = findings(load_spec(path), {})
     mine = [str(e) for e in errors if "$.checks[3].expr" in str(e)]
     if why is None:
         assert mine == []
         return
-    assert mine == [f"child.yaml:7:11: $.checks[3].expr: expr {expr!r} can never be true: {why}, and a "
-                    f"check passes only on exactly true; compare it (e.g. `... == ...`)"], mine
+    assert mine == [
+        f"child.yaml:7:11: $.checks[3].expr: expr {expr!r} can never be true: {why}, and a "
+        f"check passes only on exactly true; compare it (e.g. `... == ...`)"
+    ], mine
 
 
-@pytest.mark.parametrize("expr", [
-    "steps.leg1.rc == `0`", "!(steps.leg1.rc == `1`)", "steps.leg1.rc < `3`", "is_finite(steps.leg1.rc)",
-    "steps.leg1.rc == `0` && steps.leg1.harvest.run_json.loss < `3`", "contains(keys(steps), 'leg1')",
-    "`true`", "get(steps, 'leg1') == `null`",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "steps.leg1.rc == `0`",
+        "!(steps.leg1.rc == `1`)",
+        "steps.leg1.rc < `3`",
+        "is_finite(steps.leg1.rc)",
+        "steps.leg1.rc == `0` && steps.leg1.harvest.run_json.loss < `3`",
+        "contains(keys(steps), 'leg1')",
+        "`true`",
+        "get(steps, 'leg1') == `null`",
+    ],
+)
 def test_boolean_checks_validate_without_a_word(expr, tmp_path):
-    path = child(tmp_path, f"checks:\n  - name: fine\n    why: w\n    expr: \"{expr}\"\n")
+    path = child(tmp_path, f'checks:\n  - name: fine\n    why: w\n    expr: "{expr}"\n')
     assert findings(load_spec(path), {}) == ([], [])
 
 
 def test_a_bare_field_reference_is_a_warning_not_an_error(tmp_path, capsys):
-    path = child(tmp_path, "values:\n  armed: true\nchecks:\n  - name: bare\n    why: w\n"
-                           "    expr: \"steps.leg1.harvest.run_json.final_step\"\n"
-                           "  - name: flag\n    why: w\n    expr: \"values.armed\"\n")
+    path = child(
+        tmp_path,
+        "values:\n  armed: true\nchecks:\n  - name: bare\n    why: w\n"
+        '    expr: "steps.leg1.harvest.run_json.final_step"\n'
+        '  - name: flag\n    why: w\n    expr: "values.armed"\n',
+    )
     rc, out, err = validate_cli(path, capsys)
     assert rc == Exit.PASS and out.startswith("OK ")
     assert err.splitlines() == [
         "warning: child.yaml:9:11: $.checks[3].expr: expr 'steps.leg1.harvest.run_json.final_step' is a bare "
         "field reference: it holds only when that field is exactly true; compare it (e.g. "
-        "steps.leg1.harvest.run_json.final_step == `true`) to say so"]   # values.armed is a boolean
+        "steps.leg1.harvest.run_json.final_step == `true`) to say so"
+    ]  # values.armed is a boolean
 
 
 def test_a_when_that_can_never_be_a_boolean_is_a_spec_error(tmp_path):
-    path = child(tmp_path, "checks:\n  - name: odd\n    why: w\n    expr: \"`true` == `true`\"\n"
-                           "    when: \"length(steps)\"\n")
+    path = child(
+        tmp_path, 'checks:\n  - name: odd\n    why: w\n    expr: "`true` == `true`"\n    when: "length(steps)"\n'
+    )
     (error,) = findings(load_spec(path), {})[0]
-    assert "when 'length(steps)' can never be true: length() returns a number, and a condition must be " \
-           "exactly true or false" in str(error)
+    assert (
+        "when 'length(steps)' can never be true: length() returns a number, and a condition must be "
+        "exactly true or false" in str(error)
+    )
 
 
 def test_every_function_declares_what_it_returns():
@@ -325,8 +393,7 @@ def test_let_values_are_read_by_name_and_shown_in_the_failure_tree(tmp_path, cap
     run_dir = tmp_path / "run"
     capsys.readouterr()
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == Exit.PASS
-    result = next(r for r in json.loads((run_dir / "evidence.json").read_text())["checks"]
-                  if r["name"] == "trajectory")
+    result = next(r for r in json.loads((run_dir / "evidence.json").read_text())["checks"] if r["name"] == "trajectory")
     assert result["outcome"] == "PASS"
     assert result["explain"][:3] == [["let.first", "6.0"], ["let.last", "2.5"], ["let.drop", "3.5"]]
     assert result["let"]["drop"] == "sub(let.first, let.last)"
@@ -335,14 +402,14 @@ def test_let_values_are_read_by_name_and_shown_in_the_failure_tree(tmp_path, cap
     path.write_text(path.read_text().replace("let.drop > `3`", "let.drop > `4`"))
     assert main(["check", str(path), "--evidence", str(run_dir)]) == Exit.FAILED
     out = capsys.readouterr().out
-    block = out[out.index("\ntrajectory"):]
+    block = out[out.index("\ntrajectory") :]
     assert "    let first = get(steps.leg1.harvest.run_json.losses, '1')" in block
     assert "      let.first = 6.0\n      let.last = 2.5\n      let.drop = 3.5\n" in block
     assert "      let.drop > `4` = false" in block
 
 
 def test_absent_data_through_a_let_is_no_data_naming_the_real_path(tmp_path, capsys):
-    path = child(tmp_path, TRAJECTORY.replace("run_json.loss\"", "run_json.final_loss\""))
+    path = child(tmp_path, TRAJECTORY.replace('run_json.loss"', 'run_json.final_loss"'))
     run_dir = tmp_path / "run"
     capsys.readouterr()
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == Exit.FAILED
@@ -354,33 +421,43 @@ def test_absent_data_through_a_let_is_no_data_naming_the_real_path(tmp_path, cap
     assert doc["verdict"]["failed"] == ["trajectory"]
 
 
-@pytest.mark.parametrize("lets, expr, message", [
-    ({"a": "steps.leg1.rc"}, "let.b == `0`", "let.b: this check has no let named 'b'; its lets: a"),
-    ({"a": "let.b", "b": "steps.leg1.rc"}, "let.a == `0`", "let.a reads let.b, which is written after it"),
-    ({"a": "let.a"}, "let.a == `0`", "let.a reads let.a, which is itself"),
-    ({"a": "steps.leg1.rc"}, "length(let) == `1`", "`let` alone is not a value"),
-    ({"a": "steps.nope.rc"}, "let.a == `0`", "steps.nope.rc: no step named 'nope'; steps: leg1"),
-    ({"a": "steps.leg1.rc =="}, "let.a == `0`", "invalid JMESPath 'steps.leg1.rc =='"),
-])
+@pytest.mark.parametrize(
+    "lets, expr, message",
+    [
+        ({"a": "steps.leg1.rc"}, "let.b == `0`", "let.b: this check has no let named 'b'; its lets: a"),
+        ({"a": "let.b", "b": "steps.leg1.rc"}, "let.a == `0`", "let.a reads let.b, which is written after it"),
+        ({"a": "let.a"}, "let.a == `0`", "let.a reads let.a, which is itself"),
+        ({"a": "steps.leg1.rc"}, "length(let) == `1`", "`let` alone is not a value"),
+        ({"a": "steps.nope.rc"}, "let.a == `0`", "steps.nope.rc: no step named 'nope'; steps: leg1"),
+        ({"a": "steps.leg1.rc =="}, "let.a == `0`", "invalid JMESPath 'steps.leg1.rc =='"),
+    ],
+)
 def test_let_is_validated_like_expr(lets, expr, message, tmp_path):
-    let_yaml = "".join(f"      {k}: \"{v}\"\n" for k, v in lets.items())
-    path = child(tmp_path, f"checks:\n  - name: c\n    why: w\n    let:\n{let_yaml}    expr: \"{expr}\"\n")
+    let_yaml = "".join(f'      {k}: "{v}"\n' for k, v in lets.items())
+    path = child(tmp_path, f'checks:\n  - name: c\n    why: w\n    let:\n{let_yaml}    expr: "{expr}"\n')
     errors, _ = findings(load_spec(path), {})
     assert any(message in str(e) and str(e).startswith("child.yaml:") for e in errors), [str(e) for e in errors]
 
 
 def test_an_unused_let_is_a_warning(tmp_path):
-    path = child(tmp_path, "checks:\n  - name: c\n    why: w\n    let: {a: \"steps.leg1.rc\", b: \"steps.leg1.rc\"}\n"
-                           "    expr: \"let.a == `0`\"\n")
+    path = child(
+        tmp_path,
+        'checks:\n  - name: c\n    why: w\n    let: {a: "steps.leg1.rc", b: "steps.leg1.rc"}\n'
+        '    expr: "let.a == `0`"\n',
+    )
     errors, warnings = findings(load_spec(path), {})
     assert errors == [] and [w.message for w in warnings] == ["let.b is never read (by expr, when or another let)"]
 
 
 # ------------------------------------------------------------------ ${x} in checks
 
+
 def test_a_check_can_name_a_step_through_a_value(tmp_path):
-    path = child(tmp_path, "values:\n  final_leg: leg1\nchecks:\n  - name: final\n    why: w\n"
-                           "    expr: \"steps.${final_leg}.harvest.run_json.final_step == values.stop\"\n")
+    path = child(
+        tmp_path,
+        "values:\n  final_leg: leg1\nchecks:\n  - name: final\n    why: w\n"
+        '    expr: "steps.${final_leg}.harvest.run_json.final_step == values.stop"\n',
+    )
     plan = build_plan(load_spec(path), environ={})
     (check,) = [c for c in plan.checks if c["name"] == "final"]
     assert check["expr"] == "steps.leg1.harvest.run_json.final_step == values.stop"
@@ -393,23 +470,29 @@ def test_a_check_can_name_a_step_through_a_value(tmp_path):
 
 @pytest.mark.parametrize("value", ["'leg1 || `true`'", "1.5", "true", "[leg1]"])
 def test_only_a_name_or_an_integer_can_be_spliced_into_a_check(value, tmp_path):
-    path = child(tmp_path, f"values:\n  x: {value}\nchecks:\n  - name: c\n    why: w\n"
-                           "    expr: \"steps.${x}.rc == `0`\"\n")
+    path = child(
+        tmp_path, f'values:\n  x: {value}\nchecks:\n  - name: c\n    why: w\n    expr: "steps.${{x}}.rc == `0`"\n'
+    )
     (error,) = findings(load_spec(path), {})[0]
     assert "in a check, ${x} may only stand for a name or an integer" in str(error)
 
 
 # ------------------------------------------------------------------ 4. step when
 
-@pytest.mark.parametrize("when, message", [
-    ("stop", "must yield true or false, got 10"),
-    ("env_map.MISSING == '1'", "reads env_map.MISSING, which is missing"),
-])
+
+@pytest.mark.parametrize(
+    "when, message",
+    [
+        ("stop", "must yield true or false, got 10"),
+        ("env_map.MISSING == '1'", "reads env_map.MISSING, which is missing"),
+    ],
+)
 def test_a_step_when_must_be_exactly_true_or_false(when, message, tmp_path):
     """A step condition reads values, all known before anything runs: a non-boolean or a missing key
     is a spec error (it would otherwise skip a leg silently)."""
-    path = child(tmp_path, f"values:\n  env_map: {{A: '1'}}\nsteps:\n  - name: leg2\n    like: leg1\n"
-                           f"    when: \"{when}\"\n")
+    path = child(
+        tmp_path, f"values:\n  env_map: {{A: '1'}}\nsteps:\n  - name: leg2\n    like: leg1\n    when: \"{when}\"\n"
+    )
     errors, _ = findings(load_spec(path), {})
     assert any(message in str(e) and "$.steps[1].when" in str(e) for e in errors), [str(e) for e in errors]
     with pytest.raises(SpecErrors):
@@ -417,13 +500,20 @@ def test_a_step_when_must_be_exactly_true_or_false(when, message, tmp_path):
 
 
 def test_an_exact_false_step_when_skips_the_step(tmp_path):
-    path = child(tmp_path, "steps:\n  - name: leg2\n    like: leg1\n    when: \"stop == `11`\"\n")
+    path = child(tmp_path, 'steps:\n  - name: leg2\n    like: leg1\n    when: "stop == `11`"\n')
     steps = {s["name"]: s["enabled"] for s in build_plan(load_spec(path), environ={}).steps}
     assert steps == {"leg1": True, "leg2": False}
 
 
 def test_report_marks_disabled_distinctly():
-    result = {"name": "x", "expr": "`true`", "outcome": "DISABLED", "reason": "why (disabled at a.yaml:3)",
-              "severity": "gate", "file": "a.yaml", "line": 1}
+    result = {
+        "name": "x",
+        "expr": "`true`",
+        "outcome": "DISABLED",
+        "reason": "why (disabled at a.yaml:3)",
+        "severity": "gate",
+        "file": "a.yaml",
+        "line": 1,
+    }
     text = report.table({"spec": {"name": "s"}}, [result], {"outcome": "PASS", "seconds": 0})
     assert text.splitlines()[1].split(None, 2) == ["x", "DISABLED", "why (disabled at a.yaml:3)"]

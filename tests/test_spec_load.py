@@ -1,4 +1,5 @@
 """Loading specs: located YAML, extends/include merging, schema errors with file:line:col."""
+
 import json
 from pathlib import Path
 
@@ -35,7 +36,10 @@ def test_extends_and_include_merge_maps_deeply_and_named_lists_by_name():
     assert d["name"] == "child"
     assert d["values"] == {"a": 1, "nested": {"x": 1, "y": 20, "z": 30}, "lst": [9], "from_fragment": 7}
     assert [(s["name"], s["remove"]) for s in d["steps"]] == [
-        ("one", "/tmp/specprobe-one"), ("two", "/tmp/specprobe-two-replaced"), ("three", "/tmp/specprobe-three")]
+        ("one", "/tmp/specprobe-one"),
+        ("two", "/tmp/specprobe-two-replaced"),
+        ("three", "/tmp/specprobe-three"),
+    ]
     assert [c["name"] for c in d["checks"]] == ["first", "second", "from_fragment", "third"]
     assert "extends" not in d and "include" not in d
 
@@ -53,9 +57,13 @@ def test_every_merged_node_keeps_the_file_and_line_it_came_from():
 
 def test_files_lists_every_file_with_its_sha256():
     import hashlib
+
     spec = load_spec(LOAD / "child.yaml")
-    assert set(spec.files) == {"tests/specs/load/child.yaml", "tests/specs/load/lib/parent.yaml",
-                               "tests/specs/load/lib/fragment.yaml"}
+    assert set(spec.files) == {
+        "tests/specs/load/child.yaml",
+        "tests/specs/load/lib/parent.yaml",
+        "tests/specs/load/lib/fragment.yaml",
+    }
     for f, digest in spec.files.items():
         assert digest == hashlib.sha256((ROOT / f).read_bytes()).hexdigest()
     assert spec.sha256 == spec.files["tests/specs/load/child.yaml"]
@@ -64,7 +72,8 @@ def test_files_lists_every_file_with_its_sha256():
 def test_include_of_itself_is_a_cycle():
     assert errors_of(LOAD / "self_include.yaml") == [
         "tests/specs/load/self_include.yaml:1:11: $.include[0]: extends/include cycle: "
-        "tests/specs/load/self_include.yaml -> tests/specs/load/self_include.yaml"]
+        "tests/specs/load/self_include.yaml -> tests/specs/load/self_include.yaml"
+    ]
 
 
 def test_yaml_syntax_error_has_line_and_column(tmp_path):
@@ -78,11 +87,14 @@ def test_duplicate_keys_are_errors_not_silently_the_last(tmp_path):
     assert errs == [f"{tmp_path / 's.yaml'}:3:1: $.name: duplicate key 'name' (first at line 2)"]
 
 
-@pytest.mark.parametrize("text,want", [
-    ("", "a spec must be a YAML mapping, this is empty"),
-    ("- a\n- b\n", "a spec must be a YAML mapping, this is a seq"),
-    ("just text\n", "a spec must be a YAML mapping, this is a str"),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("", "a spec must be a YAML mapping, this is empty"),
+        ("- a\n- b\n", "a spec must be a YAML mapping, this is a seq"),
+        ("just text\n", "a spec must be a YAML mapping, this is a str"),
+    ],
+)
 def test_top_level_must_be_a_mapping(tmp_path, text, want):
     (e,) = errors_of(write(tmp_path, text))
     assert e.endswith(want)
@@ -94,15 +106,19 @@ def test_recursive_alias_is_an_error(tmp_path):
 
 
 def test_merge_keys_and_anchors_are_supported(tmp_path):
-    text = ("version: 1\nname: a\nbudget_s: 5\nvalues:\n  base: &b {x: 1, y: 2}\n  more: {<<: *b, y: 3}\n"
-            "steps: [{name: s, remove: /tmp/x}]\nchecks: [{name: c, why: w, expr: '`true`'}]\n")
+    text = (
+        "version: 1\nname: a\nbudget_s: 5\nvalues:\n  base: &b {x: 1, y: 2}\n  more: {<<: *b, y: 3}\n"
+        "steps: [{name: s, remove: /tmp/x}]\nchecks: [{name: c, why: w, expr: '`true`'}]\n"
+    )
     assert load_spec(write(tmp_path, text)).data["values"]["more"] == {"x": 1, "y": 3}
 
 
 def test_an_aliased_mapping_with_a_merge_key_can_be_reused(tmp_path):
-    text = ("version: 1\nname: a\nbudget_s: 5\nvalues:\n  base: &b {x: 1, y: 2}\n"
-            "  one: &o {<<: *b, y: 3}\n  two: *o\n"
-            "steps: [{name: s, remove: /tmp/x}]\nchecks: [{name: c, why: w, expr: '`true`'}]\n")
+    text = (
+        "version: 1\nname: a\nbudget_s: 5\nvalues:\n  base: &b {x: 1, y: 2}\n"
+        "  one: &o {<<: *b, y: 3}\n  two: *o\n"
+        "steps: [{name: s, remove: /tmp/x}]\nchecks: [{name: c, why: w, expr: '`true`'}]\n"
+    )
     values = load_spec(write(tmp_path, text)).data["values"]
     assert values["one"] == values["two"] == {"x": 1, "y": 3}
 
@@ -134,8 +150,10 @@ def test_extending_file_need_not_repeat_required_keys_but_the_merge_must_have_th
     write(tmp_path, "values: {a: 1}\n", "parent.yaml")
     errs = errors_of(write(tmp_path, "extends: parent.yaml\nname: child\n"))
     # The missing keys are reported against the top file, the one the user ran.
-    assert errs == [f"{tmp_path / 's.yaml'}:1:1: $: '{k}' is a required property"
-                    for k in ("budget_s", "checks", "steps", "version")]
+    assert errs == [
+        f"{tmp_path / 's.yaml'}:1:1: $: '{k}' is a required property"
+        for k in ("budget_s", "checks", "steps", "version")
+    ]
 
 
 def test_extends_must_be_a_string(tmp_path):
@@ -150,8 +168,7 @@ def test_missing_parent_is_located_at_the_extends_line(tmp_path):
 
 
 def test_spec_error_str_and_json_path():
-    e = SpecError("specs/x.yaml", 12, 5, json_path(("steps", 2, "run", "timeout_s")),
-                  "0 is less than the minimum of 1")
+    e = SpecError("specs/x.yaml", 12, 5, json_path(("steps", 2, "run", "timeout_s")), "0 is less than the minimum of 1")
     assert str(e) == "specs/x.yaml:12:5: $.steps[2].run.timeout_s: 0 is less than the minimum of 1"
     assert json_path(("env", "A-B", 0)) == '$.env["A-B"][0]'
     assert str(SpecErrors([e, e])).count("\n") == 1

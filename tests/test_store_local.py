@@ -10,13 +10,21 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 
-from trainer.store import (Conflict, EntryMissing, FileInfo, LocalStore, MetadataMissing, RepoMissing, StoreError,
-                           redact_url)
+from trainer.store import (
+    Conflict,
+    EntryMissing,
+    FileInfo,
+    LocalStore,
+    MetadataMissing,
+    RepoMissing,
+    StoreError,
+    redact_url,
+)
 from trainer.store_url import open_store, parse_store_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,13 +50,17 @@ def store(tmp_path: Path) -> LocalStore:
 
 # ------------------------------------------------------------------------------------------ URLs
 
-@pytest.mark.parametrize("url,kind,repo_id,repo_type", [
-    ("hf://owner/name", "hf", "owner/name", "dataset"),
-    ("hf://datasets/owner/name", "hf", "owner/name", "dataset"),
-    ("hf://models/owner/name", "hf", "owner/name", "model"),
-    ("Cion-lab/ounce100m-ckpt", "hf", "Cion-lab/ounce100m-ckpt", "dataset"),
-    ("file:///abs/root/owner/name", "file", "owner/name", "dataset"),
-])
+
+@pytest.mark.parametrize(
+    "url,kind,repo_id,repo_type",
+    [
+        ("hf://owner/name", "hf", "owner/name", "dataset"),
+        ("hf://datasets/owner/name", "hf", "owner/name", "dataset"),
+        ("hf://models/owner/name", "hf", "owner/name", "model"),
+        ("Cion-lab/ounce100m-ckpt", "hf", "Cion-lab/ounce100m-ckpt", "dataset"),
+        ("file:///abs/root/owner/name", "file", "owner/name", "dataset"),
+    ],
+)
 def test_url_forms_parse_to_backend_and_repo_id(url, kind, repo_id, repo_type):
     parsed = parse_store_url(url)
     assert (parsed.kind, parsed.repo_id, parsed.repo_type) == (kind, repo_id, repo_type)
@@ -64,8 +76,21 @@ def test_file_url_root_is_everything_before_owner_name(tmp_path, monkeypatch):
     assert store.url == "file://rel/root/owner/name"
 
 
-@pytest.mark.parametrize("url", ["", "name", "a/b/c", "s3://bucket/a/b", "hf://only", "hf://spaces/a/b",
-                                 "file://name", "file:///root/../a/b", "hf://a/..", "/abs/path/a/b"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "name",
+        "a/b/c",
+        "s3://bucket/a/b",
+        "hf://only",
+        "hf://spaces/a/b",
+        "file://name",
+        "file:///root/../a/b",
+        "hf://a/..",
+        "/abs/path/a/b",
+    ],
+)
 def test_invalid_url_names_it_and_the_accepted_forms(url):
     with pytest.raises(ValueError) as e:
         parse_store_url(url)
@@ -88,6 +113,7 @@ def test_hf_url_opens_the_hub_backend_lazily(monkeypatch):
 
 
 # --------------------------------------------------------------------------------- basic semantics
+
 
 def test_create_is_idempotent_and_an_empty_repo_lists_nothing(tmp_path):
     s = open_store(f"file://{tmp_path}/o/n")
@@ -128,7 +154,7 @@ def test_overwrite_replaces_bytes_and_revision_changes(store, tmp_path):
     assert r1 != r2
     assert store.read_bytes("x") == b"two!" and store.list_files()["x"].size == 4
     objects = sorted(p.name for p in (store.dir / ".specprobe/objects").iterdir())
-    assert objects == [sha(b"two!")]          # the old object is collected once nothing points at it
+    assert objects == [sha(b"two!")]  # the old object is collected once nothing points at it
 
 
 def test_folder_delete_removes_every_file_under_it_and_keeps_the_rest(store, tmp_path):
@@ -136,7 +162,7 @@ def test_folder_delete_removes_every_file_under_it_and_keeps_the_rest(store, tmp
     store.commit({"ckpt/checkpoint-1/a": f, "ckpt/checkpoint-1/b": f, "ckpt/checkpoint-10/a": f, "latest.json": f})
     store.commit({}, delete=["ckpt/checkpoint-1/"])
     assert sorted(store.list_files()) == ["ckpt/checkpoint-10/a", "latest.json"]
-    assert not (store.dir / "ckpt/checkpoint-1").exists()    # visible tree follows, empty dirs removed
+    assert not (store.dir / "ckpt/checkpoint-1").exists()  # visible tree follows, empty dirs removed
 
 
 def test_add_and_delete_land_in_one_commit(store, tmp_path):
@@ -173,40 +199,53 @@ def test_stray_file_on_disk_is_not_in_the_repo(store, tmp_path):
     with pytest.raises(EntryMissing):
         store.sha256("stray.bin")
     store.commit({"real2": write(tmp_path / "r2", b"r2")})
-    assert (store.dir / "stray.bin").read_bytes() == b"not committed"   # not the store's: never deleted
+    assert (store.dir / "stray.bin").read_bytes() == b"not committed"  # not the store's: never deleted
 
 
 def test_no_commit_deletes_a_file_it_did_not_write(store, tmp_path):
-    store.commit({"ckpt/checkpoint-10/model.safetensors": write(tmp_path / "m", b"weights"),
-                  "latest.json": write(tmp_path / "l", b"{}")})
+    store.commit(
+        {
+            "ckpt/checkpoint-10/model.safetensors": write(tmp_path / "m", b"weights"),
+            "latest.json": write(tmp_path / "l", b"{}"),
+        }
+    )
     notes = write(store.dir / "ckpt/checkpoint-10/NOTES.md", b"someone's notes")
-    mine = write(store.dir / "ckpt/checkpoint-10/model.safetensors.bak", b"weights")   # same bytes, a copy by hand
-    store.commit({}, delete=["ckpt/checkpoint-10/"])           # the folder goes from the repo ...
+    mine = write(store.dir / "ckpt/checkpoint-10/model.safetensors.bak", b"weights")  # same bytes, a copy by hand
+    store.commit({}, delete=["ckpt/checkpoint-10/"])  # the folder goes from the repo ...
     store.commit({"latest.json": write(tmp_path / "l2", b'{"v": 2}')})
-    assert notes.read_bytes() == b"someone's notes"              # ... the files the store did not write stay
+    assert notes.read_bytes() == b"someone's notes"  # ... the files the store did not write stay
     assert mine.read_bytes() == b"weights"
-    assert not (store.dir / "ckpt/checkpoint-10/model.safetensors").exists()   # its own file is gone
+    assert not (store.dir / "ckpt/checkpoint-10/model.safetensors").exists()  # its own file is gone
     assert sorted(store.list_files()) == ["latest.json"]
 
 
 def test_a_repo_folder_without_its_metadata_is_refused_never_recreated(store, tmp_path):
-    store.commit({"ckpt/checkpoint-10/model.safetensors": write(tmp_path / "m", b"weights"),
-                  "latest.json": write(tmp_path / "l", b'{"step": 10}')})
+    store.commit(
+        {
+            "ckpt/checkpoint-10/model.safetensors": write(tmp_path / "m", b"weights"),
+            "latest.json": write(tmp_path / "l", b'{"step": 10}'),
+        }
+    )
     copy = tmp_path / "copy/probe/ckpt-a"
     copy.mkdir(parents=True)
-    for child in store.dir.iterdir():                  # what `cp -r repo/* copy/` copies: no dot-folders
+    for child in store.dir.iterdir():  # what `cp -r repo/* copy/` copies: no dot-folders
         if not child.name.startswith("."):
             (shutil.copytree if child.is_dir() else shutil.copy2)(child, copy / child.name)
     before = {p.relative_to(copy).as_posix(): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     s = open_store(f"file://{tmp_path}/copy/probe/ckpt-a")
-    for call in (s.exists, s.create, s.list_files, lambda: s.read_bytes("latest.json"),
-                 lambda: s.commit({"x": write(tmp_path / "x", b"x")})):
+    for call in (
+        s.exists,
+        s.create,
+        s.list_files,
+        lambda: s.read_bytes("latest.json"),
+        lambda: s.commit({"x": write(tmp_path / "x", b"x")}),
+    ):
         with pytest.raises(MetadataMissing) as e:
             call()
         assert "latest.json" in str(e.value) and ".specprobe/manifest.json" in str(e.value)
         assert "cp -r repo/*" in str(e.value)
     after = {p.relative_to(copy).as_posix(): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
-    assert after == before and not (copy / ".specprobe").exists()      # nothing created, nothing deleted
+    assert after == before and not (copy / ".specprobe").exists()  # nothing created, nothing deleted
 
 
 def test_commit_with_expect_revision_is_a_compare_and_swap(store, tmp_path):
@@ -228,11 +267,15 @@ def test_store_objects_without_a_manifest_are_refused(store, tmp_path):
 def test_missing_repo_raises_repo_missing_naming_the_url(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "tok-not-in-messages")
     s = open_store(f"file://{tmp_path}/o/absent")
-    for call in (s.list_files, lambda: s.read_bytes("x"), lambda: s.commit({"x": write(tmp_path / "x", b"")}),
-                 s.delete_repo):
+    for call in (
+        s.list_files,
+        lambda: s.read_bytes("x"),
+        lambda: s.commit({"x": write(tmp_path / "x", b"")}),
+        s.delete_repo,
+    ):
         with pytest.raises(RepoMissing, match=f"file://{tmp_path}/o/absent"):
             call()
-    assert not (tmp_path / "o/absent").exists()        # a failed commit does not half-create the repo
+    assert not (tmp_path / "o/absent").exists()  # a failed commit does not half-create the repo
 
 
 def test_delete_repo_removes_it(store, tmp_path):
@@ -246,11 +289,11 @@ def test_delete_repo_removes_it(store, tmp_path):
 def test_sha256_rereads_bytes_and_catches_silent_corruption(store, tmp_path):
     store.commit({"w.bin": write(tmp_path / "w", b"\x00" * 4096)})
     recorded = store.list_files()["w.bin"].sha256
-    with open(store.dir / "w.bin", "r+b") as f:     # bit rot in place: same inode as the stored object
+    with open(store.dir / "w.bin", "r+b") as f:  # bit rot in place: same inode as the stored object
         f.seek(100)
         f.write(b"\x01")
-    assert store.list_files()["w.bin"].sha256 == recorded      # metadata cannot see it
-    assert store.sha256("w.bin") != recorded                   # a re-read does
+    assert store.list_files()["w.bin"].sha256 == recorded  # metadata cannot see it
+    assert store.sha256("w.bin") != recorded  # a re-read does
 
 
 def test_corrupt_manifest_is_a_store_error_naming_it(store):
@@ -294,8 +337,13 @@ KILL_SCRIPT = textwrap.dedent("""
 
 
 def run_killed(url: str, point: str, src: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", KILL_SCRIPT, url, point, str(src)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, url, point, str(src)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("point", ["staging", "before_publish"])
@@ -309,15 +357,15 @@ def test_commit_killed_before_publish_leaves_the_old_commit_intact(store, tmp_pa
     assert any((store.dir / ".specprobe/staging").iterdir())  # it really died mid-commit
 
     assert store.list_files() == before
-    assert store.read_bytes("ckpt/a.bin") == b"version one"   # the object of the old commit is untouched
+    assert store.read_bytes("ckpt/a.bin") == b"version one"  # the object of the old commit is untouched
     assert store.sha256("ckpt/a.bin") == sha(b"version one")
     assert (store.dir / "ckpt/a.bin").read_bytes() == b"version one"
 
-    store.commit({"ckpt/d.bin": write(tmp_path / "d", b"d")})   # the next commit works and cleans up
+    store.commit({"ckpt/d.bin": write(tmp_path / "d", b"d")})  # the next commit works and cleans up
     assert sorted(store.list_files()) == ["ckpt/a.bin", "ckpt/d.bin", "old.txt"]
     assert list((store.dir / ".specprobe/staging").glob("*")) == []
     live = {i.sha256 for i in store.list_files().values()}
-    assert {p.name for p in (store.dir / ".specprobe/objects").iterdir()} == live   # orphans collected
+    assert {p.name for p in (store.dir / ".specprobe/objects").iterdir()} == live  # orphans collected
 
 
 def test_commit_killed_after_publish_is_complete_and_the_visible_tree_is_repaired(store, tmp_path):
@@ -328,9 +376,9 @@ def test_commit_killed_after_publish_is_complete_and_the_visible_tree_is_repaire
 
     assert sorted(store.list_files()) == ["ckpt/a.bin", "ckpt/b.bin", "ckpt/c.bin"]
     assert store.read_bytes("ckpt/b.bin") == data and store.sha256("ckpt/a.bin") == sha(data)
-    assert (store.dir / "old.txt").exists()                  # visible tree lags the manifest ...
+    assert (store.dir / "old.txt").exists()  # visible tree lags the manifest ...
     store.commit({"z": write(tmp_path / "z", b"z")})
-    assert not (store.dir / "old.txt").exists()              # ... until the next commit repairs it
+    assert not (store.dir / "old.txt").exists()  # ... until the next commit repairs it
     assert (store.dir / "ckpt/b.bin").read_bytes() == data
 
 
@@ -348,8 +396,15 @@ CONCURRENT_SCRIPT = textwrap.dedent("""
 
 
 def test_concurrent_writers_serialise_and_lose_no_commit(store, tmp_path):
-    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_SCRIPT, store.url, tag, str(tmp_path)],
-                              cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True) for tag in ("w1", "w2")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_SCRIPT, store.url, tag, str(tmp_path)],
+            cwd=REPO_ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("w1", "w2")
+    ]
     for p in procs:
         assert p.wait(timeout=60) == 0, p.stderr.read()
     files = store.list_files()
@@ -364,7 +419,7 @@ def test_a_path_cannot_become_both_file_and_folder(store, tmp_path):
     with pytest.raises(StoreError, match="ckpt both a file and a folder"):
         store.commit({"ckpt/checkpoint-1/a": f})
     assert sorted(store.list_files()) == ["ckpt"]
-    store.commit({"ckpt/checkpoint-1/a": f}, delete=["ckpt"])     # allowed once the file goes in the same commit
+    store.commit({"ckpt/checkpoint-1/a": f}, delete=["ckpt"])  # allowed once the file goes in the same commit
     assert sorted(store.list_files()) == ["ckpt/checkpoint-1/a"]
 
 
@@ -377,7 +432,7 @@ def test_link_rate_makes_a_commit_last_as_long_as_its_upload(tmp_path: Path) -> 
     payload.write_bytes(b"\0" * 1_000_000)
     started = time.monotonic()
     store.commit({"a/payload.bin": payload})
-    assert time.monotonic() - started >= 0.5          # 1 MB at 2 MB/s
+    assert time.monotonic() - started >= 0.5  # 1 MB at 2 MB/s
     assert store.list_files()["a/payload.bin"].size == 1_000_000
     with pytest.raises(ValueError, match="link_mb_s"):
         open_store(f"file://{tmp_path}/root/me/repo?link_mb_s=0")

@@ -1,17 +1,18 @@
 """The README's recipe "write your own probe: two stops" (specs/examples/p4_two_stops.yaml): the file the
 README shows, a library reused without disabling or copying anything, and a real run that passes on the
 embedded default (CPU, 2 gloo ranks under torchrun, tiny model, local store)."""
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 import pytest
+from test_e2e_local import assert_every_check_passed, run_engine, workdir_with_specs
 
 from engine.plan import build_plan
 from engine.spec import load_spec
 from engine.validate import findings
-from test_e2e_local import assert_every_check_passed, run_engine, workdir_with_specs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = REPO_ROOT / "specs" / "examples" / "p4_two_stops.yaml"
@@ -19,7 +20,7 @@ SPEC = REPO_ROOT / "specs" / "examples" / "p4_two_stops.yaml"
 
 def test_the_readme_shows_the_spec_file_as_it_is() -> None:
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Write your own probe: two stops"):]
+    section = readme[readme.index("## Write your own probe: two stops") :]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
     assert block is not None
     assert block.group(1) == SPEC.read_text(encoding="utf-8")
@@ -53,7 +54,10 @@ def test_two_stops_passes_end_to_end_on_the_embedded_default(tmp_path: Path) -> 
     assert "disabled" not in run.evidence["verdict"]
     legs = {leg: run.run_json(leg) for leg in ("leg1", "leg2", "leg3")}
     assert [(r["resumed_from_step"], r["final_step"], r["segment_stop"]) for r in legs.values()] == [
-        (None, 10, True), (10, 20, True), (20, 30, False)]
+        (None, 10, True),
+        (10, 20, True),
+        (20, 30, False),
+    ]
     state = run.evidence["state"]
     assert state["hub_after_leg2"]["pointer"]["step"] == 20
     assert state["hub_after_leg3"]["checkpoints"] == [10, 20, 30]

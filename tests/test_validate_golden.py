@@ -2,6 +2,7 @@
 
 Regenerate after an intended message change with SPECPROBE_UPDATE_GOLDEN=1 and review the diff.
 """
+
 import os
 from pathlib import Path
 

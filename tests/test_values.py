@@ -1,11 +1,18 @@
 """Value layering, derived values and templating."""
+
 import pytest
 
 from engine.spec import SpecError
 from engine.values import UsageError, layer, parse_scalar, parse_sets, refs, resolve, template
 
-BUILTINS = {"python": "/usr/bin/python3", "work_dir": "/w", "spec_dir": "/w/specs",
-            "run_dir": "/w/runs/r1", "run_id": "20260101T000000Z", "mode": "smoke"}
+BUILTINS = {
+    "python": "/usr/bin/python3",
+    "work_dir": "/w",
+    "spec_dir": "/w/specs",
+    "run_dir": "/w/runs/r1",
+    "run_id": "20260101T000000Z",
+    "mode": "smoke",
+}
 
 DATA = {
     "env": {"PROBE_REPO": "repo", "PROBE_STEPS": "steps"},
@@ -19,9 +26,11 @@ DATA = {
         "repo": "file://${store_root}/probe/ckpt-${run_id}",
         "steps": 1,
     },
-    "modes": {"default": "smoke",
-              "smoke": {"steps": 20, "push_every": 10, "stop1": 10},
-              "soak": {"steps": 180, "push_every": 60, "stop1": 120}},
+    "modes": {
+        "default": "smoke",
+        "smoke": {"steps": 20, "push_every": 10, "stop1": 10},
+        "soak": {"steps": 180, "push_every": 60, "stop1": 120},
+    },
 }
 
 
@@ -65,7 +74,12 @@ def test_overriding_a_derived_value_replaces_the_derivation():
 
 def test_parse_sets_parses_yaml_scalars():
     assert parse_sets(["steps=30", "repo=hf://o/n", "flag=true", "lst=[10, 20]", "empty="]) == {
-        "steps": 30, "repo": "hf://o/n", "flag": True, "lst": [10, 20], "empty": None}
+        "steps": 30,
+        "repo": "hf://o/n",
+        "flag": True,
+        "lst": [10, 20],
+        "empty": None,
+    }
 
 
 @pytest.mark.parametrize("bad", ["steps", "=3", "a b=1"])
@@ -88,8 +102,7 @@ def test_parse_scalar_keeps_unparseable_text():
 
 def test_switch_without_a_case_names_the_value_and_known_cases():
     r = resolve(layer(DATA, "smoke", {}, {"target": "cloud"}, BUILTINS))
-    assert [e.message for e in r.errors] == [
-        "value 'nproc': no case for target='cloud'; known cases: local, real"]
+    assert [e.message for e in r.errors] == ["value 'nproc': no case for target='cloud'; known cases: local, real"]
 
 
 def test_cycle_is_reported_with_the_whole_cycle():
@@ -121,14 +134,20 @@ def test_whole_string_reference_keeps_type_and_embedded_becomes_text():
     values = {"n": 30, "flag": True, "lst": [1, 2], "s": "x"}
     assert template("${n}", values) == 30
     assert template("--steps=${n}", values) == "--steps=30"
-    assert template("${flag}-${lst}", values) == 'true-[1, 2]'
+    assert template("${flag}-${lst}", values) == "true-[1, 2]"
     assert template({"a": ["${s}", {"b": "${n}"}]}, values) == {"a": ["x", {"b": 30}]}
 
 
 def test_list_reference_splices_into_a_list():
     values = {"torchrun": ["torchrun", "--nproc_per_node=2"], "n": 3}
     assert template(["${torchrun}", "train.py", "--n", "${n}", "x${n}"], values) == [
-        "torchrun", "--nproc_per_node=2", "train.py", "--n", 3, "x3"]
+        "torchrun",
+        "--nproc_per_node=2",
+        "train.py",
+        "--n",
+        3,
+        "x3",
+    ]
 
 
 def test_double_dollar_escapes_a_reference():

@@ -4,6 +4,7 @@ Import as `from trainer_helpers import ...` (pytest puts tests/ on sys.path). Ev
 processes: a synthetic mix built by `python -m trainer.mix`, torchrun with gloo ranks on CPU, a local
 file:// store, and real signals.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,11 +32,29 @@ SEQ_LEN, MICRO, ACCUM = 32, 2, 2
 TOKENS_PER_STEP = NPROC * MICRO * ACCUM * SEQ_LEN
 
 
-def build_tiny_mix(out: Path, *, tokens: int = 60_000, val_tokens: int = 4_000, vocab: int = 512,
-                   seed: int = 0) -> Path:
+def build_tiny_mix(
+    out: Path, *, tokens: int = 60_000, val_tokens: int = 4_000, vocab: int = 512, seed: int = 0
+) -> Path:
     """A synthetic mix for the `tiny` geometry, built by the real CLI; returns its root."""
-    cmd = [PYTHON, "-m", "trainer.mix", "build", "--out", str(out), "--synthetic", "--tokens", str(tokens),
-           "--val-tokens", str(val_tokens), "--vocab", str(vocab), "--seed", str(seed), "--shards", "2"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "trainer.mix",
+        "build",
+        "--out",
+        str(out),
+        "--synthetic",
+        "--tokens",
+        str(tokens),
+        "--val-tokens",
+        str(val_tokens),
+        "--vocab",
+        str(vocab),
+        "--seed",
+        str(seed),
+        "--shards",
+        "2",
+    ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"mix build failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -46,17 +65,59 @@ def store_url(root: Path, name: str = "probe/ckpt") -> str:
     return f"file://{root}/{name}"
 
 
-def trainer_args(*, root: Path, out: Path, repo: str, steps: int, push_every: int, stop: int = 0,
-                 resume: str = "auto", val_tokens: int = 256, lr: float = 3e-3, extra: Sequence[str] = (),
-                 nproc: int = NPROC) -> list[str]:
+def trainer_args(
+    *,
+    root: Path,
+    out: Path,
+    repo: str,
+    steps: int,
+    push_every: int,
+    stop: int = 0,
+    resume: str = "auto",
+    val_tokens: int = 256,
+    lr: float = 3e-3,
+    extra: Sequence[str] = (),
+    nproc: int = NPROC,
+) -> list[str]:
     """The reference probe's command line (tiny geometry, CPU sizes), without the launcher."""
     tps = nproc * MICRO * ACCUM * SEQ_LEN
-    return ["--root", str(root), "--out", str(out), "--hub-repo", repo, "--prune",
-            "--model", "tiny", "--seq-len", str(SEQ_LEN), "--attn", "eager", "--no-grad-ckpt",
-            "--micro-batch", str(MICRO), "--accum", str(ACCUM), "--tokens", str(steps * tps),
-            "--lr", str(lr), "--warmup-steps", "2", "--push-every-steps", str(push_every),
-            "--val-tokens", str(val_tokens), "--log-every", "1", "--resume", resume,
-            "--stop-after-steps", str(stop), *extra]
+    return [
+        "--root",
+        str(root),
+        "--out",
+        str(out),
+        "--hub-repo",
+        repo,
+        "--prune",
+        "--model",
+        "tiny",
+        "--seq-len",
+        str(SEQ_LEN),
+        "--attn",
+        "eager",
+        "--no-grad-ckpt",
+        "--micro-batch",
+        str(MICRO),
+        "--accum",
+        str(ACCUM),
+        "--tokens",
+        str(steps * tps),
+        "--lr",
+        str(lr),
+        "--warmup-steps",
+        "2",
+        "--push-every-steps",
+        str(push_every),
+        "--val-tokens",
+        str(val_tokens),
+        "--log-every",
+        "1",
+        "--resume",
+        resume,
+        "--stop-after-steps",
+        str(stop),
+        *extra,
+    ]
 
 
 def torchrun_cmd(args: Sequence[str], *, nproc: int = NPROC, log_dir: Path | None = None) -> list[str]:
@@ -120,16 +181,22 @@ def kill_tree(pid: int) -> None:
     """SIGKILL pid's process group and every descendant's group: a crash of the whole job at once."""
     pids = [pid, *_descendants(pid)]
     for q in pids:
-        for kill in (lambda: os.killpg(os.getpgid(q), signal.SIGKILL), lambda: os.kill(q, signal.SIGKILL)):
+        for kill in (lambda q=q: os.killpg(os.getpgid(q), signal.SIGKILL), lambda q=q: os.kill(q, signal.SIGKILL)):
             try:
                 kill()
             except (ProcessLookupError, PermissionError):
                 pass
 
 
-def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: float = 180,
-                on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
-                kill_after: str | None = None) -> Run:
+def run_trainer(
+    cmd: Sequence[str],
+    *,
+    kill_on: str | None = None,
+    timeout: float = 180,
+    on_line: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
+    kill_after: str | None = None,
+) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
     kill_on: a regex; at the first output line matching it torchrun and every rank get SIGKILL (a real
@@ -138,8 +205,16 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
     arrives (to change the world at a precise phase, e.g. break the store). env: set on top of the
     test environment."""
     t0 = time.time()
-    p = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env={**_env(), **(env or {})}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    p = subprocess.Popen(
+        list(cmd),
+        cwd=REPO_ROOT,
+        env={**_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
     lines: list[str] = []
     killed_at = None
     pat = re.compile(kill_on) if kill_on else None
@@ -158,6 +233,7 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
             except OSError:
                 pass
         kill_tree(p.pid)
+
     watchdog = threading.Timer(timeout, _expire)
     watchdog.daemon = True
     watchdog.start()
@@ -182,8 +258,9 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
     finally:
         watchdog.cancel()
     if timed_out.is_set():
-        raise TimeoutError(f"{' '.join(cmd)} ran past {timeout}s (hung?); processes: {hung}; last lines:\n"
-                           + "\n".join(lines[-30:]))
+        raise TimeoutError(
+            f"{' '.join(cmd)} ran past {timeout}s (hung?); processes: {hung}; last lines:\n" + "\n".join(lines[-30:])
+        )
     if killed_at is not None:
         # Reap the whole tree before the caller touches the store: no rank may still be writing.
         for _ in range(100):
@@ -194,24 +271,26 @@ def run_trainer(cmd: Sequence[str], *, kill_on: str | None = None, timeout: floa
     run = Run(rc=rc, lines=lines, seconds=time.time() - t0, killed_at=killed_at)
     for line in reversed(lines):
         if line.startswith("RUN_JSON "):
-            run.run_json = json.loads(line[len("RUN_JSON "):])
+            run.run_json = json.loads(line[len("RUN_JSON ") :])
             break
     return run
 
 
 def repo_dir(url: str) -> Path:
     assert url.startswith("file://"), url
-    return Path(url[len("file://"):])
+    return Path(url[len("file://") :])
 
 
 def open_repo(url: str):
     from trainer.store_url import open_store
+
     return open_store(url)
 
 
 def pointer(url: str) -> dict | None:
     from trainer.checkpoint import read_pointer
     from trainer.store import RepoMissing
+
     try:
         p = read_pointer(open_repo(url))
     except RepoMissing:
@@ -276,10 +355,14 @@ def baseline(tmp_path_factory) -> Baseline:
 
     def build(d: Path) -> Baseline:
         repo = store_url(d / "store")
-        r = run_trainer(torchrun_cmd(trainer_args(root=mix, out=d / "out", repo=repo, steps=BASELINE_STEPS,
-                                                  push_every=BASELINE_PUSH_EVERY)))
+        r = run_trainer(
+            torchrun_cmd(
+                trainer_args(root=mix, out=d / "out", repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)
+            )
+        )
         assert r.rc == 0 and r.run_json is not None, explain(r)
         return Baseline(mix=mix, repo=repo, run=r, final_sha=weights_sha256(repo))
+
     return shared("baseline", tmp_path_factory, build)
 
 

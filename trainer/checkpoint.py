@@ -66,19 +66,30 @@ from typing import Any, Callable, Iterable
 
 from trainer.lease import Lease
 from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
-from trainer.store import (EntryMissing, FileInfo, LocalStore, RepoMissing, Store, StoreError, redact_url,
-                           sha256_file)
+from trainer.store import EntryMissing, FileInfo, LocalStore, RepoMissing, Store, StoreError, redact_url, sha256_file
 
 __all__ = [
-    "POINTER_PATH", "POINTER_FORMAT", "CHECKPOINT_FILES", "PRUNABLE_FILES", "ResumeRefused", "Pointer",
-    "read_pointer", "write_checkpoint_dir", "Checkpointer", "prune_plan", "prune_local", "hub_state",
-    "checkpoint_path", "seal_trainer_state", "unseal_trainer_state",
+    "POINTER_PATH",
+    "POINTER_FORMAT",
+    "CHECKPOINT_FILES",
+    "PRUNABLE_FILES",
+    "ResumeRefused",
+    "Pointer",
+    "read_pointer",
+    "write_checkpoint_dir",
+    "Checkpointer",
+    "prune_plan",
+    "prune_local",
+    "hub_state",
+    "checkpoint_path",
+    "seal_trainer_state",
+    "unseal_trainer_state",
 ]
 
 POINTER_PATH = "latest.json"
 POINTER_FORMAT = "specprobe-pointer/1"
 CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.json", "optimizer.pt", "rng.pt")
-STATE_FILE = "trainer_state.json"       # the checkpoint's own record: its step, tokens and the other files' hashes
+STATE_FILE = "trainer_state.json"  # the checkpoint's own record: its step, tokens and the other files' hashes
 PRUNABLE_FILES = ("optimizer.pt", "rng.pt")
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -97,9 +108,9 @@ class Pointer:
     time: str
     config_hash: str
     terminal: bool
-    revision: str = ""                          # the store revision of the commit that pushed the checkpoint
-    previous: dict[str, Any] | None = None      # {step, path_in_repo, revision, time} of the pointer replaced
-    backward: bool = False                      # written by an explicitly allowed move to an earlier step
+    revision: str = ""  # the store revision of the commit that pushed the checkpoint
+    previous: dict[str, Any] | None = None  # {step, path_in_repo, revision, time} of the pointer replaced
+    backward: bool = False  # written by an explicitly allowed move to an earlier step
 
     def to_json(self) -> dict[str, Any]:
         return {"format": POINTER_FORMAT, **asdict(self)}
@@ -152,21 +163,34 @@ def parse_pointer(text: str | bytes, where: str) -> Pointer:
     backward = doc.get("backward", False)
     if not isinstance(revision, str) or not isinstance(backward, bool):
         raise ValueError(f"{where}: 'revision' must be a string and 'backward' a bool, got {revision!r}, {backward!r}")
-    if previous is not None and not (isinstance(previous, dict) and isinstance(previous.get("step"), int)
-                                     and not isinstance(previous.get("step"), bool)
-                                     and isinstance(previous.get("path_in_repo"), str)):
-        raise ValueError(f"{where}: 'previous' must be null or an object with an int 'step' and a "
-                         f"'path_in_repo', got {previous!r}")
-    return Pointer(step=step, path_in_repo=path.rstrip("/"), files=dict(files), tokens=tokens,
-                   time=field("time", str), config_hash=field("config_hash", str),
-                   terminal=field("terminal", bool), revision=revision, previous=previous, backward=backward)
+    if previous is not None and not (
+        isinstance(previous, dict)
+        and isinstance(previous.get("step"), int)
+        and not isinstance(previous.get("step"), bool)
+        and isinstance(previous.get("path_in_repo"), str)
+    ):
+        raise ValueError(
+            f"{where}: 'previous' must be null or an object with an int 'step' and a 'path_in_repo', got {previous!r}"
+        )
+    return Pointer(
+        step=step,
+        path_in_repo=path.rstrip("/"),
+        files=dict(files),
+        tokens=tokens,
+        time=field("time", str),
+        config_hash=field("config_hash", str),
+        terminal=field("terminal", bool),
+        revision=revision,
+        previous=previous,
+        backward=backward,
+    )
 
 
 def read_pointer(store: Store) -> Pointer | None:
     """The parsed latest.json; None when absent. StoreError (incl. RepoMissing) or ValueError otherwise."""
     try:
         raw = store.read_bytes(POINTER_PATH)
-    except EntryMissing:        # RepoMissing is not an EntryMissing: a missing repo propagates
+    except EntryMissing:  # RepoMissing is not an EntryMissing: a missing repo propagates
         return None
     return parse_pointer(raw, f"{POINTER_PATH} in {redact_url(store.url)}")
 
@@ -194,8 +218,10 @@ def unseal_trainer_state(raw: bytes | str, where: str) -> dict:
         raise ValueError(f"{where} must be a JSON object")
     seal = doc.pop("manifest_sha256", None)
     if seal is None or not isinstance(doc.get("files"), dict):
-        raise ValueError(f"{where} records no file hashes (written before checkpoints recorded their own): "
-                         "it cannot be verified without a pointer")
+        raise ValueError(
+            f"{where} records no file hashes (written before checkpoints recorded their own): "
+            "it cannot be verified without a pointer"
+        )
     if _canonical_sha(doc) != seal:
         raise ValueError(f"{where} does not match its own manifest_sha256: it changed after it was written")
     want = sorted(n for n in CHECKPOINT_FILES if n != STATE_FILE)
@@ -207,8 +233,9 @@ def unseal_trainer_state(raw: bytes | str, where: str) -> dict:
     return doc
 
 
-def write_checkpoint_dir(out_dir: Path, *, model: Any, cfg: Any, trainer_state: dict,
-                         optimizer_state: dict, rng_states: list[dict]) -> dict[str, str]:
+def write_checkpoint_dir(
+    out_dir: Path, *, model: Any, cfg: Any, trainer_state: dict, optimizer_state: dict, rng_states: list[dict]
+) -> dict[str, str]:
     """Write the five checkpoint files into ``out_dir``; returns {file name: sha256}.
 
     ``optimizer_state`` is saved as given (the caller bundles optimizer, scheduler and scaler state dicts);
@@ -238,7 +265,7 @@ def prune_plan(paths: Iterable[str], *, keep_step: int | None, keep_newest: int)
     by_step: dict[int, list[str]] = {}
     for p in paths:
         m = _CKPT_DIR.match(p)
-        if m and p[m.end():] in PRUNABLE_FILES:
+        if m and p[m.end() :] in PRUNABLE_FILES:
             by_step.setdefault(int(m.group(1)), []).append(p)
     all_steps = sorted({int(m.group(1)) for p in paths if (m := _CKPT_DIR.match(p))})
     keep = set(all_steps[-keep_newest:]) if keep_newest > 0 else set()
@@ -256,8 +283,12 @@ def prune_local(out_dir: Path, keep: Path) -> list[Path]:
         if not parent.is_dir():
             continue
         for d in sorted(parent.iterdir()):
-            if d.is_dir() and not d.is_symlink() and (d.name == "final" or re.fullmatch(r"checkpoint-\d+", d.name)) \
-                    and d.resolve() != keep:
+            if (
+                d.is_dir()
+                and not d.is_symlink()
+                and (d.name == "final" or re.fullmatch(r"checkpoint-\d+", d.name))
+                and d.resolve() != keep
+            ):
                 shutil.rmtree(d)
                 removed.append(d)
     return removed
@@ -270,21 +301,31 @@ class _Unverified(Exception):
 class Checkpointer:
     """push -> verify -> pointer -> prune over one store, under its lease; resume decisions and cold fetch."""
 
-    def __init__(self, store: Store, *, log: Callable[[str], None] = print, prune: bool = True,
-                 keep_optimizer_states: int = 1, allow_rollback: bool = False,
-                 allow_changes: frozenset[str] = frozenset(), lease_ttl_s: float | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        log: Callable[[str], None] = print,
+        prune: bool = True,
+        keep_optimizer_states: int = 1,
+        allow_rollback: bool = False,
+        allow_changes: frozenset[str] = frozenset(),
+        lease_ttl_s: float | None = None,
+    ) -> None:
         if keep_optimizer_states < 1:
-            raise ValueError(f"keep_optimizer_states must be >= 1 (the pointer's target always keeps its "
-                             f"optimizer state), got {keep_optimizer_states}")
+            raise ValueError(
+                f"keep_optimizer_states must be >= 1 (the pointer's target always keeps its "
+                f"optimizer state), got {keep_optimizer_states}"
+            )
         self.store = store
         self.prune = prune
         self.keep_optimizer_states = keep_optimizer_states
         self.allow_rollback = allow_rollback
         self.allow_changes = allow_changes
-        self.config_changes: list[dict[str, Any]] = []   # what --allow-config-change let the resume change
+        self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
         self._log = log
         self.lease = Lease(store, ttl_s=lease_ttl_s, log=self._say)
-        self._pointer: Pointer | None = None     # the store's pointer as this writer last read or wrote it
+        self._pointer: Pointer | None = None  # the store's pointer as this writer last read or wrote it
         self._pointer_known = False
 
     @property
@@ -293,7 +334,7 @@ class Checkpointer:
 
     def _say(self, line: str) -> None:
         self._log(line)
-        sys.stdout.flush()    # a kill right after this line must not lose it
+        sys.stdout.flush()  # a kill right after this line must not lose it
 
     def close(self) -> None:
         """Release the lease (the end of a session, finished or failed). A failure is reported, not raised:
@@ -309,8 +350,9 @@ class Checkpointer:
         return self._pointer
 
     # -- save path --------------------------------------------------------------------------------
-    def push(self, step: int, local_dir: Path, files: dict[str, str], *, tokens: int, config_hash: str,
-             final: bool = False) -> Pointer:
+    def push(
+        self, step: int, local_dir: Path, files: dict[str, str], *, tokens: int, config_hash: str, final: bool = False
+    ) -> Pointer:
         local_dir = Path(local_dir)
         if not files:
             raise ValueError(f"push step={step}: no files given from {local_dir}")
@@ -320,14 +362,17 @@ class Checkpointer:
         dest = checkpoint_path(step, final=final)
         if not self.lease.held:
             self.lease.acquire()
-        self._check_forward(step, dest, final)     # before uploading anything a backward move would waste
+        self._check_forward(step, dest, final)  # before uploading anything a backward move would waste
 
         self._say(f"CKPT push step={step} -> {dest}")
         t0 = time.monotonic()
         # Files of an earlier, different push to the same folder would otherwise survive next to ours.
-        stale = [p for p in self.store.list_files() if p.startswith(dest + "/") and p[len(dest) + 1:] not in files]
-        revision = self.lease.commit({f"{dest}/{n}": local_dir / n for n in sorted(files)}, delete=stale,
-                                     message=f"checkpoint step {step} -> {dest}")
+        stale = [p for p in self.store.list_files() if p.startswith(dest + "/") and p[len(dest) + 1 :] not in files]
+        revision = self.lease.commit(
+            {f"{dest}/{n}": local_dir / n for n in sorted(files)},
+            delete=stale,
+            message=f"checkpoint step {step} -> {dest}",
+        )
         self._say(f"CKPT pushed step={step} revision={revision} seconds={time.monotonic() - t0:.2f}")
 
         bad = self._verify(dest, files)
@@ -337,12 +382,23 @@ class Checkpointer:
 
         current = self._current_pointer()
         backward = current is not None and (step, final) < (current.step, current.terminal)
-        pointer = Pointer(step=step, path_in_repo=dest, files=dict(sorted(files.items())), tokens=tokens,
-                          time=_utc_now(), config_hash=config_hash, terminal=final, revision=revision,
-                          previous=current.summary() if current is not None else None, backward=backward)
+        pointer = Pointer(
+            step=step,
+            path_in_repo=dest,
+            files=dict(sorted(files.items())),
+            tokens=tokens,
+            time=_utc_now(),
+            config_hash=config_hash,
+            terminal=final,
+            revision=revision,
+            previous=current.summary() if current is not None else None,
+            backward=backward,
+        )
         self._write_pointer(pointer)
-        self._say(f"latest.json -> step={step} path={dest}" + (
-            f" (moved BACK from step {current.step}, allowed by --allow-pointer-rollback)" if backward else ""))
+        self._say(
+            f"latest.json -> step={step} path={dest}"
+            + (f" (moved BACK from step {current.step}, allowed by --allow-pointer-rollback)" if backward else "")
+        )
 
         if self.prune:
             self._prune(step, pointer)
@@ -356,7 +412,8 @@ class Checkpointer:
             f"push step={step} to {self.url}: {POINTER_PATH} is at step {current.step} ({current.path_in_repo}"
             f"{', terminal' if current.terminal else ''}); moving it back to step {step} ({dest}) would fork the "
             "run. Nothing was pushed. Resume from the store's pointer (--resume auto), or pass "
-            "--allow-pointer-rollback to move it back on purpose.")
+            "--allow-pointer-rollback to move it back on purpose."
+        )
 
     def _verify(self, dest: str, files: dict[str, str]) -> dict[str, str]:
         """{file name: what the store holds} for the files whose stored bytes differ from the local hashes."""
@@ -378,26 +435,33 @@ class Checkpointer:
         """Replace the files whose stored bytes are wrong: delete them, purge their objects (so the upload is
         not deduplicated onto the bad ones), upload them again; verify again. StoreError when still wrong."""
         names = sorted(bad)
-        self._say(f"CKPT repair step={step}: verify found {self._mismatches(dest, files, bad)}; deleting, purging "
-                  f"the stored objects and uploading again: {', '.join(names)}")
+        self._say(
+            f"CKPT repair step={step}: verify found {self._mismatches(dest, files, bad)}; deleting, purging "
+            f"the stored objects and uploading again: {', '.join(names)}"
+        )
         listed = self.store.list_files()
         gone = [f"{dest}/{n}" for n in names if f"{dest}/{n}" in listed]
         if gone:
             self.lease.commit({}, delete=gone, message=f"repair step {step}: drop corrupt {', '.join(names)}")
         self.store.purge_objects(sorted({files[n] for n in names}))
-        self.lease.commit({f"{dest}/{n}": local_dir / n for n in names},
-                          message=f"repair step {step}: upload {', '.join(names)} again")
+        self.lease.commit(
+            {f"{dest}/{n}": local_dir / n for n in names},
+            message=f"repair step {step}: upload {', '.join(names)} again",
+        )
         still = self._verify(dest, files)
         if still:
-            raise StoreError(f"CKPT verify step={step} FAILED in {self.url} even after a repair: "
-                             f"{self._mismatches(dest, files, still)}; {POINTER_PATH} was NOT moved")
+            raise StoreError(
+                f"CKPT verify step={step} FAILED in {self.url} even after a repair: "
+                f"{self._mismatches(dest, files, still)}; {POINTER_PATH} was NOT moved"
+            )
 
     def _write_pointer(self, pointer: Pointer) -> None:
         with tempfile.TemporaryDirectory(prefix="specprobe-pointer-") as tmp:
             path = Path(tmp) / POINTER_PATH
             path.write_text(json.dumps(pointer.to_json(), indent=1, sort_keys=True) + "\n")
-            self.lease.commit({POINTER_PATH: path},
-                              message=f"latest.json -> step {pointer.step} {pointer.path_in_repo}")
+            self.lease.commit(
+                {POINTER_PATH: path}, message=f"latest.json -> step {pointer.step} {pointer.path_in_repo}"
+            )
         # Read it back: a commit call that errored or "succeeded" is not proof of what the repo now says.
         back = read_pointer(self.store)
         if back != pointer:
@@ -412,53 +476,62 @@ class Checkpointer:
             return
         try:
             self.lease.commit({}, delete=removed, message=f"prune optimizer/rng state older than step {step}")
-        except (StoreError, OSError) as e:   # the pointer is durable; a failed prune only costs space
+        except (StoreError, OSError) as e:  # the pointer is durable; a failed prune only costs space
             self._say(f"CKPT prune step={step} failed (training continues): {type(e).__name__}: {e}")
 
     # -- resume path ------------------------------------------------------------------------------
-    def resume_decision(self, *, config_hash: str, horizon_step: int, create_if_missing: bool = True,
-                        run_config: dict | None = None) -> Pointer | None:
+    def resume_decision(
+        self, *, config_hash: str, horizon_step: int, create_if_missing: bool = True, run_config: dict | None = None
+    ) -> Pointer | None:
         """The pointer to resume from (None: fresh start), or ResumeRefused. `run_config`, when given, lets a
         config_hash mismatch name the fields that changed (read from the pointer's trainer_state.json)."""
         if not self.store.exists():
             if not create_if_missing:
-                raise ResumeRefused(f"repo {self.url} does not exist and creating it was not allowed; "
-                                    "create it first or point --hub-repo at an existing repo")
+                raise ResumeRefused(
+                    f"repo {self.url} does not exist and creating it was not allowed; "
+                    "create it first or point --hub-repo at an existing repo"
+                )
             self.store.create()
             self.lease.acquire()
             self._pointer, self._pointer_known = None, True
             self._say(f"auto-resume: repo missing, created {self.url}, fresh start")
             return None
-        self.lease.acquire()        # before reading: from here on nobody else moves the pointer
+        self.lease.acquire()  # before reading: from here on nobody else moves the pointer
         listing = self.store.list_files()
         try:
             pointer = read_pointer(self.store)
         except ValueError as e:
-            raise ResumeRefused(f"{e}; refusing to guess which checkpoint is current. Repair or delete "
-                                f"{POINTER_PATH}, or resume into a new repo.") from None
+            raise ResumeRefused(
+                f"{e}; refusing to guess which checkpoint is current. Repair or delete "
+                f"{POINTER_PATH}, or resume into a new repo."
+            ) from None
         if pointer is None:
             if any(p.startswith(("ckpt/", "final/")) for p in listing):
-                pointer = self._recover(listing, config_hash=config_hash, horizon_step=horizon_step,
-                                        run_config=run_config)
+                pointer = self._recover(
+                    listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
+                )
             else:
                 self._pointer, self._pointer_known = None, True
                 self._say(f"auto-resume: no pointer in {self.url}, fresh start")
                 return None
         else:
-            self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step,
-                                run_config=run_config)
+            self._check_pointer(
+                pointer, listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
+            )
             self._pointer, self._pointer_known = pointer, True
             self._note_newer(pointer, listing)
         self._say(f"auto-resume: pointer step={pointer.step} path={pointer.path_in_repo}")
         return pointer
 
-    def _recover(self, listing: dict[str, FileInfo], *, config_hash: str, horizon_step: int,
-                 run_config: dict | None = None) -> Pointer:
+    def _recover(
+        self, listing: dict[str, FileInfo], *, config_hash: str, horizon_step: int, run_config: dict | None = None
+    ) -> Pointer:
         """No pointer, but checkpoints: point at the newest one that fully verifies, or refuse saying why none does."""
         steps = sorted({int(m.group(1)) for p in listing if (m := _CKPT_DIR.match(p))}, reverse=True)
         # A ckpt/ folder before final/ at the same step: resuming there only re-does the final push.
-        candidates = [checkpoint_path(s) for s in steps] + (["final"] if any(p.startswith("final/") for p in listing)
-                                                           else [])
+        candidates = [checkpoint_path(s) for s in steps] + (
+            ["final"] if any(p.startswith("final/") for p in listing) else []
+        )
         found: list[str] = []
         for path in candidates:
             try:
@@ -466,14 +539,24 @@ class Checkpointer:
             except _Unverified as e:
                 found.append(f"{path}: {e}")
                 continue
-            pointer = Pointer(step=state["step"], path_in_repo=path, files=files, tokens=state["tokens_consumed"],
-                              time=_utc_now(), config_hash=str(state.get("config_hash", "")),
-                              terminal=path == "final", revision=self.store.revision())
-            self._check_pointer(pointer, listing, config_hash=config_hash, horizon_step=horizon_step,
-                                run_config=run_config)
+            pointer = Pointer(
+                step=state["step"],
+                path_in_repo=path,
+                files=files,
+                tokens=state["tokens_consumed"],
+                time=_utc_now(),
+                config_hash=str(state.get("config_hash", "")),
+                terminal=path == "final",
+                revision=self.store.revision(),
+            )
+            self._check_pointer(
+                pointer, listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
+            )
             skipped = f"; newer ones do not verify: {'; '.join(found)}" if found else ""
-            self._say(f"auto-resume: {self.url} has no {POINTER_PATH}; {path} verifies ({len(files)} files re-hashed "
-                      f"from the stored bytes match what it recorded){skipped}; moving {POINTER_PATH} there")
+            self._say(
+                f"auto-resume: {self.url} has no {POINTER_PATH}; {path} verifies ({len(files)} files re-hashed "
+                f"from the stored bytes match what it recorded){skipped}; moving {POINTER_PATH} there"
+            )
             self._pointer, self._pointer_known = None, True
             self._write_pointer(pointer)
             self._say(f"latest.json -> step={pointer.step} path={path} (recovered)")
@@ -481,7 +564,8 @@ class Checkpointer:
         raise ResumeRefused(
             f"{self.url} has no {POINTER_PATH} and none of its checkpoints verifies against the bytes the store "
             f"holds: {'; '.join(found)}. Refusing to start fresh over a repo with history. Delete the repo or "
-            "resume into a new one.")
+            "resume into a new one."
+        )
 
     def _verify_checkpoint(self, path: str, listing: dict[str, FileInfo]) -> tuple[dict, dict[str, str]]:
         """(trainer_state, {file: sha256}) when every file of ``path`` re-hashes, from the stored bytes, to what
@@ -513,37 +597,45 @@ class Checkpointer:
     def _note_newer(self, pointer: Pointer, listing: dict[str, FileInfo]) -> None:
         newer = sorted({s for p in listing if (m := _CKPT_DIR.match(p)) and (s := int(m.group(1))) > pointer.step})
         if newer:
-            self._say(f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
-                      f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "
-                      "pointer); the next push of that step replaces it")
+            self._say(
+                f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
+                f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "
+                "pointer); the next push of that step replaces it"
+            )
 
-    def _check_pointer(self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int,
-                       run_config: dict | None = None) -> None:
+    def _check_pointer(
+        self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int, run_config: dict | None = None
+    ) -> None:
         where = f"{POINTER_PATH} in {self.url}"
         if p.terminal:
             if horizon_step > p.step:
                 raise ResumeRefused(
                     f"{where} is terminal: that run finished at step {p.step} ({p.path_in_repo}), and this run "
                     f"asks to train further, to step {horizon_step}; a finished run is not extended. "
-                    "Start a new run in a new repo (optionally initialised from final/).")
+                    "Start a new run in a new repo (optionally initialised from final/)."
+                )
             raise ResumeRefused(
                 f"{where} is terminal: the run already finished at step {p.step} ({p.path_in_repo}); nothing "
-                "to resume. Use a new repo to train again.")
+                "to resume. Use a new repo to train again."
+            )
         if p.config_hash != config_hash:
             if run_config is None:
                 raise ResumeRefused(
                     f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
                     f"{config_hash}: one of {', '.join(CONFIG_HASH_FIELDS)} changed, and resuming would mix "
-                    "two runs. Resume with the original configuration or use a new repo.")
+                    "two runs. Resume with the original configuration or use a new repo."
+                )
             try:
-                self.config_changes = judge_config_change(self._stored_run_config(p), run_config,
-                                                          self.allow_changes, f"{where} (step {p.step})")
+                self.config_changes = judge_config_change(
+                    self._stored_run_config(p), run_config, self.allow_changes, f"{where} (step {p.step})"
+                )
             except ValueError as e:
                 raise ResumeRefused(str(e)) from None
         if p.step > horizon_step:
             raise ResumeRefused(
                 f"{where} is at step {p.step}, past this run's horizon step {horizon_step}; refusing to "
-                "resume backwards. Use the original --tokens or a new repo.")
+                "resume backwards. Use the original --tokens or a new repo."
+            )
         prev = p.previous
         if prev is not None and prev["step"] > p.step and not p.backward:
             if not self.allow_rollback:
@@ -551,32 +643,40 @@ class Checkpointer:
                     f"{where} moved backwards: it is at step {p.step} ({p.path_in_repo}) but the pointer it "
                     f"replaced was at step {prev['step']} ({prev['path_in_repo']}, revision "
                     f"{prev.get('revision') or '?'}): resuming would silently drop steps {p.step + 1}..{prev['step']}. "
-                    "Find out who moved it; pass --allow-pointer-rollback to resume from the older step on purpose.")
-            self._say(f"auto-resume: {POINTER_PATH} moved back from step {prev['step']} to {p.step}; resuming "
-                      "from it as --allow-pointer-rollback asks")
+                    "Find out who moved it; pass --allow-pointer-rollback to resume from the older step on purpose."
+                )
+            self._say(
+                f"auto-resume: {POINTER_PATH} moved back from step {prev['step']} to {p.step}; resuming "
+                "from it as --allow-pointer-rollback asks"
+            )
         m = _CKPT_DIR.match(p.path_in_repo + "/")
         if m and int(m.group(1)) != p.step:
-            raise ResumeRefused(f"{where} says step {p.step} but points at {p.path_in_repo}; refusing to guess "
-                                "which is right. Repair or delete the pointer.")
+            raise ResumeRefused(
+                f"{where} says step {p.step} but points at {p.path_in_repo}; refusing to guess "
+                "which is right. Repair or delete the pointer."
+            )
         missing_req = [n for n in CHECKPOINT_FILES if n not in p.files]
         if missing_req:
             raise ResumeRefused(
                 f"{where} points at {p.path_in_repo} but lists no {', '.join(missing_req)}; a resume needs "
-                f"all of {', '.join(CHECKPOINT_FILES)}. Delete the repo or resume into a new one.")
+                f"all of {', '.join(CHECKPOINT_FILES)}. Delete the repo or resume into a new one."
+            )
         for name, want in sorted(p.files.items()):
             path = f"{p.path_in_repo}/{name}"
             info = listing.get(path)
             if info is None:
                 raise ResumeRefused(
                     f"{POINTER_PATH} points at {p.path_in_repo} but {path} is missing from {self.url}; refusing "
-                    "to start fresh over a repo with history. Delete the repo or resume into a new one.")
+                    "to start fresh over a repo with history. Delete the repo or resume into a new one."
+                )
             # The backend's recorded hash where it has one (cheap); otherwise read the bytes back.
             got = info.sha256 if info.sha256 else self.store.sha256(path)
             if got != want:
                 raise ResumeRefused(
                     f"{POINTER_PATH} points at {p.path_in_repo} but {path} in {self.url} has sha256 {got}, the "
                     f"pointer says {want}: the checkpoint changed after it was verified. Delete the repo or "
-                    "resume into a new one.")
+                    "resume into a new one."
+                )
         self._check_against_state(p, where)
 
     def _check_against_state(self, p: Pointer, where: str) -> None:
@@ -594,16 +694,25 @@ class Checkpointer:
                 state = unseal_trainer_state(raw, f"{p.path_in_repo}/{STATE_FILE}")
             except ValueError as e:
                 raise ResumeRefused(f"{e}. Delete the repo or resume into a new one.") from None
-        differ = [f"{what}: pointer {mine!r}, {STATE_FILE} {theirs!r}" for what, mine, theirs in (
-            ("step", p.step, state.get("step")), ("tokens", p.tokens, state.get("tokens_consumed")),
-            ("config_hash", p.config_hash, state.get("config_hash")))
-            if mine != theirs]
-        differ += [f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h}" for n, h in sorted(state.get("files", {}).items())
-                   if p.files.get(n) != h]
+        differ = [
+            f"{what}: pointer {mine!r}, {STATE_FILE} {theirs!r}"
+            for what, mine, theirs in (
+                ("step", p.step, state.get("step")),
+                ("tokens", p.tokens, state.get("tokens_consumed")),
+                ("config_hash", p.config_hash, state.get("config_hash")),
+            )
+            if mine != theirs
+        ]
+        differ += [
+            f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h}"
+            for n, h in sorted(state.get("files", {}).items())
+            if p.files.get(n) != h
+        ]
         if differ:
             raise ResumeRefused(
                 f"{where} and {p.path_in_repo}/{STATE_FILE} disagree ({'; '.join(differ)}); refusing to guess "
-                "which one describes the run. Repair the pointer or resume into a new repo.")
+                "which one describes the run. Repair the pointer or resume into a new repo."
+            )
 
     def _stored_run_config(self, p: Pointer) -> dict | None:
         """The run config in the pointer's trainer_state.json; None where that file cannot be read."""
@@ -626,33 +735,45 @@ class Checkpointer:
                     got = sha256_file(self.store.download(path, dest / name))
                 except (EntryMissing, RepoMissing):
                     raise
-                except StoreError as e:     # a backend that checks its own download reports the mismatch
+                except StoreError as e:  # a backend that checks its own download reports the mismatch
                     got = f"<download failed: {e}>"
                 if got == want:
                     break
             else:
                 (dest / name).unlink(missing_ok=True)
-                raise StoreError(f"fetch step={pointer.step}: {path} from {self.url} has sha256 {got} after two "
-                                 f"downloads, {POINTER_PATH} says {want}")
+                raise StoreError(
+                    f"fetch step={pointer.step}: {path} from {self.url} has sha256 {got} after two "
+                    f"downloads, {POINTER_PATH} says {want}"
+                )
         return dest
 
 
 # ------------------------------------------------------------------------------------------ hub state
 
+
 def sha256_source(store: Store) -> str:
     """Where hub_state's per-file sha256 values come from (they are metadata, not a re-read)."""
     if isinstance(store, LocalStore):
-        return "local-manifest"          # hashes recorded by the commit that wrote each file
-    return "hub-lfs"                     # the Hub's LFS sha256; null for files stored without LFS
+        return "local-manifest"  # hashes recorded by the commit that wrote each file
+    return "hub-lfs"  # the Hub's LFS sha256; null for files stored without LFS
 
 
 def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
     """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error.
     ``hash_stored_bytes``: also read back every file the pointer names and hash the bytes themselves
     (``pointer_target_sha256_stored``), where the listing only repeats the hash recorded at upload."""
-    doc: dict[str, Any] = {"repo": None, "exists": False, "error": None, "files": [], "sha256": {},
-                           "sha256_source": None, "checkpoints": [], "has_final": False, "pointer": None,
-                           "pointer_error": None}
+    doc: dict[str, Any] = {
+        "repo": None,
+        "exists": False,
+        "error": None,
+        "files": [],
+        "sha256": {},
+        "sha256_source": None,
+        "checkpoints": [],
+        "has_final": False,
+        "pointer": None,
+        "pointer_error": None,
+    }
     try:
         doc["repo"] = redact_url(store.url)
         doc["sha256_source"] = sha256_source(store)
@@ -678,7 +799,8 @@ def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
             if hash_stored_bytes:
                 doc["pointer_target_sha256_stored"] = {
                     name: store.sha256(path) if (path := f"{pointer.path_in_repo}/{name}") in listing else None
-                    for name in pointer.files}
+                    for name in pointer.files
+                }
     except Exception as e:  # noqa: BLE001
         doc["pointer_error"] = redact_url(f"{type(e).__name__}: {e}")
     return doc

@@ -1,6 +1,7 @@
 """The trainer's command line and what is decided before any work: the run plan (step arithmetic), the
 precision, compile, CUDA-graph and snapshot policies, the model options, and the run configuration that a
 resume must match. Pure functions, except choose_runtime(), which asks torch about the machine."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainer.runconfig import CHANGEABLE_FIELDS, CONFIG_HASH_FIELDS
 from trainer.options import ModelOptions, OptionError
+from trainer.runconfig import CHANGEABLE_FIELDS, CONFIG_HASH_FIELDS
 
 # The model options a resume may change one by one (--allow-config-change numerics.NAME).
 NUMERICS_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelOptions) if f.metadata["numerics"])
@@ -25,16 +26,26 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description=DESCRIPTION,
-                                epilog="Model options: SPECPROBE_* environment variables (trainer/options.py). "
-                                       "Exit codes: 0 done, 1 error, 2 usage, 3 refused, 4 push failed.")
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.train",
+        description=DESCRIPTION,
+        epilog="Model options: SPECPROBE_* environment variables (trainer/options.py). "
+        "Exit codes: 0 done, 1 error, 2 usage, 3 refused, 4 push failed.",
+    )
     p.add_argument("--root", type=Path, required=True, help="data mix root (manifest.json + shards)")
     p.add_argument("--out", type=Path, required=True, help="local run directory (checkpoint staging)")
     p.add_argument("--hub-repo", required=True, help="checkpoint store URL")
-    p.add_argument("--prune", action="store_true",
-                   help="prune superseded optimizer states in the store and old checkpoint dirs locally")
-    p.add_argument("--model", choices=MODEL_CHOICES, default="ounce100m-22l",
-                   help="geometry: the frozen 106,194,240-parameter model, or tiny for CPU tests")
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="prune superseded optimizer states in the store and old checkpoint dirs locally",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODEL_CHOICES,
+        default="ounce100m-22l",
+        help="geometry: the frozen 106,194,240-parameter model, or tiny for CPU tests",
+    )
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample")
     p.add_argument("--attn", choices=("eager", "sdpa"), default="sdpa", help="attention kernel")
     # Two independent flags instead of BooleanOptionalAction: giving both must be an error, not
@@ -50,51 +61,84 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices")
     p.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
     p.add_argument("--schedule", choices=("cosine", "linear"), default="cosine", help="decay after warm-up")
-    p.add_argument("--push-every-steps", type=int, default=100,
-                   help="push a checkpoint at every multiple (and at the stop step and the horizon)")
-    p.add_argument("--keep-optimizer-states", type=int, default=1,
-                   help="newest checkpoints that keep optimizer + RNG state after pruning")
+    p.add_argument(
+        "--push-every-steps",
+        type=int,
+        default=100,
+        help="push a checkpoint at every multiple (and at the stop step and the horizon)",
+    )
+    p.add_argument(
+        "--keep-optimizer-states",
+        type=int,
+        default=1,
+        help="newest checkpoints that keep optimizer + RNG state after pruning",
+    )
     p.add_argument("--val-tokens", type=int, default=0, help="0 skips validation")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     p.add_argument("--resume", default="auto", help="auto | never | PATH of a local checkpoint dir")
-    p.add_argument("--allow-config-change", action="append", default=[], metavar="FIELD[,FIELD...]",
-                   help="let a resume change these run-config fields on purpose (lr, min_lr, warmup_steps, "
-                        "weight_decay, grad_clip, schedule, precision, tokens, numerics or numerics.OPTION); "
-                        "each change is logged and recorded in RUN_JSON config_changes")
-    p.add_argument("--allow-pointer-rollback", action="store_true",
-                   help="resume from (or push over) a latest.json that moved back to an earlier step")
+    p.add_argument(
+        "--allow-config-change",
+        action="append",
+        default=[],
+        metavar="FIELD[,FIELD...]",
+        help="let a resume change these run-config fields on purpose (lr, min_lr, warmup_steps, "
+        "weight_decay, grad_clip, schedule, precision, tokens, numerics or numerics.OPTION); "
+        "each change is logged and recorded in RUN_JSON config_changes",
+    )
+    p.add_argument(
+        "--allow-pointer-rollback",
+        action="store_true",
+        help="resume from (or push over) a latest.json that moved back to an earlier step",
+    )
     p.add_argument("--stop-after-steps", type=int, default=0, help="absolute stop step; 0 = horizon")
     p.add_argument("--seed", type=int, default=1337, help="model init and data order")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto = cuda when available")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
-                   help="auto = bf16 on cuda capability >= 8.0, fp16 + GradScaler below, fp32 on cpu")
-    p.add_argument("--compile", action="store_true",
-                   help="compile, at --compile-scope; default: auto, see --no-compile")
-    p.add_argument("--no-compile", action="store_true",
-                   help="no compile; default auto = compile on cuda capability >= 8.0, off on CPU and below 8.0")
-    p.add_argument("--compile-scope", choices=("auto", "model", "blocks"), default="auto",
-                   help="model = the whole model in one graph with Inductor's kernel tuning (fastest; minutes "
-                        "of warm-up in a fresh process); blocks = each block, one shared graph (seconds); "
-                        "auto = model on cuda, blocks on cpu")
-    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
-                   help="replay the compiled model's forward and backward as CUDA graphs (needs cuda and "
-                        "--compile-scope model); auto = on exactly then")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        default="auto",
+        help="auto = bf16 on cuda capability >= 8.0, fp16 + GradScaler below, fp32 on cpu",
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="compile, at --compile-scope; default: auto, see --no-compile"
+    )
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="no compile; default auto = compile on cuda capability >= 8.0, off on CPU and below 8.0",
+    )
+    p.add_argument(
+        "--compile-scope",
+        choices=("auto", "model", "blocks"),
+        default="auto",
+        help="model = the whole model in one graph with Inductor's kernel tuning (fastest; minutes "
+        "of warm-up in a fresh process); blocks = each block, one shared graph (seconds); "
+        "auto = model on cuda, blocks on cpu",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="replay the compiled model's forward and backward as CUDA graphs (needs cuda and "
+        "--compile-scope model); auto = on exactly then",
+    )
     return p
 
 
 @dataclass(frozen=True)
 class RunPlan:
     """Everything derived from the command line and the world size, checked before any work."""
+
     world_size: int
     tokens_per_step: int
     total_steps: int
-    stop_step: int          # the step this session ends at (== total_steps on the horizon leg)
+    stop_step: int  # the step this session ends at (== total_steps on the horizon leg)
     warmup_steps: int
     min_lr: float
     grad_ckpt: bool
-    resume_mode: str        # "auto" | "never" | "path"
+    resume_mode: str  # "auto" | "never" | "path"
     resume_path: Path | None
-    allowed_changes: frozenset[str] = frozenset()   # --allow-config-change
+    allowed_changes: frozenset[str] = frozenset()  # --allow-config-change
 
     @property
     def horizon_leg(self) -> bool:
@@ -103,8 +147,7 @@ class RunPlan:
 
 def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_len: int) -> RunPlan:
     """Checks every flag combination; raises UsageError naming the flag. Pure except for a path check."""
-    for flag in ("seq_len", "micro_batch", "accum", "tokens", "push_every_steps", "log_every",
-                 "keep_optimizer_states"):
+    for flag in ("seq_len", "micro_batch", "accum", "tokens", "push_every_steps", "log_every", "keep_optimizer_states"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     for flag in ("val_tokens", "stop_after_steps", "weight_decay", "grad_clip"):
@@ -123,44 +166,62 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
     if args.no_compile and args.compile_scope != "auto":
         raise UsageError(f"--compile-scope {args.compile_scope} with --no-compile: ambiguous, pass at most one")
     if args.seq_len > model_max_seq_len:
-        raise UsageError(f"--seq-len {args.seq_len} exceeds --model {args.model}'s max_seq_len "
-                         f"{model_max_seq_len}")
+        raise UsageError(f"--seq-len {args.seq_len} exceeds --model {args.model}'s max_seq_len {model_max_seq_len}")
     tps = world_size * args.micro_batch * args.accum * args.seq_len
     if args.tokens % tps:
         raise UsageError(
             f"--tokens {args.tokens} is not a multiple of tokens_per_step {tps} (world_size {world_size}"
             f" x --micro-batch {args.micro_batch} x --accum {args.accum} x --seq-len {args.seq_len});"
-            f" nearest: {args.tokens // tps * tps} or {(args.tokens // tps + 1) * tps}")
+            f" nearest: {args.tokens // tps * tps} or {(args.tokens // tps + 1) * tps}"
+        )
     total = args.tokens // tps
     if args.stop_after_steps > total:
-        raise UsageError(f"--stop-after-steps {args.stop_after_steps} is beyond the horizon of {total} "
-                         f"steps (--tokens {args.tokens} / tokens_per_step {tps})")
+        raise UsageError(
+            f"--stop-after-steps {args.stop_after_steps} is beyond the horizon of {total} "
+            f"steps (--tokens {args.tokens} / tokens_per_step {tps})"
+        )
     warmup = args.warmup_steps if args.warmup_steps is not None else min(100, total // 10)
     if not 0 <= warmup <= total:
         raise UsageError(f"--warmup-steps must be within [0, {total}], got {warmup}")
     allowed = frozenset(n.strip() for item in args.allow_config_change for n in item.split(",") if n.strip())
     for name in sorted(allowed):
-        if name.split(".")[0] not in CHANGEABLE_FIELDS or (name.startswith("numerics.") and
-                                                           name.split(".", 1)[1] not in NUMERICS_OPTIONS):
+        if name.split(".")[0] not in CHANGEABLE_FIELDS or (
+            name.startswith("numerics.") and name.split(".", 1)[1] not in NUMERICS_OPTIONS
+        ):
             fixed = name in CONFIG_HASH_FIELDS
             raise UsageError(
-                f"--allow-config-change {name}: " + (
+                f"--allow-config-change {name}: "
+                + (
                     "this field cannot change across a resume (it decides the step's shape, the samples each "
-                    "rank reads or the data order)" if fixed else "not a run-config field") +
-                f"; changeable: {', '.join(CHANGEABLE_FIELDS)} (numerics.OPTION for one of "
-                f"{', '.join(NUMERICS_OPTIONS)})")
+                    "rank reads or the data order)"
+                    if fixed
+                    else "not a run-config field"
+                )
+                + f"; changeable: {', '.join(CHANGEABLE_FIELDS)} (numerics.OPTION for one of "
+                f"{', '.join(NUMERICS_OPTIONS)})"
+            )
     if args.resume in ("auto", "never"):
         mode, path = args.resume, None
     else:
         path = Path(args.resume)
         if not path.is_dir():
-            raise UsageError(f"--resume {args.resume}: no such checkpoint directory (use auto, never or "
-                             "an existing local checkpoint dir)")
+            raise UsageError(
+                f"--resume {args.resume}: no such checkpoint directory (use auto, never or "
+                "an existing local checkpoint dir)"
+            )
         mode = "path"
-    return RunPlan(world_size=world_size, tokens_per_step=tps, total_steps=total,
-                   stop_step=args.stop_after_steps or total, warmup_steps=warmup,
-                   min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
-                   grad_ckpt=bool(args.grad_ckpt), resume_mode=mode, resume_path=path, allowed_changes=allowed)
+    return RunPlan(
+        world_size=world_size,
+        tokens_per_step=tps,
+        total_steps=total,
+        stop_step=args.stop_after_steps or total,
+        warmup_steps=warmup,
+        min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
+        grad_ckpt=bool(args.grad_ckpt),
+        resume_mode=mode,
+        resume_path=path,
+        allowed_changes=allowed,
+    )
 
 
 def checkpoint_steps(start_step: int, stop_step: int, push_every: int) -> list[int]:
@@ -173,16 +234,15 @@ def checkpoint_steps(start_step: int, stop_step: int, push_every: int) -> list[i
 
 @dataclass(frozen=True)
 class Precision:
-    name: str               # "bf16" | "fp16" | "fp32"
-    reason: str             # why, for the `precision:` line
-    use_scaler: bool        # fp16 needs a GradScaler; bf16 and fp32 do not
+    name: str  # "bf16" | "fp16" | "fp32"
+    reason: str  # why, for the `precision:` line
+    use_scaler: bool  # fp16 needs a GradScaler; bf16 and fp32 do not
 
     def line(self) -> str:
         return f"precision: {self.name} ({self.reason})"
 
 
-def choose_precision(requested: str, device_type: str,
-                     capability: tuple[int, int] | None = None) -> Precision:
+def choose_precision(requested: str, device_type: str, capability: tuple[int, int] | None = None) -> Precision:
     """auto: bf16 on cuda capability >= 8.0, fp16 + GradScaler below (T4 is 7.5), fp32 on CPU."""
     if device_type == "cpu":
         if requested in ("auto", "fp32"):
@@ -199,8 +259,13 @@ def choose_precision(requested: str, device_type: str,
     return Precision(requested, f"requested, {cap_s}", requested == "fp16")
 
 
-def choose_compile(compile_flag: bool, no_compile_flag: bool, device_type: str,
-                   capability: tuple[int, int] | None = None, scope: str = "auto") -> tuple[str, str]:
+def choose_compile(
+    compile_flag: bool,
+    no_compile_flag: bool,
+    device_type: str,
+    capability: tuple[int, int] | None = None,
+    scope: str = "auto",
+) -> tuple[str, str]:
     """(mode, reason), mode "model" | "blocks" | "off". Auto: compile on cuda capability >= 8.0, off on
     CPU (tests) and below 8.0 (T4: Inductor/Triton on sm_75 not measured here); --compile / --no-compile
     force it either way. Scope auto: the whole model on cuda (trainer.compile.compile_model, with kernel
@@ -232,8 +297,11 @@ def choose_cuda_graphs(flag: str, compile_mode: str, device_type: str) -> tuple[
         raise UsageError(f"--cuda-graphs {flag!r}: use auto, on or off")
     if flag == "off":
         return False, "requested"
-    missing = [what for what, ok in (("cuda", device_type == "cuda"),
-                                     ("the whole-model compile", compile_mode == "model")) if not ok]
+    missing = [
+        what
+        for what, ok in (("cuda", device_type == "cuda"), ("the whole-model compile", compile_mode == "model"))
+        if not ok
+    ]
     if missing:
         need = f"needs {' and '.join(missing)} (device {device_type}, compile {compile_mode})"
         if flag == "on":
@@ -280,8 +348,7 @@ def lr_at(step: int, *, total: int, warmup: int, lr: float, min_lr: float, sched
 def lr_factor(done: int, *, total: int, warmup: int, lr: float, min_lr: float, schedule: str) -> float:
     # LambdaLR counts completed steps from 0; our steps are 1-based. A module-level function (not a
     # lambda) keeps the scheduler picklable.
-    return lr_at(min(done + 1, total), total=total, warmup=warmup, lr=lr, min_lr=min_lr,
-                 schedule=schedule) / lr
+    return lr_at(min(done + 1, total), total=total, warmup=warmup, lr=lr, min_lr=min_lr, schedule=schedule) / lr
 
 
 def run_config(args: argparse.Namespace, plan: RunPlan, runtime: "Runtime") -> dict[str, Any]:
@@ -290,39 +357,55 @@ def run_config(args: argparse.Namespace, plan: RunPlan, runtime: "Runtime") -> d
     config_hash (trainer.runconfig.CONFIG_HASH_FIELDS); `numerics` holds the model options that change
     what is computed (trainer/options.py). A change refuses the resume unless --allow-config-change names
     it (and only the recipe fields may be named: trainer.runconfig.CHANGEABLE_FIELDS)."""
-    return {"model": args.model, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-            "accum": args.accum, "world_size": plan.world_size, "tokens": args.tokens,
-            "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps, "lr": args.lr,
-            "min_lr": plan.min_lr, "warmup_steps": plan.warmup_steps, "weight_decay": args.weight_decay,
-            "grad_clip": args.grad_clip, "schedule": args.schedule, "seed": args.seed,
-            "precision": runtime.precision.name, "numerics": runtime.options.numerics()}
+    return {
+        "model": args.model,
+        "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch,
+        "accum": args.accum,
+        "world_size": plan.world_size,
+        "tokens": args.tokens,
+        "tokens_per_step": plan.tokens_per_step,
+        "total_steps": plan.total_steps,
+        "lr": args.lr,
+        "min_lr": plan.min_lr,
+        "warmup_steps": plan.warmup_steps,
+        "weight_decay": args.weight_decay,
+        "grad_clip": args.grad_clip,
+        "schedule": args.schedule,
+        "seed": args.seed,
+        "precision": runtime.precision.name,
+        "numerics": runtime.options.numerics(),
+    }
 
 
 @dataclass(frozen=True)
 class Runtime:
     """What the machine and the environment decide before any work, each with its reason for the log."""
-    device_type: str                # "cuda" | "cpu"
+
+    device_type: str  # "cuda" | "cpu"
     precision: Precision
-    compile_mode: str               # "model" | "blocks" | "off"
+    compile_mode: str  # "model" | "blocks" | "off"
     compile_why: str
     cuda_graphs: bool
     cuda_graphs_why: str
-    snapshot: str                   # "async" | "sync" (snapshot_mode)
+    snapshot: str  # "async" | "sync" (snapshot_mode)
     snapshot_check: float | None
-    options: ModelOptions           # resolved for this device
+    options: ModelOptions  # resolved for this device
 
 
 def choose_runtime(args: argparse.Namespace, environ: Mapping[str, str]) -> Runtime:
     """The Runtime for these flags on this machine; UsageError naming the flag or variable."""
     import torch
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: CUDA is not available on this machine")
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device_type = "cuda" if cuda else "cpu"
     capability = torch.cuda.get_device_capability() if cuda else None
     precision = choose_precision(args.precision, device_type, capability)
-    compile_mode, compile_why = choose_compile(args.compile, args.no_compile, device_type, capability,
-                                               args.compile_scope)
+    compile_mode, compile_why = choose_compile(
+        args.compile, args.no_compile, device_type, capability, args.compile_scope
+    )
     graphs, graphs_why = choose_cuda_graphs(args.cuda_graphs, compile_mode, device_type)
     snapshot, check = snapshot_mode(device_type, environ)
     try:

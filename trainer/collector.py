@@ -39,11 +39,15 @@ def collect(args: dict, context: dict) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.collector",
-                                     description="Print a checkpoint store's state as one JSON line.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.collector", description="Print a checkpoint store's state as one JSON line."
+    )
     parser.add_argument("--repo", required=True, help="store URL: file:///root/owner/name, hf://owner/name, owner/name")
-    parser.add_argument("--hash-stored-bytes", action="store_true",
-                        help="read back the pointer's files and hash their bytes (pointer_target_sha256_stored)")
+    parser.add_argument(
+        "--hash-stored-bytes",
+        action="store_true",
+        help="read back the pointer's files and hash their bytes (pointer_target_sha256_stored)",
+    )
     ns = parser.parse_args(argv)
     try:
         doc = collect({"repo": ns.repo, "hash_stored_bytes": ns.hash_stored_bytes}, {})
@@ -55,5 +59,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    setup_logging(int(os.environ.get("RANK", "0")))   # a Hub retry's warning carries the time and the rank
+    setup_logging(int(os.environ.get("RANK", "0")))  # a Hub retry's warning carries the time and the rank
     sys.exit(main())

@@ -5,6 +5,7 @@ Both scopes compile in place (`nn.Module.compile`), so parameter names stay thos
 functions change process-wide Dynamo, Inductor and partitioner settings, which are read when each graph is
 built (lazily, at the first forward); `inductor_kernel_settings()` says what the next graph will get.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def compile_blocks(model: Llama, options: ModelOptions, **kwargs: Any) -> None:
     model.norm.compile(**kwargs)
 
 
-def compile_model(model: Llama, options: ModelOptions, *, tune: bool = True, graphs: bool = False,
-                  **kwargs: Any) -> None:
+def compile_model(
+    model: Llama, options: ModelOptions, *, tune: bool = True, graphs: bool = False, **kwargs: Any
+) -> None:
     """Whole-model compilation in place: the embedding, the blocks and the final norm as one Inductor graph;
     the loss stays outside it (Llama.chunked_loss is compiler-disabled).
 
@@ -46,11 +48,12 @@ def compile_model(model: Llama, options: ModelOptions, *, tune: bool = True, gra
     caller must then keep the gradients allocated (keep_grads_allocated()) and zero them in place.
     """
     from torch._inductor import config as inductor
+
     if tune and "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
         inductor.coordinate_descent_tuning = True
     if options.combo_kernels:
         inductor.combo_kernels = True
-    _compile_setup(options)   # one graph (and its no-grad twin for validation): dynamo's default limit fits
+    _compile_setup(options)  # one graph (and its no-grad twin for validation): dynamo's default limit fits
     model.compile(**({"mode": "reduce-overhead"} if graphs else {}), **kwargs)
 
 
@@ -59,6 +62,7 @@ def _compile_setup(options: ModelOptions, recompile_limit: int = 0) -> None:
     that many entries."""
     from torch._dynamo import config as cfg
     from torch._functorch import config as partitioner
+
     if options.lean_activations:
         # The partitioner may recompute in the backward the pointwise results that feed a matmul there
         # (the weights' casts, the norm outputs, silu(gate) * up) instead of saving them; no matmul is
@@ -87,6 +91,9 @@ def inductor_kernel_settings() -> str:
     coordinate-descent tuning and combo kernels are on decides both the speed and how long the first step
     compiles, and environment variables can change either."""
     from torch._inductor import config as inductor
+
     onoff = {True: "on", False: "off"}
-    return (f"coordinate-descent tuning {onoff[bool(inductor.coordinate_descent_tuning)]}, "
-            f"combo kernels {onoff[bool(inductor.combo_kernels)]}")
+    return (
+        f"coordinate-descent tuning {onoff[bool(inductor.coordinate_descent_tuning)]}, "
+        f"combo kernels {onoff[bool(inductor.combo_kernels)]}"
+    )

@@ -16,6 +16,7 @@ order of one seeded permutation. Sample k of a run is global index
 (seed, step, rank, micro): a resumed run, a different rank, or a re-run reads exactly the same tokens,
 and no window is read twice before the horizon.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,8 +95,10 @@ def parse_manifest(text: str | bytes, where: str = "manifest.json") -> dict[str,
     if m["n_shards"] != len(shards):
         raise DataError(f"manifest.json n_shards is {m['n_shards']} but shards lists {len(shards)}")
     if m["total_tokens"] != sum(e["tokens"] for e in shards):
-        raise DataError(f"manifest.json total_tokens is {m['total_tokens']} but the shards sum to "
-                        f"{sum(e['tokens'] for e in shards)}")
+        raise DataError(
+            f"manifest.json total_tokens is {m['total_tokens']} but the shards sum to "
+            f"{sum(e['tokens'] for e in shards)}"
+        )
     return m
 
 
@@ -112,8 +115,10 @@ def verify_files(root: Path, manifest: dict[str, Any], *, hashes: bool = True) -
             raise DataError(f"{e['path']}: listed in manifest.json but missing under {root}")
         size = path.stat().st_size
         if size != e["tokens"] * itemsize:
-            raise DataError(f"{e['path']}: {size} bytes = {size / itemsize:g} tokens of {manifest['dtype']}, "
-                            f"manifest.json says {e['tokens']} tokens")
+            raise DataError(
+                f"{e['path']}: {size} bytes = {size / itemsize:g} tokens of {manifest['dtype']}, "
+                f"manifest.json says {e['tokens']} tokens"
+            )
         if hashes and (got := sha256_file(path)) != e["sha256"]:
             raise DataError(f"{e['path']}: sha256 {got} does not match manifest.json {e['sha256']}")
 
@@ -127,8 +132,9 @@ def _memmap(root: Path, e: dict[str, Any], dtype: np.dtype) -> np.ndarray:
 def _check_token_ids(e: dict[str, Any], tokens: np.ndarray, model_vocab: int) -> None:
     if tokens.size and (top := int(tokens.max())) >= model_vocab:
         at = int(np.argmax(tokens >= model_vocab))
-        raise DataError(f"{e['path']}: token id {top} (first out-of-range id at position {at}) "
-                        f">= model vocab {model_vocab}")
+        raise DataError(
+            f"{e['path']}: token id {top} (first out-of-range id at position {at}) >= model vocab {model_vocab}"
+        )
 
 
 @dataclass
@@ -163,7 +169,7 @@ class Mix:
         out, i = [], int(np.searchsorted(ends, start, side="right"))
         offset = start - (int(ends[i - 1]) if i else 0)
         while n > 0:
-            part = self.shards[i][offset:offset + n]
+            part = self.shards[i][offset : offset + n]
             out.append(part)
             n -= len(part)
             i, offset = i + 1, 0
@@ -194,9 +200,18 @@ def load_mix(root: Path, *, seq_len: int, model_vocab: int, need_samples: int, v
         raise DataError(
             f"mix at {root}: the horizon needs {need_samples} samples of seq_len+1={seq_len + 1} tokens = "
             f"{need_samples * (seq_len + 1)} tokens, but the {m['n_shards']} train shards hold "
-            f"{m['total_tokens']} tokens ({n_samples} samples)")
-    return Mix(root=root, manifest=m, vocab_size=m["vocab_size"], total_tokens=m["total_tokens"],
-               n_samples=n_samples, seq_len=seq_len, shards=shards, val=val)
+            f"{m['total_tokens']} tokens ({n_samples} samples)"
+        )
+    return Mix(
+        root=root,
+        manifest=m,
+        vocab_size=m["vocab_size"],
+        total_tokens=m["total_tokens"],
+        n_samples=n_samples,
+        seq_len=seq_len,
+        shards=shards,
+        val=val,
+    )
 
 
 def sample_indices(*, step: int, rank: int, micro: int, world_size: int, accum: int, batch: int) -> np.ndarray:
@@ -216,13 +231,16 @@ def _to_xy(windows: np.ndarray) -> tuple[Tensor, Tensor]:
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
-def train_batch(mix: Mix, *, seed: int, step: int, rank: int, micro: int, world_size: int, accum: int,
-                batch: int) -> tuple[Tensor, Tensor]:
+def train_batch(
+    mix: Mix, *, seed: int, step: int, rank: int, micro: int, world_size: int, accum: int, batch: int
+) -> tuple[Tensor, Tensor]:
     """(x, y), int64 (batch, seq_len): y is x shifted by one token. Pure in (seed, step, rank, micro)."""
     idx = sample_indices(step=step, rank=rank, micro=micro, world_size=world_size, accum=accum, batch=batch)
     if idx[-1] >= mix.n_samples:
-        raise DataError(f"mix at {mix.root}: step {step} (rank {rank}, micro {micro}) needs sample "
-                        f"{idx[-1]}, but the mix holds {mix.n_samples} samples of {mix.window} tokens")
+        raise DataError(
+            f"mix at {mix.root}: step {step} (rank {rank}, micro {micro}) needs sample "
+            f"{idx[-1]}, but the mix holds {mix.n_samples} samples of {mix.window} tokens"
+        )
     windows = mix.permutation(seed)[idx]
     return _to_xy(np.stack([mix.read(int(w) * mix.window, mix.window) for w in windows]))
 
@@ -237,10 +255,12 @@ def val_batches(mix: Mix, *, tokens: int, batch: int, rank: int, world_size: int
     n = min(math.ceil(tokens / mix.seq_len), available)
     n -= n % world_size
     if n == 0:
-        raise DataError(f"{mix.manifest['val']['path']}: {len(mix.val)} val tokens do not give each of "
-                        f"{world_size} ranks one window of {mix.window} tokens")
+        raise DataError(
+            f"{mix.manifest['val']['path']}: {len(mix.val)} val tokens do not give each of "
+            f"{world_size} ranks one window of {mix.window} tokens"
+        )
     per_rank = n // world_size
     first = rank * per_rank
     for i in range(first, first + per_rank, batch):
         rows = range(i, min(i + batch, first + per_rank))
-        yield _to_xy(np.stack([mix.val[w * mix.window:(w + 1) * mix.window] for w in rows]))
+        yield _to_xy(np.stack([mix.val[w * mix.window : (w + 1) * mix.window] for w in rows]))

@@ -2,6 +2,7 @@
 runs (agreeing on an error, gathering and broadcasting small Python objects, sums and maxima), and the
 data-parallel gradient averaging (GradientSync). A single process is a world of one: every call returns at once.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -11,7 +12,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
-OBJ_BYTES = 64 * 2 ** 10   # room for one rank's RNG state in a fixed-size gather (it pickles to ~15 KB)
+OBJ_BYTES = 64 * 2**10  # room for one rank's RNG state in a fixed-size gather (it pickles to ~15 KB)
 # Long: ranks 1.. wait in a collective while rank 0 pushes a checkpoint to the Hub.
 TIMEOUT = datetime.timedelta(minutes=60)
 
@@ -70,6 +71,7 @@ class Dist:
                 work.wait()
                 done.append([unpack_object(t) for t in outs])
             return done[0]
+
         self._gather_pending = wait
         return wait
 
@@ -110,7 +112,7 @@ def pack_object(obj: Any, capacity: int = OBJ_BYTES) -> torch.Tensor:
         raise ValueError(f"object of {len(data)} bytes exceeds the {capacity - 8} bytes of a packed gather")
     buf = bytearray(capacity)
     buf[:8] = len(data).to_bytes(8, "little")
-    buf[8:8 + len(data)] = data
+    buf[8 : 8 + len(data)] = data
     return torch.frombuffer(buf, dtype=torch.uint8)
 
 
@@ -120,7 +122,7 @@ def unpack_object(t: torch.Tensor) -> Any:
     n = int.from_bytes(raw[:8], "little")
     if not 0 < n <= len(raw) - 8:
         raise ValueError(f"packed object: length {n} does not fit its {len(raw)}-byte buffer")
-    return pickle.loads(raw[8:8 + n])
+    return pickle.loads(raw[8 : 8 + n])
 
 
 class GradientSync:
@@ -143,9 +145,9 @@ class GradientSync:
         self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         offset = 0
         for p in params:
-            p.grad = self.flat[offset:offset + p.numel()].view_as(p)
+            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
-        if world_size > 1:   # rank 0's weights everywhere, as DDP's constructor does
+        if world_size > 1:  # rank 0's weights everywhere, as DDP's constructor does
             with torch.no_grad():
                 for p in params:
                     dist.broadcast(p.data, src=0)

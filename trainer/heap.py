@@ -7,6 +7,7 @@ wait in the all-reduce. ``freeze_heap`` moves them out of the collector's reach 
 at a chosen point; ``FullCollections`` counts the full collections that still happen and times them, so a
 run's report says whether the collector cost it anything.
 """
+
 from __future__ import annotations
 
 import gc
@@ -65,5 +66,8 @@ class FullCollections:
         self.stop()
 
     def summary(self) -> dict[str, float | int]:
-        return {"gc_full_collections": self.count, "gc_full_s_total": round(self.total_s, 4),
-                "gc_full_s_max": round(self.max_s, 4)}
+        return {
+            "gc_full_collections": self.count,
+            "gc_full_s_total": round(self.total_s, 4),
+            "gc_full_s_max": round(self.max_s, 4),
+        }

@@ -3,6 +3,7 @@
 A checkpoint's `config.json` + `model.safetensors` written by `save_pretrained` load with
 `LlamaForCausalLM.from_pretrained(dir)` and give the same logits (tests/test_model.py runs it).
 """
+
 from __future__ import annotations
 
 import json

@@ -56,11 +56,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, get_hf_file_metadata, get_token,
-                             hf_hub_download, hf_hub_url)
+from huggingface_hub import (
+    CommitOperationAdd,
+    CommitOperationDelete,
+    HfApi,
+    get_hf_file_metadata,
+    get_token,
+    hf_hub_download,
+    hf_hub_url,
+)
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import (EntryNotFoundError, LocalEntryNotFoundError,
-                                   RepositoryNotFoundError, RevisionNotFoundError)
+from huggingface_hub.utils import (
+    EntryNotFoundError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 from trainer.store import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
 
@@ -76,9 +87,11 @@ UPLOAD_RETRY_STATUS = frozenset({400, 403, 409, 422})
 _COMMIT_URL = re.compile(r"/api/(?:models|datasets|spaces)/[^/]+/[^/]+/commit/")
 _API_URL = re.compile(r"/api/")
 # How an HTTP status reads inside the text of a transport error (hf_xet's reqwest errors, httpx, requests).
-_TEXT_STATUS = (re.compile(r"status (?:client |server )?error \((\d{3})\b"),
-                re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"),
-                re.compile(r"\bstatus(?: code)?\s*[=:]\s*(\d{3})\b"))
+_TEXT_STATUS = (
+    re.compile(r"status (?:client |server )?error \((\d{3})\b"),
+    re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"),
+    re.compile(r"\bstatus(?: code)?\s*[=:]\s*(\d{3})\b"),
+)
 _TEXT_URL = re.compile(r"(?:domain|url|URL):\s*(\S+)")
 COMMIT_MARKER = "specprobe-commit"
 # Files the Hub itself keeps in every repo: bookkeeping, not store content (a local store has no such file).
@@ -93,8 +106,11 @@ T = TypeVar("T")
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection/timeout exception classes of whichever HTTP stack this huggingface_hub release uses."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
-                          ("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError"))):
+    for module, names in (
+        ("httpx2", ("TransportError",)),
+        ("httpx", ("TransportError",)),
+        ("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError")),
+    ):
         try:
             mod = __import__(module, fromlist=list(names))
         except ImportError:
@@ -109,12 +125,13 @@ TRANSPORT_ERRORS = _transport_errors()
 @dataclass
 class RetryPolicy:
     """Bounded exponential backoff with jitter. ``sleep`` is injectable so tests can record the delays."""
-    attempts: int = 6                   # tries per operation, the first included
+
+    attempts: int = 6  # tries per operation, the first included
     base_s: float = 1.0
     max_s: float = 30.0
-    jitter: float = 0.25                # each delay is scaled by a factor in [1 - jitter, 1]
-    max_retry_after_s: float = 300.0    # a Retry-After beyond this is capped (never waits forever)
-    verify_attempts: int = 3            # downloads whose bytes do not match the recorded hash
+    jitter: float = 0.25  # each delay is scaled by a factor in [1 - jitter, 1]
+    max_retry_after_s: float = 300.0  # a Retry-After beyond this is capped (never waits forever)
+    verify_attempts: int = 3  # downloads whose bytes do not match the recorded hash
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     # Its own generator: the global `random` is training state (saved in rng.pt), which a retry must not move.
     rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
@@ -173,13 +190,13 @@ def _retry_after(exc: BaseException) -> float | None:
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
-        return None     # an HTTP date: fall back to our own backoff
+        return None  # an HTTP date: fall back to our own backoff
 
 
 def _request_url(exc: BaseException) -> str:
     """The URL of the request that failed, from the error's response (or its text); "" when unknown."""
     try:
-        request = getattr(getattr(exc, "response", None), "request", None)   # httpx raises if unset
+        request = getattr(getattr(exc, "response", None), "request", None)  # httpx raises if unset
     except RuntimeError:
         request = None
     url = getattr(request, "url", None)
@@ -199,8 +216,13 @@ def _text_status(exc: BaseException) -> int | None:
 
 
 def _status_anywhere(exc: BaseException, code: int) -> bool:
-    return any(_status(e) == code or (isinstance(e, TRANSPORT_ERRORS) and _text_status(e) == code)
-               or type(e).__name__ == "XetAuthenticationError" and code == 401 for e in _chain(exc))
+    return any(
+        _status(e) == code
+        or (isinstance(e, TRANSPORT_ERRORS) and _text_status(e) == code)
+        or type(e).__name__ == "XetAuthenticationError"
+        and code == 401
+        for e in _chain(exc)
+    )
 
 
 def _by_status(code: int, url: str, *, uploading: bool, retry_after: float | None) -> "_Transient | None":
@@ -208,10 +230,14 @@ def _by_status(code: int, url: str, *, uploading: bool, retry_after: float | Non
         return _Transient(f"HTTP {code}", retry_after)
     # Upload phase: the failing request is not the commit itself, so nothing was committed. A 403 from the
     # Hub API is a permission answer; from storage it is typically an expired presigned URL.
-    if uploading and code in UPLOAD_RETRY_STATUS and not _COMMIT_URL.search(url) \
-            and not (code == 403 and _API_URL.search(url)):
+    if (
+        uploading
+        and code in UPLOAD_RETRY_STATUS
+        and not _COMMIT_URL.search(url)
+        and not (code == 403 and _API_URL.search(url))
+    ):
         return _Transient(f"HTTP {code} during the upload, before anything was committed")
-    return None     # a definite answer (4xx): not transient
+    return None  # a definite answer (4xx): not transient
 
 
 def _transient(exc: BaseException, *, uploading: bool = False) -> _Transient | None:
@@ -219,7 +245,7 @@ def _transient(exc: BaseException, *, uploading: bool = False) -> _Transient | N
     ``uploading``: ``exc`` came out of a commit call, whose upload phase is retried on more 4xx answers."""
     for e in _chain(exc):
         code = _status(e)
-        if code is not None:        # an HTTP answer (HfHubHTTPError, or the HTTP stack's own status error)
+        if code is not None:  # an HTTP answer (HfHubHTTPError, or the HTTP stack's own status error)
             return _by_status(code, _request_url(e), uploading=uploading, retry_after=_retry_after(e))
         if isinstance(e, LocalEntryNotFoundError):
             return _Transient("the Hub could not be reached")
@@ -243,15 +269,23 @@ def _git_blob_sha1(path: Path) -> str:
 class _Fetched:
     path: Path
     sha256: str
-    matches: bool       # the bytes match the hash the Hub recorded at upload
+    matches: bool  # the bytes match the hash the Hub recorded at upload
     expected: str | None
 
 
 class HubStore:
     """A Hugging Face Hub repo as a :class:`trainer.store.Store`."""
 
-    def __init__(self, repo_id: str, repo_type: str = "dataset", endpoint: str | None = None,
-                 token: str | None = None, *, private: bool = True, retry: RetryPolicy | None = None):
+    def __init__(
+        self,
+        repo_id: str,
+        repo_type: str = "dataset",
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        private: bool = True,
+        retry: RetryPolicy | None = None,
+    ):
         if repo_type not in ("dataset", "model"):
             raise ValueError(f"Hub repo type must be 'dataset' or 'model', got {repo_type!r} for {repo_id}")
         if repo_id.count("/") != 1 or not all(repo_id.split("/")):
@@ -278,8 +312,10 @@ class HubStore:
         return True
 
     def create(self) -> None:
-        self._call("create repo", lambda: self._api.create_repo(
-            self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True))
+        self._call(
+            "create repo",
+            lambda: self._api.create_repo(self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True),
+        )
 
     def head(self) -> str:
         """The commit id at the head of main."""
@@ -292,10 +328,11 @@ class HubStore:
     def list_files(self) -> dict[str, FileInfo]:
         def listing() -> list[Any]:
             return list(self._api.list_repo_tree(self.repo_id, repo_type=self.repo_type, recursive=True))
+
         try:
             entries = self._call("list files", listing)
         except _RevisionMissing:
-            return {}   # a repo without any commit has no files
+            return {}  # a repo without any commit has no files
         out: dict[str, FileInfo] = {}
         for e in entries:
             if not isinstance(e, RepoFile) or e.path in HUB_BOOKKEEPING:
@@ -305,8 +342,9 @@ class HubStore:
             out[e.path] = FileInfo(path=e.path, size=int(e.size), sha256=sha)
         return out
 
-    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "",
-               expect_revision: str | None = None) -> str:
+    def commit(
+        self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "", expect_revision: str | None = None
+    ) -> str:
         add = {str(p): Path(local) for p, local in add.items()}
         for p, local in add.items():
             if not local.is_file():
@@ -320,8 +358,9 @@ class HubStore:
 
         def operations() -> list[Any]:
             # Fresh objects every try: the client refuses to reuse a committed CommitOperationAdd.
-            ops: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local))
-                              for p, local in add.items()]
+            ops: list[Any] = [
+                CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local)) for p, local in add.items()
+            ]
             ops += [CommitOperationDelete(path_in_repo=d, is_folder=d.endswith("/")) for d in delete]
             return ops
 
@@ -331,14 +370,23 @@ class HubStore:
             if maybe_landed:
                 landed = self._find_commit(marker)
                 if landed is not None:
-                    log.warning("hub: %s: commit %s landed although its answer was lost (%s); not pushing again",
-                                self.url, landed, last)
+                    log.warning(
+                        "hub: %s: commit %s landed although its answer was lost (%s); not pushing again",
+                        self.url,
+                        landed,
+                        last,
+                    )
                     return landed
             parent = expect_revision if expect_revision is not None else self.head()
             try:
-                info = self._api.create_commit(self.repo_id, operations(), commit_message=summary,
-                                               commit_description=description, repo_type=self.repo_type,
-                                               parent_commit=parent)
+                info = self._api.create_commit(
+                    self.repo_id,
+                    operations(),
+                    commit_message=summary,
+                    commit_description=description,
+                    repo_type=self.repo_type,
+                    parent_commit=parent,
+                )
                 return str(getattr(info, "oid", None) or str(info.commit_url).rstrip("/").rsplit("/", 1)[-1])
             except RepositoryNotFoundError as e:
                 raise RepoMissing(self._missing_message()) from e
@@ -346,9 +394,13 @@ class HubStore:
                 t: _Transient | None = _Transient("the Hub could not be reached")
                 last = self._describe(e)
             except EntryNotFoundError as e:
-                raise EntryMissing(self._safe(f"{self.url}: cannot delete a path that is not in the repo "
-                                              f"({', '.join(delete)}): {self._describe(e)}")) from e
-            except Exception as e:      # noqa: BLE001 - classified below; anything else is re-raised
+                raise EntryMissing(
+                    self._safe(
+                        f"{self.url}: cannot delete a path that is not in the repo "
+                        f"({', '.join(delete)}): {self._describe(e)}"
+                    )
+                ) from e
+            except Exception as e:  # noqa: BLE001 - classified below; anything else is re-raised
                 last = self._describe(e)
                 if _status_anywhere(e, 401):
                     raise StoreError(self._auth_message("commit", e)) from e
@@ -359,8 +411,12 @@ class HubStore:
                         landed = self._find_commit(marker) if maybe_landed else None
                         if landed is not None:
                             return landed
-                        raise Conflict(self._safe(f"{self.url}: commit expected revision {expect_revision}, "
-                                                  f"the head moved: {last}; nothing committed")) from e
+                        raise Conflict(
+                            self._safe(
+                                f"{self.url}: commit expected revision {expect_revision}, "
+                                f"the head moved: {last}; nothing committed"
+                            )
+                        ) from e
                     # The head moved under parent_commit (another writer, or our own earlier try): re-read it.
                     t = _Transient("HTTP 412 conflict")
                 else:
@@ -377,8 +433,14 @@ class HubStore:
             maybe_landed = True
             if attempt < self.retry.attempts:
                 wait = self.retry.delay(attempt, t.retry_after)
-                log.warning("hub: %s: commit try %d/%d failed (%s); retrying in %.2fs",
-                            self.url, attempt, self.retry.attempts, self._safe(t.reason), wait)
+                log.warning(
+                    "hub: %s: commit try %d/%d failed (%s); retrying in %.2fs",
+                    self.url,
+                    attempt,
+                    self.retry.attempts,
+                    self._safe(t.reason),
+                    wait,
+                )
                 self.retry.sleep(wait)
         landed = self._find_commit(marker)
         if landed is not None:
@@ -408,8 +470,13 @@ class HubStore:
         with tempfile.TemporaryDirectory(prefix="specprobe-hub-") as tmp:
             got = self._fetch(path, Path(tmp))
             if not got.matches:
-                log.warning("hub: %s: %s reads back as sha256 %s, not what the Hub recorded (%s)",
-                            self.url, path, got.sha256, got.expected)
+                log.warning(
+                    "hub: %s: %s reads back as sha256 %s, not what the Hub recorded (%s)",
+                    self.url,
+                    path,
+                    got.sha256,
+                    got.expected,
+                )
             return got.sha256
 
     def delete_repo(self) -> None:
@@ -420,15 +487,16 @@ class HubStore:
                 return
             except RepositoryNotFoundError as e:
                 if maybe_landed:
-                    return      # our earlier try deleted it; only its answer was lost
+                    return  # our earlier try deleted it; only its answer was lost
                 raise RepoMissing(self._missing_message()) from e
-            except Exception as e:      # noqa: BLE001
+            except Exception as e:  # noqa: BLE001
                 t = _transient(e)
                 if t is None:
                     raise StoreError(self._safe(f"{self.url}: delete failed: {self._describe(e)}")) from e
                 if attempt == self.retry.attempts:
-                    raise StoreError(self._safe(f"{self.url}: delete failed after {attempt} tries: "
-                                                f"{self._describe(e)}")) from e
+                    raise StoreError(
+                        self._safe(f"{self.url}: delete failed after {attempt} tries: {self._describe(e)}")
+                    ) from e
                 maybe_landed = True
                 self._backoff("delete repo", attempt, t)
 
@@ -443,16 +511,19 @@ class HubStore:
         lister = getattr(self._api, "list_lfs_files", None)
         deleter = getattr(self._api, "permanently_delete_lfs_files", None)
         if lister is None or deleter is None:
-            log.warning("hub: %s: this huggingface_hub has no list_lfs_files; cannot purge %s", self.url,
-                        sorted(wanted))
+            log.warning(
+                "hub: %s: this huggingface_hub has no list_lfs_files; cannot purge %s", self.url, sorted(wanted)
+            )
             return
         try:
             listed = self._call("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
             found = [f for f in listed if getattr(f, "file_oid", None) in wanted]
             if found:
-                self._call("purge LFS objects", lambda: deleter(self.repo_id, found, rewrite_history=False,
-                                                                repo_type=self.repo_type))
-        except StoreError as e:     # the re-upload may still dedup onto the bad object: verify will say so
+                self._call(
+                    "purge LFS objects",
+                    lambda: deleter(self.repo_id, found, rewrite_history=False, repo_type=self.repo_type),
+                )
+        except StoreError as e:  # the re-upload may still dedup onto the bad object: verify will say so
             log.warning("hub: %s: could not purge %s: %s", self.url, sorted(wanted), e)
 
     def whoami(self) -> str:
@@ -473,36 +544,46 @@ class HubStore:
             except LocalEntryNotFoundError as e:
                 # "could not reach the Hub" (checked before its base class EntryNotFoundError)
                 if attempt == self.retry.attempts:
-                    raise StoreError(self._safe(f"{self.url}: {what} failed after {attempt} tries: "
-                                                f"{self._describe(e)}")) from e
+                    raise StoreError(
+                        self._safe(f"{self.url}: {what} failed after {attempt} tries: {self._describe(e)}")
+                    ) from e
                 self._backoff(what, attempt, _Transient("the Hub could not be reached"))
                 continue
             except EntryNotFoundError as e:
                 raise EntryMissing(self._safe(f"{self.url}: {what}: no such file in the repo")) from e
             except RevisionNotFoundError as e:
                 raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
-            except Exception as e:      # noqa: BLE001 - classified below
+            except Exception as e:  # noqa: BLE001 - classified below
                 if _status_anywhere(e, 401):
                     raise StoreError(self._auth_message(what, e)) from e
                 t = _transient(e)
                 if t is None:
                     raise StoreError(self._safe(f"{self.url}: {what} failed: {self._describe(e)}")) from e
                 if attempt == self.retry.attempts:
-                    raise StoreError(self._safe(f"{self.url}: {what} failed after {attempt} tries: "
-                                                f"{self._describe(e)}")) from e
+                    raise StoreError(
+                        self._safe(f"{self.url}: {what} failed after {attempt} tries: {self._describe(e)}")
+                    ) from e
                 self._backoff(what, attempt, t)
         raise AssertionError("unreachable")
 
     def _backoff(self, what: str, attempt: int, t: _Transient) -> None:
         wait = self.retry.delay(attempt, t.retry_after)
-        log.warning("hub: %s: %s try %d/%d failed (%s); retrying in %.2fs",
-                    self.url, what, attempt, self.retry.attempts, self._safe(t.reason), wait)
+        log.warning(
+            "hub: %s: %s try %d/%d failed (%s); retrying in %.2fs",
+            self.url,
+            what,
+            attempt,
+            self.retry.attempts,
+            self._safe(t.reason),
+            wait,
+        )
         self.retry.sleep(wait)
 
     def _find_commit(self, marker: str) -> str | None:
         """The id of the commit carrying ``marker`` on main, if it landed."""
-        commits = self._call("read back the history", lambda: self._api.list_repo_commits(
-            self.repo_id, repo_type=self.repo_type))
+        commits = self._call(
+            "read back the history", lambda: self._api.list_repo_commits(self.repo_id, repo_type=self.repo_type)
+        )
         for c in commits:
             if marker in (c.title or "") or marker in (c.message or ""):
                 return str(c.commit_id)
@@ -516,21 +597,31 @@ class HubStore:
             meta = self._call(f"metadata of {path}", lambda: get_hf_file_metadata(url, token=self._token))
             # A fresh cache dir per try: a cached copy would hide what the Hub actually holds now.
             cache = workdir / f"try-{check}"
-            local = Path(self._call(f"download of {path}", lambda: self._download_once(path, meta.commit_hash,
-                                                                                       cache)))
+            revision = meta.commit_hash
+            local = Path(self._call(f"download of {path}", lambda c=cache, r=revision: self._download_once(path, r, c)))
             got = self._verify(local.resolve(), meta)
             if got.matches:
                 return got
             if check < self.retry.verify_attempts:
-                self._backoff(f"download of {path} (bytes do not match the recorded hash {got.expected})", check,
-                              _Transient("hash mismatch"))
+                self._backoff(
+                    f"download of {path} (bytes do not match the recorded hash {got.expected})",
+                    check,
+                    _Transient("hash mismatch"),
+                )
         assert got is not None
         return got
 
     def _download_once(self, path: str, revision: str | None, cache: Path) -> str:
         try:
-            return hf_hub_download(self.repo_id, path, repo_type=self.repo_type, revision=revision,
-                                   cache_dir=str(cache), token=self._token, endpoint=self.endpoint)
+            return hf_hub_download(
+                self.repo_id,
+                path,
+                repo_type=self.repo_type,
+                revision=revision,
+                cache_dir=str(cache),
+                token=self._token,
+                endpoint=self.endpoint,
+            )
         except LocalEntryNotFoundError:
             raise
         except EntryNotFoundError as e:
@@ -550,17 +641,22 @@ class HubStore:
             return _Fetched(local, sha, size_ok and sha == etag, etag)
         if _HEX40.match(etag):
             return _Fetched(local, sha, size_ok and _git_blob_sha1(local) == etag, etag)
-        return _Fetched(local, sha, size_ok, etag or None)     # an ETag of another form: only the size can tell
+        return _Fetched(local, sha, size_ok, etag or None)  # an ETag of another form: only the size can tell
 
     def _require_match(self, path: str, got: _Fetched) -> None:
         if not got.matches:
-            raise StoreError(f"{self.url}: {path} reads back as sha256 {got.sha256}, not the hash the Hub recorded "
-                             f"at upload ({got.expected}) after {self.retry.verify_attempts} downloads: the stored "
-                             "bytes are corrupt")
+            raise StoreError(
+                f"{self.url}: {path} reads back as sha256 {got.sha256}, not the hash the Hub recorded "
+                f"at upload ({got.expected}) after {self.retry.verify_attempts} downloads: the stored "
+                "bytes are corrupt"
+            )
 
     def _missing_message(self) -> str:
-        who = "the token cannot see it" if self._token else \
-            "it is private and no token was found: set HF_TOKEN or run `hf auth login`"
+        who = (
+            "the token cannot see it"
+            if self._token
+            else "it is private and no token was found: set HF_TOKEN or run `hf auth login`"
+        )
         return f"Hub {self.repo_type} repo {self.repo_id} does not exist at {self.endpoint} (or {who})"
 
     def _describe(self, e: BaseException) -> str:
@@ -579,13 +675,17 @@ class HubStore:
 
     def _auth_message(self, what: str, e: BaseException) -> str:
         if self._token:
-            hint = (f"the token in use (HF_TOKEN, or the one `hf auth login` saved) is invalid, expired or has no "
-                    f"access to {self.repo_id}: set HF_TOKEN to a valid token with write access, or run "
-                    "`hf auth login`")
+            hint = (
+                f"the token in use (HF_TOKEN, or the one `hf auth login` saved) is invalid, expired or has no "
+                f"access to {self.repo_id}: set HF_TOKEN to a valid token with write access, or run "
+                "`hf auth login`"
+            )
         else:
             hint = "no token was found: set HF_TOKEN or run `hf auth login`"
-        return self._safe(f"{self.url}: {what} failed: the Hub rejected the credentials (HTTP 401): {hint}. "
-                          f"Cause: {self._describe(e)}")
+        return self._safe(
+            f"{self.url}: {what} failed: the Hub rejected the credentials (HTTP 401): {hint}. "
+            f"Cause: {self._describe(e)}"
+        )
 
     def _safe(self, text: str) -> str:
         """``text`` with the token (and anything shaped like a Hub token) blanked out."""

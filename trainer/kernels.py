@@ -5,6 +5,7 @@ Both run their matmuls in the autocast dtype, as nn.Linear does under autocast; 
 where results are rounded and which intermediate tensors exist. A fallback that a build cannot run is
 announced with `warnings.warn` once and the correct, slower path is taken.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -15,10 +16,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-_MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()   # mm(..., out_dtype=): torch >= 2.9
+_MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()  # mm(..., out_dtype=): torch >= 2.9
 
 
 # ------------------------------------------------------------------------------------------ projections
+
 
 class LinearFp32Grad(torch.autograd.Function):
     """x @ W.T in the autocast dtype, as nn.Linear computes it under autocast, with a backward whose weight
@@ -60,6 +62,7 @@ def linear(x: Tensor, lin: nn.Linear, fp32_wgrad: bool) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------- loss
 
+
 def loss_chunk_rows(n: int, fixed: int = 0) -> int:
     """Rows of logits per loss chunk for n rows of hidden states: `fixed` when positive, else eight chunks
     per micro-batch clamped to [512, 4096]. One chunk holds ~4 bytes a logit (the low-precision logits,
@@ -84,8 +87,8 @@ def ce_grad_eager(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     lf = logits.float()
     lse = torch.logsumexp(lf, dim=-1)
     loss = (lse - lf.gather(1, y[:, None]).squeeze(1)).sum()
-    g = lf.sub_(lse[:, None]).exp_()                                   # softmax, in place of the fp32 copy
-    g.scatter_add_(1, y[:, None], g.new_full((y.shape[0], 1), -1.0))   # minus the one-hot target
+    g = lf.sub_(lse[:, None]).exp_()  # softmax, in place of the fp32 copy
+    g.scatter_add_(1, y[:, None], g.new_full((y.shape[0], 1), -1.0))  # minus the one-hot target
     return loss, g.to(logits.dtype)
 
 
@@ -122,8 +125,11 @@ def ce_grad(logits: Tensor, y: Tensor, fused: bool = True) -> tuple[Tensor, Tens
             fn(logits[:1], y[:1])  # build it now, so a Triton failure falls back here and not mid-run
             _ce_grad_compiled = fn
         except Exception as e:  # noqa: BLE001 - any compiler failure: the eager path is correct, only slower
-            warnings.warn(f"fused cross-entropy unavailable ({type(e).__name__}: {e}); using eager ops",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"fused cross-entropy unavailable ({type(e).__name__}: {e}); using eager ops",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             _ce_grad_compiled = ce_grad_eager
     return _ce_grad_compiled(logits, y)
 
@@ -183,13 +189,13 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device) if need_h else None
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None
             for i in range(0, n, rows):
-                hs, ys = hc[i:i + rows], y[i:i + rows]
+                hs, ys = hc[i : i + rows], y[i : i + rows]
                 loss, g = ce_grad(hs @ wc.t(), ys, fused)
                 total += loss
                 if need_h:
-                    grad_h[i:i + rows] = g @ wc          # (rows, d), widened to fp32 on the copy
+                    grad_h[i : i + rows] = g @ wc  # (rows, d), widened to fp32 on the copy
                 if need_w:
-                    accumulate_mm(grad_w, g.t(), hs, fp32_addmm)   # (V, d): fp32 sum of the chunks' products
+                    accumulate_mm(grad_w, g.t(), hs, fp32_addmm)  # (V, d): fp32 sum of the chunks' products
         ctx.save_for_backward(grad_h, grad_w)
         ctx.n, ctx.dtypes = n, (h.dtype, weight.dtype)
         return total / n

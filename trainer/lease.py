@@ -40,13 +40,22 @@ from typing import Callable, Mapping, Sequence
 
 from trainer.store import Conflict, EntryMissing, Store, StoreError, redact_url
 
-__all__ = ["LEASE_PATH", "LEASE_FORMAT", "DEFAULT_TTL_S", "LeaseHeld", "LeaseLost", "Writer", "LeaseDoc", "Lease",
-           "parse_lease"]
+__all__ = [
+    "LEASE_PATH",
+    "LEASE_FORMAT",
+    "DEFAULT_TTL_S",
+    "LeaseHeld",
+    "LeaseLost",
+    "Writer",
+    "LeaseDoc",
+    "Lease",
+    "parse_lease",
+]
 
 LEASE_PATH = "lease.json"
 LEASE_FORMAT = "specprobe-lease/1"
 DEFAULT_TTL_S = 900.0
-_CAS_TRIES = 8          # compare-and-swap rounds before giving up (each lost round means another commit landed)
+_CAS_TRIES = 8  # compare-and-swap rounds before giving up (each lost round means another commit landed)
 
 
 class LeaseHeld(StoreError):
@@ -61,9 +70,9 @@ class LeaseLost(StoreError):
 class Writer:
     id: str
     host: str
-    boot_id: str        # the kernel's boot id: with the host name, "the same machine, the same boot"
+    boot_id: str  # the kernel's boot id: with the host name, "the same machine, the same boot"
     pid: int
-    pid_start: str      # the process's start time in clock ticks (/proc/<pid>/stat): a reused pid differs
+    pid_start: str  # the process's start time in clock ticks (/proc/<pid>/stat): a reused pid differs
 
     @property
     def here(self) -> bool:
@@ -93,8 +102,13 @@ def this_writer() -> Writer:
             boot = ""
         stat = _proc_stat(pid)
         host = socket.gethostname()
-        _WRITER[pid] = Writer(id=f"{host}:{pid}:{uuid.uuid4().hex[:8]}", host=host, boot_id=boot, pid=pid,
-                              pid_start=stat[19] if stat else "")
+        _WRITER[pid] = Writer(
+            id=f"{host}:{pid}:{uuid.uuid4().hex[:8]}",
+            host=host,
+            boot_id=boot,
+            pid=pid,
+            pid_start=stat[19] if stat else "",
+        )
     return _WRITER[pid]
 
 
@@ -109,7 +123,7 @@ def _gone(w: Writer) -> bool:
 @dataclass(frozen=True)
 class LeaseDoc:
     writer: Writer
-    acquired: float     # unix seconds, the holder's clock
+    acquired: float  # unix seconds, the holder's clock
     renewed: float
     expires: float
     ttl_s: float
@@ -125,10 +139,20 @@ def parse_lease(raw: bytes, where: str) -> LeaseDoc:
         if not isinstance(doc, dict) or doc.get("format") != LEASE_FORMAT:
             raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}, expected {LEASE_FORMAT}")
         w = doc["writer"]
-        writer = Writer(id=str(w["id"]), host=str(w["host"]), boot_id=str(w["boot_id"]), pid=int(w["pid"]),
-                        pid_start=str(w["pid_start"]))
-        return LeaseDoc(writer=writer, acquired=float(doc["acquired"]), renewed=float(doc["renewed"]),
-                        expires=float(doc["expires"]), ttl_s=float(doc["ttl_s"]))
+        writer = Writer(
+            id=str(w["id"]),
+            host=str(w["host"]),
+            boot_id=str(w["boot_id"]),
+            pid=int(w["pid"]),
+            pid_start=str(w["pid_start"]),
+        )
+        return LeaseDoc(
+            writer=writer,
+            acquired=float(doc["acquired"]),
+            renewed=float(doc["renewed"]),
+            expires=float(doc["expires"]),
+            ttl_s=float(doc["ttl_s"]),
+        )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{where} is not a valid lease ({type(e).__name__}: {e})") from None
 
@@ -154,18 +178,24 @@ def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
 class Lease:
     """This process's lease on one store (see the module docstring)."""
 
-    def __init__(self, store: Store, *, ttl_s: float | None = None, log: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ttl_s: float | None = None,
+        log: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s if ttl_s is not None else ttl_from_env()
         self.me = this_writer()
         self._log = log
         self._clock = clock
-        self._doc: LeaseDoc | None = None           # ours, as last committed
-        self._lock = threading.RLock()              # one protocol write or renewal at a time
+        self._doc: LeaseDoc | None = None  # ours, as last committed
+        self._lock = threading.RLock()  # one protocol write or renewal at a time
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
-        self._lost: LeaseLost | None = None         # what the heartbeat found, raised by the next write
+        self._lost: LeaseLost | None = None  # what the heartbeat found, raised by the next write
 
     @property
     def url(self) -> str:
@@ -187,8 +217,10 @@ class Lease:
         try:
             return rev, parse_lease(raw, f"{LEASE_PATH} in {self.url}")
         except ValueError as e:
-            raise StoreError(f"{e}; refusing to guess whether another trainer writes this store. If none does, "
-                             f"delete {LEASE_PATH} from the repo.") from None
+            raise StoreError(
+                f"{e}; refusing to guess whether another trainer writes this store. If none does, "
+                f"delete {LEASE_PATH} from the repo."
+            ) from None
 
     def _stale(self, doc: LeaseDoc) -> str | None:
         now = self._clock()
@@ -200,8 +232,10 @@ class Lease:
 
     def describe(self, doc: LeaseDoc) -> str:
         w = doc.writer
-        return (f"writer {w.id} (host {w.host}, pid {w.pid}), acquired {_iso(doc.acquired)}, renewed "
-                f"{_iso(doc.renewed)}, expires {_iso(doc.expires)} (in {doc.expires - self._clock():.0f}s)")
+        return (
+            f"writer {w.id} (host {w.host}, pid {w.pid}), acquired {_iso(doc.acquired)}, renewed "
+            f"{_iso(doc.renewed)}, expires {_iso(doc.expires)} (in {doc.expires - self._clock():.0f}s)"
+        )
 
     # -- writing ------------------------------------------------------------------------------------
     def _file(self, doc: LeaseDoc, tmp: Path) -> Path:
@@ -221,7 +255,7 @@ class Lease:
                 rev, doc = self._read()
                 taken = ""
                 if doc is not None and doc.writer.id == self.me.id and doc.expires - self._clock() >= self.ttl_s / 2:
-                    self._doc, self._lost = doc, None       # this process holds it already (another Lease object)
+                    self._doc, self._lost = doc, None  # this process holds it already (another Lease object)
                     self._start_heartbeat()
                     return
                 if doc is not None and doc.writer.id != self.me.id:
@@ -231,22 +265,29 @@ class Lease:
                             f"{self.url} is being written by another trainer: {LEASE_PATH} names "
                             f"{self.describe(doc)}. Two writers would fork the run (the pointer could move "
                             "backwards). Stop that trainer, or wait until its lease expires; a holder that died "
-                            "on this machine is detected at once.")
+                            "on this machine is detected at once."
+                        )
                     taken = f" (took over from {doc.writer.id}: {stale})"
                 mine = self._new_doc()
                 try:
                     with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
-                        self.store.commit({LEASE_PATH: self._file(mine, Path(tmp))}, expect_revision=rev,
-                                          message=f"lease acquired\nwriter: {self.me.id}{taken}")
+                        self.store.commit(
+                            {LEASE_PATH: self._file(mine, Path(tmp))},
+                            expect_revision=rev,
+                            message=f"lease acquired\nwriter: {self.me.id}{taken}",
+                        )
                 except Conflict:
                     continue
                 self._doc, self._lost = mine, None
-                self._log(f"lease: {self.me.id} holds {self.url} until {_iso(mine.expires)} "
-                          f"(ttl {self.ttl_s:.0f}s){taken}")
+                self._log(
+                    f"lease: {self.me.id} holds {self.url} until {_iso(mine.expires)} (ttl {self.ttl_s:.0f}s){taken}"
+                )
                 self._start_heartbeat()
                 return
-            raise StoreError(f"{self.url}: could not claim {LEASE_PATH} in {_CAS_TRIES} compare-and-swap rounds: "
-                             "the repo kept changing under it (another writer?)")
+            raise StoreError(
+                f"{self.url}: could not claim {LEASE_PATH} in {_CAS_TRIES} compare-and-swap rounds: "
+                "the repo kept changing under it (another writer?)"
+            )
 
     def _due(self, share: float) -> bool:
         """Less than ``share`` of the TTL left. Writes renew from 2/3 on (a long upload must not outlast the
@@ -275,15 +316,19 @@ class Lease:
                 if renewed is not None:
                     self._doc = renewed
                 return out
-            raise StoreError(f"{self.url}: a write lost {_CAS_TRIES} compare-and-swap rounds in a row: the repo "
-                             "kept changing under it (another writer?); nothing of it was committed")
+            raise StoreError(
+                f"{self.url}: a write lost {_CAS_TRIES} compare-and-swap rounds in a row: the repo "
+                "kept changing under it (another writer?); nothing of it was committed"
+            )
 
     def _check_mine(self, doc: LeaseDoc | None) -> None:
         if doc is None or doc.writer.id != self.me.id:
             now = "nobody holds it now" if doc is None else f"it is held by {self.describe(doc)}"
             self._doc = None
-            self._lost = LeaseLost(f"{self.url}: this trainer ({self.me.id}) lost its lease: {now}. Another "
-                                   "writer may be using the store; this one stops writing.")
+            self._lost = LeaseLost(
+                f"{self.url}: this trainer ({self.me.id}) lost its lease: {now}. Another "
+                "writer may be using the store; this one stops writing."
+            )
             raise self._lost
 
     def renew(self) -> None:
@@ -297,8 +342,11 @@ class Lease:
                 renewed = self._new_doc()
                 try:
                     with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
-                        self.store.commit({LEASE_PATH: self._file(renewed, Path(tmp))}, expect_revision=rev,
-                                          message=f"lease renewed\nwriter: {self.me.id}")
+                        self.store.commit(
+                            {LEASE_PATH: self._file(renewed, Path(tmp))},
+                            expect_revision=rev,
+                            message=f"lease renewed\nwriter: {self.me.id}",
+                        )
                 except Conflict:
                     continue
                 self._doc = renewed
@@ -320,8 +368,9 @@ class Lease:
                     self._log(f"lease: not released, {LEASE_PATH} in {self.url} is no longer {self.me.id}'s")
                     return
                 try:
-                    self.store.commit({}, delete=[LEASE_PATH], expect_revision=rev,
-                                      message=f"lease released\nwriter: {self.me.id}")
+                    self.store.commit(
+                        {}, delete=[LEASE_PATH], expect_revision=rev, message=f"lease released\nwriter: {self.me.id}"
+                    )
                 except Conflict:
                     continue
                 self._doc = None
@@ -346,5 +395,5 @@ class Lease:
             except LeaseLost as e:
                 self._log(f"lease: LOST: {e}")
                 return
-            except (StoreError, OSError) as e:    # a network hiccup: the next beat (or push) tries again
+            except (StoreError, OSError) as e:  # a network hiccup: the next beat (or push) tries again
                 self._log(f"lease: renewal failed, will retry: {type(e).__name__}: {e}")

@@ -5,6 +5,7 @@ Protocol lines (`step 5/20 loss ...`, `CKPT push step=10 -> ...`, `RUN_JSON {...
 one flushed write per line. Diagnostics (Hub retries, kernel fallbacks, warnings) go through `logging`,
 which `setup_logging()` configures once per process with the time and the rank on every record.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,5 +36,5 @@ def setup_logging(rank: int, stream: TextIO | None = None) -> None:
     for old in [h for h in root.handlers if getattr(h, "_specprobe", False)]:
         root.removeHandler(old)
     handler._specprobe = True  # type: ignore[attr-defined]
-    root.addHandler(handler)   # the root keeps Python's WARNING level: no library's INFO chatter
+    root.addHandler(handler)  # the root keeps Python's WARNING level: no library's INFO chatter
     logging.captureWarnings(True)

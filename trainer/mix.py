@@ -28,6 +28,7 @@ token ids; the format is described in `trainer/data.py`).
 Exit codes: 0 done; 1 the mix or the store is bad (the message names the file); 2 usage error or the repo
 does not exist.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,13 @@ from trainer.data import DTYPES, FORMAT, DataError, parse_manifest, read_manifes
 from trainer.log import setup_logging
 from trainer.store import sha256_file
 
-EOS_ID = 0            # the synthetic mix's end-of-document token
-DOC_LEN = 2048        # synthetic tokens per document, EOS included
+EOS_ID = 0  # the synthetic mix's end-of-document token
+DOC_LEN = 2048  # synthetic tokens per document, EOS included
 SUCCESSOR_P = (0.55, 0.25, 0.10, 0.05)  # chance of each of a token's 4 successors ...
-NOISE_P = 0.05        # ... and of a uniformly random token instead (keeps every token reachable)
-N_PHRASES = 1024      # fixed random n-grams that recur throughout the mix
+NOISE_P = 0.05  # ... and of a uniformly random token instead (keeps every token reachable)
+N_PHRASES = 1024  # fixed random n-grams that recur throughout the mix
 PHRASE_LEN = 12
-PHRASE_EVERY = 64     # each 64-token block of a document holds a phrase with probability PHRASE_P
+PHRASE_EVERY = 64  # each 64-token block of a document holds a phrase with probability PHRASE_P
 PHRASE_P = 0.25
 DEFAULTS = {"tokens": 50_000_000, "val_tokens": 2_000_000, "vocab": 49152, "seed": 0, "shards": 4}
 
@@ -60,6 +61,7 @@ class MixError(Exception):
 
 
 # --------------------------------------------------------------------------- synthetic generation
+
 
 def _dtype_for(vocab: int) -> str:
     return "uint16" if vocab <= 1 << 16 else "uint32"
@@ -90,7 +92,7 @@ def synthetic_tokens(n: int, *, seed: int, vocab: int, stream: int) -> np.ndarra
         nxt = successors[docs[t - 1], np.minimum(pick, len(SUCCESSOR_P) - 1)]
         docs[t] = np.where(pick == len(SUCCESSOR_P), rng.integers(1, vocab, n_docs).astype(dtype), nxt)
     docs[DOC_LEN - 1] = EOS_ID
-    docs = np.ascontiguousarray(docs.T)                                   # (n_docs, DOC_LEN)
+    docs = np.ascontiguousarray(docs.T)  # (n_docs, DOC_LEN)
     # Paste phrases into blocks that end before the EOS, each at a random offset inside its block.
     doc_i, block_i = np.nonzero(rng.random((n_docs, (DOC_LEN - 1) // PHRASE_EVERY)) < PHRASE_P)
     starts = block_i * PHRASE_EVERY + rng.integers(0, PHRASE_EVERY - PHRASE_LEN + 1, len(block_i))
@@ -104,6 +106,7 @@ def _split_sizes(total: int, parts: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------- writing a mix
+
 
 def _write_tokens(out: Path, rel: str, tokens: np.ndarray, dtype: str) -> dict[str, Any]:
     data = np.ascontiguousarray(tokens, dtype=DTYPES[dtype]).tobytes()
@@ -124,17 +127,25 @@ def _clear_old_mix(out: Path) -> None:
         (out / e["path"]).unlink(missing_ok=True)
 
 
-def write_mix(out: Path, shards: Sequence[np.ndarray], val: np.ndarray, *, vocab: int,
-              source: dict[str, Any]) -> dict[str, Any]:
+def write_mix(
+    out: Path, shards: Sequence[np.ndarray], val: np.ndarray, *, vocab: int, source: dict[str, Any]
+) -> dict[str, Any]:
     """Write shards, val and, last, the manifest (atomically): a mix without a manifest is not a mix."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _clear_old_mix(out)
     dtype = _dtype_for(vocab)
     entries = [_write_tokens(out, f"train/shard-{i:05d}.bin", s, dtype) for i, s in enumerate(shards)]
-    manifest = {"format": FORMAT, "dtype": dtype, "vocab_size": vocab, "n_shards": len(entries),
-                "total_tokens": sum(e["tokens"] for e in entries), "shards": entries,
-                "val": _write_tokens(out, "val/val-00000.bin", val, dtype), "source": source}
+    manifest = {
+        "format": FORMAT,
+        "dtype": dtype,
+        "vocab_size": vocab,
+        "n_shards": len(entries),
+        "total_tokens": sum(e["tokens"] for e in entries),
+        "shards": entries,
+        "val": _write_tokens(out, "val/val-00000.bin", val, dtype),
+        "source": source,
+    }
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, out / "manifest.json")
@@ -143,20 +154,38 @@ def write_mix(out: Path, shards: Sequence[np.ndarray], val: np.ndarray, *, vocab
 
 def build_synthetic(out: Path, *, tokens: int, val_tokens: int, vocab: int, seed: int, shards: int) -> dict[str, Any]:
     if tokens < 1 or val_tokens < 1 or shards < 1 or shards > tokens:
-        raise MixError(f"need --tokens >= --shards >= 1 and --val-tokens >= 1 "
-                       f"(got tokens={tokens} shards={shards} val_tokens={val_tokens})")
+        raise MixError(
+            f"need --tokens >= --shards >= 1 and --val-tokens >= 1 "
+            f"(got tokens={tokens} shards={shards} val_tokens={val_tokens})"
+        )
     if vocab > 1 << 32:
         raise MixError(f"--vocab {vocab} does not fit uint32 token ids")
-    source = {"kind": "synthetic", "generator": "trainer.mix markov+phrases/1", "seed": seed, "vocab": vocab,
-              "tokens": tokens, "val_tokens": val_tokens, "shards": shards, "eos_id": EOS_ID,
-              "doc_len": DOC_LEN, "successor_p": list(SUCCESSOR_P), "noise_p": NOISE_P,
-              "n_phrases": N_PHRASES, "phrase_len": PHRASE_LEN, "phrase_every": PHRASE_EVERY, "phrase_p": PHRASE_P}
-    train = [synthetic_tokens(n, seed=seed, vocab=vocab, stream=i + 1) for i, n in enumerate(_split_sizes(tokens, shards))]
+    source = {
+        "kind": "synthetic",
+        "generator": "trainer.mix markov+phrases/1",
+        "seed": seed,
+        "vocab": vocab,
+        "tokens": tokens,
+        "val_tokens": val_tokens,
+        "shards": shards,
+        "eos_id": EOS_ID,
+        "doc_len": DOC_LEN,
+        "successor_p": list(SUCCESSOR_P),
+        "noise_p": NOISE_P,
+        "n_phrases": N_PHRASES,
+        "phrase_len": PHRASE_LEN,
+        "phrase_every": PHRASE_EVERY,
+        "phrase_p": PHRASE_P,
+    }
+    train = [
+        synthetic_tokens(n, seed=seed, vocab=vocab, stream=i + 1) for i, n in enumerate(_split_sizes(tokens, shards))
+    ]
     val = synthetic_tokens(val_tokens, seed=seed, vocab=vocab, stream=0)
     return write_mix(out, train, val, vocab=vocab, source=source)
 
 
 # ------------------------------------------------------------------------------------ text + tokenizer
+
 
 def _documents(path: Path) -> list[str]:
     text = path.read_text(encoding="utf-8")
@@ -168,7 +197,7 @@ def _documents(path: Path) -> list[str]:
             try:
                 docs.append(json.loads(line)["text"])
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise MixError(f"{path}:{n}: expected a JSON object with a \"text\" field") from None
+                raise MixError(f'{path}:{n}: expected a JSON object with a "text" field') from None
     return docs
 
 
@@ -180,8 +209,9 @@ def _eos_id(tok: Any, name: str | None, tokenizer_path: Path) -> tuple[str, int]
     raise MixError(f"{tokenizer_path}: has no end-of-document token among {candidates}; name one with --eos-token")
 
 
-def build_text(out: Path, *, files: Sequence[Path], tokenizer: Path, eos_token: str | None, val_tokens: int,
-               shards: int) -> dict[str, Any]:
+def build_text(
+    out: Path, *, files: Sequence[Path], tokenizer: Path, eos_token: str | None, val_tokens: int, shards: int
+) -> dict[str, Any]:
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -196,16 +226,24 @@ def build_text(out: Path, *, files: Sequence[Path], tokenizer: Path, eos_token: 
             ids.append(eos)
     all_ids = np.asarray(ids, dtype=np.int64)
     if all_ids.size - val_tokens < shards or val_tokens < 1:
-        raise MixError(f"the text gives {all_ids.size} tokens: not enough for {val_tokens} val tokens "
-                       f"and {shards} train shards")
+        raise MixError(
+            f"the text gives {all_ids.size} tokens: not enough for {val_tokens} val tokens and {shards} train shards"
+        )
     train, val = all_ids[:-val_tokens], all_ids[-val_tokens:]
-    source = {"kind": "text", "tokenizer": {"file": Path(tokenizer).name, "sha256": sha256_file(Path(tokenizer))},
-              "eos_token": eos_name, "eos_id": eos, "val_tokens": val_tokens, "shards": shards,
-              "files": [{"file": Path(f).name, "sha256": sha256_file(Path(f))} for f in files]}
+    source = {
+        "kind": "text",
+        "tokenizer": {"file": Path(tokenizer).name, "sha256": sha256_file(Path(tokenizer))},
+        "eos_token": eos_name,
+        "eos_id": eos,
+        "val_tokens": val_tokens,
+        "shards": shards,
+        "files": [{"file": Path(f).name, "sha256": sha256_file(Path(f))} for f in files],
+    }
     return write_mix(out, np.array_split(train, shards), val, vocab=vocab, source=source)
 
 
 # ------------------------------------------------------------------------------------- store side
+
 
 def _open(url: str) -> Any:
     from trainer.store_url import open_store
@@ -229,8 +267,9 @@ def publish(src: Path, url: str) -> str:
     add = {p: Path(src) / p for p in _mix_files(manifest)}
     add["manifest.json"] = Path(src) / "manifest.json"
     stale = [p for p in store.list_files() if p not in add]
-    rev = store.commit(add, delete=stale, message=f"mix: {manifest['n_shards']} shards, "
-                                                  f"{manifest['total_tokens']} tokens")
+    rev = store.commit(
+        add, delete=stale, message=f"mix: {manifest['n_shards']} shards, {manifest['total_tokens']} tokens"
+    )
     print(f"published {len(add)} files of {src} to {store.url} revision={rev}", flush=True)
     return rev
 
@@ -281,6 +320,7 @@ def fetch(url: str, root: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------- CLI
 
+
 def _synthetic_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=DEFAULTS["tokens"], help="train tokens (synthetic)")
     p.add_argument("--val-tokens", type=int, default=DEFAULTS["val_tokens"], help="held-out tokens")
@@ -290,8 +330,9 @@ def _synthetic_options(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m trainer.mix", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m trainer.mix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build a mix directory")
     b.add_argument("--out", type=Path, required=True)
@@ -325,18 +366,28 @@ def _run(a: argparse.Namespace) -> int:
         else:
             if a.tokenizer is None:
                 raise MixError("build --text needs --tokenizer tokenizer.json")
-            m = build_text(a.out, files=a.text, tokenizer=a.tokenizer, eos_token=a.eos_token,
-                           val_tokens=a.val_tokens, shards=a.shards)
-        print(f"built mix at {a.out} shards={m['n_shards']} total_tokens={m['total_tokens']} "
-              f"vocab={m['vocab_size']} val_tokens={m['val']['tokens']}", flush=True)
+            m = build_text(
+                a.out,
+                files=a.text,
+                tokenizer=a.tokenizer,
+                eos_token=a.eos_token,
+                val_tokens=a.val_tokens,
+                shards=a.shards,
+            )
+        print(
+            f"built mix at {a.out} shards={m['n_shards']} total_tokens={m['total_tokens']} "
+            f"vocab={m['vocab_size']} val_tokens={m['val']['tokens']}",
+            flush=True,
+        )
     elif a.cmd == "publish":
         publish(a.src, a.repo)
     else:
         store = _open(a.repo)
         if not store.exists():
             if not a.if_missing_build_synthetic:
-                raise RepoMissing(f"mix repo {store.url} does not exist "
-                                  "(publish one, or pass --if-missing-build-synthetic)")
+                raise RepoMissing(
+                    f"mix repo {store.url} does not exist (publish one, or pass --if-missing-build-synthetic)"
+                )
             print(f"mix repo {store.url} missing: building a synthetic mix to publish", flush=True)
             build_synthetic(a.out, **_synthetic_kwargs(a))
             publish(a.out, a.repo)
@@ -359,5 +410,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    setup_logging(int(os.environ.get("RANK", "0")))   # a Hub retry's warning carries the time and the rank
+    setup_logging(int(os.environ.get("RANK", "0")))  # a Hub retry's warning carries the time and the rank
     sys.exit(main())

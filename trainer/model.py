@@ -9,6 +9,7 @@ The model is pure: a config and `ModelOptions` in, `(logits, loss)` out; no file
 Compiling it is applied from outside (trainer/compile.py), its custom autograd kernels live in
 trainer/kernels.py, and distributed training, precision and checkpoints in the trainer.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,7 +86,7 @@ def rope_cos_sin(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor,
     """cos and sin tables, (max_seq_len, head_dim), with each frequency repeated in both halves (HF layout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # (T, hd/2)
-    emb = torch.cat((angles, angles), dim=-1)                                        # (T, hd)
+    emb = torch.cat((angles, angles), dim=-1)  # (T, hd)
     return emb.cos(), emb.sin()
 
 
@@ -113,7 +114,7 @@ class Attention(nn.Module):
         if attn not in ("eager", "sdpa"):
             raise ValueError(f"attn must be 'eager' or 'sdpa', got {attn!r}")
         self.attn, self.n_head, self.n_kv_head, self.head_dim = attn, cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.fp32_wgrad = options.fp32_wgrad   # a plain bool: the compiler specialises on it
+        self.fp32_wgrad = options.fp32_wgrad  # a plain bool: the compiler specialises on it
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
@@ -122,25 +123,24 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, gqa: bool = False) -> Tensor:
         b, t, _ = x.shape
         q, k, v = (linear(x, p, self.fp32_wgrad) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q = q.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
+        q = q.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, h, T, hd)
         k = k.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         v = v.reshape(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, kvh, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.attn == "sdpa" and gqa and self.n_head != self.n_kv_head:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            return linear(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim), self.o_proj,
-                          self.fp32_wgrad)
+            return linear(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim), self.o_proj, self.fp32_wgrad)
         # Expanding K/V explicitly (rather than sdpa's enable_gqa) keeps the memory-efficient kernel
         # available on Turing (T4), where flash attention is not; the copies are 1/3 of the query size.
         k, v = repeat_kv(k, self.n_head // self.n_kv_head), repeat_kv(v, self.n_head // self.n_kv_head)
         if self.attn == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)                # (B, h, T, T)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, h, T, T)
             causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             att = att.masked_fill(~causal, float("-inf"))
             # softmax in fp32 like HF's eager path: fp16 scores over a long row lose the small weights
-            y = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype) @ v            # (B, h, T, hd)
+            y = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype) @ v  # (B, h, T, hd)
         return linear(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim), self.o_proj, self.fp32_wgrad)
 
 
@@ -171,8 +171,9 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: ModelConfig, attn: str = "sdpa", grad_ckpt: bool = False,
-                 options: ModelOptions | None = None):
+    def __init__(
+        self, cfg: ModelConfig, attn: str = "sdpa", grad_ckpt: bool = False, options: ModelOptions | None = None
+    ):
         super().__init__()
         options = options if options is not None else ModelOptions()
         self.cfg, self.grad_ckpt, self.options = cfg, grad_ckpt, options
@@ -197,7 +198,7 @@ class Llama(nn.Module):
         b, t = idx.shape
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
-        x = self.embed_tokens(idx)                                                     # (B, T, d)
+        x = self.embed_tokens(idx)  # (B, T, d)
         dev = x.device.type
         # bf16 has fp32's range, so carrying the residual stream in it changes only rounding; fp16 (T4)
         # keeps the fp32 stream, whose range fp16 could overflow.
@@ -216,7 +217,7 @@ class Llama(nn.Module):
         """idx (B, T) int64 -> (logits (B, T, V), None), or with targets (B, T) -> (None, mean CE loss)."""
         x = self.hidden(idx)
         if targets is None:
-            return F.linear(x, self.embed_tokens.weight), None                        # (B, T, V)
+            return F.linear(x, self.embed_tokens.weight), None  # (B, T, V)
         b, t = idx.shape
         return None, self.chunked_loss(x.reshape(b * t, -1), targets.reshape(b * t))
 
@@ -232,7 +233,7 @@ class Llama(nn.Module):
             return LinearCrossEntropy.apply(h, w, y, rows, opts.fused_ce, opts.addmm_fp32)
         total = h.new_zeros((), dtype=torch.float32)
         for i in range(0, h.shape[0], rows):
-            total = total + ce_sum(h[i:i + rows], w, y[i:i + rows])
+            total = total + ce_sum(h[i : i + rows], w, y[i : i + rows])
         return total / y.numel()
 
 

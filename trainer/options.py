@@ -8,6 +8,7 @@ changes one is refused like a changed learning rate (`numerics` in the run confi
 kernels or memory strategies for the same maths, as `--compile` does, and may change across a resume.
 Why each default is what it is, with the measurements: docs/performance.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,36 +27,59 @@ def _option(env: str, default: Any, *, numerics: bool, doc: str) -> Any:
 @dataclass(frozen=True)
 class ModelOptions:
     bf16_residual: bool = _option(
-        "SPECPROBE_BF16_RESIDUAL", True, numerics=True,
+        "SPECPROBE_BF16_RESIDUAL",
+        True,
+        numerics=True,
         doc="under bf16 autocast, carry the residual stream in bf16 (half the bytes of every norm, residual "
-            "add and saved activation); fp16 keeps fp32, whose range fp16 could overflow")
+        "add and saved activation); fp16 keeps fp32, whose range fp16 could overflow",
+    )
     fp32_wgrad: bool = _option(
-        "SPECPROBE_FP32_WGRAD", True, numerics=True,
+        "SPECPROBE_FP32_WGRAD",
+        True,
+        numerics=True,
         doc="the projections' weight gradients written in fp32 by their GEMMs (no bf16 rounding of dW, no "
-            "cast kernel per weight); 0 = nn.Linear's backward")
+        "cast kernel per weight); 0 = nn.Linear's backward",
+    )
     addmm_fp32: bool = _option(
-        "SPECPROBE_ADDMM_FP32", True, numerics=True,
+        "SPECPROBE_ADDMM_FP32",
+        True,
+        numerics=True,
         doc="on cuda, the loss's weight gradient accumulated into fp32 by one addmm per chunk (checked "
-            "against the two-step sum at first use); 0 = a low-precision product, then an fp32 add")
+        "against the two-step sum at first use); 0 = a low-precision product, then an fp32 add",
+    )
     sdpa_gqa: bool | None = _option(
-        "SPECPROBE_SDPA_GQA", None, numerics=False,
+        "SPECPROBE_SDPA_GQA",
+        None,
+        numerics=False,
         doc="sdpa reads each K/V head for its query heads (enable_gqa) instead of expanding K/V first; "
-            "auto (unset) = on for cuda capability >= 8.0, off below (the T4's kernel has no GQA) and on cpu")
+        "auto (unset) = on for cuda capability >= 8.0, off below (the T4's kernel has no GQA) and on cpu",
+    )
     loss_chunk_rows: int = _option(
-        "SPECPROBE_LOSS_CHUNK_ROWS", 0, numerics=False,
-        doc="rows of logits the loss holds at a time; 0 = eight chunks per micro-batch, clamped to "
-            "[512, 4096] rows")
+        "SPECPROBE_LOSS_CHUNK_ROWS",
+        0,
+        numerics=False,
+        doc="rows of logits the loss holds at a time; 0 = eight chunks per micro-batch, clamped to [512, 4096] rows",
+    )
     fused_ce: bool = _option(
-        "SPECPROBE_FUSED_CE", True, numerics=False,
-        doc="on cuda, the loss's softmax-minus-one-hot pass as one compiled Triton kernel; 0 = eager ops")
+        "SPECPROBE_FUSED_CE",
+        True,
+        numerics=False,
+        doc="on cuda, the loss's softmax-minus-one-hot pass as one compiled Triton kernel; 0 = eager ops",
+    )
     lean_activations: bool = _option(
-        "SPECPROBE_LEAN_ACTIVATIONS", False, numerics=False,
+        "SPECPROBE_LEAN_ACTIVATIONS",
+        False,
+        numerics=False,
         doc="compiled graphs recompute in the backward the pointwise inputs of its matmuls instead of "
-            "saving them: less memory, a little slower")
+        "saving them: less memory, a little slower",
+    )
     combo_kernels: bool = _option(
-        "SPECPROBE_COMBO_KERNELS", False, numerics=False,
+        "SPECPROBE_COMBO_KERNELS",
+        False,
+        numerics=False,
         doc="Inductor's combo kernels in the whole-model compile; with Inductor's kernel tuning their "
-            "first compile can take many minutes")
+        "first compile can take many minutes",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -95,10 +119,12 @@ class ModelOptions:
 
     def line(self) -> str:
         """The `model options:` log line: each option as name=value (on/off, auto for an undecided one)."""
+
         def show(name: str, value: Any) -> str:
             if value is None or (name == "loss_chunk_rows" and value == 0):
                 return "auto"
             return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
         return "model options: " + " ".join(f"{k}={show(k, v)}" for k, v in self.as_dict().items())
 
 

@@ -10,6 +10,7 @@ Checks, each reported on its own line when it fails:
 Exit codes: 0 every requirement met (one summary line on stdout); 3 at least one missing (one line per
 missing requirement on stderr, each starting with "preflight: "); 2 bad command line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,7 @@ EXIT_OK, EXIT_USAGE, EXIT_MISSING = 0, 2, 3
 def _cuda_probe() -> tuple[bool, int, list[str]]:
     """(available, device count, device names) from the installed torch."""
     import torch
+
     if not torch.cuda.is_available():
         return False, 0, []
     n = torch.cuda.device_count()
@@ -32,12 +34,19 @@ def _cuda_probe() -> tuple[bool, int, list[str]]:
 def _login_token() -> str | None:
     """The token huggingface_hub would use: HF_TOKEN, else the one `hf auth login` saved (or Colab's secret)."""
     from huggingface_hub import get_token
+
     return get_token()
 
 
-def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str, str],
-          cuda: Callable[[], tuple[bool, int, list[str]]] = _cuda_probe,
-          login_token: Callable[[], str | None] = _login_token) -> tuple[list[str], str]:
+def check(
+    *,
+    gpus: int,
+    need_token: bool,
+    repo: str | None,
+    environ: Mapping[str, str],
+    cuda: Callable[[], tuple[bool, int, list[str]]] = _cuda_probe,
+    login_token: Callable[[], str | None] = _login_token,
+) -> tuple[list[str], str]:
     """Returns (problems, summary). Pure apart from `cuda()` and `login_token()`; the token's value is never
     used in output. A token counts from ``environ``'s HF_TOKEN or, failing that, from ``login_token()``."""
     problems: list[str] = []
@@ -50,12 +59,16 @@ def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str
             problems.append(f"{n} GPU(s) visible, {gpus} required ({', '.join(names) or 'none'})")
         else:
             parts.append(f"gpus={n} ({', '.join(sorted(set(names)))})")
-    token_from = "HF_TOKEN=set" if environ.get("HF_TOKEN", "").strip() else \
-        ("token=saved (hf auth login)" if (login_token() or "").strip() else None)
+    token_from = (
+        "HF_TOKEN=set"
+        if environ.get("HF_TOKEN", "").strip()
+        else ("token=saved (hf auth login)" if (login_token() or "").strip() else None)
+    )
     hub_repo = False
     if repo is not None:
         from trainer.store import redact_url
         from trainer.store_url import parse_store_url
+
         try:
             url = parse_store_url(repo)
         except ValueError as e:
@@ -65,8 +78,9 @@ def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str
             parts.append(f"repo={redact_url(repo)} ({'hub' if hub_repo else 'local'})")
     if (need_token or hub_repo) and token_from is None:
         why = "--need-token" if need_token else f"--repo {redact_repo(repo)} is a Hub repo"
-        problems.append(f"no Hugging Face token: HF_TOKEN is not set in the environment and `hf auth login` "
-                        f"saved none ({why})")
+        problems.append(
+            f"no Hugging Face token: HF_TOKEN is not set in the environment and `hf auth login` saved none ({why})"
+        )
     elif need_token or hub_repo:
         parts.append(token_from)
     return problems, "preflight ok: " + (" ".join(parts) if parts else "nothing required")
@@ -74,14 +88,16 @@ def check(*, gpus: int, need_token: bool, repo: str | None, environ: Mapping[str
 
 def redact_repo(repo: str | None) -> str:
     from trainer.store import redact_url
+
     return redact_url(repo or "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.preflight", description=__doc__.split("\n")[0])
     p.add_argument("--gpus", type=int, default=0, help="GPUs required (0: no GPU check)")
-    p.add_argument("--need-token", action="store_true",
-                   help="a Hugging Face token must be available (HF_TOKEN or `hf auth login`)")
+    p.add_argument(
+        "--need-token", action="store_true", help="a Hugging Face token must be available (HF_TOKEN or `hf auth login`)"
+    )
     p.add_argument("--repo", help="checkpoint store URL the run will use")
     a = p.parse_args(argv)
     if a.gpus < 0:

@@ -3,6 +3,7 @@ start, or a refusal) and broadcasts the decision; each host's local rank 0 downl
 pointer's files; every rank then loads the checkpoint, which must have been written under this run's
 configuration (its config_hash), and all ranks agree on any error so that they exit together.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,11 @@ from typing import Any, Callable
 import torch
 
 from trainer.checkpoint import Checkpointer, ResumeRefused, read_pointer
-from trainer.runconfig import judge_config_change, show_value
 from trainer.cli import RunPlan
 from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict
 from trainer.log import emit
+from trainer.runconfig import judge_config_change, show_value
 from trainer.store import RepoMissing, Store, StoreError, redact_url
 from trainer.store_url import open_store
 
@@ -30,14 +31,22 @@ class Refused(Exception):
 
 @dataclass
 class Start:
-    step: int                           # the step this session starts after (0: a fresh start)
-    loaded: dict[str, Any] | None       # the checkpoint's step, tokens, optimizer state and this rank's RNG
-    checkpointer: Checkpointer | None   # rank 0's, over the store the pushes go to
+    step: int  # the step this session starts after (0: a fresh start)
+    loaded: dict[str, Any] | None  # the checkpoint's step, tokens, optimizer state and this rank's RNG
+    checkpointer: Checkpointer | None  # rank 0's, over the store the pushes go to
     config_changes: list[dict[str, Any]]  # what --allow-config-change let this resume change (every rank)
 
 
-def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.Module, *,
-           run_config: dict, config_hash: str, log: Callable[[str], None]) -> Start:
+def resume(
+    dist: Dist,
+    args: argparse.Namespace,
+    plan: RunPlan,
+    model: torch.nn.Module,
+    *,
+    run_config: dict,
+    config_hash: str,
+    log: Callable[[str], None],
+) -> Start:
     """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
     token = os.environ.get("HF_TOKEN") or None
     url = redact_url(args.hub_repo)
@@ -46,13 +55,18 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
     if dist.master:
         try:
             store = open_store(args.hub_repo, token=token)
-            checkpointer = Checkpointer(store, log=emit, prune=args.prune,
-                                        keep_optimizer_states=args.keep_optimizer_states,
-                                        allow_rollback=args.allow_pointer_rollback,
-                                        allow_changes=plan.allowed_changes)
+            checkpointer = Checkpointer(
+                store,
+                log=emit,
+                prune=args.prune,
+                keep_optimizer_states=args.keep_optimizer_states,
+                allow_rollback=args.allow_pointer_rollback,
+                allow_changes=plan.allowed_changes,
+            )
             if plan.resume_mode == "auto":
                 decision["pointer"] = checkpointer.resume_decision(
-                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config)
+                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config
+                )
             else:
                 _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
         except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
@@ -71,7 +85,7 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
                 ckpt_dir = ck.fetch(pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
             except (StoreError, OSError) as e:
                 err = f"fetching {pointer.path_in_repo} from {url}: {e}"
-        if (err := dist.agree(err)):
+        if err := dist.agree(err):
             raise Refused(err)
         # Every rank reads the directory its host's local rank 0 fetched into (torchrun numbers the ranks
         # of one host contiguously).
@@ -81,25 +95,35 @@ def resume(dist: Dist, args: argparse.Namespace, plan: RunPlan, model: torch.nn.
     if ckpt_dir is not None:
         err = None
         try:
-            loaded = load_checkpoint(Path(ckpt_dir), model, dist, run_config=run_config, config_hash=config_hash,
-                                     allowed=plan.allowed_changes)
+            loaded = load_checkpoint(
+                Path(ckpt_dir),
+                model,
+                dist,
+                run_config=run_config,
+                config_hash=config_hash,
+                allowed=plan.allowed_changes,
+            )
         except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
             err = f"resume from {ckpt_dir}: {e}"
-        if (err := dist.agree(err)):
+        if err := dist.agree(err):
             raise Refused(err)
         start = loaded["step"]
         where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
         log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
-        for c in loaded["config_changes"]:   # allowed by --allow-config-change: said, and recorded in RUN_JSON
-            log(f"config change allowed: {c['field']}: {show_value(c['old'])} -> {show_value(c['new'])} "
-                f"(--allow-config-change)")
+        for c in loaded["config_changes"]:  # allowed by --allow-config-change: said, and recorded in RUN_JSON
+            log(
+                f"config change allowed: {c['field']}: {show_value(c['old'])} -> {show_value(c['new'])} "
+                f"(--allow-config-change)"
+            )
     # A pointer AT the horizon that is not terminal: the session that trained to the horizon died between
     # its ckpt/ push and its final/ push. Resuming finishes that push, with no training.
     finishing = start == plan.total_steps == plan.stop_step
     if start >= plan.stop_step and not finishing:
-        raise Refused(f"nothing to train: resumed at step {start} but this session stops at step "
-                      f"{plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale stop step "
-                      "would overwrite newer checkpoints")
+        raise Refused(
+            f"nothing to train: resumed at step {start} but this session stops at step "
+            f"{plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale stop step "
+            "would overwrite newer checkpoints"
+        )
     return Start(start, loaded, checkpointer, loaded["config_changes"] if loaded else [])
 
 
@@ -114,14 +138,24 @@ def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
     if not store.exists():
         store.create()
     if refuse_a_run and ptr is not None:
-        raise Refused(f"--resume never but {url} already has a pointer at step {ptr.step} "
-                      f"({ptr.path_in_repo}); use --resume auto or a fresh repo")
+        raise Refused(
+            f"--resume never but {url} already has a pointer at step {ptr.step} "
+            f"({ptr.path_in_repo}); use --resume auto or a fresh repo"
+        )
 
 
-def load_checkpoint(ckpt_dir: Path, model: torch.nn.Module, dist: Dist, *, run_config: dict,
-                    config_hash: str, allowed: frozenset[str] = frozenset()) -> dict[str, Any]:
+def load_checkpoint(
+    ckpt_dir: Path,
+    model: torch.nn.Module,
+    dist: Dist,
+    *,
+    run_config: dict,
+    config_hash: str,
+    allowed: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """Weights into `model`; the optimizer/scheduler/scaler state and this rank's RNG state read."""
     from safetensors.torch import load_file
+
     state_path = ckpt_dir / "trainer_state.json"
     if not state_path.is_file():
         raise Refused(f"{state_path} is missing")
@@ -140,5 +174,10 @@ def load_checkpoint(ckpt_dir: Path, model: torch.nn.Module, dist: Dist, *, run_c
     rngs = torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True)
     if len(rngs) != dist.world_size:
         raise Refused(f"rng.pt holds {len(rngs)} ranks, this run has {dist.world_size}")
-    return {"step": int(state["step"]), "tokens": int(state["tokens_consumed"]),
-            "opt": opt_state, "rng": rngs[dist.rank], "config_changes": changes}
+    return {
+        "step": int(state["step"]),
+        "tokens": int(state["tokens_consumed"]),
+        "opt": opt_state,
+        "rng": rngs[dist.rank],
+        "config_changes": changes,
+    }

@@ -11,20 +11,52 @@ import hashlib
 import json
 from typing import Any
 
-__all__ = ["CONFIG_HASH_FIELDS", "CHANGEABLE_FIELDS", "config_hash", "config_diff", "config_changes",
-           "show_value", "unallowed_changes", "judge_config_change"]
+__all__ = [
+    "CONFIG_HASH_FIELDS",
+    "CHANGEABLE_FIELDS",
+    "config_hash",
+    "config_diff",
+    "config_changes",
+    "show_value",
+    "unallowed_changes",
+    "judge_config_change",
+]
 
 # What a resume cannot silently change: every run_config field that changes the weights the run ends
 # with (the token stream, the step shape, the optimisation recipe, the precision and the model options that
 # change what is computed, trainer/options.py). Left out: tokens_per_step and total_steps, which are
 # functions of the fields here.
-CONFIG_HASH_FIELDS = ("model", "seq_len", "micro_batch", "accum", "world_size", "tokens", "lr", "min_lr",
-                      "warmup_steps", "weight_decay", "grad_clip", "schedule", "seed", "precision", "numerics")
+CONFIG_HASH_FIELDS = (
+    "model",
+    "seq_len",
+    "micro_batch",
+    "accum",
+    "world_size",
+    "tokens",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "schedule",
+    "seed",
+    "precision",
+    "numerics",
+)
 # What `--allow-config-change` may let a resume change on purpose: the recipe. The others decide which
 # samples each rank reads and the tensors' shapes (model, seq_len, micro_batch, accum, world_size) or the
 # data order and the init (seed): a resume with another of them is another run, not a changed one.
-CHANGEABLE_FIELDS = ("tokens", "lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip", "schedule",
-                     "precision", "numerics")
+CHANGEABLE_FIELDS = (
+    "tokens",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "schedule",
+    "precision",
+    "numerics",
+)
 _ABSENT = object()
 
 
@@ -32,10 +64,16 @@ def config_hash(run_config: dict) -> str:
     """sha256 over canonical JSON of CONFIG_HASH_FIELDS; ValueError naming any that are missing."""
     missing = [k for k in CONFIG_HASH_FIELDS if k not in run_config]
     if missing:
-        raise ValueError(f"run config lacks {missing} needed for the resume config hash "
-                         f"(fields: {list(CONFIG_HASH_FIELDS)})")
-    canon = json.dumps({k: run_config[k] for k in CONFIG_HASH_FIELDS}, sort_keys=True,
-                       separators=(",", ":"), ensure_ascii=True, default=str)
+        raise ValueError(
+            f"run config lacks {missing} needed for the resume config hash (fields: {list(CONFIG_HASH_FIELDS)})"
+        )
+    canon = json.dumps(
+        {k: run_config[k] for k in CONFIG_HASH_FIELDS},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        default=str,
+    )
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
@@ -47,8 +85,11 @@ def config_diff(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
         a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
         if isinstance(a, dict) or isinstance(b, dict):
             a, b = (a if isinstance(a, dict) else {}), (b if isinstance(b, dict) else {})
-            out += [(f"{k}.{n}", a.get(n), b.get(n)) for n in sorted(set(a) | set(b))
-                    if a.get(n, _ABSENT) != b.get(n, _ABSENT)]
+            out += [
+                (f"{k}.{n}", a.get(n), b.get(n))
+                for n in sorted(set(a) | set(b))
+                if a.get(n, _ABSENT) != b.get(n, _ABSENT)
+            ]
         elif a != b:
             out.append((k, None if a is _ABSENT else a, None if b is _ABSENT else b))
     return out
@@ -75,24 +116,36 @@ def unallowed_changes(diff: list[tuple[str, Any, Any]], allowed: frozenset[str])
     return [k for k, _, _ in diff if k not in allowed and k.split(".")[0] not in allowed]
 
 
-def judge_config_change(stored: dict | None, run_config: dict, allowed: frozenset[str],
-                        where: str) -> list[dict[str, Any]]:
+def judge_config_change(
+    stored: dict | None, run_config: dict, allowed: frozenset[str], where: str
+) -> list[dict[str, Any]]:
     """A config_hash mismatch between a checkpoint (its stored run config) and this run: the changes, as
     [{field, old, new}], when --allow-config-change covers every one; ValueError saying what changed and
     what to do otherwise."""
     if not isinstance(stored, dict):
-        raise ValueError(f"{where} was written under another configuration (config_hash differs) and its "
-                         "run config cannot be read to say what changed; resume with the original flags or "
-                         "use a new repo")
+        raise ValueError(
+            f"{where} was written under another configuration (config_hash differs) and its "
+            "run config cannot be read to say what changed; resume with the original flags or "
+            "use a new repo"
+        )
     diff = config_diff(stored, run_config)
     lines = "; ".join(f"{k}: {show_value(a)} -> {show_value(b)}" for k, a, b in diff) or "no recorded field differs"
     bad = unallowed_changes(diff, allowed)
     if diff and not bad:
         return [{"field": k, "old": a, "new": b} for k, a, b in diff]
     fixed = [k for k in bad if k.split(".")[0] not in CHANGEABLE_FIELDS]
-    how = (f"these fields cannot change across a resume: {', '.join(fixed)} (they decide the step's shape, "
-           "the samples each rank reads or the data order): use the original values or a new repo" if fixed else
-           f"to change it on purpose, resume with --allow-config-change {','.join(bad)}; otherwise use the "
-           "original flags or a new repo") if diff else "use the original flags or a new repo"
-    raise ValueError(f"{where} was written under another configuration (changed: {lines}); resuming would "
-                     f"mix two runs silently. {how[0].upper()}{how[1:]}.")
+    how = (
+        (
+            f"these fields cannot change across a resume: {', '.join(fixed)} (they decide the step's shape, "
+            "the samples each rank reads or the data order): use the original values or a new repo"
+            if fixed
+            else f"to change it on purpose, resume with --allow-config-change {','.join(bad)}; otherwise use the "
+            "original flags or a new repo"
+        )
+        if diff
+        else "use the original flags or a new repo"
+    )
+    raise ValueError(
+        f"{where} was written under another configuration (changed: {lines}); resuming would "
+        f"mix two runs silently. {how[0].upper()}{how[1:]}."
+    )

@@ -9,6 +9,7 @@ device (it would overwrite what is being copied), and the push thread waits for 
 pause a snapshot costs the training loop (`snapshot_s=` on the `CKPT save` line) is the thread's time
 plus the time the training stream waited for the copies (`device_wait_s=`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,6 +76,7 @@ class PendingCopy:
 
 class _Slot(NamedTuple):
     """Where a state tensor lands in HostBuffers' flat buffer of its dtype."""
+
     dtype: Any
     offset: int
     shape: tuple
@@ -108,14 +110,14 @@ class HostBuffers:
     record_stream: enqueuing those one by one was most of the training thread's pause. The plan of runs
     and host views is built once (see prepare) and replayed by every later snapshot of the same tensors."""
 
-    STAGING_BYTES = 64 * 2 ** 20   # device memory lent to the copies: small next to a 4 GB budget
+    STAGING_BYTES = 64 * 2**20  # device memory lent to the copies: small next to a 4 GB budget
 
     def __init__(self, device: Any):
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.flat: dict[Any, Any] = {}      # dtype -> flat host buffer
-        self.staging: dict[Any, Any] = {}   # dtype -> flat device buffer (cuda)
+        self.flat: dict[Any, Any] = {}  # dtype -> flat host buffer
+        self.staging: dict[Any, Any] = {}  # dtype -> flat device buffer (cuda)
         self.plan: _CopyPlan | None = None
 
     def _ensure(self, need: dict) -> int:
@@ -151,7 +153,7 @@ class HostBuffers:
             if self.cuda and delay_s > 0:  # the torn-copy trap: copies start after the next step's opt
                 torch.cuda._sleep(int(delay_s * 2e9))
             for srcs, stage, dst in plan.runs:
-                if len(srcs) == 1:      # one tensor, straight into its host slice
+                if len(srcs) == 1:  # one tensor, straight into its host slice
                     dst.copy_(srcs[0], non_blocking=self.cuda)
                 elif stage is not None:  # gathered on the device (one kernel), then one DMA to pinned memory
                     torch.cat(srcs, out=stage)
@@ -163,10 +165,11 @@ class HostBuffers:
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
 
-        def host(v: Any) -> Any:   # a cached view; any other tensor (a CPU scalar): copied now
+        def host(v: Any) -> Any:  # a cached view; any other tensor (a CPU scalar): copied now
             if isinstance(v, _Slot):
                 return plan.views[v]
             return v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+
         w = {k: host(v) for k, v in plan.weights.items()}
         state = {k: {n: host(v) for n, v in st.items()} for k, st in plan.state.items()}
         rest = {k: to_host(v) for k, v in opt_sd.items() if k != "state"}
@@ -179,8 +182,11 @@ class HostBuffers:
         of host buffers newly allocated. The trainer calls it once the optimizer state exists (after the
         first step), so that no checkpoint's pause pays for the build."""
         live = [*weights.values(), *(v for st in opt_sd["state"].values() for v in st.values())]
-        if self.plan is not None and len(live) == len(self.plan.live) and all(
-                a is b for a, b in zip(live, self.plan.live)):
+        if (
+            self.plan is not None
+            and len(live) == len(self.plan.live)
+            and all(a is b for a, b in zip(live, self.plan.live))
+        ):
             return 0
         return self._build_plan(weights, opt_sd, live)
 
@@ -189,13 +195,13 @@ class HostBuffers:
         views, built once: later snapshots of the same tensors only replay the runs (~40 calls). Returns
         the bytes of host buffers newly allocated."""
         offsets: dict = {}
-        sources: list = []   # (flat device view, dtype, offset)
+        sources: list = []  # (flat device view, dtype, offset)
 
         def place(t: Any) -> Any:
             if not torch.is_tensor(t):
                 return t
             if t.device.type != self.device.type or not t.is_contiguous():
-                return t                      # copied at each snapshot (see start); a flat view needs contiguity
+                return t  # copied at each snapshot (see start); a flat view needs contiguity
             off = offsets.get(t.dtype, 0)
             offsets[t.dtype] = off + t.numel()
             sources.append((t.detach().reshape(-1), t.dtype, off))
@@ -210,21 +216,24 @@ class HostBuffers:
             srcs, dtype, off = [t for t, _, _ in sources[i:j]], sources[i][1], sources[i][2]
             n = sum(t.numel() for t in srcs)
             stage = self.staging[dtype][:n] if self.cuda and len(srcs) > 1 else None
-            runs.append((srcs, stage, self.flat[dtype][off:off + n]))
-        views = {slot: self.flat[slot.dtype][slot.offset:slot.offset + math.prod(slot.shape)].view(slot.shape)
-                 for slot in [*w.values(), *(v for st in state.values() for v in st.values())]
-                 if isinstance(slot, _Slot)}
+            runs.append((srcs, stage, self.flat[dtype][off : off + n]))
+        views = {
+            slot: self.flat[slot.dtype][slot.offset : slot.offset + math.prod(slot.shape)].view(slot.shape)
+            for slot in [*w.values(), *(v for st in state.values() for v in st.values())]
+            if isinstance(slot, _Slot)
+        }
         self.plan = _CopyPlan(live, runs, w, state, views)
         return added
 
 
 class _CopyPlan(NamedTuple):
     """HostBuffers' copies of one set of live tensors, replayed while start() is given the same objects."""
-    live: list          # the tensors, in walk order (the plan's key, compared by identity)
-    runs: list          # (flat sources, device staging slice or None, host slice)
-    weights: dict       # the state dicts' structure: _Slot where a tensor is copied, else the value
+
+    live: list  # the tensors, in walk order (the plan's key, compared by identity)
+    runs: list  # (flat sources, device staging slice or None, host slice)
+    weights: dict  # the state dicts' structure: _Slot where a tensor is copied, else the value
     state: dict
-    views: dict         # _Slot -> its host view
+    views: dict  # _Slot -> its host view
 
 
 def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
@@ -238,8 +247,7 @@ def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
             if not (torch.is_tensor(a) and torch.is_tensor(b)) or a.dtype != b.dtype or a.shape != b.shape:
                 return p
             count += 1
-            same = torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) \
-                if a.numel() else True
+            same = torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) if a.numel() else True
             return None if same else p
         if isinstance(a, dict) and isinstance(b, dict):
             if set(a) != set(b):
@@ -258,28 +266,35 @@ def snapshot_diff(got: Any, want: Any, path: str = "") -> str:
 @dataclass
 class Snapshot:
     """One checkpoint's training state on the host, as the training thread hands it to the push thread."""
+
     step: int
-    opt_state: dict             # {"optimizer", "scheduler", "scaler"} state dicts on the host
-    nbytes: int                 # bytes of the weights and the optimizer state
-    pause_s: float              # the training thread's time taking it
-    parts: str = ""             # async: where that time went, for the CKPT save line
-    weights: dict | None = None         # async: host views of the weights, valid once `pending` finished
+    opt_state: dict  # {"optimizer", "scheduler", "scaler"} state dicts on the host
+    nbytes: int  # bytes of the weights and the optimizer state
+    pause_s: float  # the training thread's time taking it
+    parts: str = ""  # async: where that time went, for the CKPT save line
+    weights: dict | None = None  # async: host views of the weights, valid once `pending` finished
     pending: PendingCopy | None = None  # async: the copies in flight
-    check: tuple | None = None          # SPECPROBE_SNAPSHOT_CHECK: a blocking copy to compare with
+    check: tuple | None = None  # SPECPROBE_SNAPSHOT_CHECK: a blocking copy to compare with
 
 
 class Snapshotter:
     """Rank 0's snapshots (module docstring). `new_model` builds a throwaway model of the same shape: the
     shadow whose state_dict the checkpoint writes. `emit` prints the `CKPT snapshot` lines."""
 
-    def __init__(self, mode: str, check: float | None, device: torch.device,
-                 new_model: Callable[[], nn.Module], emit: Callable[[str], None]):
+    def __init__(
+        self,
+        mode: str,
+        check: float | None,
+        device: torch.device,
+        new_model: Callable[[], nn.Module],
+        emit: Callable[[str], None],
+    ):
         self.mode, self.check, self.device = mode, check, device
         self._new_model, self._emit = new_model, emit
         self.shadow: nn.Module | None = None
         self.buffers: HostBuffers | None = None
-        self.wait: PendingCopy | None = None   # copies the next optimizer step must wait for
-        self.pause_max_s = 0.0                 # the longest pause of the training loop for a snapshot
+        self.wait: PendingCopy | None = None  # copies the next optimizer step must wait for
+        self.pause_max_s = 0.0  # the longest pause of the training loop for a snapshot
 
     def _ensure_shadow(self) -> nn.Module:
         if self.shadow is None:
@@ -296,16 +311,22 @@ class Snapshotter:
         self.buffers = HostBuffers(self.device)
         specs = [(tuple(t.shape), t.dtype) for t in model.state_dict().values()]
         if opt.state:
-            specs += [(tuple(t.shape), t.dtype) for st in opt.state.values() for t in st.values()
-                      if torch.is_tensor(t) and t.device.type == self.device.type]
+            specs += [
+                (tuple(t.shape), t.dtype)
+                for st in opt.state.values()
+                for t in st.values()
+                if torch.is_tensor(t) and t.device.type == self.device.type
+            ]
         else:  # AdamW (fused on cuda): exp_avg and exp_avg_sq like the parameter, `step` an fp32 scalar
             for g in opt.param_groups:
                 for prm in g["params"]:
                     specs += [(tuple(prm.shape), prm.dtype)] * 2 + [((), torch.float32)]
         t0 = time.perf_counter()
         nbytes = self.buffers.reserve(specs)
-        self._emit(f"CKPT snapshot buffers: {nbytes} bytes {'pinned ' if self.device.type == 'cuda' else ''}"
-                   f"host memory in {time.perf_counter() - t0:.2f}s (async snapshot)")
+        self._emit(
+            f"CKPT snapshot buffers: {nbytes} bytes {'pinned ' if self.device.type == 'cuda' else ''}"
+            f"host memory in {time.perf_counter() - t0:.2f}s (async snapshot)"
+        )
 
     def prepare_plan(self, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
         """async, after the session's first step (the optimizer state exists from then on): the copy plan,
@@ -315,11 +336,22 @@ class Snapshotter:
         t0 = time.perf_counter()
         added = self.buffers.prepare(model.state_dict(keep_vars=True), opt.state_dict())
         plan = self.buffers.plan
-        self._emit(f"CKPT snapshot plan: {len(plan.live)} tensors in {len(plan.runs)} copy runs, built after "
-                   f"step={step} in {time.perf_counter() - t0:.4f}s" + (f" ({added} more bytes)" if added else ""))
+        self._emit(
+            f"CKPT snapshot plan: {len(plan.live)} tensors in {len(plan.runs)} copy runs, built after "
+            f"step={step} in {time.perf_counter() - t0:.4f}s" + (f" ({added} more bytes)" if added else "")
+        )
 
-    def take(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, scaler: Any, *, step: int,
-             t0: float, t_rng: float) -> Snapshot:
+    def take(
+        self,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
+        sched: Any,
+        scaler: Any,
+        *,
+        step: int,
+        t0: float,
+        t_rng: float,
+    ) -> Snapshot:
         """The state after `step`. t0: when the pause began; t_rng: when the RNG gather had been started."""
         check = None
         if self.mode == "async":
@@ -330,12 +362,13 @@ class Snapshotter:
             model_sd, dev_opt_sd = model.state_dict(keep_vars=True), opt.state_dict()
             t_sd = time.perf_counter()
             plan_before = self.buffers.plan
-            weights, opt_sd, pending, new_bytes = self.buffers.start(model_sd, dev_opt_sd,
-                                                                     delay_s=self.check or 0.0)
+            weights, opt_sd, pending, new_bytes = self.buffers.start(model_sd, dev_opt_sd, delay_s=self.check or 0.0)
             # Where the training thread's pause goes (the next lever on it depends on which part is big).
-            parts = (f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
-                     f"/copies:{time.perf_counter() - t_sd:.4f}"
-                     f" copy_plan={'replayed' if self.buffers.plan is plan_before else 'built'}")
+            parts = (
+                f" snapshot_parts_s=rng:{t_rng - t0:.4f}/state_dict:{t_sd - t_rng:.4f}"
+                f"/copies:{time.perf_counter() - t_sd:.4f}"
+                f" copy_plan={'replayed' if self.buffers.plan is plan_before else 'built'}"
+            )
             if new_bytes:
                 self._emit(f"CKPT snapshot buffers: {new_bytes} more bytes at step={step} (layout not foreseen)")
             self.wait = pending
@@ -346,8 +379,11 @@ class Snapshotter:
             return Snapshot(step, opt_state, nbytes, time.perf_counter() - t0, parts, weights, pending, check)
         shadow = self._ensure_shadow()
         shadow.load_state_dict(model.state_dict())  # copies into host memory
-        opt_state = {"optimizer": to_host(opt.state_dict()), "scheduler": sched.state_dict(),
-                     "scaler": scaler.state_dict()}
+        opt_state = {
+            "optimizer": to_host(opt.state_dict()),
+            "scheduler": sched.state_dict(),
+            "scaler": scaler.state_dict(),
+        }
         nbytes = tensor_bytes(opt_state) + tensor_bytes(shadow.state_dict())
         pause = time.perf_counter() - t0
         self.pause_max_s = max(self.pause_max_s, pause)

@@ -6,6 +6,7 @@ what the GPU spent between two step starts (the bench's `step_ms_*` measure the 
 would say how fast Python queued the work, which under CUDA graphs runs far ahead of the device. On CPU the
 host clock is the step's time. The session's first step (compile, warm-up) is left out of the figures.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,7 +18,7 @@ import torch
 class StepTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.ms: list[float] = []   # one per finished step, in order; the first is the session's first step
+        self.ms: list[float] = []  # one per finished step, in order; the first is the session's first step
         self._marks: list[Any] = []  # CUDA events or perf_counter() stamps not yet turned into step times
 
     def mark(self) -> None:
@@ -47,6 +48,10 @@ class StepTimer:
         if not timed:
             return dict.fromkeys(("step_ms_min", "step_ms_p50", "step_ms_p90", "step_ms_max", "tok_s_median"))
         q = lambda f: timed[min(len(timed) - 1, int(f * len(timed)))]  # noqa: E731 - the bench's quantile
-        return {"step_ms_min": round(timed[0], 2), "step_ms_p50": round(q(0.5), 2),
-                "step_ms_p90": round(q(0.9), 2), "step_ms_max": round(timed[-1], 2),
-                "tok_s_median": round(tokens_per_step / (q(0.5) / 1000.0), 1)}
+        return {
+            "step_ms_min": round(timed[0], 2),
+            "step_ms_p50": round(q(0.5), 2),
+            "step_ms_p90": round(q(0.9), 2),
+            "step_ms_max": round(timed[-1], 2),
+            "tok_s_median": round(tokens_per_step / (q(0.5) / 1000.0), 1),
+        }

@@ -51,13 +51,22 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = [
-    "StoreError", "RepoMissing", "EntryMissing", "Conflict", "MetadataMissing", "FileInfo", "Store", "LocalStore",
-    "redact_url", "sha256_file", "META_DIR",
+    "StoreError",
+    "RepoMissing",
+    "EntryMissing",
+    "Conflict",
+    "MetadataMissing",
+    "FileInfo",
+    "Store",
+    "LocalStore",
+    "redact_url",
+    "sha256_file",
+    "META_DIR",
 ]
 
 MANIFEST_FORMAT = "specprobe-local-store/1"
-META_DIR = ".specprobe"   # the local store's own folder inside a repo dir
-_LOG_KEEP = 50          # the manifest's commit log is a short history for humans, not an audit trail
+META_DIR = ".specprobe"  # the local store's own folder inside a repo dir
+_LOG_KEEP = 50  # the manifest's commit log is a short history for humans, not an audit trail
 _CHUNK = 1 << 20
 
 
@@ -85,7 +94,7 @@ class MetadataMissing(StoreError):
 class FileInfo:
     path: str
     size: int
-    sha256: str | None      # None where the backend cannot say (a non-LFS Hub file)
+    sha256: str | None  # None where the backend cannot say (a non-LFS Hub file)
 
 
 @runtime_checkable
@@ -105,8 +114,9 @@ class Store(Protocol):
     def list_files(self) -> dict[str, FileInfo]:
         """path_in_repo -> FileInfo for the current commit; raises RepoMissing."""
 
-    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "",
-               expect_revision: str | None = None) -> str:
+    def commit(
+        self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "", expect_revision: str | None = None
+    ) -> str:
         """ONE atomic commit adding ``add`` (path_in_repo -> local file) and deleting ``delete`` (a path
         ending in "/" deletes that folder). Returns the new revision id. Deleting an absent path raises
         EntryMissing and commits nothing. With ``expect_revision``, the commit lands only on that revision
@@ -147,6 +157,7 @@ def redact_url(url: object) -> str:
 
 # ------------------------------------------------------------------------------------------ helpers
 
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -178,11 +189,11 @@ def normalize_repo_path(path: str, *, folder: bool = False) -> str:
 
 # -------------------------------------------------------------------------------------- LocalStore
 
+
 class LocalStore:
     """A directory repo with atomic multi-file commits (see the module docstring)."""
 
-    def __init__(self, root: Path, repo_id: str, *, url: str | None = None,
-                 link_mb_s: float | None = None) -> None:
+    def __init__(self, root: Path, repo_id: str, *, url: str | None = None, link_mb_s: float | None = None) -> None:
         self.root = Path(root)
         self.link_mb_s = link_mb_s
         self.repo_id = repo_id
@@ -209,14 +220,18 @@ class LocalStore:
         objects = _files_under(self._objects, limit=1) if self._objects.is_dir() else []
         if not found and not objects:
             return
-        what = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "") if found else \
-            f"{META_DIR}/objects/ without {META_DIR}/manifest.json"
+        what = (
+            ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+            if found
+            else f"{META_DIR}/objects/ without {META_DIR}/manifest.json"
+        )
         raise MetadataMissing(
             f"{redact_url(self.url)}: the folder {self.dir} holds files ({what}) but no "
             f"{self._manifest.relative_to(self.dir)}: the store's metadata is missing (a copy made with "
             f"`cp -r repo/*` or an rsync that skipped dot-folders loses {META_DIR}/). Refusing to take it for a "
             "missing repo: a fresh start would bury that history. Copy the repo again with its "
-            f"{META_DIR}/ folder, or move these files out of the way.")
+            f"{META_DIR}/ folder, or move these files out of the way."
+        )
 
     def _load(self) -> dict:
         try:
@@ -256,8 +271,9 @@ class LocalStore:
                 f = open(obj, "rb")
             except FileNotFoundError:
                 if attempt:
-                    raise StoreError(f"{path} in {redact_url(self.url)}: its stored object {obj} is missing "
-                                     "(the store is damaged)") from None
+                    raise StoreError(
+                        f"{path} in {redact_url(self.url)}: its stored object {obj} is missing (the store is damaged)"
+                    ) from None
                 continue
             with f:
                 yield f
@@ -311,17 +327,25 @@ class LocalStore:
         _fsync_dir(self._meta)
 
     def create(self) -> None:
-        self.exists()                       # MetadataMissing, before the lock creates .specprobe/
+        self.exists()  # MetadataMissing, before the lock creates .specprobe/
         with self._locked():
             if self.exists():
                 return
             self._objects.mkdir(parents=True, exist_ok=True)
             self._staging.mkdir(parents=True, exist_ok=True)
-            self._publish({"format": MANIFEST_FORMAT, "revision": 0, "revision_id": _revision_id(0, {}),
-                           "files": {}, "log": [{"revision": 0, "message": "create", "time": _now()}]})
+            self._publish(
+                {
+                    "format": MANIFEST_FORMAT,
+                    "revision": 0,
+                    "revision_id": _revision_id(0, {}),
+                    "files": {},
+                    "log": [{"revision": 0, "message": "create", "time": _now()}],
+                }
+            )
 
-    def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "",
-               expect_revision: str | None = None) -> str:
+    def commit(
+        self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "", expect_revision: str | None = None
+    ) -> str:
         adds = {normalize_repo_path(p): Path(src) for p, src in add.items()}
         deletes = [normalize_repo_path(p, folder=p.endswith("/")) for p in delete]
         if not adds and not deletes:
@@ -334,9 +358,11 @@ class LocalStore:
         with self._locked():
             doc = self._load()
             if expect_revision is not None and doc.get("revision_id", "") != expect_revision:
-                raise Conflict(f"commit to {redact_url(self.url)} expected revision {expect_revision}, the repo "
-                               f"is at {doc.get('revision_id', '')}: another commit came first; nothing committed")
-            shutil.rmtree(self._staging, ignore_errors=True)   # a killed commit's leftovers
+                raise Conflict(
+                    f"commit to {redact_url(self.url)} expected revision {expect_revision}, the repo "
+                    f"is at {doc.get('revision_id', '')}: another commit came first; nothing committed"
+                )
+            shutil.rmtree(self._staging, ignore_errors=True)  # a killed commit's leftovers
             self._objects.mkdir(parents=True, exist_ok=True)
             files = dict(doc["files"])
             removed = _apply_deletes(files, deletes, self.url)
@@ -351,11 +377,20 @@ class LocalStore:
                 time.sleep(sum(files[p]["size"] for p in adds) / (self.link_mb_s * 1e6))
             revision = int(doc.get("revision", 0)) + 1
             rev_id = _revision_id(revision, files)
-            log = list(doc.get("log", []))[-(_LOG_KEEP - 1):]
-            log.append({"revision": revision, "revision_id": rev_id, "message": message, "time": _now(),
-                        "added": sorted(adds), "deleted": sorted(deletes)})
-            self._publish({"format": MANIFEST_FORMAT, "revision": revision, "revision_id": rev_id,
-                           "files": files, "log": log})
+            log = list(doc.get("log", []))[-(_LOG_KEEP - 1) :]
+            log.append(
+                {
+                    "revision": revision,
+                    "revision_id": rev_id,
+                    "message": message,
+                    "time": _now(),
+                    "added": sorted(adds),
+                    "deleted": sorted(deletes),
+                }
+            )
+            self._publish(
+                {"format": MANIFEST_FORMAT, "revision": revision, "revision_id": rev_id, "files": files, "log": log}
+            )
             # Published. Everything below only tidies the visible tree and the object pool.
             self._sync_visible(files, known=set(doc["files"]) | {p for e in log for p in e.get("added", ())})
             self._gc_objects(files)
@@ -407,13 +442,13 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
             try:
                 os.link(obj, tmp)
-            except OSError:          # filesystems without hard links get a copy
+            except OSError:  # filesystems without hard links get a copy
                 shutil.copyfile(obj, tmp)
             os.replace(tmp, visible)
 
     def _is_own_file(self, path: Path, own_inodes: set[tuple[int, int]], known_path: bool) -> bool:
         if path.name.startswith(".") and path.name.endswith(".specprobe-tmp"):
-            return True             # a placement this store started and a kill interrupted
+            return True  # a placement this store started and a kill interrupted
         try:
             st = path.stat()
         except FileNotFoundError:

@@ -16,6 +16,7 @@ user's token), and is never printed.
 
 This module sits above both backends (trainer/store.py, trainer/hub.py), which never import it.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,17 +28,19 @@ from trainer.store import META_DIR, LocalStore, Store, redact_url
 
 __all__ = ["ACCEPTED_FORMS", "StoreUrl", "parse_store_url", "open_store"]
 
-ACCEPTED_FORMS = ("file:///abs/root/owner/name, file://rel/root/owner/name, hf://owner/name, "
-                  "hf://datasets/owner/name, hf://models/owner/name, owner/name")
+ACCEPTED_FORMS = (
+    "file:///abs/root/owner/name, file://rel/root/owner/name, hf://owner/name, "
+    "hf://datasets/owner/name, hf://models/owner/name, owner/name"
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
 class StoreUrl:
-    kind: str               # "file" | "hf"
-    repo_id: str            # owner/name
-    root: Path | None = None        # file: the store root (absolute)
-    repo_type: str = "dataset"      # hf: dataset | model
+    kind: str  # "file" | "hf"
+    repo_id: str  # owner/name
+    root: Path | None = None  # file: the store root (absolute)
+    repo_type: str = "dataset"  # hf: dataset | model
     link_mb_s: float | None = None  # file: emulated upload rate (see the module docstring)
 
 
@@ -55,7 +58,7 @@ def parse_store_url(url: str) -> StoreUrl:
         raise _bad_url(str(url), "empty")
     url = url.strip()
     if url.startswith("file://"):
-        rest, _, query = url[len("file://"):].partition("?")
+        rest, _, query = url[len("file://") :].partition("?")
         link_mb_s = _parse_link(url, query)
         parts = [p for p in rest.split("/") if p]
         if len(parts) < 2:
@@ -69,7 +72,7 @@ def parse_store_url(url: str) -> StoreUrl:
         root = Path("/" + "/".join(root_parts)) if rest.startswith("/") else Path.cwd().joinpath(*root_parts)
         return StoreUrl("file", f"{owner}/{name}", root=root, link_mb_s=link_mb_s)
     if url.startswith("hf://"):
-        parts = url[len("hf://"):].strip("/").split("/")
+        parts = url[len("hf://") :].strip("/").split("/")
         repo_type = "dataset"
         if len(parts) == 3 and parts[0] in ("datasets", "models"):
             repo_type = "dataset" if parts[0] == "datasets" else "model"
@@ -107,5 +110,5 @@ def open_store(url: str, token: str | None = None) -> Store:
     # Imported here, not above: a local store must not pay for (or need) huggingface_hub's network stack.
     # Not a hidden cycle: trainer.hub imports trainer.store only, never this module.
     from trainer.hub import HubStore
-    return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None,
-                    token=token)
+
+    return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)

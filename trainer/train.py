@@ -21,6 +21,7 @@ The lines the specs read: docs/DESIGN.md; speed, memory and the defaults per GPU
 Exit codes, the same on every rank: 0 done, 1 unexpected error, 2 bad command line (before any work),
 3 refused (resume, data mix, store), 4 a checkpoint push failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,17 @@ import numpy as np
 import torch
 
 from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, prune_local, write_checkpoint_dir
-from trainer.runconfig import config_hash
-from trainer.cli import (Runtime, RunPlan, UsageError, build_parser, checkpoint_steps, choose_runtime,
-                         lr_factor, run_config, validate_args)
+from trainer.cli import (
+    RunPlan,
+    Runtime,
+    UsageError,
+    build_parser,
+    checkpoint_steps,
+    choose_runtime,
+    lr_factor,
+    run_config,
+    validate_args,
+)
 from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
 from trainer.data import DataError, load_mix, train_batch, val_batches
 from trainer.dist import Dist, GradientSync
@@ -50,6 +59,7 @@ from trainer.log import emit, setup_logging
 from trainer.model import GEOMETRIES, Llama, count_params
 from trainer.resume import Refused, resume
 from trainer.rng import rng_state, set_rng_state
+from trainer.runconfig import config_hash
 from trainer.snapshot import Snapshot, Snapshotter, tensor_bytes
 from trainer.steptime import StepTimer
 from trainer.store import redact_url
@@ -66,16 +76,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     try:
-        plan = validate_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                             model_max_seq_len=GEOMETRIES[args.model].max_seq_len)
-        runtime = choose_runtime(args, os.environ)   # a bad SPECPROBE_* value is a usage error too
+        plan = validate_args(
+            args,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            model_max_seq_len=GEOMETRIES[args.model].max_seq_len,
+        )
+        runtime = choose_runtime(args, os.environ)  # a bad SPECPROBE_* value is a usage error too
     except UsageError as e:
         # Every rank says it: torchrun stops the others as soon as the first rank exits, so a message
         # left to rank 0 alone is lost whenever another rank gets there first.
         emit(f"python -m trainer.train: error: {e}", sys.stderr)
         return EXIT_USAGE
     trainer = Trainer(args, plan, runtime)
-    _SESSIONS.append(trainer)   # never garbage-collected mid-exit: see __main__
+    _SESSIONS.append(trainer)  # never garbage-collected mid-exit: see __main__
     return trainer.run()
 
 
@@ -103,12 +116,12 @@ class Trainer:
         self.hub_url = redact_url(args.hub_repo)
         self.checkpointer: Checkpointer | None = None
         self.pusher: ThreadPoolExecutor | None = None
-        self.pending: tuple[int, Future] | None = None   # rank 0's running push: (step, future)
+        self.pending: tuple[int, Future] | None = None  # rank 0's running push: (step, future)
         self.push_steps: list[int] = []
-        self.ckpt_wait_s = 0.0   # longest wait of the training loop for the previous push (rank 0)
+        self.ckpt_wait_s = 0.0  # longest wait of the training loop for the previous push (rank 0)
         self.losses: dict[str, float] = {}
-        self.config_changes: list[dict[str, Any]] = []   # what --allow-config-change let the resume change
-        self.step_seconds: list[float] = []   # host time of each step (the first is left out of tok_per_s)
+        self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
+        self.step_seconds: list[float] = []  # host time of each step (the first is left out of tok_per_s)
 
     def log(self, msg: str) -> None:
         if self.dist.master:
@@ -119,8 +132,15 @@ class Trainer:
         code = EXIT_ERROR
         try:
             self.setup()
-            begin = resume(self.dist, self.args, self.plan, self.raw_model, run_config=self.run_cfg,
-                           config_hash=self.cfg_hash, log=self.log)
+            begin = resume(
+                self.dist,
+                self.args,
+                self.plan,
+                self.raw_model,
+                run_config=self.run_cfg,
+                config_hash=self.cfg_hash,
+                log=self.log,
+            )
             self.checkpointer = begin.checkpointer
             self.config_changes = begin.config_changes
             self.build(begin.loaded)
@@ -138,9 +158,9 @@ class Trainer:
             if self.pusher is not None:
                 self.pusher.shutdown(wait=True)
             if self.checkpointer is not None:
-                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
+                self.checkpointer.close()  # releases the store's lease (a killed session's expires)
             if getattr(self, "checkpointer", None) is not None:
-                self.checkpointer.close()   # releases the store's lease (a killed session's expires)
+                self.checkpointer.close()  # releases the store's lease (a killed session's expires)
             # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
             # waits for the GIL that the destructor holds while joining it). __main__ exits without
             # running destructors instead; every push has finished and every collective has completed.
@@ -154,12 +174,16 @@ class Trainer:
         # Every rank loads the manifest, rank 0 verifies the shards' hashes; all agree on the outcome.
         err, mix = None, None
         try:
-            mix = load_mix(args.root, seq_len=args.seq_len, model_vocab=self.cfg.vocab_size,
-                           need_samples=plan.total_steps * args.micro_batch * args.accum * plan.world_size,
-                           verify=self.dist.master)
+            mix = load_mix(
+                args.root,
+                seq_len=args.seq_len,
+                model_vocab=self.cfg.vocab_size,
+                need_samples=plan.total_steps * args.micro_batch * args.accum * plan.world_size,
+                verify=self.dist.master,
+            )
         except DataError as e:
             err = f"data mix {args.root}: {e}"
-        if (err := self.dist.agree(err)):
+        if err := self.dist.agree(err):
             raise Refused(err)
         self.mix = mix
         n_shards = mix.manifest.get("n_shards", len(mix.manifest.get("shards", [])))
@@ -170,8 +194,13 @@ class Trainer:
         self.params = count_params(self.raw_model)
         self.log(f"params: {self.params} model={args.model}")
         self.log(f"checkpoint hub target: {self.hub_url}")
-        self.snapshots = Snapshotter(rt.snapshot, rt.snapshot_check, self.dist.device, emit=emit,
-                                     new_model=lambda: Llama(self.cfg, attn=args.attn, options=rt.options))
+        self.snapshots = Snapshotter(
+            rt.snapshot,
+            rt.snapshot_check,
+            self.dist.device,
+            emit=emit,
+            new_model=lambda: Llama(self.cfg, attn=args.attn, options=rt.options),
+        )
 
     # -- build: device, compile, gradient sync, optimizer ---------------------------------------------------------
     def build(self, loaded: dict | None) -> None:
@@ -194,18 +223,27 @@ class Trainer:
             keep_grads_allocated(raw)
         # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
         params = [p for p in raw.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        self.opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
-                                     fused=rt.device_type == "cuda")
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, partial(
-            lr_factor, total=plan.total_steps, warmup=plan.warmup_steps, lr=args.lr, min_lr=plan.min_lr,
-            schedule=args.schedule))
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        self.opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=rt.device_type == "cuda")
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt,
+            partial(
+                lr_factor,
+                total=plan.total_steps,
+                warmup=plan.warmup_steps,
+                lr=args.lr,
+                min_lr=plan.min_lr,
+                schedule=args.schedule,
+            ),
+        )
         self.scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.precision.use_scaler)
         if loaded is not None:
             self.opt.load_state_dict(loaded["opt"]["optimizer"])
             self.sched.load_state_dict(loaded["opt"]["scheduler"])
-            if self.scaler.is_enabled() and loaded["opt"]["scaler"]:   # empty from a run without a scaler
+            if self.scaler.is_enabled() and loaded["opt"]["scaler"]:  # empty from a run without a scaler
                 self.scaler.load_state_dict(loaded["opt"]["scaler"])
             set_rng_state(loaded["rng"], rt.device_type)
             # The optimizer's state brings back the saved run's weight decay and peak lr: this run's flags
@@ -221,8 +259,9 @@ class Trainer:
             random.seed(args.seed + self.dist.rank)
             np.random.seed(args.seed + self.dist.rank)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[rt.precision.name]
-        self.autocast = partial(torch.autocast, device_type=rt.device_type, dtype=dtype,
-                                enabled=rt.precision.name != "fp32")
+        self.autocast = partial(
+            torch.autocast, device_type=rt.device_type, dtype=dtype, enabled=rt.precision.name != "fp32"
+        )
 
     # -- the loop -------------------------------------------------------------------------------------
     def loop(self, start: int) -> None:
@@ -230,11 +269,11 @@ class Trainer:
         push_at = set(checkpoint_steps(start, plan.stop_step, args.push_every_steps))
         if self.dist.master and self.rt.snapshot == "async" and (push_at or start == plan.total_steps):
             self.snapshots.prepare(self.raw_model, self.opt)  # before the first step: not a training pause
-        if start == plan.total_steps:   # resumed at the horizon: only the final push is left
+        if start == plan.total_steps:  # resumed at the horizon: only the final push is left
             self.checkpoint(start, push_ckpt=False, final=True)
-        pending: list[tuple[int, torch.Tensor]] = []   # losses not yet read back from the device
+        pending: list[tuple[int, torch.Tensor]] = []  # losses not yet read back from the device
         t_log, since_log = time.time(), 0
-        self.gc_full = FullCollections()   # Python's full collections after the freeze: each one stops a step
+        self.gc_full = FullCollections()  # Python's full collections after the freeze: each one stops a step
         self.timer = StepTimer(self.dist.device)
         self.raw_model.train()
         for step in range(start + 1, plan.stop_step + 1):
@@ -245,20 +284,24 @@ class Trainer:
             since_log += 1
             if step == start + 1 or step % args.log_every == 0 or step == plan.stop_step:
                 if step == plan.stop_step:
-                    self.timer.mark()   # the last step's end, before the flush lets the device catch up
+                    self.timer.mark()  # the last step's end, before the flush lets the device catch up
                 self.flush_losses(pending)
                 self.timer.read()
                 now = time.time()
                 tok_s = since_log * plan.tokens_per_step / max(now - t_log, 1e-9)
-                self.log(f"step {step}/{plan.total_steps} loss {self.losses[str(step)]:.4f} lr {lr_now:.1e} "
-                         f"tok/s {tok_s:.0f}")
+                self.log(
+                    f"step {step}/{plan.total_steps} loss {self.losses[str(step)]:.4f} lr {lr_now:.1e} "
+                    f"tok/s {tok_s:.0f}"
+                )
                 t_log, since_log = now, 0
-            if step == start + 1:   # the compile is done: what lives now lives for the session
+            if step == start + 1:  # the compile is done: what lives now lives for the session
                 frozen, gc_s = freeze_heap()
-                self.log(f"gc: {frozen} objects frozen after step={step} (one full collection, {gc_s:.2f}s; "
-                         f"later collections skip them)")
+                self.log(
+                    f"gc: {frozen} objects frozen after step={step} (one full collection, {gc_s:.2f}s; "
+                    f"later collections skip them)"
+                )
                 self.gc_full.start()
-                self.snapshots.prepare_plan(self.raw_model, self.opt, step)   # setup, outside every pause
+                self.snapshots.prepare_plan(self.raw_model, self.opt, step)  # setup, outside every pause
             self.step_seconds.append(time.time() - t_step)
             if step in push_at:
                 self.flush_losses(pending)
@@ -271,10 +314,18 @@ class Trainer:
         args, rt, ddp = self.args, self.rt, self.dist.ddp
         step_loss = torch.zeros((), device=self.dist.device)
         for micro in range(args.accum):
-            if rt.cuda_graphs:   # each micro-step is a new replay: nothing of the last one's outputs is read
+            if rt.cuda_graphs:  # each micro-step is a new replay: nothing of the last one's outputs is read
                 torch.compiler.cudagraph_mark_step_begin()
-            x, y = train_batch(self.mix, seed=args.seed, step=step, rank=self.dist.rank, micro=micro,
-                               world_size=self.dist.world_size, accum=args.accum, batch=args.micro_batch)
+            x, y = train_batch(
+                self.mix,
+                seed=args.seed,
+                step=step,
+                rank=self.dist.rank,
+                micro=micro,
+                world_size=self.dist.world_size,
+                accum=args.accum,
+                batch=args.micro_batch,
+            )
             x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
             with self.autocast():
                 _, loss = self.raw_model(x, y)
@@ -310,45 +361,66 @@ class Trainer:
         """Snapshot on the training thread (every rank: the RNG gather), then write + push in the background."""
         t_wait = time.perf_counter()
         self.wait_push(step, announce=True)
-        t0 = time.perf_counter()   # from here to the submit is the snapshot's pause
+        t0 = time.perf_counter()  # from here to the submit is the snapshot's pause
         # A push still running when the next checkpoint comes (pushes more often than a push lasts) stalls
         # the loop too; reported on its own as ckpt_wait_s_max.
         self.ckpt_wait_s = max(self.ckpt_wait_s, t0 - t_wait)
-        rngs = self.dist.gather_later(rng_state(self.rt.device_type))   # read by the push thread
+        rngs = self.dist.gather_later(rng_state(self.rt.device_type))  # read by the push thread
         t_rng = time.perf_counter()
         if push_ckpt:
             self.push_steps.append(step)
         if not self.dist.master:
             return
         snap = self.snapshots.take(self.raw_model, self.opt, self.sched, self.scaler, step=step, t0=t0, t_rng=t_rng)
-        trainer_state = {"step": step, "tokens_consumed": step * self.plan.tokens_per_step,
-                         "run_config": self.run_cfg, "config_hash": self.cfg_hash,
-                         "model_options": self.rt.options.as_dict(), "world_size": self.dist.world_size,
-                         "final": final, "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        trainer_state = {
+            "step": step,
+            "tokens_consumed": step * self.plan.tokens_per_step,
+            "run_config": self.run_cfg,
+            "config_hash": self.cfg_hash,
+            "model_options": self.rt.options.as_dict(),
+            "world_size": self.dist.world_size,
+            "final": final,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        }
         if self.pusher is None:
             self.pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-push")
         self.pending = (step, self.pusher.submit(self._write_and_push, snap, trainer_state, rngs, push_ckpt, final))
 
-    def _write_and_push(self, snap: Snapshot, trainer_state: dict, rngs_wait: Callable[[], list],
-                        push_ckpt: bool, final: bool) -> None:
+    def _write_and_push(
+        self, snap: Snapshot, trainer_state: dict, rngs_wait: Callable[[], list], push_ckpt: bool, final: bool
+    ) -> None:
         """Push thread: the checkpoint dir written from the snapshot, then push -> verify -> pointer -> prune."""
         out_dir = self.args.out / "ckpt" / f"checkpoint-{snap.step}"
         rngs = rngs_wait()
         nbytes = snap.nbytes + tensor_bytes(rngs)
         shadow, pause, wait = self.snapshots.land(snap)
-        emit(f"CKPT save step={snap.step} files={len(CHECKPOINT_FILES)} bytes={nbytes} snapshot_s={pause:.3f}"
-             f"{wait}{snap.parts}")
-        files = write_checkpoint_dir(out_dir, model=shadow, cfg=self.cfg, trainer_state=trainer_state,
-                                     optimizer_state=snap.opt_state, rng_states=rngs)
+        emit(
+            f"CKPT save step={snap.step} files={len(CHECKPOINT_FILES)} bytes={nbytes} snapshot_s={pause:.3f}"
+            f"{wait}{snap.parts}"
+        )
+        files = write_checkpoint_dir(
+            out_dir,
+            model=shadow,
+            cfg=self.cfg,
+            trainer_state=trainer_state,
+            optimizer_state=snap.opt_state,
+            rng_states=rngs,
+        )
         for to_final in ([False] if push_ckpt else []) + ([True] if final else []):
-            self.checkpointer.push(snap.step, out_dir, files, tokens=trainer_state["tokens_consumed"],
-                                   config_hash=self.cfg_hash, final=to_final)
+            self.checkpointer.push(
+                snap.step,
+                out_dir,
+                files,
+                tokens=trainer_state["tokens_consumed"],
+                config_hash=self.cfg_hash,
+                final=to_final,
+            )
         if self.args.prune:
             prune_local(self.args.out / "ckpt", keep=out_dir)
 
     def wait_push(self, step: int, *, announce: bool) -> None:
         """Rank 0 waits for the running push; every rank learns whether it failed."""
-        self.dist.wait_gathers()   # the last checkpoint's RNG gather, before any other collective
+        self.dist.wait_gathers()  # the last checkpoint's RNG gather, before any other collective
         err = None
         if self.dist.master and self.pending is not None:
             prev_step, fut = self.pending
@@ -359,7 +431,7 @@ class Trainer:
             except Exception as e:  # noqa: BLE001 - any failure of the push fails the run, with its cause
                 err = f"push of step={prev_step} to {self.hub_url} failed: {type(e).__name__}: {e}"
             self.pending = None
-        if (err := self.dist.from_master(err)):
+        if err := self.dist.from_master(err):
             raise PushFailed(err)
 
     # -- finish: validation, the last push, RUN_JSON ------------------------------------------------------
@@ -370,23 +442,27 @@ class Trainer:
         gc_worst = dict(zip(mine, self.dist.max_over_ranks(list(mine.values()))))
         gc_worst["gc_full_collections"] = int(gc_worst["gc_full_collections"])
         if final_step > start:
-            self.log(f"gc: {gc_worst['gc_full_collections']} full collections after the freeze, longest "
-                     f"{gc_worst['gc_full_s_max']:.3f}s, total {gc_worst['gc_full_s_total']:.3f}s (worst rank)")
+            self.log(
+                f"gc: {gc_worst['gc_full_collections']} full collections after the freeze, longest "
+                f"{gc_worst['gc_full_s_max']:.3f}s, total {gc_worst['gc_full_s_total']:.3f}s (worst rank)"
+            )
         val: dict[str, Any] = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": True}
         if plan.horizon_leg:
-            val = self.validate()      # overlaps the final push running in the background
+            val = self.validate()  # overlaps the final push running in the background
             self.wait_push(final_step, announce=False)
-            self.log(f"TRAIN DONE step={final_step} tokens={final_step * plan.tokens_per_step} "
-                     f"seconds={time.time() - self.t_start:.1f}")
+            self.log(
+                f"TRAIN DONE step={final_step} tokens={final_step * plan.tokens_per_step} "
+                f"seconds={time.time() - self.t_start:.1f}"
+            )
         else:
             self.wait_push(final_step, announce=False)
-            self.log(f"segment boundary at step {final_step} (--stop-after-steps "
-                     f"{self.args.stop_after_steps}): stopping")
+            self.log(
+                f"segment boundary at step {final_step} (--stop-after-steps {self.args.stop_after_steps}): stopping"
+            )
             self.log("validation skipped (segment leg)")
         peaks = self.peak_stats()
         if self.dist.master:
-            emit("RUN_JSON " + json.dumps(self.run_report(start, resumed_from, val, peaks, gc_worst),
-                                          allow_nan=False))
+            emit("RUN_JSON " + json.dumps(self.run_report(start, resumed_from, val, peaks, gc_worst), allow_nan=False))
         return EXIT_OK
 
     def run_report(self, start: int, resumed_from: int | None, val: dict, peaks: dict, gc: dict) -> dict:
@@ -395,20 +471,35 @@ class Trainer:
         args, plan, final_step = self.args, self.plan, self.plan.stop_step
         losses = {k: (v if math.isfinite(v) else None) for k, v in self.losses.items()}
         return {
-            "final_step": final_step, "segment_stop": not plan.horizon_leg,
-            "resumed_from_step": resumed_from, "first_step": start + 1 if final_step > start else None,
+            "final_step": final_step,
+            "segment_stop": not plan.horizon_leg,
+            "resumed_from_step": resumed_from,
+            "first_step": start + 1 if final_step > start else None,
             "tokens_consumed": final_step * plan.tokens_per_step,
             "tok_per_s": session_tok_per_s(self.step_seconds, plan.tokens_per_step),
-            "params": self.params, "grad_ckpt": plan.grad_ckpt, "precision": self.rt.precision.name,
-            "compile": self.rt.compile_mode, "cuda_graphs": self.rt.cuda_graphs,
+            "params": self.params,
+            "grad_ckpt": plan.grad_ckpt,
+            "precision": self.rt.precision.name,
+            "compile": self.rt.compile_mode,
+            "cuda_graphs": self.rt.cuda_graphs,
             "model_options": self.rt.options.as_dict(),
-            "world_size": self.dist.world_size, "final_loss": losses.get(str(final_step)),
-            "losses": losses, **val, **peaks, "model": args.model, "attn": args.attn, "seq_len": args.seq_len,
-            "micro_batch": args.micro_batch, "accum": args.accum,
-            "tokens_per_step": plan.tokens_per_step, "total_steps": plan.total_steps,
-            "push_steps": self.push_steps, "hub_repo": self.hub_url,
+            "world_size": self.dist.world_size,
+            "final_loss": losses.get(str(final_step)),
+            "losses": losses,
+            **val,
+            **peaks,
+            "model": args.model,
+            "attn": args.attn,
+            "seq_len": args.seq_len,
+            "micro_batch": args.micro_batch,
+            "accum": args.accum,
+            "tokens_per_step": plan.tokens_per_step,
+            "total_steps": plan.total_steps,
+            "push_steps": self.push_steps,
+            "hub_repo": self.hub_url,
             "ckpt_pause_s_max": round(self.snapshots.pause_max_s, 4),
-            "ckpt_wait_s_max": round(self.ckpt_wait_s, 4), **gc,
+            "ckpt_wait_s_max": round(self.ckpt_wait_s, 4),
+            **gc,
             **self.timer.summary(plan.tokens_per_step),
             "seconds": round(time.time() - self.t_start, 1),
             "nonfinite_losses": sum(v is None for v in losses.values()),
@@ -426,8 +517,13 @@ class Trainer:
         try:
             self.raw_model.eval()
             with torch.no_grad():
-                for x, y in val_batches(self.mix, tokens=self.args.val_tokens, batch=self.args.micro_batch,
-                                        rank=self.dist.rank, world_size=self.dist.world_size):
+                for x, y in val_batches(
+                    self.mix,
+                    tokens=self.args.val_tokens,
+                    batch=self.args.micro_batch,
+                    rank=self.dist.rank,
+                    world_size=self.dist.world_size,
+                ):
                     x, y = x.to(self.dist.device), y.to(self.dist.device)
                     if self.rt.cuda_graphs:
                         torch.compiler.cudagraph_mark_step_begin()
@@ -453,18 +549,29 @@ class Trainer:
 
     def peak_stats(self) -> dict[str, Any]:
         if self.rt.device_type != "cuda":
-            self.log("peak_stats: alloc_gb=null reserved_gb=null alloc_gb_max_rank=null "
-                     "reserved_gb_max_rank=null (cpu: no device memory stats)")
-            return {"peak_gpu_gb": None, "peak_gpu_gb_max_rank": None, "peak_reserved_gb_max_rank": None,
-                    "peak_reserved_gb_by_rank": None, "peak_note": "cpu: no device memory stats"}
-        gib, dev = 2 ** 30, self.dist.device
+            self.log(
+                "peak_stats: alloc_gb=null reserved_gb=null alloc_gb_max_rank=null "
+                "reserved_gb_max_rank=null (cpu: no device memory stats)"
+            )
+            return {
+                "peak_gpu_gb": None,
+                "peak_gpu_gb_max_rank": None,
+                "peak_reserved_gb_max_rank": None,
+                "peak_reserved_gb_by_rank": None,
+                "peak_note": "cpu: no device memory stats",
+            }
+        gib, dev = 2**30, self.dist.device
         mine = [torch.cuda.max_memory_allocated(dev) / gib, torch.cuda.max_memory_reserved(dev) / gib]
         a, r, am, rm = (round(v, 3) for v in (*mine, *self.dist.max_over_ranks(mine)))
         # Each rank's own peak (index = rank): one rank far above the others is what the plots show.
         by_rank = self.dist.gather(round(mine[1], 3))
         self.log(f"peak_stats: alloc_gb={a} reserved_gb={r} alloc_gb_max_rank={am} reserved_gb_max_rank={rm}")
-        return {"peak_gpu_gb": a, "peak_gpu_gb_max_rank": am, "peak_reserved_gb_max_rank": rm,
-                "peak_reserved_gb_by_rank": by_rank}
+        return {
+            "peak_gpu_gb": a,
+            "peak_gpu_gb_max_rank": am,
+            "peak_reserved_gb_max_rank": rm,
+            "peak_reserved_gb_by_rank": by_rank,
+        }
 
 
 if __name__ == "__main__":

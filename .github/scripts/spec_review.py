@@ -11,6 +11,7 @@ Everything here runs in the test suite against a real git repository and a fake 
 only `GitHubApi.request` (the HTTP call to GitHub) is replaced there. The standard library only:
 the job installs nothing for it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,10 @@ def _labels(pr: Mapping[str, Any]) -> list[str]:
 def _merge_base(base_sha: str) -> str:
     proc = subprocess.run(["git", "merge-base", base_sha, "HEAD"], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise JobError(f"no merge base between {base_sha} and HEAD (a shallow clone? checkout needs "
-                       f"fetch-depth: 0): {proc.stderr.strip()}")
+        raise JobError(
+            f"no merge base between {base_sha} and HEAD (a shallow clone? checkout needs "
+            f"fetch-depth: 0): {proc.stderr.strip()}"
+        )
     return proc.stdout.strip()
 
 
@@ -70,8 +73,10 @@ def comment_body(markdown: str, rc: int, accepted: bool) -> str:
     if rc == EXIT_INVALID:
         verdict = "**The spec check fails: a spec is invalid on one side (see below).**"
     elif rc == EXIT_RISKY:
-        verdict = (f"**The spec check fails: risky changes need approval.** A maintainer approves them "
-                   f"by adding the label `{APPROVAL_LABEL}` to this PR (the check then re-runs).")
+        verdict = (
+            f"**The spec check fails: risky changes need approval.** A maintainer approves them "
+            f"by adding the label `{APPROVAL_LABEL}` to this PR (the check then re-runs)."
+        )
     elif accepted:
         verdict = f"Risky changes approved by the label `{APPROVAL_LABEL}`."
     else:
@@ -79,7 +84,7 @@ def comment_body(markdown: str, rc: int, accepted: bool) -> str:
     body = f"{MARKER}\n{verdict}\n\n{markdown}"
     if len(body) > COMMENT_LIMIT:
         cut = "\n\n(cut short: GitHub takes 65,536 characters; the whole review is in the job summary)\n"
-        body = body[:COMMENT_LIMIT - len(cut)] + cut
+        body = body[: COMMENT_LIMIT - len(cut)] + cut
     return body
 
 
@@ -101,14 +106,14 @@ def check(out: Path, env: Mapping[str, str], engine: str = "engine") -> int:
     else:
         markdown = review_md.read_text(encoding="utf-8")
     (out / "comment.md").write_text(comment_body(markdown, rc, accepted), encoding="utf-8")
-    (out / "pr.json").write_text(json.dumps({"number": pr["number"],
-                                             "repository": event["repository"]["full_name"],
-                                             "fork": _is_fork(pr)}), encoding="utf-8")
+    (out / "pr.json").write_text(
+        json.dumps({"number": pr["number"], "repository": event["repository"]["full_name"], "fork": _is_fork(pr)}),
+        encoding="utf-8",
+    )
     _append(env, "GITHUB_STEP_SUMMARY", markdown + "\n")
     _append(env, "GITHUB_OUTPUT", f"review_rc={rc}\n")
     if rc == EXIT_RISKY:
-        print(f"::error::risky spec changes need approval: add the label `{APPROVAL_LABEL}` to the PR",
-              flush=True)
+        print(f"::error::risky spec changes need approval: add the label `{APPROVAL_LABEL}` to the PR", flush=True)
     elif rc == EXIT_INVALID:
         print("::error::a spec is invalid on one side of the change (see the review above)", flush=True)
     return rc
@@ -121,6 +126,7 @@ def _is_fork(pr: Mapping[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------- the sticky comment
+
 
 class Api(Protocol):
     def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any: ...
@@ -140,9 +146,17 @@ class GitHubApi:
 
     def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Accept": "application/vnd.github+json",
-            "X-GitHub-Api-Version": "2022-11-28", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self.token}",
+                "Accept": "application/vnd.github+json",
+                "X-GitHub-Api-Version": "2022-11-28",
+                "Content-Type": "application/json",
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 text = resp.read().decode()
@@ -199,8 +213,9 @@ def comment(out: Path, env: Mapping[str, str], api: Api | None = None) -> int:
     except ApiError as exc:
         if exc.status == 403 and pr.get("fork"):
             # A fork's PR gets a read-only token: the review job's result and summary still stand.
-            print(f"::warning::cannot comment on a PR from a fork ({exc}); the review is in the job summary",
-                  flush=True)
+            print(
+                f"::warning::cannot comment on a PR from a fork ({exc}); the review is in the job summary", flush=True
+            )
             return 0
         raise JobError(str(exc)) from None
     print(f"{done} the spec review comment {cid} on {pr['repository']}#{pr['number']}", flush=True)
@@ -208,8 +223,9 @@ def comment(out: Path, env: Mapping[str, str], api: Api | None = None) -> int:
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None, api: Api | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spec_review.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="spec_review.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=("check", "comment"))
     parser.add_argument("--out", required=True, type=Path, help="where the review and the comment are kept")
     parser.add_argument("--engine", default="engine", help="the engine command (default: engine)")

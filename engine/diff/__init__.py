@@ -19,6 +19,7 @@ values for all of them.
 
 Exit codes: 0 no semantic change, 1 a semantic change, 2 an invalid spec on either side or bad usage.
 """
+
 from engine.diff.command import EXIT_CHANGED, EXIT_INVALID, EXIT_SAME, build_report, diff_main
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
@@ -26,5 +27,19 @@ from engine.diff.render import render, summary
 from engine.diff.saved_run import review_evidence
 from engine.diff.sides import load_side, materialise
 
-__all__ = ["EXIT_CHANGED", "EXIT_INVALID", "EXIT_SAME", "DiffError", "Report", "Side", "build_report",
-           "compare", "diff_main", "load_side", "materialise", "render", "review_evidence", "summary"]
+__all__ = [
+    "EXIT_CHANGED",
+    "EXIT_INVALID",
+    "EXIT_SAME",
+    "DiffError",
+    "Report",
+    "Side",
+    "build_report",
+    "compare",
+    "diff_main",
+    "load_side",
+    "materialise",
+    "render",
+    "review_evidence",
+    "summary",
+]

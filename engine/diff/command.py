@@ -1,4 +1,5 @@
 """`engine diff`'s command: load both sides as asked, compare, review a saved run, print."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,7 @@ from engine.spec import display_path
 EXIT_SAME, EXIT_CHANGED, EXIT_INVALID = 0, 1, 2
 
 
-def diff_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None
-              ) -> int:
+def diff_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """`engine diff` (the arguments of cli.py's `diff` command): print the diff; 0 no semantic
     change, 1 changed, 2 invalid spec or usage. `--markdown FILE` also writes it as Markdown to
     FILE; `--markdown -` prints the Markdown instead of the text."""
@@ -39,8 +39,9 @@ def diff_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: Te
     return EXIT_CHANGED if report.changed else EXIT_SAME
 
 
-def build_report(old: str, new: str | None, base: str | None, evidence: str | None = None,
-                 mode: str | None = None) -> Report:
+def build_report(
+    old: str, new: str | None, base: str | None, evidence: str | None = None, mode: str | None = None
+) -> Report:
     """Load both sides as asked, compare, and (with `evidence`) review the saved run."""
     if base is not None and new is not None:
         raise DiffError("engine diff: give either OLD NEW or SPEC --base REV, not both")
@@ -75,8 +76,7 @@ def load_at_base(spec: Path, base: str, tmp: Path, revision: Revision | None = N
         # Every file the spec reads is byte for byte the base's: one load serves both sides.
         left = Side(f"{base}:{rel}", right.spec, right.plans, str(tmp), f"{base}:")
     else:
-        left = Side(f"{base}:{rel}", None) if where is None else \
-            load_side(where, f"{base}:{rel}", tmp, f"{base}:")
+        left = Side(f"{base}:{rel}", None) if where is None else load_side(where, f"{base}:{rel}", tmp, f"{base}:")
     if left.spec is None and right.spec is None:
         raise DiffError(f"{spec}: exists neither at {base} nor in the working tree")
     return left, right
@@ -86,8 +86,11 @@ def _same_files(tmp: Path, right: Side, root: Path) -> bool:
     """Whether the files written out from the base (under `tmp`) are exactly those the working-tree
     spec was loaded from, same paths and same bytes."""
     written = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    read = sorted(Path(f).resolve().relative_to(root).as_posix() for f in right.spec.files
-                  if Path(f).resolve().is_relative_to(root))
+    read = sorted(
+        Path(f).resolve().relative_to(root).as_posix()
+        for f in right.spec.files
+        if Path(f).resolve().is_relative_to(root)
+    )
     if written != read or len(read) != len(right.spec.files):
         return False
     return all((tmp / p).read_bytes() == (root / p).read_bytes() for p in written)

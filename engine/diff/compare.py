@@ -1,5 +1,6 @@
 """Comparing two loaded sides: values, steps and checks per mode, spec-level keys, budgets; then
 changes equal in every mode are factored out so a reviewer reads them once."""
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,25 @@ def same(field_name: str, a: Any, b: Any) -> bool:
 
 
 # Fields a reviewer reads first: whether it runs, what it runs, how long it may take; output last.
-_FIELD_ORDER = ("kind", "enabled", "when", "run.argv", "run.env", "run.cwd", "run.timeout_s",
-                "run.grace_s", "run.ok_exit_codes", "run.precondition", "run.stop_on_failure",
-                "run.signals", "run.progress", "run.on_failure", "run.output", "remove", "collect")
+_FIELD_ORDER = (
+    "kind",
+    "enabled",
+    "when",
+    "run.argv",
+    "run.env",
+    "run.cwd",
+    "run.timeout_s",
+    "run.grace_s",
+    "run.ok_exit_codes",
+    "run.precondition",
+    "run.stop_on_failure",
+    "run.signals",
+    "run.progress",
+    "run.on_failure",
+    "run.output",
+    "remove",
+    "collect",
+)
 
 
 def _field_rank(name: str) -> int:
@@ -78,8 +95,7 @@ def _step_body(step: Mapping[str, Any]) -> dict[str, Any]:
 
 def _step_summary(step: Mapping[str, Any]) -> dict[str, Any]:
     """What a reviewer needs to see of an added step."""
-    out: dict[str, Any] = {"kind": step["kind"], "enabled": step.get("enabled", True),
-                           "when": step.get("when")}
+    out: dict[str, Any] = {"kind": step["kind"], "enabled": step.get("enabled", True), "when": step.get("when")}
     if step["kind"] == "run":
         r = step["run"]
         out.update(argv=r["argv"], timeout_s=r["timeout_s"], grace_s=r["grace_s"])
@@ -115,10 +131,18 @@ def diff_values(old: Any, new: Any) -> list[Change]:
         elif raw_a[k] != raw_b[k]:
             if isinstance(a[k], dict) and isinstance(b[k], dict) and a[k] and b[k]:
                 # A mapping value (a leg's env): the keys that moved, not two walls of JSON.
-                out += [Change("values", "changed" if va is not ABSENT and vb is not ABSENT else
-                               ("added" if va is ABSENT else "removed"), f"{k}.{f}", old=va, new=vb)
-                        for f, va, vb in field_diffs(a[k], b[k])] or \
-                    [Change("values", "changed", k, old=a[k], new=b[k])]
+                out += [
+                    Change(
+                        "values",
+                        "changed"
+                        if va is not ABSENT and vb is not ABSENT
+                        else ("added" if va is ABSENT else "removed"),
+                        f"{k}.{f}",
+                        old=va,
+                        new=vb,
+                    )
+                    for f, va, vb in field_diffs(a[k], b[k])
+                ] or [Change("values", "changed", k, old=a[k], new=b[k])]
             else:
                 # A secret that changed is a change; its text is still never shown.
                 out.append(Change("values", "changed", k, old=a[k], new=b[k]))
@@ -136,6 +160,7 @@ def _hider(plan: Any) -> Callable[[str, Any], Any]:
         if any(is_secret(part) for part in fname.split(".")):
             return REDACTED
         return scrubber.scrub_obj(value)
+
     return hide
 
 
@@ -155,13 +180,11 @@ def diff_steps(old: Any, new: Any) -> list[Change]:
         for fname, va, vb in field_diffs(_step_body(a[name]), _step_body(step)):
             # A change only in a secret's text is still a change; it just shows as redacted.
             out.append(Change("steps", "changed", name, fname, hide_old(fname, va), hide_new(fname, vb)))
-    out += [Change("steps", "removed", n, old=hide_old("", _step_summary(s)))
-            for n, s in a.items() if n not in b]
+    out += [Change("steps", "removed", n, old=hide_old("", _step_summary(s))) for n, s in a.items() if n not in b]
     return out
 
 
-def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Mapping[str, Any]]
-                ) -> list[Change]:
+def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Mapping[str, Any]]) -> list[Change]:
     a = {c["name"]: c for c in old_checks}
     b = {c["name"]: c for c in new_checks}
     out = []
@@ -200,8 +223,9 @@ def diff_plans(old: Any, new: Any) -> tuple[list[Change], Budget | None]:
 _SPEC_KEYS = ("name", "description", "version", "budget_s", "mode_env")
 
 
-def diff_spec_level(old: Mapping[str, Any], new: Mapping[str, Any],
-                    per_mode: Mapping[str, list[Change]]) -> list[Change]:
+def diff_spec_level(
+    old: Mapping[str, Any], new: Mapping[str, Any], per_mode: Mapping[str, list[Change]]
+) -> list[Change]:
     """Changes not tied to one mode: header keys, env mapping, default mode, value definitions that
     changed without changing any mode's resolved value (they matter under --set / env overrides)."""
     out = []
@@ -216,18 +240,24 @@ def diff_spec_level(old: Mapping[str, Any], new: Mapping[str, Any],
     ea, eb = old.get("env") or {}, new.get("env") or {}
     for var in list(eb) + [v for v in ea if v not in eb]:
         if ea.get(var, ABSENT) != eb.get(var, ABSENT):
-            out.append(Change("spec", "changed", f"env.{var}", old=ea.get(var, ABSENT),
-                              new=eb.get(var, ABSENT)))
-    moved = {c.subject.split(".")[0] for changes in per_mode.values() for c in changes
-             if c.section == "values"}
+            out.append(Change("spec", "changed", f"env.{var}", old=ea.get(var, ABSENT), new=eb.get(var, ABSENT)))
+    moved = {c.subject.split(".")[0] for changes in per_mode.values() for c in changes if c.section == "values"}
     va, vb = old.get("values") or {}, new.get("values") or {}
     for name in list(vb) + [n for n in va if n not in vb]:
         if name in moved or name not in va or name not in vb:
             continue  # added/removed values and moved results are shown per mode
         if _definition(va[name]) != _definition(vb[name]):
             shown = (REDACTED, REDACTED) if is_secret(name) else (va[name], vb[name])
-            out.append(Change("spec", "changed", f"values.{name}", old=shown[0], new=shown[1],
-                              extra={"note": "definition changed; same result in every mode"}))
+            out.append(
+                Change(
+                    "spec",
+                    "changed",
+                    f"values.{name}",
+                    old=shown[0],
+                    new=shown[1],
+                    extra={"note": "definition changed; same result in every mode"},
+                )
+            )
     return out
 
 
@@ -235,8 +265,7 @@ def _mode_values(data: Mapping[str, Any], mode: str, op: str) -> list[Change]:
     """The values a mode sets itself: what a reviewer needs to see of a mode added or removed."""
     own = (data.get("modes") or {}).get(mode) or {}
     shown = redact(own)
-    return [Change("values", op, k, **({"new": v} if op == "added" else {"old": v}))
-            for k, v in shown.items()]
+    return [Change("values", op, k, **({"new": v} if op == "added" else {"old": v})) for k, v in shown.items()]
 
 
 def _definition(raw: Any) -> Any:
@@ -265,12 +294,16 @@ def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
             mode_diffs.append(ModeDiff(m, "both", changes, budget))
         elif m in new.plans:
             p = new.plans[m]
-            mode_diffs.append(ModeDiff(m, "added", _mode_values(new.data, m, "added"),
-                                       Budget(None, 0.0, p.budget_s, p.worst_case_s)))
+            mode_diffs.append(
+                ModeDiff(m, "added", _mode_values(new.data, m, "added"), Budget(None, 0.0, p.budget_s, p.worst_case_s))
+            )
         else:
             p = old.plans[m]
-            mode_diffs.append(ModeDiff(m, "removed", _mode_values(old.data, m, "removed"),
-                                       Budget(p.budget_s, p.worst_case_s, None, 0.0)))
+            mode_diffs.append(
+                ModeDiff(
+                    m, "removed", _mode_values(old.data, m, "removed"), Budget(p.budget_s, p.worst_case_s, None, 0.0)
+                )
+            )
     # A whole spec added or removed (--base on a new file): show it against nothing, in full.
     if old.spec is None or new.spec is None:
         for md in mode_diffs:
@@ -297,8 +330,17 @@ def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
         c.where = place(c, old, new, None)
     name = new.data.get("name") or old.data.get("name") or "spec"
     status = "new" if old.spec is None else "deleted" if new.spec is None else "both"
-    return Report(old.label, new.label, name, spec_changes, common,
-                  [md.mode for md in both] if common else [], mode_diffs, raw, status=status)
+    return Report(
+        old.label,
+        new.label,
+        name,
+        spec_changes,
+        common,
+        [md.mode for md in both] if common else [],
+        mode_diffs,
+        raw,
+        status=status,
+    )
 
 
 def _index(data: Mapping[str, Any], section: str, name: str) -> int | None:
@@ -338,8 +380,11 @@ def place(c: Change, old: Side, new: Side, mode: str | None) -> str:
 def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Shift]:
     """What each check a change touches asks of a run, old against new, from the spec's values in
     this mode: checks whose expr, when or let changed, and unchanged checks reading a value that moved."""
-    rewritten = {c.subject for c in changes if c.section == "checks" and c.op == "changed"
-                 and c.field.split(".")[0] in (*EXPR_FIELDS, "let")}
+    rewritten = {
+        c.subject
+        for c in changes
+        if c.section == "checks" and c.op == "changed" and c.field.split(".")[0] in (*EXPR_FIELDS, "let")
+    }
     va, vb = redact(old.values), redact(new.values)
     moved = {k for k in set(va) | set(vb) if va.get(k, ABSENT) != vb.get(k, ABSENT)}
     before = {c["name"]: c for c in old.checks}
@@ -358,17 +403,19 @@ def _key(c: Change) -> str:
     """Identity for grouping the same change across modes: what a reader sees of it. An argument
     list is keyed by its token delta, so `added --verify-pushes after --prune` is one change
     even where the rest of the command differs by mode."""
+
     def j(v: Any) -> Any:
         return "<absent>" if v is ABSENT else v
+
     payload: Any = [j(c.old), j(c.new)]
     if c.op == "changed" and scalar_list(c.old) and scalar_list(c.new):
         payload = argv_delta(c.old, c.new)
-    return json.dumps([c.section, c.op, c.subject, c.field, payload, c.extra, c.where], sort_keys=True,
-                      default=str)
+    return json.dumps([c.section, c.op, c.subject, c.field, payload, c.extra, c.where], sort_keys=True, default=str)
 
 
 class _EmptyPlan:
     """The plan of a spec that does not exist on one side."""
+
     values: dict[str, Any] = {}
     secret_names: list[str] = []
     steps: list[dict[str, Any]] = []

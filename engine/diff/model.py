@@ -1,4 +1,5 @@
 """The diff's data: both sides, the changes found, the evidence review's findings."""
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ EXPR_FIELDS = ("expr", "when")
 @dataclass
 class Side:
     """One side of the diff: the loaded spec (None when the file does not exist there) and its plans."""
+
     label: str
     spec: Spec | None
     plans: dict[str, Plan] = dc_field(default_factory=dict)  # mode -> its plan
@@ -58,6 +60,7 @@ class Side:
 @dataclass
 class Change:
     """One semantic difference. `old`/`new` are ABSENT when the thing exists on one side only."""
+
     section: str  # spec | values | steps | checks
     op: str  # added | removed | changed | reordered
     subject: str  # the value / step / check / spec key concerned
@@ -126,5 +129,4 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        return bool(self.spec_changes or self.common or any(m.changes or m.status != "both"
-                                                            for m in self.modes))
+        return bool(self.spec_changes or self.common or any(m.changes or m.status != "both" for m in self.modes))

@@ -1,4 +1,5 @@
 """Rendering a diff: text for a terminal or Markdown for a PR comment, from one set of calls."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ _PATH = re.compile(r'[A-Za-z_]\w*(\.(?:[A-Za-z_]\w*|"[^"]*")|\[\d+\])*')
 def _operands(result: Mapping[str, Any], limit: int = 4) -> str:
     """`resumed_from_step = 120, stop1 = 120`: the values a check compared, each under the shortest
     suffix of its path that is unique among them."""
-    pairs = [(t, v) for t, v in result.get("explain") or []
-             if _PATH.fullmatch(t) and v != NOT_EVALUATED]
+    pairs = [(t, v) for t, v in result.get("explain") or [] if _PATH.fullmatch(t) and v != NOT_EVALUATED]
     pairs = list(dict.fromkeys(pairs))
     names = [t.split(".") for t, _ in pairs]
     shown = []
@@ -42,9 +42,15 @@ def _outcome_phrase(result: Mapping[str, Any], where: str = "") -> str:
 
 
 # Text marks and Markdown words for each kind of line.
-_MARKS = {"added": ("+", "**added**"), "removed": ("-", "**removed**"), "changed": ("~", "**changed**"),
-          "reordered": ("~", "**reordered**"), "blocked": ("!", "**not comparable**"),
-          "note": ("*", "**note**"), "plain": ("*", "")}
+_MARKS = {
+    "added": ("+", "**added**"),
+    "removed": ("-", "**removed**"),
+    "changed": ("~", "**changed**"),
+    "reordered": ("~", "**reordered**"),
+    "blocked": ("!", "**not comparable**"),
+    "note": ("*", "**note**"),
+    "plain": ("*", ""),
+}
 
 
 class Out:
@@ -173,8 +179,9 @@ def _render_step_change(out: Out, c: Change, at: str) -> None:
         added = [x for x in c.new if x not in c.old]
         removed = [x for x in c.old if x not in c.new]
         # Quoted: list items like "CKPT " often end in a space that matters.
-        parts = ([f"added {', '.join(out.code(json.dumps(x)) for x in added)}"] if added else []) + \
-                ([f"removed {', '.join(out.code(json.dumps(x)) for x in removed)}"] if removed else [])
+        parts = ([f"added {', '.join(out.code(json.dumps(x)) for x in added)}"] if added else []) + (
+            [f"removed {', '.join(out.code(json.dumps(x)) for x in removed)}"] if removed else []
+        )
         out.item(c.op, f"{name} {label}: {'; '.join(parts)}{at}")
     else:
         out.item(c.op, f"{name} {label}: {out.code(c.old)} -> {out.code(c.new)}{at}")
@@ -214,8 +221,7 @@ def _render_check_change(out: Out, c: Change, at: str) -> None:
     elif c.field == "disabled":
         out.item(c.op, f"{name} DISABLED reason{at}:")
         out.delta(prose_delta(words(c.old), words(c.new)))
-    elif (c.field in EXPR_FIELDS or c.field.startswith("let.")) and isinstance(c.old, str) \
-            and isinstance(c.new, str):
+    elif (c.field in EXPR_FIELDS or c.field.startswith("let.")) and isinstance(c.old, str) and isinstance(c.new, str):
         out.item(c.op, f"{name} {c.field}{at}:")
         out.delta(expr_delta(c.old, c.new))
     elif c.field == "why" and isinstance(c.old, str) and isinstance(c.new, str):
@@ -242,6 +248,7 @@ def _render_changes(out: Out, changes: list[Change]) -> None:
 
 def _budget_line(b: Budget) -> str:
     """`worst case 610 s -> 645 s of budget_s 900 s, headroom 290 s -> 255 s`."""
+
     def moved(old: float | None, new: float | None, unit: str = " s") -> str:
         shown = [("none" if v is None else f"{v:g}{unit}") for v in (old, new)]
         return shown[1] if old == new else f"{shown[0]} -> {shown[1]}"
@@ -265,8 +272,7 @@ def _budget_line(b: Budget) -> str:
 def summary(report: Report) -> str:
     """One line: what kind of things changed, counted by distinct name."""
     # An added/removed mode's own values are part of that mode, counted as the mode.
-    changes = report.spec_changes + report.common + \
-        [c for m in report.modes if m.status == "both" for c in m.changes]
+    changes = report.spec_changes + report.common + [c for m in report.modes if m.status == "both" for c in m.changes]
     parts = []
     for status in ("added", "removed"):
         modes = [m.mode for m in report.modes if m.status == status]
@@ -281,8 +287,11 @@ def summary(report: Report) -> str:
             parts.append(f"{section}: " + ", ".join(f"{len(v)} {k}" for k, v in sorted(ops.items())))
     if report.spec_changes:
         parts.append(f"spec: {len(report.spec_changes)} changed")
-    over = [m.mode for m in report.modes if m.budget and m.budget.new_budget is not None
-            and m.budget.new_worst > m.budget.new_budget]
+    over = [
+        m.mode
+        for m in report.modes
+        if m.budget and m.budget.new_budget is not None and m.budget.new_worst > m.budget.new_budget
+    ]
     if over:
         parts.append(f"OVER BUDGET in {', '.join(over)}")
     return "; ".join(parts) if parts else "no semantic change"
@@ -309,9 +318,13 @@ def lines_of(out: Out, report: Report, level: int = 2) -> None:
         verdict = f"{'new spec' if report.status == 'new' else 'spec deleted'}; {verdict}"
     old_label, new_label = _title(report)
     if out.md:
-        out.lines += [f"{'#' * level} Spec diff {out.code(report.name)}", "",
-                      f"{out.code(old_label)} -> {out.code(new_label)}", "",
-                      f"**{verdict}**" if report.changed else "No semantic change."]
+        out.lines += [
+            f"{'#' * level} Spec diff {out.code(report.name)}",
+            "",
+            f"{out.code(old_label)} -> {out.code(new_label)}",
+            "",
+            f"**{verdict}**" if report.changed else "No semantic change.",
+        ]
     else:
         out.lines += [f"engine diff {report.name}: {old_label} -> {new_label}", verdict]
     if report.spec_changes:
@@ -328,14 +341,18 @@ def lines_of(out: Out, report: Report, level: int = 2) -> None:
             continue
         if md.status == "both" and not md.changes and md.budget is None:
             continue  # everything it had is in "every mode"
-        out.head({"both": f"mode {md.mode}", "added": f"mode {md.mode} (added)",
-                  "removed": f"mode {md.mode} (removed)"}[md.status])
+        out.head(
+            {"both": f"mode {md.mode}", "added": f"mode {md.mode} (added)", "removed": f"mode {md.mode} (removed)"}[
+                md.status
+            ]
+        )
         _render_changes(out, md.changes)
         if md.budget is not None:
             if out.md:
                 out.blank()
-            out.lines.append(f"**budget**: {_budget_line(md.budget)}" if out.md
-                             else f"  budget: {_budget_line(md.budget)}")
+            out.lines.append(
+                f"**budget**: {_budget_line(md.budget)}" if out.md else f"  budget: {_budget_line(md.budget)}"
+            )
     if unchanged and report.changed:
         out.blank()
         out.lines.append(f"unchanged modes: {', '.join(unchanged)}")
@@ -359,15 +376,16 @@ def verdict_phrase(s: Shift) -> str:
     if s.verdict == UNKNOWN:
         return f"cannot tell: {s.why}"
     if s.verdict == UNCHANGED:
-        return ("unchanged on this run" if s.on_run else "unchanged") + \
-            (f" ({s.why})" if s.why else "")
+        return ("unchanged on this run" if s.on_run else "unchanged") + (f" ({s.why})" if s.why else "")
     return s.verdict if s.moves else f"{s.verdict}: {s.why}"
 
 
 def move_line(m: Move, old_outcome: str | None, new_outcome: str | None) -> str:
     """`13.2 <= 13.6 PASS (margin 0.4) -> 13.2 <= 20 PASS (margin 6.8)`."""
+
     def side(bound: Any, outcome: str | None) -> str:
         return f"{bound.phrase()}{' ' + outcome if outcome else ''}{_margin(bound)}"
+
     tail = f": cannot tell: {m.why}" if m.direction == UNKNOWN and m.why else ""
     return f"{side(m.old, old_outcome)} -> {side(m.new, new_outcome)}{tail}"
 
@@ -384,9 +402,15 @@ def _shift_lines(out: Out, s: Shift, old: Any = None, new: Any = None) -> None:
             out.sub("new", _outcome_phrase(new) if new else "(not evaluated)")
 
 
-_WHAT = {"added": "new check", "changed": "changed check", "moved": "check (unchanged; reads a changed value)",
-         "removed": "removed check",
-         "disabled": "disabled check", "enabled": "re-enabled check", "affected": "unchanged check"}
+_WHAT = {
+    "added": "new check",
+    "changed": "changed check",
+    "moved": "check (unchanged; reads a changed value)",
+    "removed": "removed check",
+    "disabled": "disabled check",
+    "enabled": "re-enabled check",
+    "affected": "unchanged check",
+}
 
 
 def _named(out: Out, r: CheckReview) -> str:
@@ -403,14 +427,15 @@ def _render_review(out: Out, r: CheckReview, label: str) -> None:
         return
     if r.status in ("removed", "disabled"):
         gone = "no longer checked" if r.status == "removed" else "DISABLED now"
-        out.item("plain" if out.md else "removed",
-                 f"{_WHAT[r.status]} {name} ({gone}) was {_outcome_phrase(r.old, label)}{at}")
+        out.item(
+            "plain" if out.md else "removed",
+            f"{_WHAT[r.status]} {name} ({gone}) was {_outcome_phrase(r.old, label)}{at}",
+        )
         if r.why:
             out.sub("why", r.why)
         return
     if r.status == "enabled":
-        out.item("plain" if out.md else "added", f"re-enabled check {name} would "
-                                                 f"{_outcome_phrase(r.new, label)}{at}")
+        out.item("plain" if out.md else "added", f"re-enabled check {name} would {_outcome_phrase(r.new, label)}{at}")
         return
     s = r.shift
     head = f"{_named(out, r)} on {label}: {verdict_phrase(s) if s else 'evaluated'}{at}"
@@ -459,5 +484,12 @@ def _render_evidence(out: Out, ev: EvidenceReview) -> None:
                     out.sub("bound", move_line(m, None, None))
 
 
-_GROUP_LABEL = {"added": " (new)", "changed": " (changed)", "moved": " (reads a changed value)",
-                "removed": " (removed)", "disabled": " (disabled)", "enabled": " (re-enabled)", "affected": ""}
+_GROUP_LABEL = {
+    "added": " (new)",
+    "changed": " (changed)",
+    "moved": " (reads a changed value)",
+    "removed": " (removed)",
+    "disabled": " (disabled)",
+    "enabled": " (re-enabled)",
+    "affected": "",
+}

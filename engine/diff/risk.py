@@ -8,6 +8,7 @@ real run showing the new legs pass; a larger time budget; wider accepted exit co
 now fails, that was removed, or that the re-check refuses. Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is
 safe. The classification is pure: the facts about the saved run come in as `SavedRun`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,10 +31,10 @@ WHY_RISKY: dict[str, str] = {
     "budget raised": "a larger budget lets a slower (stuck, regressed) run finish inside it",
     "exit codes widened": "an exit code that used to fail the leg now passes it",
     "saved run fails": "the last real run fails the new spec: merged, the next run is expected to fail "
-                       "too, or the saved evidence no longer stands for the spec",
+    "too, or the saved evidence no longer stands for the spec",
     "evidence removed": "without a saved run, nothing re-checks the spec's gates on real data",
     "saved run refused": "a saved run that `engine check` refuses re-checks nothing: the spec's gates are "
-                         "not seen on real data",
+    "not seen on real data",
 }
 # Step fields that only bound how long a leg may take (the budget answers for those).
 _TIME_FIELDS = ("run.timeout_s", "run.grace_s")
@@ -59,6 +60,7 @@ class Risk:
 @dataclass
 class SavedRun:
     """What is known of a spec's saved run (`evidence/<spec>/`) on both sides of the change."""
+
     label: str  # `evidence/p4_soak`
     mode: str | None = None  # the run's mode (None: no saved run at the head)
     at_base: bool = False  # a saved run existed at the base
@@ -79,37 +81,84 @@ def _check_changes(mode: str, changes: Iterable[Change], spec: str, gates: set[s
             continue
         if c.op == "removed" and _gate(c.old):
             why = " ".join(str(c.old.get("why") or "").split())
-            out.append(Risk("gate removed", spec, c.subject, f"gate {code(c.subject)} removed"
-                            + (f" (it checked: {why})" if why else ""), c.where, [mode]))
+            out.append(
+                Risk(
+                    "gate removed",
+                    spec,
+                    c.subject,
+                    f"gate {code(c.subject)} removed" + (f" (it checked: {why})" if why else ""),
+                    c.where,
+                    [mode],
+                )
+            )
         elif c.op == "disabled" and _gate(c.old):
-            out.append(Risk("gate disabled", spec, c.subject,
-                            f"gate {code(c.subject)} DISABLED: {' '.join(str(c.new).split())}", c.where, [mode]))
+            out.append(
+                Risk(
+                    "gate disabled",
+                    spec,
+                    c.subject,
+                    f"gate {code(c.subject)} DISABLED: {' '.join(str(c.new).split())}",
+                    c.where,
+                    [mode],
+                )
+            )
         elif c.op == "changed" and c.field == "severity" and (c.old or "gate") == "gate" and c.new != "gate":
-            out.append(Risk("gate demoted", spec, c.subject, f"gate {code(c.subject)} demoted to {c.new}",
-                            c.where, [mode]))
+            out.append(
+                Risk("gate demoted", spec, c.subject, f"gate {code(c.subject)} demoted to {c.new}", c.where, [mode])
+            )
         elif c.op == "changed" and c.field == "when" and c.new not in (None, ABSENT) and c.subject in gates:
-            what = f"gate {code(c.subject)} given `when: {c.new}`" if c.old in (None, ABSENT) else \
-                f"gate {code(c.subject)} `when` changed: {code(fmt(c.old))} -> {code(fmt(c.new))}"
+            what = (
+                f"gate {code(c.subject)} given `when: {c.new}`"
+                if c.old in (None, ABSENT)
+                else f"gate {code(c.subject)} `when` changed: {code(fmt(c.old))} -> {code(fmt(c.new))}"
+            )
             out.append(Risk("gate given a when", spec, c.subject, what, c.where, [mode]))
     return out
 
 
-def _shift_risks(mode: str, shifts: Mapping[str, Shift], gates: set[str], where: Mapping[str, str],
-                 flagged: set[str], spec: str, run_label: str | None) -> list[Risk]:
+def _shift_risks(
+    mode: str,
+    shifts: Mapping[str, Shift],
+    gates: set[str],
+    where: Mapping[str, str],
+    flagged: set[str],
+    spec: str,
+    run_label: str | None,
+) -> list[Risk]:
     out: list[Risk] = []
     for name, s in shifts.items():
         if name not in gates or name in flagged:
             continue
         if s.verdict == LOOSENED:
-            on = {RUN: f" on {run_label}", NUMBERS: f" (with the numbers of {run_label})",
-                  SPEC: " by the spec's values"}[s.basis]
+            on = {
+                RUN: f" on {run_label}",
+                NUMBERS: f" (with the numbers of {run_label})",
+                SPEC: " by the spec's values",
+            }[s.basis]
             numbers = "; ".join(_move_text(m, s) for m in s.moves) or s.why
-            out.append(Risk("gate loosened", spec, name, f"gate {code(name)} loosened{on}: {numbers}",
-                            where.get(name, ""), [mode], rank=[RUN, NUMBERS, SPEC].index(s.basis)))
+            out.append(
+                Risk(
+                    "gate loosened",
+                    spec,
+                    name,
+                    f"gate {code(name)} loosened{on}: {numbers}",
+                    where.get(name, ""),
+                    [mode],
+                    rank=[RUN, NUMBERS, SPEC].index(s.basis),
+                )
+            )
         elif s.verdict == UNKNOWN and not s.retarget:
-            out.append(Risk("gate rewritten", spec, name, f"gate {code(name)} changed and it cannot be told "
-                            f"whether it asks less: {s.why}", where.get(name, ""), [mode],
-                            rank=[RUN, NUMBERS, SPEC].index(s.basis)))
+            out.append(
+                Risk(
+                    "gate rewritten",
+                    spec,
+                    name,
+                    f"gate {code(name)} changed and it cannot be told whether it asks less: {s.why}",
+                    where.get(name, ""),
+                    [mode],
+                    rank=[RUN, NUMBERS, SPEC].index(s.basis),
+                )
+            )
     return out
 
 
@@ -118,6 +167,7 @@ def _move_text(m: Any, s: Shift) -> str:
         margin = bound.margin()
         shown = f" (margin {margin:.6g})" if margin is not None else ""
         return f"{bound.phrase()}{' ' + outcome if outcome else ''}{shown}"
+
     return f"{side(m.old, s.old_outcome)} -> {side(m.new, s.new_outcome)}"
 
 
@@ -132,9 +182,16 @@ def _step_risks(mode: str, changes: Iterable[Change], spec: str) -> tuple[list[R
             old = set(c.old if isinstance(c.old, list) else [0])
             new = set(c.new if isinstance(c.new, list) else [0])
             if new - old:
-                out.append(Risk("exit codes widened", spec, c.subject,
-                                f"leg {code(c.subject)} ok_exit_codes {fmt(sorted(old))} -> {fmt(sorted(new))}",
-                                c.where, [mode]))
+                out.append(
+                    Risk(
+                        "exit codes widened",
+                        spec,
+                        c.subject,
+                        f"leg {code(c.subject)} ok_exit_codes {fmt(sorted(old))} -> {fmt(sorted(new))}",
+                        c.where,
+                        [mode],
+                    )
+                )
         # What a leg does, not how long it may take (the budget's) or which exits pass (said above).
         if not (c.op == "changed" and c.field in (*_TIME_FIELDS, "run.ok_exit_codes")):
             legs.append(c)
@@ -151,8 +208,13 @@ def _leg_phrase(c: Change) -> str:
     return f"{code(c.subject)} {display_field(c.field)}"
 
 
-def assess(report: Report, spec: str, saved: SavedRun, gates_by_mode: Mapping[str, set[str]],
-           where_by_mode: Mapping[str, Mapping[str, str]]) -> list[Risk]:
+def assess(
+    report: Report,
+    spec: str,
+    saved: SavedRun,
+    gates_by_mode: Mapping[str, set[str]],
+    where_by_mode: Mapping[str, Mapping[str, str]],
+) -> list[Risk]:
     """Every risky change of one spec. `gates_by_mode`: mode -> the names of its gate checks in the NEW
     spec; `where_by_mode`: mode -> check -> file:line."""
     risks: list[Risk] = []
@@ -161,14 +223,30 @@ def assess(report: Report, spec: str, saved: SavedRun, gates_by_mode: Mapping[st
         return merge_modes(_saved_run_risks(spec, saved))
     if report.status == "deleted":
         gates = sorted({n for names in gates_by_mode.values() for n in names})
-        risks.append(Risk("gate removed", spec, "", f"spec deleted: its {len(gates)} gate checks no longer "
-                          f"run ({', '.join(code(g) for g in gates[:8])}{', ...' if len(gates) > 8 else ''})",
-                          "", sorted(gates_by_mode)))
+        risks.append(
+            Risk(
+                "gate removed",
+                spec,
+                "",
+                f"spec deleted: its {len(gates)} gate checks no longer "
+                f"run ({', '.join(code(g) for g in gates[:8])}{', ...' if len(gates) > 8 else ''})",
+                "",
+                sorted(gates_by_mode),
+            )
+        )
         return risks
     for md in report.modes:
         if md.status == "removed":
-            risks.append(Risk("gate removed", spec, md.mode, f"mode {code(md.mode)} removed: its gates no longer "
-                              f"run in it", "", [md.mode]))
+            risks.append(
+                Risk(
+                    "gate removed",
+                    spec,
+                    md.mode,
+                    f"mode {code(md.mode)} removed: its gates no longer run in it",
+                    "",
+                    [md.mode],
+                )
+            )
             continue
         if md.status != "both":
             continue
@@ -183,10 +261,18 @@ def assess(report: Report, spec: str, saved: SavedRun, gates_by_mode: Mapping[st
             shifts.update({r.name: r.shift for r in report.evidence.checks if r.shift is not None})
         # A `when` risk says it already; the when's part of a shift is no second risk.
         when_only = {r.subject for r in found if r.kind == "gate given a when"} - {
-            c.subject for c in changes if c.section == "checks" and (c.field == "expr" or c.field.startswith("let."))}
+            c.subject for c in changes if c.section == "checks" and (c.field == "expr" or c.field.startswith("let."))
+        }
         run_label = report.evidence.label if report.evidence is not None else None
-        risks += _shift_risks(md.mode, {k: v for k, v in shifts.items() if k not in when_only}, gates,
-                              where_by_mode.get(md.mode, {}), flagged, spec, run_label)
+        risks += _shift_risks(
+            md.mode,
+            {k: v for k, v in shifts.items() if k not in when_only},
+            gates,
+            where_by_mode.get(md.mode, {}),
+            flagged,
+            spec,
+            run_label,
+        )
         exit_risks, legs = _step_risks(md.mode, changes, spec)
         risks += exit_risks
         if legs:
@@ -194,13 +280,29 @@ def assess(report: Report, spec: str, saved: SavedRun, gates_by_mode: Mapping[st
         b = md.budget
         if b is not None and b.old_budget is not None and (b.new_budget is None or b.new_budget > b.old_budget):
             new = "none" if b.new_budget is None else f"{b.new_budget:g} s"
-            risks.append(Risk("budget raised", spec, "budget_s", f"budget_s {b.old_budget:g} s -> {new}",
-                              _budget_where(report), [md.mode]))
+            risks.append(
+                Risk(
+                    "budget raised",
+                    spec,
+                    "budget_s",
+                    f"budget_s {b.old_budget:g} s -> {new}",
+                    _budget_where(report),
+                    [md.mode],
+                )
+            )
     if leg_changes:
         risks += _leg_risks(leg_changes, spec, saved)
     elif saved.renewed and saved.refused:  # a new bundle committed that does not describe this spec
-        risks.append(Risk("saved run refused", spec, saved.label, f"{saved.label} (renewed in this change) is "
-                          f"refused by `engine check`: {saved.refused[0]}", "", [saved.mode] if saved.mode else []))
+        risks.append(
+            Risk(
+                "saved run refused",
+                spec,
+                saved.label,
+                f"{saved.label} (renewed in this change) is refused by `engine check`: {saved.refused[0]}",
+                "",
+                [saved.mode] if saved.mode else [],
+            )
+        )
     risks += _saved_run_risks(spec, saved)
     return merge_modes(risks)
 
@@ -224,16 +326,20 @@ def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedR
         because = f"no saved run under {saved.label}/"
     elif saved.refused:
         steps = [line.split(":")[0].removeprefix("step ") for line in saved.refused if line.startswith("step ")]
-        because = f"{saved.label} is a run of other legs ({', '.join(code(s) for s in steps)} differ: " \
-                  f"`engine check` refuses it)" if steps else \
-            f"`engine check` refuses {saved.label}: {saved.refused[0]}"
+        because = (
+            f"{saved.label} is a run of other legs ({', '.join(code(s) for s in steps)} differ: "
+            f"`engine check` refuses it)"
+            if steps
+            else f"`engine check` refuses {saved.label}: {saved.refused[0]}"
+        )
     elif not saved.renewed:
         because = f"{saved.label} was not renewed in this change"
     else:
         return []  # a new run of the new legs was committed, and the re-check accepts it
     others = f" (and in {', '.join(m for m in modes if m != shown_mode)})" if len(modes) > 1 else ""
-    return [Risk("legs changed", spec, "legs", f"legs changed in {shown_mode}: {shown}{others}; {because}",
-                 where, modes)]
+    return [
+        Risk("legs changed", spec, "legs", f"legs changed in {shown_mode}: {shown}{others}; {because}", where, modes)
+    ]
 
 
 def _saved_run_risks(spec: str, saved: SavedRun) -> list[Risk]:
@@ -244,9 +350,16 @@ def _saved_run_risks(spec: str, saved: SavedRun) -> list[Risk]:
         before = set(saved.failing_at_base or [])
         new = [f for f in saved.failing if f not in before]
         if new:
-            out.append(Risk("saved run fails", spec, saved.label,
-                            f"{saved.label} ({saved.mode}) fails under the new spec: "
-                            f"{', '.join(code(f) for f in new)}", "", [saved.mode] if saved.mode else []))
+            out.append(
+                Risk(
+                    "saved run fails",
+                    spec,
+                    saved.label,
+                    f"{saved.label} ({saved.mode}) fails under the new spec: {', '.join(code(f) for f in new)}",
+                    "",
+                    [saved.mode] if saved.mode else [],
+                )
+            )
     return out
 
 
@@ -255,8 +368,11 @@ def merge_modes(risks: list[Risk]) -> list[Risk]:
     said the best-known way (a saved run's numbers over the spec's values)."""
     out: dict[tuple, Risk] = {}
     for r in risks:
-        key = (r.kind, r.spec, r.subject, r.where) if r.kind in ("gate loosened", "gate rewritten") else \
-            (r.kind, r.spec, r.subject, r.what, r.where)
+        key = (
+            (r.kind, r.spec, r.subject, r.where)
+            if r.kind in ("gate loosened", "gate rewritten")
+            else (r.kind, r.spec, r.subject, r.what, r.where)
+        )
         if key not in out:
             out[key] = Risk(r.kind, r.spec, r.subject, r.what, r.where, list(r.modes), r.rank)
             continue

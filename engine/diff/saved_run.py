@@ -1,6 +1,7 @@
 """A saved run against the diff: every check the change touches evaluated on it, old (with the old
 spec's values) and new (with the new spec's) side by side, how each moved, and plainly where a
 changed leg means the run cannot answer."""
+
 from __future__ import annotations
 
 import re
@@ -63,14 +64,14 @@ def _step_delta(fname: str, old: Any, new: Any) -> str:
 @dataclass
 class StepStates:
     """What the saved run can still say about each step of the new plan."""
+
     blocking: dict[str, str]  # step -> why the run no longer describes it
     harvest: dict[str, str]  # step -> its output rules changed (its harvest is stale)
     notes: list[str]  # changes that do not matter to what ran (time limits it stayed within)
     removed: dict[str, list[str]] = dc_field(default_factory=dict)  # ran, now gone -> steps after it
 
 
-def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: Any, new_plan: Any
-                 ) -> StepStates:
+def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: Any, new_plan: Any) -> StepStates:
     """Compare every step of the new plan with what ran.
 
     With the run's own context (`*_run`: plans rebuilt with its builtins and overrides) the saved
@@ -99,8 +100,10 @@ def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: An
         if fp_run is not None and fp_run == current.fingerprints.get(name):
             pass  # the run ran exactly the new definition
         elif before is None:
-            states.blocking[name] = (f"leg `{name}` as it ran matches neither side of this diff "
-                                     f"(the evidence was made with another version of the spec)")
+            states.blocking[name] = (
+                f"leg `{name}` as it ran matches neither side of this diff "
+                f"(the evidence was made with another version of the spec)"
+            )
             continue
         else:
             deltas = field_diffs(step_definition(before), step_definition(step))
@@ -115,23 +118,27 @@ def _step_states(old_run: Any, new_run: Any, ev: Mapping[str, Any], old_plan: An
             a = (old_side[name].get("run") or {}).get("output")
             b = (new_side[name].get("run") or {}).get("output")
             if a != b:
-                fields = ", ".join(display_field("run." + f) for f, _, _ in
-                                   field_diffs({"output": a or {}}, {"output": b or {}}))
+                fields = ", ".join(
+                    display_field("run." + f) for f, _, _ in field_diffs({"output": a or {}}, {"output": b or {}})
+                )
                 states.harvest[name] = (
                     f"leg `{name}`'s output rules changed ({fields}): the saved harvest was made with "
-                    f"the old rules (`engine replay` re-harvests the raw log)")
+                    f"the old rules (`engine replay` re-harvests the raw log)"
+                )
     # A leg that ran and is gone changes everything after it (a wipe that no longer happens).
     names = {s["name"] for s in current.steps}
     order = list(ev_steps)
     for name, rec in ev_steps.items():
-        if name not in names and rec.get("kind", "run") in ("run", "remove") and \
-                rec.get("status") not in (None, "skipped", "not_run"):
-            states.removed[name] = order[order.index(name) + 1:]
+        if (
+            name not in names
+            and rec.get("kind", "run") in ("run", "remove")
+            and rec.get("status") not in (None, "skipped", "not_run")
+        ):
+            states.removed[name] = order[order.index(name) + 1 :]
     return states
 
 
-def _leg_change(name: str, deltas: list[tuple[str, Any, Any]], ran: Mapping[str, Any]
-                ) -> tuple[bool, str]:
+def _leg_change(name: str, deltas: list[tuple[str, Any, Any]], ran: Mapping[str, Any]) -> tuple[bool, str]:
     """(blocks, message) for a leg that changed since the run. Only time limits changed and the leg
     finished inside the new ones: it did exactly what it would do under the new spec, so it does not
     block (a shorter timeout it would have hit does)."""
@@ -140,8 +147,11 @@ def _leg_change(name: str, deltas: list[tuple[str, Any, Any]], ran: Mapping[str,
         new_timeout = {f: b for f, _, b in deltas}.get("run.timeout_s")
         seconds = ran.get("seconds")
         finished = ran.get("status") == "ok" and not ran.get("timed_out")
-        if finished and isinstance(seconds, (int, float)) and (
-                new_timeout is None or (isinstance(new_timeout, (int, float)) and seconds < new_timeout)):
+        if (
+            finished
+            and isinstance(seconds, (int, float))
+            and (new_timeout is None or (isinstance(new_timeout, (int, float)) and seconds < new_timeout))
+        ):
             return False, f"leg `{name}` changed only its time limits ({phrase}); it finished in {seconds:g} s"
     return True, f"leg `{name}` changed since the run ({phrase})"
 
@@ -174,8 +184,9 @@ def _touched(changes: list[Change]) -> dict[str, str]:
     return out
 
 
-def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any],
-                    memo: dict | None = None) -> EvidenceReview:
+def review_evidence(
+    report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any], memo: dict | None = None
+) -> EvidenceReview:
     """Evaluate on a saved run every check the change touches, the OLD definition with the old spec's
     values and the NEW one with the new spec's, and say how each moved (tightened, loosened, unchanged
     on this run, cannot tell); say plainly where a changed leg means the run cannot answer."""
@@ -192,8 +203,10 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
     memo = {} if memo is None else memo
     old_run, new_run = replan_quietly(old.spec, ev, memo), replan_quietly(new.spec, ev, memo)
     if new_run is None:
-        notes.append("could not rebuild the new spec's plan with the run's overrides; "
-                     "legs and values are compared between the two spec sides instead")
+        notes.append(
+            "could not rebuild the new spec's plan with the run's overrides; "
+            "legs and values are compared between the two spec sides instead"
+        )
     states = _step_states(old_run, new_run, ev, old_plan, new_plan)
     blocking, harvest = states.blocking, states.harvest
     notes += states.notes
@@ -216,11 +229,17 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
         # A leg's results depend on every run/remove step before it (leg 2 resumes from leg 1's store).
         # Said once: a changed leg the check reads makes an upstream change beside the point.
         last = max((order.index(s) for s in read_steps if s in order), default=-1)
-        direct = [blocking[s] for s in order[:last + 1] if s in blocking and s in read_steps]
-        upstream = [f"{blocking[s]}{UPSTREAM}" for s in order[:last + 1]
-                    if s in blocking and s not in read_steps and s in changing_kinds]
-        gone = [f"leg `{r}` ran before what this check reads and is gone from the new spec"
-                for r, after in states.removed.items() if any(s in after for s in read_steps)]
+        direct = [blocking[s] for s in order[: last + 1] if s in blocking and s in read_steps]
+        upstream = [
+            f"{blocking[s]}{UPSTREAM}"
+            for s in order[: last + 1]
+            if s in blocking and s not in read_steps and s in changing_kinds
+        ]
+        gone = [
+            f"leg `{r}` ran before what this check reads and is gone from the new spec"
+            for r, after in states.removed.items()
+            if any(s in after for s in read_steps)
+        ]
         return list(dict.fromkeys(out + (direct or upstream) + gone))
 
     # Legs the two sides define differently in this mode: a check reading one (or reading after one)
@@ -231,42 +250,64 @@ def review_evidence(report: Report, old: Side, new: Side, run_dir: str, ev: Mapp
     def reads_moved_legs(check: Mapping[str, Any]) -> bool:
         read_steps = [p[1] for p in reads(check) if p[0] in ("steps", "state") and len(p) > 1]
         last = max((order.index(s) for s in read_steps if s in order), default=-1)
-        return any(s in moved_legs and (s in read_steps or s in changing_kinds) for s in order[:last + 1])
+        return any(s in moved_legs and (s in read_steps or s in changing_kinds) for s in order[: last + 1])
 
     by_old = {c["name"]: c for c in (old_plan.checks if old_plan else [])}
     by_new = {c["name"]: c for c in new_plan.checks}
     touched = _touched(report.raw_modes.get(mode, []))
     # Unchanged checks that read a value the change moved: their bound moved though they did not.
-    moved_values = {k for k in set(values_old) | set(values_new)
-                    if k not in PER_RUN_BUILTINS and values_old.get(k, ABSENT) != values_new.get(k, ABSENT)}
+    moved_values = {
+        k
+        for k in set(values_old) | set(values_new)
+        if k not in PER_RUN_BUILTINS and values_old.get(k, ABSENT) != values_new.get(k, ABSENT)
+    }
     for name, check in by_new.items():
-        if name in by_old and name not in touched and any(
-                p[0] == "values" and len(p) > 1 and p[1] in moved_values for p in reads(check)):
+        if (
+            name in by_old
+            and name not in touched
+            and any(p[0] == "values" and len(p) > 1 and p[1] in moved_values for p in reads(check))
+        ):
             touched[name] = "moved"
     static = next((md.shifts for md in report.modes if md.mode == mode), {})
     reviews: list[CheckReview] = []
     for name, status in touched.items():
         before, now = by_old.get(name), by_new.get(name)
         shown, side = (before, old) if status in ("removed", "disabled") else (now, new)
-        reviews.append(CheckReview(name, status, blockers_of(now or before), where=side.shown(_where(shown)),
-                                   why=" ".join(str(shown.get("why") or "").split())))
+        reviews.append(
+            CheckReview(
+                name,
+                status,
+                blockers_of(now or before),
+                where=side.shown(_where(shown)),
+                why=" ".join(str(shown.get("why") or "").split()),
+            )
+        )
     # Each side's checks in one evaluation (the document is indexed once per side). A check the run
     # cannot answer for is evaluated too: its outcome means nothing, but the run's numbers place its
     # bounds (`mul(final_loss, 0.25)` -> `mul(final_loss, 0.5)` is a loosening only given a loss).
     bounds_only = {r.name for r in reviews if r.blockers and r.status in ("changed", "moved")}
     olds = [r for r in reviews if r.status != "added" and (not r.blockers or r.name in bounds_only)]
     news = [r for r in reviews if r.status != "removed" and (not r.blockers or r.name in bounds_only)]
-    old_results = dict(zip((r.name for r in olds),
-                           evaluate([by_old[r.name] for r in olds], doc_old, functions.OPTIONS)))
-    new_results = dict(zip((r.name for r in news),
-                           evaluate([by_new[r.name] for r in news], doc_new, functions.OPTIONS)))
+    old_results = dict(
+        zip((r.name for r in olds), evaluate([by_old[r.name] for r in olds], doc_old, functions.OPTIONS))
+    )
+    new_results = dict(
+        zip((r.name for r in news), evaluate([by_new[r.name] for r in news], doc_new, functions.OPTIONS))
+    )
     for r in reviews:
         if not r.blockers:
             r.old, r.new = old_results.get(r.name), new_results.get(r.name)
         if r.status in ("changed", "moved") and r.name in old_results and r.name in new_results:
             settle = not r.blockers and not reads_moved_legs(by_new[r.name])
-            r.shift = shift(by_old[r.name], by_new[r.name], values_old, values_new, old_results[r.name],
-                            new_results[r.name], settle=settle)
+            r.shift = shift(
+                by_old[r.name],
+                by_new[r.name],
+                values_old,
+                values_new,
+                old_results[r.name],
+                new_results[r.name],
+                settle=settle,
+            )
         elif r.blockers and r.name in static:
             r.shift = static[r.name]  # what the spec's own values say, with no run to confirm it
     checks += reviews

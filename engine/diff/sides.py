@@ -1,5 +1,6 @@
 """Loading both sides of a diff: a spec file, or a spec as it was at a git revision (with every
 file it extends or includes, at that same revision), validated and planned for every mode."""
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,9 @@ def repo_root(start: Path) -> Path:
     """Top of the git work tree containing `start` (a directory)."""
     proc = _git(["rev-parse", "--show-toplevel"], start)
     if proc.returncode != 0:
-        raise DiffError(f"{start}: not inside a git work tree (--base needs one): "
-                        f"{proc.stderr.decode(errors='replace').strip()}")
+        raise DiffError(
+            f"{start}: not inside a git work tree (--base needs one): {proc.stderr.decode(errors='replace').strip()}"
+        )
     return Path(proc.stdout.decode().strip()).resolve()
 
 
@@ -76,8 +78,9 @@ class Revision:
         """path -> its bytes at this revision, for those of `paths` that exist there."""
         wanted = [p for p in dict.fromkeys(paths) if p not in self._blobs]
         if wanted:
-            proc = _git(["cat-file", "--batch"], self.root,
-                        data="".join(f"{self.commit}:{p}\n" for p in wanted).encode())
+            proc = _git(
+                ["cat-file", "--batch"], self.root, data="".join(f"{self.commit}:{p}\n" for p in wanted).encode()
+            )
             out, at = proc.stdout, 0
             for p in wanted:
                 end = out.index(b"\n", at)
@@ -86,7 +89,7 @@ class Revision:
                 self._blobs[p] = None  # "<object> missing": not at this revision
                 if len(header) == 3 and header[1] == b"blob":
                     size = int(header[2])
-                    self._blobs[p] = out[at:at + size]
+                    self._blobs[p] = out[at : at + size]
                     at += size + 1
         return {p: b for p in paths if (b := self._blobs.get(p)) is not None}
 

@@ -8,6 +8,7 @@ run (the tracer's explain pairs of each side's evaluation) or, without one, from
 On a saved run the outcomes come first: a run the old check passes and the new one fails shows the
 new check is tighter there, whatever the expressions look like.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,6 +49,7 @@ def num(x: Any) -> str:
 @dataclass
 class Bound:
     """One comparison of a check, with its operands' values where known."""
+
     text: str  # the comparison as written
     op: str  # lt lte gt gte eq ne
     left: Any = ABSENT
@@ -79,12 +81,13 @@ def _short(text: str, limit: int = 48) -> str:
         return text
     tail = text[-limit:]
     cut = min((i for i in (tail.find("."), tail.find("(")) if i >= 0), default=-1)
-    return ELLIPSIS + (tail[cut + 1:] if 0 <= cut < limit // 2 else tail)
+    return ELLIPSIS + (tail[cut + 1 :] if 0 <= cut < limit // 2 else tail)
 
 
 @dataclass
 class Move:
     """One comparison, old against new, and which way its bound moved."""
+
     old: Bound
     new: Bound
     direction: str  # TIGHTENED | LOOSENED | UNCHANGED | UNKNOWN
@@ -95,6 +98,7 @@ class Move:
 @dataclass
 class Shift:
     """What a changed check asks of a run, old against new (on a saved run when the outcomes are set)."""
+
     verdict: str  # TIGHTENED | LOOSENED | UNCHANGED | UNKNOWN
     why: str  # what made it so, in a phrase
     moves: list[Move] = dc_field(default_factory=list)
@@ -114,6 +118,7 @@ class Shift:
 
 
 # ---------------------------------------------------------------- lining the expressions up
+
 
 def _parsed(text: str) -> dict | None:
     try:
@@ -176,6 +181,7 @@ def _by_terms(a: dict, b: dict) -> Shift | None:
 
 # ---------------------------------------------------------------- operand values
 
+
 def explained(result: CheckResult | None) -> dict[str, Any]:
     """Sub-expression text -> its value, from a result's explain pairs (values cut short are left out)."""
     out: dict[str, Any] = {}
@@ -191,11 +197,17 @@ def explained(result: CheckResult | None) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- named sub-expressions written out
 
+
 def _let_name(node: dict) -> str | None:
     """`x` for a `let.x` chain head (`let.x.y` too), else None."""
     kids = node.get("children") or []
-    if node["type"] == "subexpression" and len(kids) >= 2 and \
-            kids[0].get("type") == "field" and kids[0].get("value") == "let" and kids[1].get("type") == "field":
+    if (
+        node["type"] == "subexpression"
+        and len(kids) >= 2
+        and kids[0].get("type") == "field"
+        and kids[0].get("value") == "let"
+        and kids[1].get("type") == "field"
+    ):
         return kids[1]["value"]
     return None
 
@@ -223,8 +235,7 @@ def expand(node: dict, lets: Mapping[str, str], depth: int = 0) -> dict:
     return {**node, "children": [expand(k, lets, depth) if isinstance(k, dict) else k for k in kids]}
 
 
-def _expanded_values(result: CheckResult | None, written: dict | None, lets: Mapping[str, str]
-                     ) -> dict[str, Any]:
+def _expanded_values(result: CheckResult | None, written: dict | None, lets: Mapping[str, str]) -> dict[str, Any]:
     """`explained`, keyed also by each operand's text with its lets written out (what `expand` gives)."""
     run = explained(result)
     if not lets or written is None:
@@ -245,6 +256,7 @@ def _expanded_values(result: CheckResult | None, written: dict | None, lets: Map
 
 
 # ---------------------------------------------------------------- operand values
+
 
 def _static(node: dict, values: Mapping[str, Any]) -> Any:
     """An operand's value from the spec's values alone (literals, `values.x`, arithmetic of them);
@@ -268,6 +280,7 @@ def _value(node: dict, run: Mapping[str, Any], values: Mapping[str, Any] | None)
 
 
 # ---------------------------------------------------------------- one comparison
+
 
 def _direction(op: str, b0: Any, b1: Any, op1: str, t0: str, t1: str) -> tuple[str, str]:
     """Which way `measured OP b0` -> `measured OP1 b1` moved (one family of comparison, the bound moved)."""
@@ -294,15 +307,20 @@ def _mask(node: dict) -> Any:
     if node["type"] == "literal":
         return "literal"
     kids = node.get("children") or []
-    if node["type"] == "subexpression" and kids and kids[0].get("type") == "field" and \
-            kids[0].get("value") == "values":
+    if node["type"] == "subexpression" and kids and kids[0].get("type") == "field" and kids[0].get("value") == "values":
         return "value"
     return [node["type"], node.get("value"), [_mask(k) if isinstance(k, dict) else k for k in kids]]
 
 
-def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapping[str, Any],
-          values_a: Mapping[str, Any] | None, values_b: Mapping[str, Any] | None,
-          ) -> Move | None:
+def _move(
+    a: dict,
+    b: dict,
+    polarity: int,
+    run_a: Mapping[str, Any],
+    run_b: Mapping[str, Any],
+    values_a: Mapping[str, Any] | None,
+    values_b: Mapping[str, Any] | None,
+) -> Move | None:
     """One comparison old -> new; None when nothing about it changed."""
     (la, ra), (lb, rb) = a["children"], b["children"]
     texts_a, texts_b = (unparse(la), unparse(ra)), (unparse(lb), unparse(rb))
@@ -334,14 +352,16 @@ def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapp
         return Move(old, new, UNKNOWN, f"both sides of {code(old.text)} changed")
     if not same_operands and _mask(a["children"][bound]) != _mask(b["children"][bound]):
         # More moved than a number: the side that moved compares something else now.
-        return Move(old, new, UNKNOWN, f"what it compares with changed ({code(texts_a[bound])} -> "
-                                       f"{code(texts_b[bound])})")
+        return Move(
+            old, new, UNKNOWN, f"what it compares with changed ({code(texts_a[bound])} -> {code(texts_b[bound])})"
+        )
     if measured == 1:  # write it as `measured OP bound`
         op_a, op_b = _FLIP[op_a], _FLIP[op_b]
     family = {op: f for f in (_UPPER, _LOWER, ("eq",), ("ne",)) for op in f}
     if family[op_a] != family[op_b]:
-        return Move(old, new, UNKNOWN, f"the comparison changed ({code(SYMBOL[a['value']])} -> "
-                                       f"{code(SYMBOL[b['value']])})")
+        return Move(
+            old, new, UNKNOWN, f"the comparison changed ({code(SYMBOL[a['value']])} -> {code(SYMBOL[b['value']])})"
+        )
     if same_operands:  # only the comparison moved: `<` -> `<=` lets the bound itself pass
         if op_a in ("eq", "ne"):
             direction, why = UNKNOWN, f"{code(SYMBOL[a['value']])} -> {code(SYMBOL[b['value']])}"
@@ -353,13 +373,18 @@ def _move(a: dict, b: dict, polarity: int, run_a: Mapping[str, Any], run_b: Mapp
             return Move(old, new, UNKNOWN, why, retarget=True)
     if direction in (TIGHTENED, LOOSENED) and polarity != 1:
         if polarity == 0:
-            return Move(old, new, UNKNOWN, f"{code(new.text)} sits inside a function or projection, where "
-                                           f"its direction is not known")
+            return Move(
+                old,
+                new,
+                UNKNOWN,
+                f"{code(new.text)} sits inside a function or projection, where its direction is not known",
+            )
         direction = LOOSENED if direction == TIGHTENED else TIGHTENED
     return Move(old, new, direction, why)
 
 
 # ---------------------------------------------------------------- a whole check
+
 
 def reads(check: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """Evidence paths a check's expr, when and lets read from the root (`values.x`, `steps.leg1...`)."""
@@ -403,6 +428,7 @@ def _merge(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
         return UNKNOWN, f"{wa}, but {wb}"
     return (LOOSENED, f"{wa}; {wb}") if LOOSENED in (va, vb) else (UNKNOWN, f"{wa}; {wb}")
 
+
 def _combine(moves: Sequence[Move]) -> tuple[str, str]:
     dirs = [m.direction for m in moves]
     loose = [m for m in moves if m.direction == LOOSENED]
@@ -439,9 +465,15 @@ def _by_outcomes(old: str, new: str) -> tuple[str, str] | None:
     return None
 
 
-def shift(old: Mapping[str, Any], new: Mapping[str, Any], old_values: Mapping[str, Any] | None,
-          new_values: Mapping[str, Any] | None, old_result: CheckResult | None = None,
-          new_result: CheckResult | None = None, settle: bool = True) -> Shift:
+def shift(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    old_values: Mapping[str, Any] | None,
+    new_values: Mapping[str, Any] | None,
+    old_result: CheckResult | None = None,
+    new_result: CheckResult | None = None,
+    settle: bool = True,
+) -> Shift:
     """Old check -> new check (their `expr`), with each side's values; with both results (the two
     evaluated on one saved run), the verdict on that run. `settle=False` when the run is not of the
     legs both checks read (they changed, in the change or since the run): its numbers still place
@@ -461,19 +493,22 @@ def shift(old: Mapping[str, Any], new: Mapping[str, Any], old_values: Mapping[st
         pairs = _pairs(a, b)
         if pairs is None:
             by_terms = _by_terms(a, b)
-            verdict, why = (by_terms.verdict, by_terms.why) if by_terms else \
-                (UNKNOWN, "the expression changed shape, not only its bounds")
+            verdict, why = (
+                (by_terms.verdict, by_terms.why)
+                if by_terms
+                else (UNKNOWN, "the expression changed shape, not only its bounds")
+            )
         else:
-            moves = [m for m in (_move(x, y, p, run_a, run_b, old_values, new_values)
-                                 for x, y, p in pairs) if m is not None]
+            moves = [
+                m for m in (_move(x, y, p, run_a, run_b, old_values, new_values) for x, y, p in pairs) if m is not None
+            ]
             verdict, why = _combine(moves)
             if verdict == UNCHANGED and a != b:
                 # Same comparisons, same bounds, but something else moved (a path, a function).
                 verdict, why = UNKNOWN, "the expression changed outside its comparisons' bounds"
             elif verdict == UNCHANGED and (lets_a != lets_b or written_a != written_b):
                 why = "the same expression once its `let:` names are written out"
-    retarget = verdict == UNKNOWN and bool(moves) and \
-        all(m.retarget for m in moves if m.direction == UNKNOWN)
+    retarget = verdict == UNKNOWN and bool(moves) and all(m.retarget for m in moves if m.direction == UNKNOWN)
     when = _when(old.get("when"), new.get("when"))
     if when is not None:
         verdict, why = _merge((verdict, why), when)

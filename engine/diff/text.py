@@ -1,5 +1,6 @@
 """How a change reads: values, field names and command lines as short phrases, shared by the
 comparison (to group equal changes), the evidence review and the rendering."""
+
 from __future__ import annotations
 
 import difflib
@@ -41,12 +42,11 @@ def display_field(fname: str) -> str:
     """`run.timeout_s` -> `timeout_s`: the step's kind is already on the line."""
     for prefix in ("run.", "collect."):
         if fname.startswith(prefix):
-            return fname[len(prefix):]
+            return fname[len(prefix) :]
     return "paths" if fname == "remove" else fname
 
 
-def argv_delta(old: Sequence[Any], new: Sequence[Any],
-               code: Callable[[Any], str] = lambda t: f"`{t}`") -> str:
+def argv_delta(old: Sequence[Any], new: Sequence[Any], code: Callable[[Any], str] = lambda t: f"`{t}`") -> str:
     """Token-level change of a command line: `--stop-after-steps 10` -> `--stop-after-steps 20`."""
     a, b = [str(x) for x in old], [str(x) for x in new]
     parts = []
@@ -73,13 +73,14 @@ def _pieces(text: str) -> tuple[list[str], list[Any]] | None:
     """An expression as its JMESPath tokens: each token's source text (with the space after it) and
     what it means (type and value), so `a==b` and `a == b` have the same tokens."""
     from jmespath.lexer import Lexer
+
     try:
         tokens = [t for t in Lexer().tokenize(text) if t["type"] != "eof"]
     except Exception:  # noqa: BLE001 - validate refused it already; the words will do
         return None
     # Token ends are unreliable in jmespath's lexer (a literal's is its start); the next start is not.
     starts = [t["start"] for t in tokens] + [len(text)]
-    pieces = [text[starts[i]:starts[i + 1]] for i in range(len(tokens))]
+    pieces = [text[starts[i] : starts[i + 1]] for i in range(len(tokens))]
     return pieces, [(t["type"], json.dumps(t["value"], sort_keys=True)) for t in tokens]
 
 
@@ -98,7 +99,7 @@ def _delta(a: tuple[list[str], list[Any]], b: tuple[list[str], list[Any]], conte
         if tag == "equal":
             run = pb[j1:j2]
             head = run[:context] if n > 0 else []
-            tail = run[max(0, len(run) - context):] if n < len(ops) - 1 else []
+            tail = run[max(0, len(run) - context) :] if n < len(ops) - 1 else []
             if len(run) <= len(head) + len(tail) + 1:
                 out.append("".join(run))
             else:
@@ -106,7 +107,7 @@ def _delta(a: tuple[list[str], list[Any]], b: tuple[list[str], list[Any]], conte
                 out.append("".join(head).rstrip() + gap + ELLIPSIS + gap + "".join(tail))
             continue
         old, new = "".join(pa[i1:i2]), "".join(pb[j1:j2])
-        space = (new or old)[len((new or old).rstrip()):]
+        space = (new or old)[len((new or old).rstrip()) :]
         part = (f"[-{old.strip()}-]" if old.strip() else "") + (f"{{+{new.strip()}+}}" if new.strip() else "")
         out.append(part + space)
     return "".join(out).strip()

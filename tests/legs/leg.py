@@ -1,22 +1,23 @@
 """A scriptable leg for the engine's tests: each argument is an action, run in order.
 
-  text            print the text
-  @sleep:S        sleep S seconds
-  @rc:N           exit with rc N (at that point)
-  @env:NAME       print NAME=<value of env var NAME>
-  @repeat:N:TEXT  print TEXT N times, with {i} replaced by the index
-  @pidfile:PATH   write this process's pid to PATH
-  @spawn:PATH     start a background grandchild that sleeps 300 s, its pid written to PATH
-  @ignore_term    ignore SIGTERM from here on
-  @stderr:TEXT    print TEXT on stderr
-  @raw:HEX        write raw bytes (hex) to stdout
-  @forever        sleep until killed
-  @daemon:PATH    double-fork a setsid() daemon (stdio closed) that sleeps 300 s, its pid in PATH
-  @orphan:PATH    run a child that forks a grandchild and exits at once: the grandchild (setsid,
-                  300 s, its pid in PATH) is an orphan in a session of its own before anyone can
-                  see it as ours
-  @line:N:AT:TEXT print one line of N characters: TEXT at offset AT, 'x' around it
+text            print the text
+@sleep:S        sleep S seconds
+@rc:N           exit with rc N (at that point)
+@env:NAME       print NAME=<value of env var NAME>
+@repeat:N:TEXT  print TEXT N times, with {i} replaced by the index
+@pidfile:PATH   write this process's pid to PATH
+@spawn:PATH     start a background grandchild that sleeps 300 s, its pid written to PATH
+@ignore_term    ignore SIGTERM from here on
+@stderr:TEXT    print TEXT on stderr
+@raw:HEX        write raw bytes (hex) to stdout
+@forever        sleep until killed
+@daemon:PATH    double-fork a setsid() daemon (stdio closed) that sleeps 300 s, its pid in PATH
+@orphan:PATH    run a child that forks a grandchild and exits at once: the grandchild (setsid,
+                300 s, its pid in PATH) is an orphan in a session of its own before anyone can
+                see it as ours
+@line:N:AT:TEXT print one line of N characters: TEXT at offset AT, 'x' around it
 """
+
 import os
 import signal
 import subprocess

@@ -1,11 +1,12 @@
 """A tiny script for torchrun's ranks (not the trainer): what a failing or stuck rank does.
 
-  python -m torch.distributed.run --nproc_per_node=2 ... ranks.py leak      every rank prints HF_TOKEN in
-      a line, in an environment dump and in the middle of a 3 MiB line (across the engine's 1 MiB cut),
-      then raises an exception whose message holds it (torchrun's error file records it)
-  ... ranks.py sleep PIDDIR                                                  every rank writes its pid to
-      PIDDIR/rank<N>.pid and sleeps until killed
+python -m torch.distributed.run --nproc_per_node=2 ... ranks.py leak      every rank prints HF_TOKEN in
+    a line, in an environment dump and in the middle of a 3 MiB line (across the engine's 1 MiB cut),
+    then raises an exception whose message holds it (torchrun's error file records it)
+... ranks.py sleep PIDDIR                                                  every rank writes its pid to
+    PIDDIR/rank<N>.pid and sleeps until killed
 """
+
 import os
 import sys
 import time
