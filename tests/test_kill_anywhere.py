@@ -34,7 +34,9 @@ from trainer_helpers import (
     trainer_args,
 )
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module under xdist (`--dist loadgroup`): the tally at its end reads what every
+# trial recorded in this process.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kill_anywhere")]
 
 LAST = BASELINE_STEPS  # 6: pushes at 2 (the first), 4, 6 (ckpt/checkpoint-6, then final/)
 
