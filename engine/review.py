@@ -44,6 +44,7 @@ class SpecReview:
     saved: SavedRun | None = None
     recheck: str = ""  # the re-check of the saved run with the new spec, in a phrase
     risks: list[Risk] = dc_field(default_factory=list)
+    figures: list[Any] = dc_field(default_factory=list)  # the new spec's plots over the saved run
 
 
 @dataclass
@@ -154,6 +155,17 @@ def _failing(spec: Any, doc: Mapping[str, Any], run_dir: str) -> tuple[list[str]
     return list(done.verdict["failed"]), [], f"{done.verdict['outcome']} ({passed}/{len(gates)} gates pass)"
 
 
+def _figures(spec: Any, doc: Mapping[str, Any]) -> list[Any]:
+    """The spec's plots over its saved run, as `engine check --markdown` draws them; none when the spec
+    declares none or they cannot be evaluated (the re-check above says why the run does not fit)."""
+    from engine.plots import for_spec
+
+    try:
+        return for_spec(spec, doc)
+    except Exception:  # noqa: BLE001 - pictures are never a reason to fail a review
+        return []
+
+
 def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> SpecReview:
     """Both sides of one spec, the diff, its saved run and its risks."""
     out = SpecReview(rel, "unchanged")
@@ -181,6 +193,7 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         saved.mode = str(now.get("mode"))
         report.evidence = review_evidence(report, left, right, rel_dir, now)
         saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
+        out.figures = _figures(right.spec, now)
         # Only what fails now can be newly failing: the base's re-check answers that alone.
         if saved.failing and at_base is not None and left.spec is not None:
             same = at_base is now and left.spec is right.spec  # nothing to re-check twice
@@ -318,6 +331,19 @@ def render_review(review: Review, markdown: bool = False) -> str:
             out.blank()
             out.lines.append("-" * 100)
             lines_of(out, s.report)
+    if out.md:
+        from engine import mermaid
+
+        for s in review.specs:
+            if s.figures and s.saved is not None:
+                out.blank()
+                out.lines += [
+                    f"<details><summary>{_html(s.path)}: plots of the saved run {_html(s.saved.label)}/</summary>",
+                    "",
+                ]
+                out.lines.append(mermaid.section(s.figures).rstrip("\n"))
+                out.blank()
+                out.lines.append("</details>")
     return "\n".join(out.lines).rstrip() + "\n"
 
 

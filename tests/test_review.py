@@ -431,3 +431,26 @@ def test_the_shipped_specs_and_saved_runs_review_clean(tmp_path: Path, monkeypat
     assert len(rechecked) >= 3
     for s in rechecked:
         assert s.recheck.startswith("PASS ("), (s.path, s.recheck)
+
+
+def test_review_markdown_draws_each_saved_runs_plots_as_engine_check_does(tmp_path, monkeypatch):
+    """The PR comment shows the saved runs' pictures: the same Mermaid section `engine check --markdown`
+    draws from the same evidence with the new spec."""
+    import json
+
+    from engine import mermaid
+    from engine.plots import for_spec
+    from engine.spec import load_spec
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "specs", repo / "specs")
+    shutil.copytree(ROOT / "evidence", repo / "evidence")
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, "the shipped specs and their saved runs")
+    monkeypatch.chdir(repo)
+    rc, out, err = review("--markdown", "-")
+    assert (rc, err) == (EXIT_SAFE, ""), out
+    soak = json.loads((repo / "evidence" / "p4_soak" / "evidence.json").read_text())
+    drawn = mermaid.section(for_spec(load_spec("specs/p4_soak.yaml"), soak)).rstrip("\n")
+    assert "specs/p4_soak.yaml: plots of the saved run evidence/p4_soak/" in out
+    assert drawn in out and drawn.count("xychart-beta") == 2  # the memory plot: no data on the CPU, said as such
