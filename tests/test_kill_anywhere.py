@@ -34,9 +34,9 @@ from trainer_helpers import (
     trainer_args,
 )
 
-# One worker runs the whole module under xdist (`--dist loadgroup`): the tally at its end reads what every
-# trial recorded in this process.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kill_anywhere")]
+# Under xdist the suite runs with `--dist loadfile`: one worker runs this whole module, in order, so the tally
+# at its end reads what every trial recorded in this process.
+pytestmark = pytest.mark.slow
 
 LAST = BASELINE_STEPS  # 6: pushes at 2 (the first), 4, 6 (ckpt/checkpoint-6, then final/)
 
