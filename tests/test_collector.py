@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, hub_state
-from trainer.collector import collect
+from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer
+from trainer.collector import collect, hub_state
 from trainer.store import sha256_file
 from trainer.store_url import open_store
 

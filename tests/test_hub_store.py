@@ -167,7 +167,8 @@ def test_retry_policy_backoff_is_exponential_bounded_and_honours_retry_after() -
 
 
 def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
-    from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, hub_state, seal_trainer_state
+    from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, seal_trainer_state
+    from trainer.collector import hub_state
 
     store = hub_store("resume")
     lines: list[str] = []

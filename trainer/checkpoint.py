@@ -66,7 +66,7 @@ from typing import Any, Callable, Iterable
 
 from trainer.lease import Lease
 from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
-from trainer.store import EntryMissing, FileInfo, LocalStore, RepoMissing, Store, StoreError, redact_url, sha256_file
+from trainer.store import EntryMissing, FileInfo, RepoMissing, Store, StoreError, redact_url, sha256_file
 
 __all__ = [
     "POINTER_PATH",
@@ -80,7 +80,6 @@ __all__ = [
     "Checkpointer",
     "prune_plan",
     "prune_local",
-    "hub_state",
     "checkpoint_path",
     "seal_trainer_state",
     "unseal_trainer_state",
@@ -746,73 +745,3 @@ class Checkpointer:
                     f"downloads, {POINTER_PATH} says {want}"
                 )
         return dest
-
-
-# ------------------------------------------------------------------------------------------ hub state
-
-
-def sha256_source(store: Store) -> str:
-    """Where hub_state's per-file sha256 values come from (they are metadata, not a re-read)."""
-    if isinstance(store, LocalStore):
-        return "local-manifest"  # hashes recorded by the commit that wrote each file
-    return "hub-lfs"  # the Hub's LFS sha256; null for files stored without LFS
-
-
-def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
-    """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error.
-    ``hash_stored_bytes``: also read back every file the pointer names and hash the bytes themselves
-    (``pointer_target_sha256_stored``), where the listing only repeats the hash recorded at upload."""
-    doc: dict[str, Any] = {
-        "repo": None,
-        "exists": False,
-        "error": None,
-        "files": [],
-        "sha256": {},
-        "sha256_source": None,
-        "checkpoints": [],
-        "has_final": False,
-        "pointer": None,
-        "pointer_error": None,
-    }
-    try:
-        doc["repo"] = redact_url(store.url)
-        doc["sha256_source"] = sha256_source(store)
-        doc["exists"] = bool(store.exists())
-        if not doc["exists"]:
-            return doc
-        listing = store.list_files()
-    except RepoMissing:
-        doc["exists"] = False
-        return doc
-    except Exception as e:  # noqa: BLE001 -- a collector reports, it does not crash the run
-        doc["error"] = redact_url(f"{type(e).__name__}: {e}")
-        return doc
-    doc["files"] = sorted(listing)
-    doc["sha256"] = {p: listing[p].sha256 for p in doc["files"]}
-    doc["checkpoints"] = sorted({int(m.group(1)) for p in listing if (m := _CKPT_DIR.match(p))})
-    doc["has_final"] = any(p.startswith("final/") for p in listing)
-    try:
-        pointer = read_pointer(store)
-        doc["pointer"] = pointer.to_json() if pointer else None
-        if pointer:
-            doc["pointer_target_sha256"] = _target_hashes(store, pointer, listing)
-            if hash_stored_bytes:
-                doc["pointer_target_sha256_stored"] = {
-                    name: store.sha256(path) if (path := f"{pointer.path_in_repo}/{name}") in listing else None
-                    for name in pointer.files
-                }
-    except Exception as e:  # noqa: BLE001
-        doc["pointer_error"] = redact_url(f"{type(e).__name__}: {e}")
-    return doc
-
-
-def _target_hashes(store: Store, pointer: Pointer, listing: dict[str, FileInfo]) -> dict[str, str | None]:
-    """What the store holds for each file the pointer names (None when absent), so a check can compare
-    the pointer's recorded hashes with the store's. The listing's hash is used where the store records
-    one (local manifest, Hub LFS); small Hub files without one are read back and hashed."""
-    out: dict[str, str | None] = {}
-    for name in pointer.files:
-        path = f"{pointer.path_in_repo}/{name}"
-        info = listing.get(path)
-        out[name] = None if info is None else (info.sha256 or store.sha256(path))
-    return out

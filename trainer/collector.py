@@ -3,7 +3,7 @@
 As a plugin (entry point ``specprobe.collectors: hub``): ``collect({"repo": URL}, context)``.
 As a command: ``python -m trainer.collector --repo URL`` prints the same document on one line.
 The document's fields are described in docs/DESIGN.md ("Hub-state document") and
-:func:`trainer.checkpoint.hub_state`; ``sha256_source`` says whether the per-file hashes are the local
+:func:`hub_state` below; ``sha256_source`` says whether the per-file hashes are the local
 store's manifest ("local-manifest") or the Hub's LFS metadata ("hub-lfs", null for non-LFS files): both
 are hashes recorded when the file was written. ``hash_stored_bytes: true`` (``--hash-stored-bytes``)
 also reads back every file the pointer names and hashes those bytes (``pointer_target_sha256_stored``):
@@ -15,12 +15,83 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, Sequence
 
-from trainer.checkpoint import hub_state
+from trainer.checkpoint import Pointer, read_pointer
 from trainer.log import setup_logging
+from trainer.store import FileInfo, LocalStore, RepoMissing, Store, redact_url
 from trainer.store_url import open_store
+
+_CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
+
+
+def sha256_source(store: Store) -> str:
+    """Where hub_state's per-file sha256 values come from (they are metadata, not a re-read)."""
+    if isinstance(store, LocalStore):
+        return "local-manifest"  # hashes recorded by the commit that wrote each file
+    return "hub-lfs"  # the Hub's LFS sha256; null for files stored without LFS
+
+
+def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
+    """The hub-state document of docs/DESIGN.md. Never raises: failures go into error/pointer_error.
+    ``hash_stored_bytes``: also read back every file the pointer names and hash the bytes themselves
+    (``pointer_target_sha256_stored``), where the listing only repeats the hash recorded at upload."""
+    doc: dict[str, Any] = {
+        "repo": None,
+        "exists": False,
+        "error": None,
+        "files": [],
+        "sha256": {},
+        "sha256_source": None,
+        "checkpoints": [],
+        "has_final": False,
+        "pointer": None,
+        "pointer_error": None,
+    }
+    try:
+        doc["repo"] = redact_url(store.url)
+        doc["sha256_source"] = sha256_source(store)
+        doc["exists"] = bool(store.exists())
+        if not doc["exists"]:
+            return doc
+        listing = store.list_files()
+    except RepoMissing:
+        doc["exists"] = False
+        return doc
+    except Exception as e:  # noqa: BLE001 -- a collector reports, it does not crash the run
+        doc["error"] = redact_url(f"{type(e).__name__}: {e}")
+        return doc
+    doc["files"] = sorted(listing)
+    doc["sha256"] = {p: listing[p].sha256 for p in doc["files"]}
+    doc["checkpoints"] = sorted({int(m.group(1)) for p in listing if (m := _CKPT_DIR.match(p))})
+    doc["has_final"] = any(p.startswith("final/") for p in listing)
+    try:
+        pointer = read_pointer(store)
+        doc["pointer"] = pointer.to_json() if pointer else None
+        if pointer:
+            doc["pointer_target_sha256"] = _target_hashes(store, pointer, listing)
+            if hash_stored_bytes:
+                doc["pointer_target_sha256_stored"] = {
+                    name: store.sha256(path) if (path := f"{pointer.path_in_repo}/{name}") in listing else None
+                    for name in pointer.files
+                }
+    except Exception as e:  # noqa: BLE001
+        doc["pointer_error"] = redact_url(f"{type(e).__name__}: {e}")
+    return doc
+
+
+def _target_hashes(store: Store, pointer: Pointer, listing: dict[str, FileInfo]) -> dict[str, str | None]:
+    """What the store holds for each file the pointer names (None when absent), so a check can compare
+    the pointer's recorded hashes with the store's. The listing's hash is used where the store records
+    one (local manifest, Hub LFS); small Hub files without one are read back and hashed."""
+    out: dict[str, str | None] = {}
+    for name in pointer.files:
+        path = f"{pointer.path_in_repo}/{name}"
+        info = listing.get(path)
+        out[name] = None if info is None else (info.sha256 or store.sha256(path))
+    return out
 
 
 def collect(args: dict, context: dict) -> dict[str, Any]:
