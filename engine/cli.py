@@ -51,7 +51,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from engine.verdict import Exit
+from engine.judge.verdict import Exit
 
 # Imports are lazy, per command: `engine check` must answer in well under a second, so nothing a
 # command does not use (the runner for `check`, the diff for `run`, never the trainer) loads.
@@ -75,21 +75,21 @@ class _Refused(Exception):
 
 
 def _err(text: str) -> None:
-    from engine.console import printable  # a spec's or a leg's text must not drive the terminal
+    from engine.run.console import printable  # a spec's or a leg's text must not drive the terminal
 
     print(printable(text), file=sys.stderr, flush=True)
 
 
 def _out(text: str, end: str = "\n") -> None:
-    from engine.console import printable
+    from engine.run.console import printable
 
     print(printable(text), end=end, flush=True)
 
 
 def _valid_spec(path: str) -> Any:
     """The spec at `path`, loaded and validated; SpecErrors or _Refused listing every problem."""
-    from engine.spec import load_spec
-    from engine.validate import findings
+    from engine.spec.load import load_spec
+    from engine.spec.validate import findings
 
     spec = load_spec(path)
     errors, warnings = findings(spec, dict(os.environ))
@@ -103,10 +103,10 @@ def _valid_spec(path: str) -> Any:
 def _refusals() -> tuple[type[Exception], ...]:
     """The errors that mean "not as asked" (exit 2, the message on stderr), not an engine bug;
     imported only once something is raised."""
-    from engine.evidence import EvidenceError
-    from engine.recheck import Refused
-    from engine.spec import SpecErrors
-    from engine.values import UsageError
+    from engine.judge.recheck import Refused
+    from engine.run.evidence import EvidenceError
+    from engine.spec.load import SpecErrors
+    from engine.spec.values import UsageError
 
     return _Refused, SpecErrors, UsageError, EvidenceError, Refused
 
@@ -114,7 +114,7 @@ def _refusals() -> tuple[type[Exception], ...]:
 def _check_reports(args: argparse.Namespace) -> None:
     """Refuse (exit 2) before anything runs when --junit/--markdown/--html cannot be written: after
     an hour of legs, a traceback after the VERDICT line is the wrong way to find out."""
-    from engine import report
+    from engine.show import report
 
     for flag, path in (("--junit", args.junit), ("--markdown", args.markdown), ("--html", args.html)):
         if path and path != "-":
@@ -128,18 +128,18 @@ def _emit(
 ) -> int | None:
     """Write the report files, then print the report; Exit.USAGE when a file could not be
     written (said before the verdict is printed), else None."""
-    from engine import report
-    from engine.console import printable
+    from engine.run.console import printable
+    from engine.show import report
 
     figures: list = []
     if (args.markdown or args.html) and spec is not None:
-        from engine.plots import for_spec
+        from engine.show.plots import for_spec
 
         figures = for_spec(spec, evidence)
     markdown = report.markdown(evidence, results, verdict, figures) if args.markdown else ""
     page = ""
     if args.html:
-        from engine import htmlreport
+        from engine.show import html as htmlreport
 
         page = htmlreport.render(evidence, results, verdict, figures)
     failed = None
@@ -188,7 +188,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from engine.plan import build_plan
+    from engine.spec.plan import build_plan
 
     plan = build_plan(_valid_spec(args.spec), mode=args.mode, sets=args.set, environ=os.environ)
     _out(plan.describe(), end="")
@@ -196,7 +196,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from engine.spec import schema_text
+    from engine.spec.load import schema_text
 
     text = schema_text()
     print(text, end="" if text.endswith("\n") else "\n")
@@ -204,12 +204,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine import evidence
-    from engine.plan import build_plan, pick_mode, run_stamp, values_lines
-    from engine.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
-    from engine.spec import SpecErrors
-    from engine.validate import budget_error
-    from engine.verdict import judge
+    from engine.judge.verdict import judge
+    from engine.run import evidence
+    from engine.run.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
+    from engine.spec.load import SpecErrors
+    from engine.spec.plan import build_plan, pick_mode, run_stamp, values_lines
+    from engine.spec.validate import budget_error
 
     spec = _valid_spec(args.spec)
     mode = pick_mode(spec.data, args.mode, os.environ)
@@ -262,8 +262,8 @@ def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:
 
 
 def _recheck(args: argparse.Namespace, replay: bool) -> int:
-    from engine import evidence
-    from engine.recheck import recheck
+    from engine.judge.recheck import recheck
+    from engine.run import evidence
 
     saved = evidence.load(args.evidence)
     spec = _valid_spec(args.spec)
@@ -273,13 +273,13 @@ def _recheck(args: argparse.Namespace, replay: bool) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from engine.diff import diff_main
+    from engine.diff.command import diff_main
 
     return diff_main(args)
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    from engine.review import review_main
+    from engine.diff.review import review_main
 
     return review_main(args)
 
@@ -398,7 +398,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `engine` console script; returns the exit code."""
-    from engine.console import SafeStream
+    from engine.run.console import SafeStream
 
     saved = sys.stdout, sys.stderr
     # A reader that leaves early (`engine run SPEC | head -1`) must not decide the exit code.

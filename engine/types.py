@@ -56,7 +56,7 @@ class Check(TypedDict):
 
 
 class CheckResult(TypedDict):
-    """One check evaluated over the evidence (engine/checks.py)."""
+    """One check evaluated over the evidence (engine/judge/checks.py)."""
 
     name: str
     why: str
@@ -73,7 +73,7 @@ class CheckResult(TypedDict):
 
 
 class HarvestProblem(TypedDict):
-    """Marker lines of a run step that did not parse, or disagree (engine/output.py)."""
+    """Marker lines of a run step that did not parse, or disagree (engine/run/output.py)."""
 
     step: str
     harvest: str  # the harvest rule's name
@@ -84,7 +84,7 @@ class HarvestProblem(TypedDict):
 
 
 class Verdict(TypedDict, total=False):
-    """The run's verdict (engine/verdict.py); `message` only for PRECONDITION, `harvest` only when
+    """The run's verdict (engine/judge/verdict.py); `message` only for PRECONDITION, `harvest` only when
     a step had a harvest problem."""
 
     outcome: str  # PASS | FAIL | PRECONDITION | INTERRUPTED

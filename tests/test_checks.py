@@ -1,4 +1,4 @@
-"""engine/checks.py and engine/verdict.py: outcomes, missing-data detection, explain traces, the verdict."""
+"""engine/judge/checks.py and engine/judge/verdict.py: outcomes, missing-data detection, explain traces, the verdict."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 import jmespath
 import pytest
 
-from engine.checks import check_document, evaluate, trace, unparse
-from engine.functions import OPTIONS
-from engine.verdict import Exit, verdict
+from engine.expr.functions import OPTIONS
+from engine.expr.trace import check_document, trace, unparse
+from engine.judge.checks import evaluate
+from engine.judge.verdict import Exit, verdict
 
 GOLDEN = Path(__file__).parent / "golden" / "checks"
 

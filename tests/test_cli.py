@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from engine.cli import main
-from engine.recheck import changed_keys
-from engine.verdict import Exit
+from engine.judge.recheck import changed_keys
+from engine.judge.verdict import Exit
 
 ENGINE = [sys.executable, "-m", "engine.cli"]
 

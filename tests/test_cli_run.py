@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.runner import StopSignals
-from engine.verdict import Exit
+from engine.judge.verdict import Exit
+from engine.run.runner import StopSignals
 
 ROOT = Path(__file__).resolve().parents[1]
 LEG = str(Path(__file__).parent / "legs" / "leg.py")

@@ -1,4 +1,4 @@
-"""engine/collectors.py: built-in collectors and entry-point discovery."""
+"""engine/run/collectors.py: built-in collectors and entry-point discovery."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.collectors import CollectorError, collect, known_collectors
+from engine.run.collectors import CollectorError, collect, known_collectors
 
 LEG = str(Path(__file__).parent / "legs" / "leg.py")
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import diff
 from engine.cli import main as engine_main
+from engine.diff import command as diff
 from engine.diff.compare import same
 from engine.diff.model import Budget
 from engine.diff.render import _budget_line, _operands
-from engine.diff.text import argv_delta
+from engine.text import argv_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "specs" / "diff"
@@ -445,9 +445,9 @@ def test_a_leg_added_or_removed_upstream_voids_the_checks_downstream(runs: dict[
 def test_the_issue_example_on_the_real_soak_spec(tmp_path: Path) -> None:
     """specs/p4_soak.yaml gains `leg2_resumed_from_stop`; a saved soak run (an evidence document
     built from the real plan, legs reporting what the trainer's RUN_JSON says) answers it."""
-    from engine import evidence as evmod
-    from engine.plan import build_plan
-    from engine.spec import load_spec
+    from engine.run import evidence as evmod
+    from engine.spec.load import load_spec
+    from engine.spec.plan import build_plan
 
     specs = tmp_path / "specs"
     shutil.copytree(ROOT / "specs", specs)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import diff
 from engine.cli import main as engine_main
+from engine.diff import command as diff
+from engine.diff.phrases import expr_delta, prose_delta
 from engine.diff.strictness import LOOSENED, TIGHTENED, UNCHANGED, UNKNOWN, shift
-from engine.diff.text import expr_delta, prose_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "specs" / "review" / "specs"

@@ -34,9 +34,9 @@ from typing import Any, Callable, Mapping
 import pytest
 
 from engine.cli import main as engine_main
-from engine.plan import build_plan
-from engine.spec import load_spec
-from engine.verdict import Exit
+from engine.judge.verdict import Exit
+from engine.spec.load import load_spec
+from engine.spec.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS_DIR = ROOT / "specs"
@@ -73,7 +73,7 @@ def copy_bundle(stem: str, dest: Path) -> Path:
 
 
 def read_evidence(bundle: Path) -> dict:
-    # json.loads accepts NaN/Infinity, exactly as engine/evidence.py's load() does.
+    # json.loads accepts NaN/Infinity, exactly as engine/run/evidence.py's load() does.
     return json.loads((bundle / "evidence.json").read_text(encoding="utf-8"))
 
 

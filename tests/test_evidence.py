@@ -1,4 +1,4 @@
-"""engine/evidence.py: evidence.json is standard JSON; non-finite numbers are stored as
+"""engine/run/evidence.py: evidence.json is standard JSON; non-finite numbers are stored as
 {"$nonfinite": ...} and load back as the floats the live run's checks saw."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import evidence
-from engine.verdict import Exit
+from engine.judge.verdict import Exit
+from engine.run import evidence
 
 ROOT = Path(__file__).resolve().parents[1]
 LEG = str(Path(__file__).parent / "legs" / "leg.py")

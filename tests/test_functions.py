@@ -5,7 +5,7 @@ import math
 import jmespath
 import pytest
 
-from engine.functions import (
+from engine.expr.functions import (
     OPTIONS,
     FunctionError,
     compile_expr,

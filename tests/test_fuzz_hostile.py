@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from engine import limits
 from engine.cli import main
-from engine.lines import Pattern
-from engine.output import Capture, HarvestRule, OutputRules
-from engine.process import run_command
+from engine.run.lines import Pattern
+from engine.run.output import Capture, HarvestRule, OutputRules
+from engine.run.process import run_command
 from engine.secrets import Scrubber
 
 SETTINGS = settings(

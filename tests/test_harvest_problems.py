@@ -1,4 +1,4 @@
-"""Harvest problems (engine/output.py -> engine/verdict.py -> engine/report.py): a malformed marker
+"""Harvest problems (engine/run/output.py -> engine/judge/verdict.py -> engine/show/report.py): a malformed marker
 line, or marker lines that disagree, fail the verdict unless the spec opts in, and every report
 names the lines. Real `engine` subprocesses over tests/legs/leg.py."""
 
@@ -11,9 +11,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from engine.lines import Block
-from engine.output import Capture, compile_rules, harvest_problems
-from engine.verdict import Exit
+from engine.judge.verdict import Exit
+from engine.run.lines import Block
+from engine.run.output import Capture, compile_rules, harvest_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 LEG = str(Path(__file__).parent / "legs" / "leg.py")

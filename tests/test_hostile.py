@@ -21,7 +21,7 @@ import yaml
 from engine import limits
 from engine.cli import main
 from engine.secrets import Scrubber
-from engine.values import layer, parse_sets
+from engine.spec.values import layer, parse_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 LEG = str(Path(__file__).parent / "legs" / "leg.py")
@@ -282,8 +282,8 @@ def test_sigint_stops_the_engine_while_a_check_grinds_a_catastrophic_regex(tmp_p
     code = f"""
 import signal, time
 from engine import limits
-from engine.checks import evaluate
-from engine.functions import OPTIONS
+from engine.judge.checks import evaluate
+from engine.expr.functions import OPTIONS
 limits.REGEX_TIMEOUT_S = 600.0
 signal.setitimer(signal.ITIMER_REAL, 0.5)
 signal.signal(signal.SIGALRM, signal.default_int_handler)
@@ -331,7 +331,7 @@ def test_range_bombs_are_refused_with_the_expression_named(tmp_path):
 
 
 def test_huge_integers_from_arithmetic_are_refused():
-    from engine.functions import FunctionError, compile_expr, search
+    from engine.expr.functions import FunctionError, compile_expr, search
 
     expr = "mul(mul(mul(mul(x, x), mul(x, x)), mul(mul(x, x), mul(x, x))), x)"
     with pytest.raises(FunctionError, match="digits"):
@@ -437,7 +437,7 @@ def test_a_run_json_line_over_the_line_limit_says_so(tmp_path):
 
 
 def test_a_big_leg_log_keeps_its_head_and_tail_with_a_marker(tmp_path):
-    from engine.process import run_command
+    from engine.run.process import run_command
 
     log = tmp_path / "leg.log"
     result = run_command(
@@ -455,7 +455,7 @@ def test_a_big_leg_log_keeps_its_head_and_tail_with_a_marker(tmp_path):
 
 
 def test_a_secret_straddling_the_line_cut_leaks_no_piece(tmp_path):
-    from engine.process import run_command
+    from engine.run.process import run_command
 
     at = limits.LINE_MAX_CHARS - len(TOKEN) // 2  # half of it before the cut, half after
     log = tmp_path / "leg.log"
@@ -539,7 +539,7 @@ def test_sigkill_of_the_engine_takes_the_whole_leg_with_it(tmp_path, escape):
 
 
 def test_a_child_orphaned_at_once_dies_with_the_leg(tmp_path):
-    from engine.process import run_command
+    from engine.run.process import run_command
 
     escaped = tmp_path / "escaped.pid"
     result = run_command([sys.executable, LEG, f"@orphan:{escaped}"], timeout_s=30)

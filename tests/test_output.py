@@ -1,4 +1,4 @@
-"""engine/output.py: per-line rules over real leg output (and directly over blocks)."""
+"""engine/run/output.py: per-line rules over real leg output (and directly over blocks)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.console import Console, ProgressDisplay, progress_text
-from engine.lines import Block
-from engine.output import MISSING, Capture, ProgressState, compile_rules, reharvest
-from engine.process import run_command
+from engine.run.console import Console, ProgressDisplay, progress_text
+from engine.run.lines import Block
+from engine.run.output import MISSING, Capture, ProgressState, compile_rules, reharvest
+from engine.run.process import run_command
 
 LEG = str(Path(__file__).parent / "legs" / "leg.py")
 TEE = r"^\[(?:default|rank|worker)\d*\]:\s*"

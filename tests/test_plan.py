@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.plan import UsageError, build_plan, fingerprint
-from engine.spec import SpecErrors, load_spec
-from engine.validate import validate
+from engine.spec.load import SpecErrors, load_spec
+from engine.spec.plan import UsageError, build_plan, fingerprint
+from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "specs" / "plan" / "probe.yaml"

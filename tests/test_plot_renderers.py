@@ -1,5 +1,5 @@
-"""The renderers of plots: SVG (engine/svg.py), Mermaid (engine/mermaid.py) and the HTML report
-(engine/htmlreport.py), against golden files, and read back: what is drawn is the evidence's numbers.
+"""The renderers of plots: SVG (engine/show/svg.py), Mermaid (engine/show/mermaid.py) and the HTML report
+(engine/show/html.py), against golden files, and read back: what is drawn is the evidence's numbers.
 
 Regenerate the golden files after an intended change with SPECPROBE_UPDATE_GOLDEN=1 and review the diff.
 """
@@ -16,13 +16,14 @@ from pathlib import Path
 import html5lib
 import pytest
 
-from engine import htmlreport, mermaid, svg
 from engine.cli import main
-from engine.plan import build_plan
-from engine.plots import for_spec
-from engine.report import markdown
-from engine.spec import load_spec
-from engine.verdict import judge
+from engine.judge.verdict import judge
+from engine.show import html as htmlreport
+from engine.show import mermaid, svg
+from engine.show.plots import for_spec
+from engine.show.report import markdown
+from engine.spec.load import load_spec
+from engine.spec.plan import build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "plots"

@@ -1,4 +1,4 @@
-"""engine/plots.py: a spec's plots evaluated over the evidence; missing data is a gap or "no data",
+"""engine/show/plots.py: a spec's plots evaluated over the evidence; missing data is a gap or "no data",
 with a note, never a number."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.plots import MarkerDef, PlotDef, SeriesDef, definitions, figures, for_spec
-from engine.spec import load_spec
-from engine.validate import validate
+from engine.show.plots import figures, for_spec
+from engine.spec.load import load_spec
+from engine.spec.plotdefs import MarkerDef, PlotDef, SeriesDef, definitions
+from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "specs" / "plots" / "probe.yaml"
@@ -179,7 +180,7 @@ def test_schema_refuses_malformed_plots_with_a_located_message(tmp_path, monkeyp
         "plots": {"bad": plot},
     }
     (tmp_path / "p.yaml").write_text(json.dumps(spec, indent=1))
-    from engine.spec import SpecErrors
+    from engine.spec.load import SpecErrors
 
     with pytest.raises(SpecErrors) as info:
         load_spec("p.yaml")

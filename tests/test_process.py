@@ -1,4 +1,4 @@
-"""engine/process.py: one command in its own process group, with real subprocesses."""
+"""engine/run/process.py: one command in its own process group, with real subprocesses."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.lines import Block
-from engine.process import Interrupted, compile_signal_rules, group_alive, parse_signal, run_command
+from engine.run.lines import Block
+from engine.run.process import Interrupted, compile_signal_rules, group_alive, parse_signal, run_command
 
 LEG = str(Path(__file__).parent / "legs" / "leg.py")
 
@@ -266,7 +266,7 @@ def test_many_lines_are_counted_and_logged_whole(tmp_path: Path) -> None:
 
 
 def test_required_literal_is_what_every_match_contains() -> None:
-    from engine.lines import required_literal
+    from engine.run.lines import required_literal
 
     assert required_literal(re.compile(r"^step (?P<step>\d+)/(?P<total>\d+)")) == "step "
     assert required_literal(re.compile(r"^CKPT push step=10 ")) == "CKPT push step=10 "
@@ -300,7 +300,7 @@ def test_block_finds_lines_after_the_prefix_is_stripped() -> None:
     st.booleans(),
 )
 def test_line_matcher_agrees_with_a_plain_per_line_scan(lines: list[str], regex: str, strip: bool) -> None:
-    from engine.lines import LineMatcher
+    from engine.run.lines import LineMatcher
 
     tee = re.compile(r"^\[rank\d\]:\s*") if strip else None
     block = Block("\n".join(lines), len(lines), 5, tee)
@@ -318,7 +318,7 @@ def test_engine_cpu_per_line_stays_well_below_the_legs_own(tmp_path: Path) -> No
     DESIGN's full rule set) stays a fraction of what the printing leg itself spends."""
     import resource
 
-    from engine.output import Capture, compile_rules
+    from engine.run.output import Capture, compile_rules
 
     run = {
         "output": {

@@ -1,4 +1,4 @@
-"""engine/recheck.py: `engine check` judges a saved run with the spec's CURRENT values, refuses
+"""engine/judge/recheck.py: `engine check` judges a saved run with the spec's CURRENT values, refuses
 evidence of another spec or of changed steps (saying what changed, readably), and derives each leg's
 outcome from its recorded exit code rather than a stored status string."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.recheck import describe_change
-from engine.verdict import Exit, run_status
+from engine.judge.recheck import describe_change
+from engine.judge.verdict import Exit, run_status
 
 ROOT = Path(__file__).resolve().parents[1]
 LEG = str(Path(__file__).parent / "legs" / "leg.py")

@@ -1,4 +1,4 @@
-"""engine/report.py: terminal table + VERDICT line, JUnit XML, Markdown."""
+"""engine/show/report.py: terminal table + VERDICT line, JUnit XML, Markdown."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from engine.checks import evaluate
-from engine.functions import OPTIONS
-from engine.report import junit, markdown, table, verdict_line
-from engine.verdict import verdict
+from engine.expr.functions import OPTIONS
+from engine.judge.checks import evaluate
+from engine.judge.verdict import verdict
+from engine.show.report import junit, markdown, table, verdict_line
 
 GOLDEN = Path(__file__).parent / "golden" / "checks"
 

@@ -17,7 +17,7 @@ import pytest
 from browser import chromium_path, render
 
 from engine.cli import main
-from engine.svg import HEIGHT, WIDTH
+from engine.show.svg import HEIGHT, WIDTH
 
 ROOT = Path(__file__).resolve().parent.parent
 

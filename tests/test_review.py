@@ -19,7 +19,7 @@ from typing import Callable
 import pytest
 
 from engine.cli import main as engine_main
-from engine.review import EXIT_INVALID, EXIT_RISKY, EXIT_SAFE, WHY_RISKY, build_review, render_review
+from engine.diff.review import EXIT_INVALID, EXIT_RISKY, EXIT_SAFE, WHY_RISKY, build_review, render_review
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "specs" / "review" / "specs"
@@ -86,7 +86,7 @@ def review(*args: str) -> tuple[int, str, str]:
 
     parsed = _parser().parse_args(["review", "--base", "main", *args])
     out, err = io.StringIO(), io.StringIO()
-    from engine.review import review_main
+    from engine.diff.review import review_main
 
     rc = review_main(parsed, out, err)
     return rc, out.getvalue(), err.getvalue()
@@ -354,7 +354,7 @@ def test_an_unknown_base_or_a_directory_outside_git_exits_2(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from engine.cli import _parser
-    from engine.review import review_main
+    from engine.diff.review import review_main
 
     err = io.StringIO()
     assert review_main(_parser().parse_args(["review", "--base", "no-such-rev"]), io.StringIO(), err) == EXIT_INVALID
@@ -438,9 +438,9 @@ def test_review_markdown_draws_each_saved_runs_plots_as_engine_check_does(tmp_pa
     draws from the same evidence with the new spec."""
     import json
 
-    from engine import mermaid
-    from engine.plots import for_spec
-    from engine.spec import load_spec
+    from engine.show import mermaid
+    from engine.show.plots import for_spec
+    from engine.spec.load import load_spec
 
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "specs", repo / "specs")

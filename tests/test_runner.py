@@ -1,4 +1,4 @@
-"""engine/runner.py + engine/evidence.py: whole plans over real legs, evidence on disk."""
+"""engine/run/runner.py + engine/run/evidence.py: whole plans over real legs, evidence on disk."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "legs"))
 from plan_stub import PlanStub, run_step  # noqa: E402
 
-from engine import evidence  # noqa: E402
-from engine.runner import check_removable, execute  # noqa: E402
+from engine.run import evidence  # noqa: E402
+from engine.run.runner import check_removable, execute  # noqa: E402
 
 STUB = str(Path(__file__).parent / "legs" / "plan_stub.py")
 ROOT = Path(__file__).resolve().parent.parent

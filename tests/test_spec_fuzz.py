@@ -9,9 +9,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.plan import build_plan, mode_names
-from engine.spec import SpecError, SpecErrors, load_spec
-from engine.validate import validate
+from engine.spec.load import SpecError, SpecErrors, load_spec
+from engine.spec.plan import build_plan, mode_names
+from engine.spec.validate import validate
 
 SETTINGS = settings(
     max_examples=120,

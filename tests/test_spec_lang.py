@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import report
 from engine.cli import main
-from engine.functions import RETURNS, known_functions
-from engine.plan import build_plan
-from engine.spec import SpecErrors, load_spec
-from engine.validate import findings
-from engine.verdict import Exit
+from engine.expr.functions import RETURNS, known_functions
+from engine.judge.verdict import Exit
+from engine.show import report
+from engine.spec.load import SpecErrors, load_spec
+from engine.spec.plan import build_plan
+from engine.spec.validate import findings
 
 # A parent with one leg that prints RUN_JSON, and three checks over it.
 PARENT = """\

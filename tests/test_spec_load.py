@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from engine.spec import SpecError, SpecErrors, json_path, load_spec, schema, schema_text
+from engine.spec.load import SpecError, SpecErrors, json_path, load_spec, schema, schema_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LOAD = ROOT / "tests" / "specs" / "load"

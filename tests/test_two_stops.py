@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_e2e_local import assert_every_check_passed, run_engine, workdir_with_specs
 
-from engine.plan import build_plan
-from engine.spec import load_spec
-from engine.validate import findings
+from engine.spec.load import load_spec
+from engine.spec.plan import build_plan
+from engine.spec.validate import findings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = REPO_ROOT / "specs" / "examples" / "p4_two_stops.yaml"

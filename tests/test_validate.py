@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.spec import load_spec
-from engine.validate import validate
+from engine.spec.load import load_spec
+from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,7 +123,7 @@ def test_harvest_regex_must_compile_and_name_what_it_harvests(tmp_path):
         r"harvest regex '^step \\d+' has no named group (?P<name>...) to harvest"
     ]
     assert messages(tmp_path, with_harvest({"match": "("}))[0].startswith("bad regex '(':")
-    from engine.spec import SpecErrors
+    from engine.spec.load import SpecErrors
 
     with pytest.raises(SpecErrors, match="a harvest rule needs exactly one of marker, match"):
         spec_of(tmp_path, with_harvest({"match": "(?P<a>x)", "marker": "M "}))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.spec import SpecErrors, load_spec
-from engine.validate import validate
+from engine.spec.load import SpecErrors, load_spec
+from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "tests" / "specs" / "validate").glob("*.yaml"))

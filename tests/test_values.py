@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.spec import SpecError
-from engine.values import UsageError, layer, parse_scalar, parse_sets, refs, resolve, template
+from engine.spec.load import SpecError
+from engine.spec.values import UsageError, layer, parse_scalar, parse_sets, refs, resolve, template
 
 BUILTINS = {
     "python": "/usr/bin/python3",

@@ -14,32 +14,9 @@ or reformatting YAML gives an empty diff.
 The package, in the order the data flows: `model` (what a diff is made of), `sides` (loading both
 sides, with git), `compare`, `strictness` (which way a changed check moved), `saved_run` (a saved run
 against the change: each touched check old and new, with its numbers), `risk` (what `engine review`
-asks approval for), `render` (text and Markdown), `command` (`engine diff` itself); `text` phrases
-values for all of them.
+asks approval for), `render` (text and Markdown), `command` (`engine diff` itself), `review` (`engine
+review`: every spec of a change, its saved run re-checked, its risks); `phrases` words values for all
+of them.
 
 Exit codes: 0 no semantic change, 1 a semantic change, 2 an invalid spec on either side or bad usage.
 """
-
-from engine.diff.command import EXIT_CHANGED, EXIT_INVALID, EXIT_SAME, build_report, diff_main
-from engine.diff.compare import compare
-from engine.diff.model import DiffError, Report, Side
-from engine.diff.render import render, summary
-from engine.diff.saved_run import review_evidence
-from engine.diff.sides import load_side, materialise
-
-__all__ = [
-    "EXIT_CHANGED",
-    "EXIT_INVALID",
-    "EXIT_SAME",
-    "DiffError",
-    "Report",
-    "Side",
-    "build_report",
-    "compare",
-    "diff_main",
-    "load_side",
-    "materialise",
-    "render",
-    "review_evidence",
-    "summary",
-]

@@ -8,14 +8,14 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from engine import evidence as evmod
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, Side
 from engine.diff.render import render
 from engine.diff.saved_run import review_evidence
 from engine.diff.sides import Revision, load_side, materialise, repo_root
-from engine.report import write_file
-from engine.spec import display_path
+from engine.run import evidence as evmod
+from engine.show.report import write_file
+from engine.spec.load import display_path
 
 # As `git diff --exit-code`; 2 is also `engine`'s usage code (verdict.Exit.USAGE).
 EXIT_SAME, EXIT_CHANGED, EXIT_INVALID = 0, 1, 2

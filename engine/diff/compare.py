@@ -10,9 +10,9 @@ import jmespath
 
 from engine.diff.model import ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff, Report, Side
 from engine.diff.strictness import Shift, reads, shift
-from engine.diff.text import argv_delta, scalar_list, words
-from engine.recheck import flatten
+from engine.judge.recheck import flatten
 from engine.secrets import REDACTED, Scrubber, is_secret, redact
+from engine.text import argv_delta, scalar_list, words
 
 # Step fields that are labels or locations, never behaviour.
 _STEP_IGNORED = ("name", "file", "line")

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
-from engine.plan import Plan
-from engine.spec import Spec
+from engine.spec.load import Spec
+from engine.spec.plan import Plan
+from engine.spec.values import BUILTINS, PER_RUN_BUILTINS
 from engine.types import CheckResult
-from engine.values import BUILTINS, PER_RUN_BUILTINS
 
 
 class DiffError(Exception):

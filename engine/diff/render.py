@@ -6,11 +6,12 @@ import json
 import re
 from typing import Any, Mapping
 
-from engine.checks import MISSING, NOT_EVALUATED
 from engine.diff.model import ABSENT, EXPR_FIELDS, Budget, Change, CheckReview, EvidenceReview, Report
+from engine.diff.phrases import display_field, expr_delta, fmt, prose_delta
 from engine.diff.saved_run import UPSTREAM
 from engine.diff.strictness import NUMBERS, RUN, SPEC, UNCHANGED, UNKNOWN, Move, Shift, num
-from engine.diff.text import argv_delta, code, display_field, expr_delta, fmt, prose_delta, scalar_list, words
+from engine.expr.trace import MISSING, NOT_EVALUATED
+from engine.text import argv_delta, code, scalar_list, words
 
 # A plain path (`steps.leg2.harvest.run_json.final_step`): the explain entries worth quoting.
 _PATH = re.compile(r'[A-Za-z_]\w*(\.(?:[A-Za-z_]\w*|"[^"]*")|\[\d+\])*')

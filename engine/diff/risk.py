@@ -16,8 +16,9 @@ from dataclasses import field as dc_field
 from typing import Any, Iterable, Mapping
 
 from engine.diff.model import ABSENT, Change, Report
+from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import LOOSENED, NUMBERS, RUN, SPEC, UNKNOWN, Shift
-from engine.diff.text import argv_delta, code, display_field, fmt, scalar_list
+from engine.text import argv_delta, code, scalar_list
 
 # kind -> why a change of that kind needs a human's approval.
 WHY_RISKY: dict[str, str] = {

@@ -9,15 +9,16 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Mapping
 
-from engine import functions
-from engine.checks import evaluate
 from engine.diff.compare import field_diffs
 from engine.diff.model import ABSENT, EXPR_FIELDS, Change, CheckReview, EvidenceReview, Report, Side
+from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import reads, shift
-from engine.diff.text import argv_delta, display_field, fmt
-from engine.plan import step_definition
-from engine.recheck import replan
-from engine.values import PER_RUN_BUILTINS
+from engine.expr import functions
+from engine.judge.checks import evaluate
+from engine.judge.recheck import replan
+from engine.spec.plan import step_definition
+from engine.spec.values import PER_RUN_BUILTINS
+from engine.text import argv_delta
 
 # Fields of a step that only bound how long it may take: a run that finished within both the old and
 # the new limit did exactly what it would have done under the new one.

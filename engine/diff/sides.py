@@ -12,10 +12,10 @@ from typing import Sequence
 import yaml
 
 from engine.diff.model import FIXED_BUILTINS, DiffError, Side
-from engine.plan import build_plan, mode_names
-from engine.spec import SpecErrors, load_spec
-from engine.validate import validate
-from engine.values import UsageError
+from engine.spec.load import SpecErrors, load_spec
+from engine.spec.plan import build_plan, mode_names
+from engine.spec.validate import validate
+from engine.spec.values import UsageError
 
 
 def _git(args: Sequence[str], cwd: Path, data: bytes | None = None) -> subprocess.CompletedProcess:

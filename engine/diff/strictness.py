@@ -19,10 +19,11 @@ from typing import Any, Mapping, Sequence
 
 import jmespath
 
-from engine import functions
-from engine.checks import MISSING, NOT_EVALUATED, compact, trace, unparse
 from engine.diff.model import ABSENT
-from engine.diff.text import ELLIPSIS, code
+from engine.diff.phrases import ELLIPSIS
+from engine.expr import functions
+from engine.expr.trace import MISSING, NOT_EVALUATED, trace, unparse
+from engine.text import code, compact
 from engine.types import CheckResult
 
 TIGHTENED, LOOSENED, UNCHANGED, UNKNOWN = "tightened", "loosened", "unchanged", "cannot tell"

@@ -1,4 +1,4 @@
-"""A minimal stand-in for engine.plan.Plan: the attributes the runner reads, built from dicts."""
+"""A minimal stand-in for engine.spec.plan.Plan: the attributes the runner reads, built from dicts."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def run_step(name: str, *actions: str, **run: Any) -> dict[str, Any]:
 
 def main() -> int:
     """`python plan_stub.py STEPS_JSON RUN_DIR`: execute a plan; 130 on Ctrl-C (like engine)."""
-    from engine.runner import execute
+    from engine.run.runner import execute
 
     steps = json.loads(Path(sys.argv[1]).read_text())
     try:

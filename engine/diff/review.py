@@ -19,7 +19,6 @@ from dataclasses import field as dc_field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence, TextIO
 
-from engine import evidence as evmod
 from engine.diff.command import load_at_base
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report
@@ -27,9 +26,10 @@ from engine.diff.render import Out, lines_of, summary
 from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
 from engine.diff.saved_run import review_evidence
 from engine.diff.sides import Revision, references, repo_root
-from engine.diff.text import code
-from engine.recheck import Refused, recheck
-from engine.report import write_file
+from engine.judge.recheck import Refused, recheck
+from engine.run import evidence as evmod
+from engine.show.report import write_file
+from engine.text import code
 
 EXIT_SAFE, EXIT_RISKY, EXIT_INVALID = 0, 1, 2
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -158,7 +158,7 @@ def _failing(spec: Any, doc: Mapping[str, Any], run_dir: str) -> tuple[list[str]
 def _figures(spec: Any, doc: Mapping[str, Any]) -> list[Any]:
     """The spec's plots over its saved run, as `engine check --markdown` draws them; none when the spec
     declares none or they cannot be evaluated (the re-check above says why the run does not fit)."""
-    from engine.plots import for_spec
+    from engine.show.plots import for_spec
 
     try:
         return for_spec(spec, doc)
@@ -332,7 +332,7 @@ def render_review(review: Review, markdown: bool = False) -> str:
             out.lines.append("-" * 100)
             lines_of(out, s.report)
     if out.md:
-        from engine import mermaid
+        from engine.show import mermaid
 
         for s in review.specs:
             if s.figures and s.saved is not None:

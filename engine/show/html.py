@@ -13,9 +13,9 @@ import json
 from html import escape
 from typing import Any, Mapping, Sequence
 
-from engine import svg
-from engine.plots import Figure
-from engine.report import _shown, _step_rows, explain_lines, verdict_line
+from engine.show import svg
+from engine.show.plots import Figure
+from engine.show.report import _shown, _step_rows, explain_lines, verdict_line
 
 _FAILING = ("FAIL", "NO_DATA", "ERROR")
 _STYLE = """

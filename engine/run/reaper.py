@@ -8,7 +8,7 @@ When that pipe closes, however the engine ended (a SIGKILL included), the reaper
 every process carrying the marker, and masks the secrets left in the run directories it was told
 of (torchrun's per-rank logs): nothing of the run keeps running, and nothing of it keeps a secret.
 
-Run as `python -m engine.reaper MARKER_NAME`; it reads one JSON object per line on stdin:
+Run as `python -m engine.run.reaper MARKER_NAME`; it reads one JSON object per line on stdin:
 `{"scrub": DIR, "secrets": [...]}` (mask these in DIR at the end) and `{"done": DIR}` (the engine
 scrubbed DIR itself). Secrets travel through the pipe, never through argv or the environment,
 where any process could read them.
@@ -86,10 +86,10 @@ class Reaper:
         self._legs = itertools.count(1)
         env = dict(os.environ)
         # The reaper must find `engine` wherever the engine was imported from.
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.reaper", self.name],
+            [sys.executable, "-m", "engine.run.reaper", self.name],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -132,7 +132,7 @@ class Reaper:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or not argv[0].startswith(MARKER_PREFIX):
-        print("usage: python -m engine.reaper SPECPROBE_LEG_<id>", file=sys.stderr)
+        print("usage: python -m engine.run.reaper SPECPROBE_LEG_<id>", file=sys.stderr)
         return 2
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import defaults, limits
-from engine.console import Console
-from engine.lines import Block, LineMatcher, Pattern
+from engine.run.console import Console
+from engine.run.lines import Block, LineMatcher, Pattern
 
 ECHO_WIDTH = 300
 PICKS = ("first", "last", "all")
@@ -434,7 +434,7 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
             "utf-8", errors="replace"
         )
     except (OSError, ValueError) as exc:
-        from engine.evidence import EvidenceError
+        from engine.run.evidence import EvidenceError
 
         raise EvidenceError(f"raw log {log_path}: {getattr(exc, 'strerror', None) or exc}") from None
     lines = raw.split("\n")

@@ -1,4 +1,4 @@
-"""A figure (engine/plots.py) as one self-contained SVG line chart: no script, no external reference.
+"""A figure (engine/show/plots.py) as one self-contained SVG line chart: no script, no external reference.
 
 Each series is drawn inside one group whose transform maps data to pixels, so a polyline's
 `points` are the evidence's own numbers (exactly as JSON gave them) and a reader, or a test, can
@@ -11,7 +11,7 @@ import math
 from html import escape
 from typing import Sequence
 
-from engine.plots import Figure, Number, number_text
+from engine.show.plots import Figure, Number, number_text
 
 WIDTH, HEIGHT = 720, 360
 LEFT, RIGHT, BOTTOM = 70, 20, 50

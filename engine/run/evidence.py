@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine import limits
-from engine.plan import step_definition
 from engine.secrets import redact
-from engine.spec import display_path
+from engine.spec.load import display_path
+from engine.spec.plan import step_definition
 
 EVIDENCE_VERSION = 1
 FILENAME = "evidence.json"

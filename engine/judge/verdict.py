@@ -11,9 +11,9 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from engine.checks import FAILING, evaluate
-from engine.functions import OPTIONS
-from engine.output import harvest_problems
+from engine.expr.functions import OPTIONS
+from engine.judge.checks import FAILING, evaluate
+from engine.run.output import harvest_problems
 from engine.types import Check, CheckResult, Step, Verdict
 
 
@@ -104,7 +104,7 @@ def harvest_rules(steps: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, 
 
 
 def all_harvest_problems(evidence: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every run step's harvest problems (engine/output.py), judged by the plan's CURRENT rules:
+    """Every run step's harvest problems (engine/run/output.py), judged by the plan's CURRENT rules:
     a spec that opts in later (on_conflict: pick) is honoured by `engine check`."""
     problems = []
     for name, record in (evidence.get("steps") or {}).items():

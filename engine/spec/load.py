@@ -521,7 +521,7 @@ class _Loader:
 
 def schema_text() -> str:
     """The JSON Schema of a spec, as shipped (`engine schema` prints it)."""
-    return resources.files("engine").joinpath("spec.schema.json").read_text(encoding="utf-8")
+    return resources.files("engine.spec").joinpath("spec.schema.json").read_text(encoding="utf-8")
 
 
 @functools.cache

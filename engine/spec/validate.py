@@ -11,11 +11,12 @@ import os
 import re
 from typing import Any, Iterable, Iterator, Mapping
 
-from engine import functions, plots
-from engine.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
-from engine.spec import Spec, SpecError
+from engine.expr import functions
+from engine.spec import plotdefs
+from engine.spec.load import Spec, SpecError
+from engine.spec.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
+from engine.spec.values import iter_refs, layer, refs, resolve, unknown_message
 from engine.types import Check
-from engine.values import iter_refs, layer, refs, resolve, unknown_message
 
 # What a check can read: the evidence document minus `checks` and `verdict` (and its own `let`).
 EVIDENCE_ROOTS = ("steps", "state", "values", "mode", "spec")
@@ -65,7 +66,7 @@ def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
         for name, v in table.items():
             if isinstance(v, dict) and isinstance(v.get("eval"), str):
                 yield prefix + (name, "eval"), v["eval"]
-    yield from plots.expressions(data)
+    yield from plotdefs.expressions(data)
 
 
 def _compile_errors(spec: Spec) -> list[SpecError]:

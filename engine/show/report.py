@@ -220,7 +220,7 @@ def markdown(
     evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any], figures: Sequence[Any] = ()
 ) -> str:
     """A PR-comment / step-summary table with the verdict on top, then the plots (`figures`,
-    engine/plots.py) as Mermaid charts."""
+    engine/show/plots.py) as Mermaid charts."""
     name = _spec_name(evidence)
     head = (
         f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): "
@@ -247,7 +247,7 @@ def markdown(
             lines += [f"**{r['name']}** ({_where(r)})", "```", *explain_lines(r, verbose=True), "```"]
         lines += ["</details>"]
     if figures:
-        from engine import mermaid
+        from engine.show import mermaid
 
         lines += ["", mermaid.section(list(figures)).rstrip("\n")]
     return "\n".join(lines) + "\n"

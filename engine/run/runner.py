@@ -20,13 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine import collectors, defaults, evidence, limits, version
-from engine.console import Console, ProgressDisplay
-from engine.output import Capture, compile_rules, harvest_problems
-from engine.plan import step_kind
-from engine.process import Interrupted, compile_signal_rules, run_command
-from engine.reaper import Reaper
+from engine import defaults, limits, version
+from engine.run import collectors, evidence
+from engine.run.console import Console, ProgressDisplay
+from engine.run.output import Capture, compile_rules, harvest_problems
+from engine.run.process import Interrupted, compile_signal_rules, run_command
+from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
+from engine.spec.plan import step_kind
 from engine.types import CheckResult, Verdict
 
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
@@ -62,7 +63,7 @@ def prepare_run_dir(run_dir: Path, force: bool = False) -> None:
         raise RunDirError(f"--run-dir {run_dir}: cannot write there: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-# Evidence -> (check results, verdict): engine.verdict.judge bound to the plan.
+# Evidence -> (check results, verdict): engine.judge.verdict.judge bound to the plan.
 Judge = Callable[[Mapping[str, Any]], tuple[list[CheckResult], Verdict]]
 
 

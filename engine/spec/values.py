@@ -14,9 +14,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import yaml
 from jmespath import exceptions as jexc
 
-from engine import functions, limits
+from engine import limits
+from engine.expr import functions
 from engine.secrets import is_secret
-from engine.spec import SpecError, json_path
+from engine.spec.load import SpecError, json_path
 
 # Values every run has (source `builtin`); all but `mode` differ from one run to the next.
 BUILTINS = ("python", "work_dir", "spec_dir", "run_dir", "run_id", "mode")

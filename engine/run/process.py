@@ -1,6 +1,6 @@
 """Running ONE command: its own session, streamed output, timeout escalation, signal rules, Ctrl-C.
 
-The leg runs in a new session and carries the engine's marker (engine/reaper.py), an environment
+The leg runs in a new session and carries the engine's marker (engine/run/reaper.py), an environment
 variable every process it starts inherits. Every kill goes to its process group, to every process
 of its tree seen while it ran (`ProcessTree`), and to every process carrying its marker: torchrun
 starts its workers in sessions of their own and a daemon double-forks out of the tree, so neither
@@ -10,7 +10,7 @@ SIGKILLed, so nothing of it outlives the leg; if the engine itself dies, the rea
 Output is read in chunks, not lines: per-line syscalls or per-line Python work would dominate a leg
 that prints a million lines. A chunk is decoded, split at its last newline, scrubbed, appended to
 the log (flushed once per chunk, so a crash keeps everything read so far) and handed to the callback
-as one `Block` (engine/lines.py). A line over `limits.LINE_MAX_CHARS` keeps its head (a secret cut
+as one `Block` (engine/run/lines.py). A line over `limits.LINE_MAX_CHARS` keeps its head (a secret cut
 in two there is redacted whole) and loses the rest; the log keeps its head and its tail.
 """
 
@@ -35,8 +35,8 @@ import psutil
 
 from engine import limits
 from engine.defaults import GRACE_S
-from engine.lines import Block, LineMatcher, Pattern
-from engine.reaper import Reaper, kill_marked, marked
+from engine.run.lines import Block, LineMatcher, Pattern
+from engine.run.reaper import Reaper, kill_marked, marked
 
 # A read is at most one line's limit, so a line wholly inside one read is never over it.
 READ_CHUNK = min(1 << 20, limits.LINE_MAX_CHARS)

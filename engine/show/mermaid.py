@@ -1,4 +1,4 @@
-"""A figure (engine/plots.py) as a Mermaid `xychart-beta` block, which GitHub draws in a PR comment,
+"""A figure (engine/show/plots.py) as a Mermaid `xychart-beta` block, which GitHub draws in a PR comment,
 a job summary or a README with no image hosting.
 
 Mermaid's xychart has limits the SVG does not, and this renderer says so rather than bend the data:
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from engine.plots import Figure, Number, Series, number_text
+from engine.show.plots import Figure, Number, Series, number_text
 
 # Up to this many x values get a category each (a labelled tick per rank, say); more consecutive
 # integers get a numeric range, whose ticks Mermaid spaces itself.

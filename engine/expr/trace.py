@@ -1,35 +1,26 @@
-"""Evaluating a spec's checks over the evidence document (the verdict is engine/verdict.py).
+"""Expressions traced over a document: the JMESPath interpreter that checks and plots share.
 
-A check passes only when its JMESPath expression yields exactly ``true``. Python's jmespath
-returns ``None`` both for an absent key and for an explicit ``null``, and projections silently
-drop nulls, so a plain ``search`` cannot tell "the run said null" from "the run never said".
-The evaluator below is a TreeInterpreter that records every lookup on a value that lacks the key;
-any such miss makes the outcome NO_DATA, even when the result happens to be ``true``, because
-missing data must never pass. The same interpreter remembers the values of comparator operands,
-``&&``/``||``/``!`` operands and function calls so that a failing check can show *why* (explain).
-
-A check may name sub-expressions (``let: {first2: "..."}``), read as ``let.first2``: pure JMESPath
-over the same document, evaluated on first read (their misses count like any other) and shown first
-in the explain trace. Its ``when`` decides whether it is evaluated: exactly ``false`` skips it,
-absent data is NO_DATA, anything but a boolean is an ERROR; a check the spec disables is DISABLED
-(reported with its reason, never evaluated, never failing the verdict).
+Python's jmespath returns ``None`` both for an absent key and for an explicit ``null``, and projections
+silently drop nulls, so a plain ``search`` cannot tell "the run said null" from "the run never said".
+``trace`` evaluates with a TreeInterpreter that records every lookup on a value that lacks the key (the
+missing paths) and remembers the values of comparator operands, ``&&``/``||``/``!`` operands and function
+calls, so that a failing check can show *why*. ``unparse`` writes a syntax tree back as text, the way
+those sub-expressions are named. A check's named sub-expressions (``let: {first2: "..."}``) are read as
+``let.first2`` and evaluated on first read.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import jmespath
 from jmespath.visitor import TreeInterpreter
 
-from engine.functions import evaluation
-from engine.types import CheckResult
+from engine.expr.functions import evaluation
+from engine.text import compact
 
-OUTCOMES = ("PASS", "FAIL", "NO_DATA", "SKIPPED", "ERROR", "DISABLED")
-FAILING = ("FAIL", "NO_DATA", "ERROR")
-VALUE_CUT = 240
 NOT_EVALUATED = "not evaluated"
 MISSING = "missing"
 
@@ -68,15 +59,6 @@ def path_text(parts: Iterable[Any]) -> str:
         text = _key_text(part)
         out += text if (text.startswith("[") or not out) else "." + text
     return out
-
-
-def compact(value: Any, limit: int = VALUE_CUT) -> str:
-    """Compact JSON for a value, cut at ``limit`` characters."""
-    try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # Binding strength used only to decide where the unparser needs parentheses.
@@ -464,102 +446,3 @@ def _shown(seen: dict[int, Any], node: dict, text: str, missing: list[str]) -> s
     value = seen[id(node)]
     # An absent path reads as null to jmespath; say which it really was.
     return MISSING if value is None and text in missing else compact(value)
-
-
-def _no_data_reason(missing: list[str]) -> str:
-    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    return f"no data: {missing[0]} is missing{more}"
-
-
-def _error_text(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-
-
-def evaluate_one(
-    check: Mapping[str, Any], document: Any, options: Any = None, paths: dict[int, tuple] | None = None
-) -> CheckResult:
-    """One check's result (see ``evaluate``); ``document`` is already ``check_document``-ed."""
-    paths = index_paths(document) if paths is None else paths
-    result: CheckResult = {
-        "name": check["name"],
-        "why": check.get("why", ""),
-        "expr": check["expr"],
-        "severity": check.get("severity") or "gate",
-        "file": check.get("file"),
-        "line": check.get("line"),
-        "outcome": "PASS",
-        "value": None,
-        "missing": [],
-        "explain": [],
-        "reason": "",
-    }
-    lets = check.get("let") or None
-    if lets:
-        result["let"] = dict(lets)
-    if check.get("disabled"):
-        where = f" (disabled at {check['disabled_at']})" if check.get("disabled_at") else " (disabled)"
-        return {**result, "outcome": "DISABLED", "reason": f"{' '.join(check['disabled'].split())}{where}"}
-    when = check.get("when")
-    if when:
-        try:
-            cond, missing, _ = trace(when, document, options, explain=False, paths=paths, lets=lets)
-        except Exception as exc:  # noqa: BLE001 - any failure is the check's ERROR, not a crash
-            missing = getattr(exc, "missing", [])
-            if missing:
-                return {
-                    **result,
-                    "outcome": "NO_DATA",
-                    "missing": missing,
-                    "reason": f"when `{when}`: {_no_data_reason(missing)}",
-                }
-            return {**result, "outcome": "ERROR", "reason": f"when `{when}`: {_error_text(exc)}"}
-        # Only an exact false skips: a condition over absent data must not turn a gate into a pass.
-        if missing:
-            return {
-                **result,
-                "outcome": "NO_DATA",
-                "missing": missing,
-                "reason": f"when `{when}`: {_no_data_reason(missing)}",
-            }
-        if cond is False:
-            return {**result, "outcome": "SKIPPED", "reason": f"when `{when}` was false"}
-        if cond is not True:
-            return {
-                **result,
-                "outcome": "ERROR",
-                "reason": f"when `{when}` gave {compact(cond, 80)}, not true or false",
-            }
-    try:
-        value, missing, pairs = trace(check["expr"], document, options, paths=paths, lets=lets)
-    except Exception as exc:  # noqa: BLE001 - a plugin function may raise anything
-        missing = getattr(exc, "missing", [])
-        if missing:
-            return {
-                **result,
-                "outcome": "NO_DATA",
-                "reason": _no_data_reason(missing),
-                "missing": missing,
-                "explain": getattr(exc, "explain", []),
-            }
-        return {**result, "outcome": "ERROR", "reason": _error_text(exc), "explain": getattr(exc, "explain", [])}
-    result.update(value=value, missing=missing, explain=pairs)
-    if missing:
-        result.update(outcome="NO_DATA", reason=_no_data_reason(missing))
-    elif value is True:
-        result.update(outcome="PASS", reason="true")
-    elif value is False:
-        result.update(outcome="FAIL", reason="got false")
-    else:
-        result.update(outcome="FAIL", reason=f"got {compact(value, 80)}, not true")
-    return result
-
-
-def evaluate(
-    checks: Sequence[Mapping[str, Any]], evidence: Mapping[str, Any], options: Any = None
-) -> list[CheckResult]:
-    """Evaluate every check over the evidence. Each result: name, why, expr, severity, file, line,
-    outcome (PASS|FAIL|NO_DATA|SKIPPED|ERROR|DISABLED), value, missing, explain, reason, and `let`
-    (name -> expression) when the check names sub-expressions. A DISABLED check is not evaluated."""
-    document = check_document(evidence)
-    paths = index_paths(document)
-    return [evaluate_one(check, document, options, paths) for check in checks]

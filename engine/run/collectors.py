@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import defaults, limits
-from engine.lines import Block
-from engine.process import run_command
+from engine.run.lines import Block
+from engine.run.process import run_command
 
 GROUP = "specprobe.collectors"
 

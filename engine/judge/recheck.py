@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import evidence
-from engine.checks import compact
-from engine.output import reharvest
-from engine.plan import Plan, build_plan, run_stamp, step_definition
+from engine.judge.verdict import derive_statuses, judge
+from engine.run import evidence
+from engine.run.output import reharvest
 from engine.secrets import REDACTED, Scrubber, redact
-from engine.spec import Spec
+from engine.spec.load import Spec
+from engine.spec.plan import Plan, build_plan, run_stamp, step_definition
+from engine.spec.values import PER_RUN_BUILTINS
+from engine.text import argv_delta, compact, scalar_list
 from engine.types import CheckResult, Verdict
-from engine.values import PER_RUN_BUILTINS
-from engine.verdict import derive_statuses, judge
 
 _ABSENT = "<absent>"
 
@@ -57,10 +57,6 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
 
 
-def _scalar_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v)
-
-
 def _shown_pair(old: Any, new: Any, limit: int = 100) -> tuple[str, str]:
     """Both sides cut to `limit`, around their first difference: cut at the same place, two long
     values that differ near their end would read the same."""
@@ -80,10 +76,7 @@ def _shown_pair(old: Any, new: Any, limit: int = 100) -> tuple[str, str]:
 def describe_change(key: str, old: Any, new: Any) -> str:
     """One changed field of a step: a command line as the tokens that moved (as `engine diff`
     shows it), anything else as its old and new values around where they differ."""
-    if _scalar_list(old) and _scalar_list(new):
-        # Only on a refusal: the diff package stays unloaded for a plain `engine check`.
-        from engine.diff.text import argv_delta
-
+    if scalar_list(old) and scalar_list(new):
         return f"{key}: {argv_delta(old, new)}"
     a, b = _shown_pair(old, new)
     return f"{key}: {a} -> {b}"

@@ -21,12 +21,12 @@ from typing import Any, Mapping, Sequence
 import jsonschema
 from jmespath import exceptions as jexc
 
-from engine import defaults, functions
-from engine.checks import compact, trace
+from engine import defaults
+from engine.expr import functions
+from engine.expr.trace import trace
 from engine.secrets import REDACTED, is_secret, redact, redact_text
-from engine.spec import Spec, SpecError, SpecErrors, best_error, validator
-from engine.types import Check, Step
-from engine.values import (
+from engine.spec.load import Spec, SpecError, SpecErrors, best_error, validator
+from engine.spec.values import (
     UnknownVariable,
     UsageError,
     layer,
@@ -37,6 +37,8 @@ from engine.values import (
     template,
     unknown_message,
 )
+from engine.text import compact
+from engine.types import Check, Step
 
 __all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
 

@@ -1,0 +1,57 @@
+"""Values as text in a sentence: compact JSON cut to a length, prose by its words, a code span,
+and the token-level change of a command line. Pure functions, used by every stage that words a value."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from typing import Any, Callable, Sequence
+
+VALUE_CUT = 240
+
+
+def compact(value: Any, limit: int = VALUE_CUT) -> str:
+    """Compact JSON for a value, cut at ``limit`` characters."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def words(text: Any) -> Any:
+    """Prose compared and shown by its words: reflowing a YAML string changes nothing."""
+    return " ".join(text.split()) if isinstance(text, str) else text
+
+
+def code(text: str) -> str:
+    """A code span that survives backticks inside (JMESPath literals are written `0.25`): fenced
+    with one backtick more than the longest run inside, as Markdown wants; plain text reads it too."""
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def scalar_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v)
+
+
+def argv_delta(old: Sequence[Any], new: Sequence[Any], code: Callable[[Any], str] = lambda t: f"`{t}`") -> str:
+    """Token-level change of a command line: `--stop-after-steps 10` -> `--stop-after-steps 20`."""
+    a, b = [str(x) for x in old], [str(x) for x in new]
+    parts = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        # The flag in front of a changed argument says what the argument is.
+        if tag == "replace" and i1 > 0 and a[i1 - 1].startswith("-"):
+            i1, j1 = i1 - 1, j1 - 1
+        if tag == "replace":
+            parts.append(f"{code(' '.join(a[i1:i2]))} -> {code(' '.join(b[j1:j2]))}")
+        elif tag == "delete":
+            parts.append(f"removed {code(' '.join(a[i1:i2]))}")
+        else:
+            after = f" after {code(a[i1 - 1])}" if i1 > 0 else " at the start"
+            parts.append(f"added {code(' '.join(b[j1:j2]))}{after}")
+    return "; ".join(parts)
