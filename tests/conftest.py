@@ -7,15 +7,10 @@ with ``hub_server.inject(kind, path_pattern, nth=N, times=K)``, or over HTTP: ``
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import hubserver`
-
-from hubserver import HubServer  # noqa: E402
+from hubserver import HubServer
 
 HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"  # recognisable: tests grep every output for it
 HUB_LFS_THRESHOLD = 1024  # files from 1 KB up take the LFS path in tests

@@ -1,0 +1,162 @@
+"""engine/judge/recheck.py: `engine check` judges a saved run with the spec's CURRENT values, refuses
+evidence of another spec or of changed steps (saying what changed, readably), and derives each leg's
+outcome from its recorded exit code rather than a stored status string."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.judge.recheck import describe_change
+from engine.judge.verdict import Exit, run_status
+
+ROOT = Path(__file__).resolve().parents[2]
+LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
+
+SPEC = """\
+version: 1
+name: {name}
+description: a leg that reports a loss
+budget_s: 100
+values:
+  ceiling: {ceiling}
+  steps: {steps}
+  model: tiny-model-with-a-long-name{extra}
+steps:
+  - name: leg1
+    run:
+      argv: ["${{python}}", "{leg}", "--model", "${{model}}", "--out", "/tmp/a/long/path/to/a/run/directory",
+             "--tokens", "409600", "--lr", "0.01", "--steps", "${{steps}}", 'RUN_JSON {{"final_loss": 5.4}}',
+             "@rc:{rc}"]
+      timeout_s: 30
+      output:
+        harvest:
+          run_json: {{marker: "RUN_JSON ", pick: last}}
+checks:
+  - name: loss_below_ceiling
+    why: a leg that learned nothing ends at ln(vocab)
+    expr: "steps.leg1.harvest.run_json.final_loss < values.ceiling"
+"""
+
+
+def write_spec(
+    path: Path, name: str = "lossy", rc: int = 0, ceiling: str = "6.0", steps: str = "20", extra: str = ""
+) -> Path:
+    path.write_text(SPEC.format(name=name, leg=LEG, rc=rc, ceiling=ceiling, steps=steps, extra=extra))
+    return path
+
+
+def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_check_uses_the_specs_current_values_and_lists_each_change(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    write_spec(spec, ceiling="0.01", extra="\n  note: added later")  # only checks could read them
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].startswith('VERDICT lossy FAIL ["loss_below_ceiling"]')
+    assert "values.ceiling = 0.01" in r.stdout
+    assert "ceiling: run had 6.0, spec has 0.01" in r.stderr
+    assert 'note: run had no such value, spec has "added later"' in r.stderr
+    (record,) = (tmp_path / "r").glob("check-*.json")
+    changed = json.loads(record.read_text())["values_changed"]
+    assert {"name": "ceiling", "run": 6.0, "spec": 0.01} in changed
+    saved = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    assert saved["values"]["ceiling"] == 6.0  # the evidence itself is never rewritten
+
+
+def test_a_value_edited_in_the_evidence_cannot_pass_a_failed_gate(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", ceiling="5.0")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.FAILED
+    path = tmp_path / "r" / "evidence.json"
+    doc = json.loads(path.read_text())
+    doc["values"]["ceiling"] = 100
+    path.write_text(json.dumps(doc))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED and "values.ceiling = 5.0" in r.stdout
+    assert "ceiling: run had 100, spec has 5.0" in r.stderr
+
+
+def test_a_changed_leg_is_refused_showing_the_tokens_that_moved(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    write_spec(spec, steps="30")
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.USAGE
+    # The argv is longer than a cut of 100 characters: both sides used to read the same.
+    assert "step leg1: definition changed (run.argv: `--steps 20` -> `--steps 30`)" in r.stderr
+    assert "values changed since the run:\n  steps: run had 20, spec has 30" in r.stderr
+
+
+def test_describe_change_cuts_long_values_around_their_difference() -> None:
+    old, new = "x" * 300 + "A" + "y" * 50, "x" * 300 + "B" + "y" * 50
+    text = describe_change("run.cwd", old, new)
+    left, right = text.split(" -> ")
+    assert "A" in left and "B" in right and left != right.replace("B", "A") + "x"
+    assert describe_change("run.argv", ["a", "--n", "1"], ["a", "--n", "2"]) == "run.argv: `--n 1` -> `--n 2`"
+
+
+def test_changed_output_rules_are_refused_by_check_but_not_the_judging_options(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    spec.write_text(spec.read_text().replace("pick: last}", "pick: last, on_conflict: pick}"))
+    assert engine("check", str(spec), "--evidence", "r", cwd=tmp_path).returncode == Exit.PASS
+    spec.write_text(spec.read_text().replace('marker: "RUN_JSON "', 'marker: "RUN "'))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    assert r.returncode == Exit.USAGE
+    assert (
+        'step leg1: output rules changed (output.harvest.run_json.marker: "RUN_JSON " -> "RUN ")'
+    ) in r.stderr and "engine replay" in r.stderr
+    r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)  # re-harvested: no "RUN " line
+    assert r.returncode == Exit.FAILED and "steps.leg1.harvest.run_json.final_loss is missing" in r.stdout
+
+
+def test_evidence_of_another_spec_is_refused_naming_both(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "evidence" / "p4_soak", tmp_path / "p4_soak")
+    r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), "--evidence", str(tmp_path / "p4_soak"), cwd=tmp_path)
+    assert r.returncode == Exit.USAGE, r.stdout
+    assert "evidence of spec 'p4_soak' (specs/p4_soak.yaml), not of spec 'p4_smoke'" in r.stderr
+    assert r.stdout == "" and not list((tmp_path / "p4_soak").glob("check-*.json"))
+    r = engine("check", str(ROOT / "specs" / "p4_soak.yaml"), "--evidence", str(tmp_path / "p4_soak"), cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stderr
+
+
+def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", rc=3)
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.FAILED
+    path = tmp_path / "r" / "evidence.json"
+    doc = json.loads(path.read_text())
+    doc["steps"]["leg1"]["status"] = "ok"
+    path.write_text(json.dumps(doc))
+    r = engine("check", str(spec), "--evidence", "r", "--junit", "j.xml", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].startswith('VERDICT lossy FAIL ["step:leg1"]')
+    assert r.stdout.splitlines()[1].split()[:2] == ["step:leg1", "failed"]
+    assert "the evidence says status 'ok', but it recorded rc 3 (ok_exit_codes [0]): counted as failed" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "record, codes, status",
+    [
+        ({"status": "ok", "rc": 3}, [0], "failed"),
+        ({"status": "failed", "rc": -9}, [0, -9], "ok"),
+        ({"status": "ok", "rc": 0, "timed_out": True}, [0], "failed"),
+        ({"status": "ok", "rc": 127, "error": "cannot start"}, [0, 127], "failed"),
+        ({"status": "ok"}, [0], "failed"),  # an ok without any exit code
+        ({"status": "not_run"}, [0], "not_run"),
+        ({"status": "interrupted", "rc": 0}, [0], "interrupted"),
+    ],
+)
+def test_run_status_comes_from_the_recorded_exit_code(record: dict, codes: list, status: str) -> None:
+    assert run_status(record, codes) == status

@@ -1,0 +1,456 @@
+"""`engine review --base REV`: real git repositories with real commits, one per class of change.
+
+The template repository holds tests/specs/review/specs (a two-leg probe extending a lib fragment) and
+a real `engine run` of it committed as evidence/probe/, as a project keeps its last real run. Each test
+copies it, commits one change on a branch and reviews the branch against main: every risky class
+exits 1 (and 0 with --accept-risk), every safe class exits 0, an invalid spec on either side 2.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from engine.cli import main as engine_main
+from engine.diff.review import EXIT_INVALID, EXIT_RISKY, EXIT_SAFE, WHY_RISKY, build_review, render_review
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "specs" / "review" / "specs"
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def run_probe(repo: Path, run_dir: str = "evidence/probe", mode: str = "smoke") -> None:
+    """A real `engine run` of the repo's probe, kept where the project keeps saved runs."""
+    cwd = Path.cwd()
+    os.chdir(repo)
+    try:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        assert engine_main(["run", "specs/probe.yaml", "--mode", mode, "--run-dir", run_dir]) == 0
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("template") / "repo"
+    shutil.copytree(FIXTURE, repo / "specs")
+    git(repo, "init", "-q", "-b", "main")
+    run_probe(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the probe and its last real run")
+    return repo
+
+
+@pytest.fixture
+def repo(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the template on a branch `pr`, the working directory of the test."""
+    copy = tmp_path / "repo"
+    shutil.copytree(template, copy)
+    git(copy, "checkout", "-q", "-b", "pr")
+    monkeypatch.chdir(copy)
+    return copy
+
+
+def edit(repo: Path, path: str, old: str, new: str) -> None:
+    f = repo / path
+    text = f.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    f.write_text(text.replace(old, new, 1))
+
+
+def commit(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def review(*args: str) -> tuple[int, str, str]:
+    """`engine review --base main ARGS` in the current directory: (exit code, stdout, stderr)."""
+    from engine.cli import _parser
+
+    parsed = _parser().parse_args(["review", "--base", "main", *args])
+    out, err = io.StringIO(), io.StringIO()
+    from engine.diff.review import review_main
+
+    rc = review_main(parsed, out, err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+LIB = "specs/lib/common.yaml"
+PROBE = "specs/probe.yaml"
+
+# ---------------------------------------------------------------- the risky classes
+
+CHECK_BLOCK = re.compile(r"  - name: (\w+)\n(?:    .*\n)+")
+
+
+def _remove_check(repo: Path, name: str) -> None:
+    f = repo / LIB
+    f.write_text(CHECK_BLOCK.sub(lambda m: "" if m.group(1) == name else m.group(0), f.read_text()))
+
+
+def _other_specs_run(repo: Path) -> None:
+    doc = repo / "evidence" / "probe" / "evidence.json"
+    doc.write_text(doc.read_text().replace('"name": "probe"', '"name": "another_probe"', 1))
+
+
+RISKY: dict[str, tuple[str, str, Callable[[Path], None]]] = {
+    # case: (risk kind, a phrase its line must hold, the change)
+    "gate_removed": (
+        "gate removed",
+        "gate `leg2_exit_clean` removed (it checked: Leg 2 exits 0.)",
+        lambda r: _remove_check(r, "leg2_exit_clean"),
+    ),
+    "gate_disabled": (
+        "gate disabled",
+        "gate `peak_below_gate` DISABLED: measured elsewhere now",
+        lambda r: edit(
+            r, PROBE, "budget_s: 300\n", "budget_s: 300\ndisable:\n  peak_below_gate: measured elsewhere now\n"
+        ),
+    ),
+    "gate_demoted": (
+        "gate demoted",
+        "gate `leg2_exit_clean` demoted to warn",
+        lambda r: edit(r, LIB, 'expr: "steps.leg2.rc == `0`"', 'expr: "steps.leg2.rc == `0`"\n    severity: warn'),
+    ),
+    "gate_given_a_when": (
+        "gate given a when",
+        "gate `loss_below_max` given `when: mode == 'soak'`",
+        lambda r: edit(
+            r,
+            LIB,
+            'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
+            'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"\n    when: "mode == \'soak\'"',
+        ),
+    ),
+    "value_threshold_loosened": (
+        "gate loosened",
+        "gate `loss_below_max` loosened on run ",
+        lambda r: edit(r, LIB, "loss_max: 3.0", "loss_max: 4.5"),
+    ),
+    "literal_threshold_loosened": (
+        "gate loosened",
+        "12.5 <= 13.6 PASS (margin 1.1) -> 12.5 <= 20 PASS (margin 7.5)",
+        lambda r: edit(r, LIB, "<= `13.6`", "<= `20`"),
+    ),
+    "gate_rewritten_beyond_telling": (
+        "gate rewritten",
+        "gate `leg1_stopped_at_stop` changed and it cannot be told whether it asks less",
+        lambda r: edit(
+            r,
+            LIB,
+            "steps.leg1.harvest.run_json.final_step == values.stop1",
+            "steps.leg1.harvest.run_json.final_step >= values.stop1 || steps.leg1.rc == `0`",
+        ),
+    ),
+    "legs_changed_without_a_new_run": (
+        "legs changed",
+        "legs changed in smoke: `leg1` argv added `--log-every 1` after `10` (and in soak); evidence/probe "
+        "is a run of other legs (`leg1` differ: `engine check` refuses it)",
+        lambda r: edit(
+            r, LIB, '"--stop-after-steps", "${stop1}"]', '"--stop-after-steps", "${stop1}", "--log-every", "1"]'
+        ),
+    ),
+    "budget_raised": (
+        "budget raised",
+        "budget_s 300 s -> 900 s",
+        lambda r: edit(r, PROBE, "budget_s: 300", "budget_s: 900"),
+    ),
+    "exit_codes_widened": (
+        "exit codes widened",
+        "leg `leg2` ok_exit_codes [0] -> [0,1]",
+        lambda r: edit(
+            r,
+            LIB,
+            "      timeout_s: 60\n      grace_s: 5\n      output:\n        harvest:\n"
+            '          run_json: {marker: "RUN_JSON ", pick: last}\nchecks:',
+            "      timeout_s: 60\n      grace_s: 5\n      ok_exit_codes: [0, 1]\n"
+            "      output:\n        harvest:\n"
+            '          run_json: {marker: "RUN_JSON ", pick: last}\nchecks:',
+        ),
+    ),
+    "saved_run_fails_the_new_spec": (
+        "saved run fails",
+        "evidence/probe (smoke) fails under the new spec: `leg1_reported_memory_below_12`",
+        lambda r: edit(
+            r,
+            LIB,
+            "checks:\n",
+            "checks:\n  - name: leg1_reported_memory_below_12\n    why: A tighter card.\n"
+            '    expr: "steps.leg1.harvest.run_json.peak_gb < `12`"\n',
+        ),
+    ),
+    "spec_deleted": ("gate removed", "spec deleted: its 5 gate checks no longer run", lambda r: (r / PROBE).unlink()),
+    "mode_removed": ("gate removed", "mode `soak` removed", lambda r: edit(r, PROBE, "  soak: {stop1: 20}\n", "")),
+    "evidence_removed": ("evidence removed", "evidence/probe removed", lambda r: shutil.rmtree(r / "evidence")),
+    # A bundle committed for the spec that is another spec's run: nothing re-checks the probe any more.
+    "saved_run_of_another_spec": (
+        "saved run refused",
+        "evidence/probe (renewed in this change) is refused by `engine check`: refusing",
+        lambda r: _other_specs_run(r),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RISKY))
+def test_each_risky_class_exits_1_names_the_change_and_why_and_accept_risk_exits_0(repo: Path, case: str) -> None:
+    kind, phrase, change = RISKY[case]
+    change(repo)
+    commit(repo, case)
+    rc, text, err = review()
+    assert (rc, err) == (EXIT_RISKY, ""), text
+    risky_lines = [line for line in text.splitlines() if line.startswith("  ! ")]
+    line = next((x for x in risky_lines if x.startswith(f"  ! {kind} in ")), None)
+    assert line is not None, f"no `{kind}` risk in:\n{text}"
+    assert len(risky_lines) == 1, f"one change, one risk:\n{text}"
+    assert phrase in line, line
+    assert f"      why risky: {WHY_RISKY[kind]}" in text
+    assert text.splitlines()[1].startswith("RISKY: ")
+    rc, accepted, _ = review("--accept-risk")
+    assert rc == EXIT_SAFE
+    assert "accepted (--accept-risk)" in accepted.splitlines()[1] and line in accepted
+
+
+# ---------------------------------------------------------------- the safe classes
+
+
+def _new_run_of_new_legs(repo: Path) -> None:
+    RISKY["legs_changed_without_a_new_run"][2](repo)
+    run_probe(repo)  # the new legs, run for real, committed with the change
+
+
+SAFE: dict[str, Callable[[Path], None]] = {
+    "add_a_check": lambda r: edit(
+        r,
+        LIB,
+        "checks:\n",
+        "checks:\n  - name: leg2_resumed_from_stop\n"
+        "    why: Leg 2 resumes from the stop step.\n"
+        '    expr: "steps.leg2.harvest.run_json.resumed_from_step == values.stop1"\n',
+    ),
+    "tighten_a_value_threshold": lambda r: edit(r, LIB, "loss_max: 3.0", "loss_max: 2.5"),
+    "tighten_a_literal_threshold": lambda r: edit(r, LIB, "<= `13.6`", "< `13`"),
+    "reword_a_why": lambda r: edit(
+        r,
+        LIB,
+        "why: Leg 2 must reach the horizon.",
+        "why: >\n      Leg 2 must reach the horizon;\n      a leg that exits early still has rc 0.",
+    ),
+    "reformat_the_yaml": lambda r: (
+        edit(
+            r,
+            PROBE,
+            "modes:\n  default: smoke\n  smoke: {stop1: 10}\n  soak: {stop1: 20}\n",
+            "modes:\n  soak:\n    stop1: 20\n  smoke:\n    stop1: 10\n  default: smoke\n",
+        ),
+        edit(r, LIB, 'expr: "steps.leg2.rc == `0`"', "expr: >-\n      steps.leg2.rc   ==   `0`"),
+    ),
+    "rewrite_a_check_through_let": lambda r: edit(
+        r,
+        LIB,
+        'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"',
+        'expr: "let.loss < values.loss_max"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss',
+    ),
+    "legs_changed_with_a_new_run_committed": _new_run_of_new_legs,
+    # stop1 moves leg 1's stop AND what `leg1_stopped_at_stop` asks: the old check fails the new run,
+    # which says nothing of the new check (an equality asked for another value, not a looser one).
+    "stop_step_moved_with_a_new_run_committed": lambda r: (
+        edit(r, PROBE, "smoke: {stop1: 10}", "smoke: {stop1: 15}"),
+        run_probe(r),
+    ),
+    "a_longer_timeout": lambda r: edit(r, LIB, "timeout_s: 60", "timeout_s: 90"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAFE))
+def test_each_safe_class_exits_0(repo: Path, case: str) -> None:
+    SAFE[case](repo)
+    commit(repo, case)
+    rc, text, err = review()
+    assert (rc, err) == (EXIT_SAFE, ""), text
+    assert text.splitlines()[1] == "nothing risky"
+    assert "  ! " not in text
+    # Reformatted YAML means nothing; every other safe change is a change, shown.
+    status = text.splitlines()[2].split(None, 1)[1]
+    assert (status == "unchanged") == (case == "reformat_the_yaml"), text
+
+
+def test_a_gate_the_saved_run_failed_already_at_the_base_is_no_new_risk(repo: Path) -> None:
+    git(repo, "checkout", "-q", "main")
+    RISKY["saved_run_fails_the_new_spec"][2](repo)
+    commit(repo, "a gate the saved run fails, on main")
+    git(repo, "checkout", "-q", "-B", "pr")
+    SAFE["reword_a_why"](repo)
+    commit(repo, "reword")
+    rc, text, _ = review()
+    assert rc == EXIT_SAFE, text
+    assert "saved run: FAIL (5/6 gates pass)" in text
+
+
+def test_a_tightened_threshold_is_classified_with_its_numbers(repo: Path) -> None:
+    SAFE["tighten_a_value_threshold"](repo)
+    commit(repo, "tighten")
+    rc, text, _ = review()
+    assert rc == EXIT_SAFE
+    assert "    ~ check loss_below_max (unchanged; reads a changed value) on run " in text
+    assert ": tightened  (specs/lib/common.yaml:" in text
+    assert "on this run: 2.25 < 3 PASS (margin 0.75) -> 2.25 < 2.5 PASS (margin 0.25)" in text
+
+
+def test_a_let_rewrite_is_unchanged_on_the_saved_run(repo: Path) -> None:
+    SAFE["rewrite_a_check_through_let"](repo)
+    commit(repo, "let")
+    rc, text, _ = review()
+    assert rc == EXIT_SAFE
+    assert "changed check loss_below_max on run " in text
+    assert ": unchanged on this run (the same expression once its `let:` names are written out)" in text
+
+
+def test_an_uncommitted_change_in_the_working_tree_is_reviewed_too(repo: Path) -> None:
+    edit(repo, LIB, "loss_max: 3.0", "loss_max: 4.5")  # not committed: the working tree is the new side
+    rc, text, _ = review()
+    assert rc == EXIT_RISKY and "  ! gate loosened in specs/probe.yaml" in text
+
+
+# ---------------------------------------------------------------- exit 2
+
+
+def test_an_invalid_spec_on_either_side_exits_2_naming_file_and_line(repo: Path) -> None:
+    edit(
+        repo,
+        LIB,
+        "      timeout_s: 60\n      grace_s: 5\n      output:",
+        "      timeout_s: sixty\n      grace_s: 5\n      output:",
+    )
+    rc, text, _ = review()
+    assert rc == EXIT_INVALID
+    assert text.splitlines()[1].startswith("INVALID: specs/probe.yaml")
+    assert re.search(r"specs/lib/common\.yaml:\d+:\d+: \$\.steps\[0\]\.run\.timeout_s", text), text
+    commit(repo, "broken")
+    git(repo, "branch", "-f", "main", "HEAD")  # the broken one is now the base; the tree is fixed
+    git(repo, "checkout", "-q", "HEAD~1", "--", LIB)
+    rc, text, _ = review("--accept-risk")  # accepting risk does not accept an invalid spec
+    assert rc == EXIT_INVALID
+    assert re.search(r"main:specs/lib/common\.yaml:\d+:\d+: ", text), text
+
+
+def test_an_unknown_base_or_a_directory_outside_git_exits_2(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.cli import _parser
+    from engine.diff.review import review_main
+
+    err = io.StringIO()
+    assert review_main(_parser().parse_args(["review", "--base", "no-such-rev"]), io.StringIO(), err) == EXIT_INVALID
+    assert err.getvalue().startswith("--base no-such-rev: not a revision of the repository at ")
+    outside = tmp_path / "outside"
+    (outside / "specs").mkdir(parents=True)
+    monkeypatch.chdir(outside)
+    err = io.StringIO()
+    assert review_main(_parser().parse_args(["review", "--base", "main"]), io.StringIO(), err) == EXIT_INVALID
+    assert "not inside a git work tree" in err.getvalue()
+
+
+def test_corrupt_saved_evidence_exits_2_naming_the_file(repo: Path) -> None:
+    (repo / "evidence" / "probe" / "evidence.json").write_text("{not json")
+    rc, text, _ = review()
+    assert rc == EXIT_INVALID
+    assert "evidence/probe/evidence.json:1:2: not valid JSON" in text
+
+
+# ---------------------------------------------------------------- which specs, and the outputs
+
+
+def test_fragments_are_reviewed_through_the_specs_that_use_them_and_new_specs_are_labelled_new(repo: Path) -> None:
+    (repo / "specs" / "probe2.yaml").write_text((repo / PROBE).read_text().replace("name: probe", "name: probe2"))
+    commit(repo, "a second probe")
+    review_ = build_review("main")
+    assert [s.path for s in review_.specs] == ["specs/probe.yaml", "specs/probe2.yaml"]  # not lib/common.yaml
+    by_path = {s.path: s for s in review_.specs}
+    assert by_path["specs/probe2.yaml"].status == "new" and by_path["specs/probe2.yaml"].risks == []
+    text = render_review(review_)
+    assert "engine diff probe2: new spec (no main:specs/probe2.yaml) -> specs/probe2.yaml" in text
+    assert "saved run: no saved run under evidence/probe2/" in text
+
+
+def test_markdown_file_and_dash_have_one_meaning(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    RISKY["gate_removed"][2](repo)
+    commit(repo, "drop a gate")
+    out = tmp_path / "review.md"
+    assert engine_main(["review", "--base", "main", "--markdown", str(out)]) == EXIT_RISKY
+    printed = capsys.readouterr().out
+    assert printed.startswith("engine review: 1 spec, base main (")  # FILE: text printed, Markdown written
+    md = out.read_text()
+    assert md.startswith("## Spec review: RISKY: 1 risky change need approval\n") or md.startswith(
+        "## Spec review: RISKY: 1 risky change needs approval\n"
+    )
+    assert "- **gate removed** in `specs/probe.yaml` [mode smoke, soak]: gate `leg2_exit_clean` removed" in md
+    assert "  - *why risky*: a gate that no longer exists can no longer fail a run" in md
+    assert "<details><summary>specs/probe.yaml: checks: 1 removed</summary>" in md
+    assert engine_main(["review", "--base", "main", "--markdown", "-"]) == EXIT_RISKY
+    assert capsys.readouterr().out == md  # `-`: the Markdown instead of the text
+    assert not Path("-").exists()
+
+
+def test_engine_review_is_registered_with_its_exit_codes(capsys: pytest.CaptureFixture) -> None:
+    assert engine_main(["review", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "--base REV" in help_text and "--accept-risk" in help_text and "--markdown FILE" in help_text
+    assert "0 nothing risky (or --accept-risk), 1 risky changes need approval, 2 invalid" in " ".join(help_text.split())
+
+
+def test_the_shipped_specs_and_saved_runs_review_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shipped spec is valid, its saved run re-checks with it, and an unchanged tree is not risky
+    (the shipped specs and evidence, committed in a repository of their own)."""
+    repo = tmp_path / "shipped"
+    for part in ("specs", "evidence"):
+        shutil.copytree(ROOT / part, repo / part)
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, "shipped")
+    monkeypatch.chdir(repo)
+    review_ = build_review("HEAD")
+    assert review_.exit_code == EXIT_SAFE, render_review(review_)
+    assert {s.path for s in review_.specs} >= {"specs/p4_smoke.yaml", "specs/p4_soak.yaml", "specs/p4_preempt.yaml"}
+    rechecked = [s for s in review_.specs if s.saved is not None and s.saved.mode is not None]
+    assert len(rechecked) >= 3
+    for s in rechecked:
+        assert s.recheck.startswith("PASS ("), (s.path, s.recheck)
+
+
+def test_review_markdown_draws_each_saved_runs_plots_as_engine_check_does(tmp_path, monkeypatch):
+    """The PR comment shows the saved runs' pictures: the same Mermaid section `engine check --markdown`
+    draws from the same evidence with the new spec."""
+    import json
+
+    from engine.show import mermaid
+    from engine.show.plots import for_spec
+    from engine.spec.load import load_spec
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "specs", repo / "specs")
+    shutil.copytree(ROOT / "evidence", repo / "evidence")
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, "the shipped specs and their saved runs")
+    monkeypatch.chdir(repo)
+    rc, out, err = review("--markdown", "-")
+    assert (rc, err) == (EXIT_SAFE, ""), out
+    soak = json.loads((repo / "evidence" / "p4_soak" / "evidence.json").read_text())
+    drawn = mermaid.section(for_spec(load_spec("specs/p4_soak.yaml"), soak)).rstrip("\n")
+    assert "specs/p4_soak.yaml: plots of the saved run evidence/p4_soak/" in out
+    assert drawn in out and drawn.count("xychart-beta") == 2  # the memory plot: no data on the CPU, said as such
