@@ -1,0 +1,103 @@
+"""The engine installs alone: `pip install .` into a fresh venv brings the core dependencies only (no torch, no
+huggingface_hub), and that venv validates, plans, checks, diffs and reviews the shipped specs and saved runs,
+a check calling `regex_match()` included. This is what the spec workflow installs on a PR."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "specs").glob("*.yaml"))
+REGEX_CHECK = """
+checks:
+  - name: horizon_pointer_names_the_final_folder
+    why: A check that calls regex_match(), which needs the core's `regex` package.
+    expr: "regex_match(state.hub_after_leg2.pointer.path_in_repo, '^final$')"
+"""
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding `pip install .` of a copy of this checkout, and nothing else."""
+    base = tmp_path_factory.mktemp("core")
+    src = base / "src"
+    shutil.copytree(
+        ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "runs", "__pycache__")
+    )
+    venv.create(base / "venv", with_pip=True)
+    py = base / "venv" / "bin" / "python"
+    proc = run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)], cwd=base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return base / "venv" / "bin"
+
+
+def engine(core: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    # A clean environment: no PYTHONPATH pointing back at this checkout, so only the venv's install is seen.
+    env = {"PATH": f"{core}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+    return run([str(core / "engine"), *args], cwd=cwd, env=env)
+
+
+@pytest.mark.slow
+def test_a_core_install_brings_no_torch_and_no_hub_client(core: Path) -> None:
+    proc = run([str(core / "python"), "-m", "pip", "list", "--format=freeze"], cwd=ROOT)
+    installed = {line.split("==")[0].lower() for line in proc.stdout.splitlines()}
+    assert {"pyyaml", "jsonschema", "jmespath", "psutil", "regex", "specprobe"} <= installed
+    assert installed & {"torch", "huggingface-hub", "huggingface_hub", "safetensors", "numpy"} == set()
+    proc = run([str(core / "python"), "-c", "import torch"], cwd=Path("/"))
+    assert proc.returncode == 1 and "No module named 'torch'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_core_install_validates_plans_and_checks_the_shipped_specs(core: Path) -> None:
+    proc = engine(core, "validate", *SPECS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("OK ")] == [f"OK {s}" for s in SPECS]
+    proc = engine(core, "plan", "specs/p4_soak.yaml")
+    assert proc.returncode == 0 and "leg2" in proc.stdout, proc.stderr
+    for stem in ("p4_smoke", "p4_soak", "p4_preempt"):
+        proc = engine(core, "check", f"specs/{stem}.yaml", "--evidence", f"evidence/{stem}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        assert f"VERDICT {stem} PASS" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_run(core: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "runs", "__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        assert run(git + cmd, cwd=repo).returncode == 0
+    smoke = repo / "specs" / "p4_smoke.yaml"
+    assert "\nchecks:" not in smoke.read_text()  # the check below is the spec's own, after the library's
+    smoke.write_text(smoke.read_text() + REGEX_CHECK)
+
+    proc = engine(core, "check", "specs/p4_smoke.yaml", "--evidence", "evidence/p4_smoke", cwd=repo)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("horizon_pointer_names_the_final_folder"))
+    assert row.split()[1:] == ["ok", "true"]
+
+    proc = engine(core, "diff", "specs/p4_smoke.yaml", "--base", "HEAD", cwd=repo)
+    assert proc.returncode == 1 and "horizon_pointer_names_the_final_folder" in proc.stdout, proc.stderr
+
+    proc = engine(core, "review", "--base", "HEAD", cwd=repo)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"specs/p4_smoke\.yaml +checks: 1 added\n +saved run: PASS \((\d+)/\1 gates pass\)", out), out
+    assert "+ new check horizon_pointer_names_the_final_folder would PASS on run" in out
+    assert "ERROR" not in out and "No module named" not in out
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
