@@ -7,6 +7,8 @@ with ``hub_server.inject(kind, path_pattern, nth=N, times=K)``, or over HTTP: ``
 
 from __future__ import annotations
 
+import os
+import resource
 from typing import Callable, Iterator
 
 import pytest
@@ -84,3 +86,21 @@ def hub_store(hub_server: HubServer, sleeps: SleepRecorder) -> Callable[..., obj
         return HubStore(f"tester/{name}", repo_type=repo_type, endpoint=hub_server.url, token=token, retry=policy)
 
     return make
+
+
+# SPECPROBE_TEST_CPU=FILE appends each test's CPU seconds (its own process and the children it waited for) to
+# FILE: where the suite's time goes, readable even on a loaded machine where wall times say little.
+_CPU_LOG = os.environ.get("SPECPROBE_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not _CPU_LOG:
+        yield
+        return
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    yield
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in zip(after, before)]
+    with open(_CPU_LOG, "a", encoding="utf-8") as fh:
+        fh.write(f"{cpu[0] + cpu[1]:.2f}\t{cpu[0]:.2f}\t{cpu[1]:.2f}\t{item.nodeid}\n")

@@ -1,7 +1,7 @@
 """Hugging Face interop: the model's config and weights as transformers' `LlamaForCausalLM` names them.
 
 A checkpoint's `config.json` + `model.safetensors` written by `save_pretrained` load with
-`LlamaForCausalLM.from_pretrained(dir)` and give the same logits (tests/trainer/test_model.py runs it).
+`LlamaForCausalLM.from_pretrained(dir)` and give the same logits (tests/test_trainer/test_model.py runs it).
 """
 
 from __future__ import annotations

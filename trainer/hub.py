@@ -1,6 +1,6 @@
 """The Hugging Face Hub backend of the store (``hf://owner/name``), over the unmodified ``huggingface_hub`` client.
 
-Client calls used (kept small on purpose; ``tests/hub/test_hub_store.py`` drives every one of them against
+Client calls used (kept small on purpose; ``tests/test_hub/test_hub_store.py`` drives every one of them against
 ``tests/hubserver.py``), all present from huggingface_hub 0.26 through 2.4:
 
 - ``HfApi.repo_info``           exists(), and the head revision used as ``parent_commit``

@@ -1,7 +1,7 @@
 """trainer/options.py: the model options come from their environment variables only, a bad value is refused
 naming the variable (exit 2 before any work), and the options are printed, hashed and recorded as they are.
 The trainer runs that show them in RUN_JSON, trainer_state.json and a refused resume are in
-tests/trainer/test_resume_exact.py and tests/trainer/test_refusals.py."""
+tests/test_trainer/test_resume_exact.py and tests/test_trainer/test_refusals.py."""
 
 from __future__ import annotations
 

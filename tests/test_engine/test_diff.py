@@ -1,7 +1,7 @@
 """engine/diff/: semantic spec diffs (files, git revisions, evidence-backed) and the spec CI workflow.
 
 Golden files live in tests/golden/diff/; regenerate them after an intended output change with
-    SPECPROBE_UPDATE_GOLDEN=1 /work/venv/bin/pytest tests/engine/test_diff.py
+    SPECPROBE_UPDATE_GOLDEN=1 /work/venv/bin/pytest tests/test_engine/test_diff.py
 and review the golden diff like any other.
 """
 

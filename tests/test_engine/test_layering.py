@@ -2,7 +2,7 @@
 (spec -> plan -> legs -> evidence -> verdict), no import cycle, never the trainer, no module that has
 outgrown one concept. Imports inside functions count (a lazy import can climb a stage as well as a top
 one), and so does the package a module lives in: importing `engine.diff.phrases` runs
-`engine/diff/__init__.py` first. `python tests/engine/test_layering.py` prints the graph and the module sizes."""
+`engine/diff/__init__.py` first. `python tests/test_engine/test_layering.py` prints the graph and the module sizes."""
 
 from __future__ import annotations
 
