@@ -11,6 +11,7 @@ import pytest
 
 from engine.show.plots import figures, for_spec
 from engine.spec.load import load_spec
+from engine.spec.plan import build_plan
 from engine.spec.plotdefs import MarkerDef, PlotDef, SeriesDef, resolve
 from engine.spec.validate import validate
 
@@ -116,12 +117,12 @@ def test_definitions_keep_spec_order_and_where_each_plot_is_written(monkeypatch)
 
 def test_plots_merge_by_name_across_extends(monkeypatch):
     monkeypatch.chdir(ROOT)
-    soak = resolve(load_spec("specs/p4_soak.yaml").data)[0]
+    soak = build_plan(load_spec("specs/p4_soak.yaml"), environ={}).plots
     assert [p.name for p in soak] == ["loss", "tokens_per_s", "peak_memory"]
     loss = soak[0]
-    assert [s.label for s in loss.series] == ["leg 1", "leg 2"]  # from p4_common
-    assert loss.markers == (MarkerDef("x", "values.stop1", "stop / cold resume"),)  # from p4_segment
-    preempt = resolve(load_spec("specs/p4_preempt.yaml").data)[0]
+    assert [s.label for s in loss.series] == ["leg1", "leg2"]  # from p4_common, one series per leg
+    assert loss.markers == (MarkerDef("x", "values.stops[*].stop", "stop / cold resume"),)  # from p4_segment
+    preempt = build_plan(load_spec("specs/p4_preempt.yaml"), environ={}).plots
     assert [p.name for p in preempt] == ["loss", "tokens_per_s"]
     assert preempt[0].series[0].points == "steps.leg1.harvest.progress[*].[step, loss]"
 
