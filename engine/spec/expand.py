@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from jmespath import exceptions as jexc
 
+from engine import limits
 from engine.expr import functions
 from engine.spec.values import UnknownVariable, refs, substitute, unknown_message
 from engine.text import compact
@@ -62,14 +63,14 @@ class Element:
         return f"{family}[{self.var}={self.label}]"
 
     def value(self, field: str | None) -> Any:
-        """What `${var}` (field None) or `${var.field}` stands for; KeyError naming the problem."""
+        """What `${var}` (field None) or `${var.field}` stands for; ValueError naming the problem."""
         if field is None:
             return self.item[self.var] if isinstance(self.item, dict) else self.item
         if not isinstance(self.item, dict):
-            raise KeyError(f"${{{self.var}.{field}}}: the element {compact(self.item, 60)} is not an object")
+            raise ValueError(f"${{{self.var}.{field}}}: the element {compact(self.item, 60)} is not an object")
         if field not in self.item:
             known = ", ".join(self.item)
-            raise KeyError(f"${{{self.var}.{field}}}: the element has no field {field!r} (its fields: {known})")
+            raise ValueError(f"${{{self.var}.{field}}}: the element has no field {field!r} (its fields: {known})")
         return self.item[field]
 
 
@@ -132,6 +133,14 @@ def elements(
         return [], [(where, f"for_each {var}: {text!r} is {compact(items, 80)}, not a list")]
     if not items:
         return [], [(where, f"for_each {var}: {text!r} is an empty list: the check would assert nothing")]
+    if len(items) > limits.FOR_EACH_MAX_ELEMENTS:
+        return [], [
+            (
+                where,
+                f"for_each {var}: {text!r} has {len(items):,} elements; one for_each expands to at most "
+                f"{limits.FOR_EACH_MAX_ELEMENTS:,} checks",
+            )
+        ]
     out: list[Element] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
@@ -169,10 +178,7 @@ def bind(text: str, element: Element | None, splice: bool) -> str:
                 mine = f"this check's is {element.var!r}" if element else "this one has none"
                 raise ValueError(f"${{{head}.{field}}}: only a for_each variable has fields, and {mine}")
             return m.group(0)
-        try:
-            value = element.value(field)
-        except KeyError as e:
-            raise ValueError(e.args[0]) from None
+        value = element.value(field)
         if not splice:
             return _as_text(value)
         if not spliceable(value):

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import subprocess
+import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -57,6 +58,7 @@ checks:
     let:
       run: "steps.${leg}.harvest.run_json"
     expr: "let.run.final_step == `${leg.stop}`"
+    when: "steps.${leg}.status == 'ok'"
 """
 FAMILY_LINE = SPEC.splitlines().index("  - name: stopped_at_its_stop") + 1
 FOR_EACH_LINE = FAMILY_LINE + 1
@@ -113,6 +115,7 @@ def test_a_for_each_check_is_one_check_per_element_named_after_it():
     assert one["expr"] == "let.run.final_step == `10`" and one["let"] == {"run": "steps.leg1.harvest.run_json"}
     assert two["expr"] == "let.run.final_step == `20`" and two["let"] == {"run": "steps.leg2.harvest.run_json"}
     assert one["why"] == "leg1 must stop at step 10, not one step early or late"
+    assert (one["when"], two["when"]) == ("steps.leg1.status == 'ok'", "steps.leg2.status == 'ok'")
     # Every expansion is located where the check is declared.
     assert (one["file"], one["line"]) == (two["file"], two["line"]) == ("stops.yaml", FAMILY_LINE)
     assert "for_each" not in one
@@ -126,7 +129,7 @@ def test_a_scalar_element_is_its_own_label(capsys):
     capsys.readouterr()
     assert main(["plan", str(path)]) == Exit.PASS
     out = capsys.readouterr().out
-    assert "  - stopped_at_its_stop[leg=leg2] [gate] let.run.final_step == `10`\n" in out
+    assert "  - stopped_at_its_stop[leg=leg2] [gate] let.run.final_step == `10` when steps.leg2.status == 'ok'\n" in out
     assert "      let run = steps.leg2.harvest.run_json\n" in out
 
 
@@ -222,6 +225,26 @@ def test_a_list_that_cannot_expand_is_refused_at_the_for_each(old, new, message)
     assert any(e.startswith(f"stops.yaml:{line}:") and message in e for e in errors), errors
 
 
+def test_for_each_names_exactly_one_variable():
+    path = spec_with('for_each: {leg: "values.stops"}', 'for_each: {leg: "values.stops", at: "values.stops"}')
+    (error,) = errors_of(path)
+    assert error.startswith(f"stops.yaml:{FOR_EACH_LINE}:") and "for_each names exactly one variable" in error
+
+
+def test_a_for_each_past_the_limit_is_refused_before_it_makes_a_check():
+    """A list a value computes (`range()`) could make a million checks in every report."""
+    path = spec_with('"values.stops"}', '"values.many"}')
+    path.write_text(path.read_text().replace("  stop1: 10\n", '  stop1: 10\n  many: {eval: "range(`0`, `1001`)"}\n'))
+    (error,) = errors_of(path)
+    assert error.startswith(f"stops.yaml:{FOR_EACH_LINE + 1}:") and error.endswith(
+        "for_each leg: 'values.many' has 1,001 elements; one for_each expands to at most 1,000 checks"
+    )
+    path.write_text(path.read_text().replace("`1001`", "`1000`").replace("`${leg.stop}`", "`${leg}`"))
+    path.write_text(path.read_text().replace("steps.${leg}.harvest.run_json", "steps.leg1.harvest.run_json"))
+    path.write_text(path.read_text().replace(" at step ${leg.stop}", ""))
+    assert len(checks_of(path)) == 1 + 1000
+
+
 @pytest.mark.parametrize(
     "old, new, path, message",
     [
@@ -261,7 +284,12 @@ def test_an_expansion_that_cannot_be_spliced_is_refused_at_its_field(old, new, p
     spec_with(old, new)
     if "leg9" in new:  # the element names a step through `${leg.next}`: checked once spliced, per expansion
         write("stops.yaml", Path("stops.yaml").read_text().replace("steps.${leg}.harvest", "steps.${leg.next}.harvest"))
-    errors = errors_of(Path("stops.yaml"))
+    # Said once, as a spec error: the text left unspliced is never handed to JMESPath (whose lexer would
+    # warn about `${...}` inside a literal).
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        errors = errors_of(Path("stops.yaml"))
+    assert [str(w.message) for w in seen] == []
     where = {"expr": "$.checks[1].expr", "why": "$.checks[1].why", "let.run": "$.checks[1].let.run"}[path]
     assert any(f": {where}: " in e and message in e and e.startswith("stops.yaml:") for e in errors), errors
 
