@@ -20,6 +20,7 @@ SPEC_MAX_BYTES = 4 * MiB  # one spec file; the P4 specs are a few KB
 SPEC_MAX_NODES = 100_000  # YAML nodes of one file once aliases are expanded (an alias bomb stops here)
 SPEC_MAX_DEPTH = 50  # nesting of a spec's mappings and lists
 VALUE_MAX_CHAIN = 100  # values resolving through values (`${a}` -> `${b}` -> ...)
+FOR_EACH_MAX_ELEMENTS = 1000  # checks (or plot series) one `for_each` expands to
 EXPR_MAX_DEPTH = 100  # nesting of one JMESPath expression's syntax tree
 
 # --- evaluating expressions

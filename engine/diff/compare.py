@@ -12,6 +12,7 @@ from engine.diff.model import ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change
 from engine.diff.strictness import Shift, reads, shift
 from engine.judge.recheck import flatten
 from engine.secrets import REDACTED, Scrubber, is_secret, redact
+from engine.spec.load import family_of
 from engine.text import argv_delta, scalar_list, words
 
 # Step fields that are labels or locations, never behaviour.
@@ -366,10 +367,15 @@ def place(c: Change, old: Side, new: Side, mode: str | None) -> str:
     if c.section in ("steps", "checks"):
         if c.op == "reordered":
             return side.place(("steps",))
-        if c.op == "disabled" and ("disable", c.subject) in side.spec.key_marks:
-            file, line, _ = side.spec.locate_key(("disable", c.subject))
-            return f"{side.shown(file)}:{line}"
-        i = _index(side.data, c.section, c.subject)
+        # An expansion of a `for_each` check is written where its family is (or its own override).
+        family = family_of(c.subject) if c.section == "checks" else None
+        names = (c.subject, family) if family else (c.subject,)
+        if c.op == "disabled":
+            for name in names:
+                if ("disable", name) in side.spec.key_marks:
+                    file, line, _ = side.spec.locate_key(("disable", name))
+                    return f"{side.shown(file)}:{line}"
+        i = next((i for name in names if (i := _index(side.data, c.section, name)) is not None), None)
         if i is None:
             return ""
         field_path = tuple(c.field.split(".")) if c.op == "changed" and c.field else ()

@@ -17,7 +17,8 @@ from typing import Any, Union
 
 from engine.expr.functions import OPTIONS
 from engine.expr.trace import check_document, index_paths, trace
-from engine.spec.plotdefs import MarkerDef, PlotDef, definitions
+from engine.secrets import redact
+from engine.spec.plotdefs import MarkerDef, PlotDef
 from engine.text import compact
 
 Number = Union[int, float]
@@ -249,5 +250,12 @@ def figures(plots: Sequence[PlotDef], evidence: Mapping[str, Any]) -> list[Figur
 
 def for_spec(spec: Any, evidence: Mapping[str, Any]) -> list[Figure]:
     """The figures of a loaded spec's plots over `evidence`: what `engine run`, `check` and
-    `replay` render, and what `engine review` can call on a saved run."""
-    return figures(definitions(spec.data, spec.locate_key), evidence)
+    `replay` render, and what `engine review` can call on a saved run. The plots are the plan's for
+    the run (its mode, its overrides): a `for_each` series draws every element the run had."""
+    from engine.judge.recheck import replan
+
+    plan = replan(spec, evidence, environ={})
+    # A value the run did not record (a spec newer than the run, e.g. a list of its stops for a
+    # marker) is read from the spec; every value the run recorded stays the run's.
+    values = {**redact(plan.values, plan.secret_names), **(evidence.get("values") or {})}
+    return figures(plan.plots, {**evidence, "values": values})

@@ -257,6 +257,16 @@ def _copy_marks(src: Any) -> Any:
     return src
 
 
+_EXPANSION = re.compile(r"^([a-z][a-z0-9_]*)\[([a-z][a-z0-9_]*)=([^\]]+)\]$")
+
+
+def family_of(name: Any) -> str | None:
+    """The `for_each` check an expansion's name belongs to: `checkpoints_complete_after[leg=leg1]` ->
+    `checkpoints_complete_after`; None for a plain name (engine/spec/expand.py makes these names)."""
+    m = _EXPANSION.match(name) if isinstance(name, str) else None
+    return m.group(1) if m else None
+
+
 def _name_of(item: Any) -> str | None:
     name = item.get("name") if isinstance(item, dict) else None
     return name if isinstance(name, str) else None
@@ -274,9 +284,25 @@ def _without(item: _Map, key: str) -> _Map:
     return out
 
 
+def _expansion_problem(name: str, marked: bool, base: _Seq, inherited: set[str]) -> str | None:
+    """A check named like an expansion (`family[var=label]`) only overrides one expansion of an
+    inherited `for_each` check: anything else would be a second gate wearing an expansion's name."""
+    family = family_of(name)
+    if not marked:
+        return (
+            f"check {name!r} is named like an expansion of a for_each check; such a name only overrides "
+            f"one expansion of an inherited for_each check (`override: true`), else rename it"
+        )
+    source = next((c for c in base if _name_of(c) == family), None)
+    if family not in inherited or not isinstance(source, _Map) or "for_each" not in source:
+        return f"check {name!r} overrides one expansion of {family!r}, which is not an inherited for_each check"
+    return None
+
+
 def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) -> _Seq:
     """New names append; an inherited name is replaced only under `override: true` (a check whole, a
-    step merged deeply: mappings merge, lists replace); unnamed items append. `override` never stays."""
+    step merged deeply: mappings merge, lists replace); unnamed items append. `override` never stays,
+    but on a check that overrides one expansion of a `for_each` check: the plan replaces that one."""
     out = _copy_marks(base)
     index = {name: i for i, item in enumerate(out) if (name := _name_of(item)) is not None}
     inherited = set(index)
@@ -284,7 +310,13 @@ def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) 
     for i, (item, m) in enumerate(zip(over, over.item_marks)):
         name = _name_of(item)
         marked = isinstance(item, _Map) and item.get("override") is True
-        body = _without(item, "override") if marked else item
+        one_expansion = section == "checks" and family_of(name) is not None
+        if one_expansion:
+            problem = _expansion_problem(str(name), marked, base, inherited)
+            if problem:
+                errors.append(SpecError.at(m, (section, i), problem))
+                continue
+        body = _without(item, "override") if marked and not one_expansion else item
         if name is not None and name in index and name not in inherited:
             # The same name twice in one file: both stay, so that validation names both places.
             out.put(_copy_marks(body), m)
@@ -311,7 +343,7 @@ def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) 
             out[j], out.item_marks[j] = replaced, m
             inherited.discard(name)  # overridden once; a second copy in this file is a duplicate
             continue
-        if marked:
+        if marked and not one_expansion:
             errors.append(
                 SpecError.at(
                     item.key_marks["override"],
@@ -327,54 +359,46 @@ def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) 
 
 
 def _disable_errors(base: _Map, over: _Map) -> list[SpecError]:
-    """`disable: {check: reason}` drops an INHERITED check; a check this file writes itself is deleted, not
-    disabled, and a check disabled above cannot be silently brought back by an override."""
+    """`disable: {check: reason}` drops an INHERITED check (a whole `for_each` check, or one expansion of
+    it: `name[var=label]`); a check this file writes itself is deleted, not disabled, and a check
+    disabled above cannot be silently brought back by an override."""
     errors = []
-    inherited = {
-        name: m
-        for item, m in zip(base.get("checks") or [], getattr(base.get("checks"), "item_marks", []))
-        if (name := _name_of(item)) is not None
-    }
+    inherited = {name: item for item in base.get("checks") or [] if (name := _name_of(item)) is not None}
     disabled = base.get("disable") if isinstance(base.get("disable"), _Map) else _Map(_NOWHERE)
     own = over.get("checks") if isinstance(over.get("checks"), _Seq) else _Seq(_NOWHERE)
     own_names = {name: m for item, m in zip(own, own.item_marks) if (name := _name_of(item)) is not None}
     table = over.get("disable")
-    if isinstance(table, _Map):
-        for name in table:
-            where = table.key_marks[name]
-            if name in own_names:
-                errors.append(
-                    SpecError.at(
-                        where,
-                        ("disable", name),
-                        (
-                            f"check {name!r} is both disabled here and written at {_where(own_names[name])}; "
-                            f"delete the check instead"
-                        ),
-                    )
-                )
-            elif name not in inherited:
-                known = ", ".join(sorted(inherited)) or "none"
-                errors.append(
-                    SpecError.at(
-                        where,
-                        ("disable", name),
-                        (f"disable names {name!r}, which is not an inherited check; inherited: {known}"),
-                    )
-                )
+    for name in table if isinstance(table, _Map) else ():
+        problem = _disable_problem(name, inherited, own_names)
+        if problem:
+            errors.append(SpecError.at(table.key_marks[name], ("disable", name), problem))
     for name, m in own_names.items():
-        if name in disabled:
+        was = name if name in disabled else family_of(name) if family_of(name) in disabled else None
+        if was is not None:
             errors.append(
                 SpecError.at(
                     m,
                     ("checks", name),
                     (
-                        f"check {name!r} was disabled at {_where(disabled.key_marks[name])}; an override cannot "
+                        f"check {name!r} was disabled at {_where(disabled.key_marks[was])}; an override cannot "
                         f"bring it back silently: remove that disable entry"
                     ),
                 )
             )
     return errors
+
+
+def _disable_problem(name: str, inherited: dict[str, Any], own_names: dict[str, Mark]) -> str | None:
+    for own, mark in own_names.items():
+        if own == name or family_of(own) == name:
+            return f"check {own!r} is both disabled here and written at {_where(mark)}; delete the check instead"
+    family = family_of(name)
+    if name in inherited or (family in inherited and "for_each" in inherited[family]):
+        return None
+    if family is not None:
+        return f"disable names {name!r}, one expansion of {family!r}, which is not an inherited for_each check"
+    known = ", ".join(sorted(inherited)) or "none"
+    return f"disable names {name!r}, which is not an inherited check; inherited: {known}"
 
 
 def merge(base: Any, over: Any, top: bool = True, errors: list[SpecError] | None = None) -> Any:
@@ -584,18 +608,6 @@ class Spec:
     def error(self, path: tuple, message: str, key: bool = False) -> SpecError:
         file, line, col = (self.locate_key if key else self.locate)(path)
         return SpecError(file, line, col, json_path(path), message)
-
-
-def _type_name(x: Any) -> str:
-    return {
-        dict: "object",
-        list: "array",
-        str: "string",
-        bool: "boolean",
-        type(None): "null",
-        int: "number",
-        float: "number",
-    }.get(type(x), type(x).__name__)
 
 
 def _branch_fits(branch: list, instance: Any) -> bool:

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,15 +24,13 @@ from engine import defaults
 from engine.expr import functions
 from engine.expr.trace import trace
 from engine.secrets import REDACTED, is_secret, redact, redact_text
-from engine.spec.load import Spec, SpecError, SpecErrors, best_error, validator
+from engine.spec import expand, plotdefs
+from engine.spec.load import Spec, SpecError, SpecErrors, best_error, family_of, validator
 from engine.spec.values import (
-    UnknownVariable,
     UsageError,
     layer,
     parse_sets,
-    refs,
     resolve,
-    substitute,
     template,
     unknown_message,
 )
@@ -193,6 +190,7 @@ class Plan:
     budget_s: float | None
     worst_case_s: float
     fingerprints: dict[str, str] = field(default_factory=dict)
+    plots: list[plotdefs.PlotDef] = field(default_factory=list)  # for this mode, `for_each` series expanded
 
     def contributions(self) -> list[tuple[str, float]]:
         """(step, worst-case seconds) of the enabled steps that cost time, biggest first."""
@@ -347,68 +345,113 @@ def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]
     return value, None
 
 
-# In a check, `${x}` is spliced into the JMESPath text, so it may only stand for a name (a step, a
-# collect step) or an integer (a slice bound): anything else could change the expression's meaning.
-_SPLICEABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+def _resolve_check(
+    spec: Spec, i: int, c: Mapping[str, Any], values: Mapping[str, Any], element: expand.Element | None = None
+) -> tuple[dict[str, Any], list[SpecError]]:
+    """One check (one expansion of a `for_each` check): `${x}` spliced into expr/when/let, the
+    element's references in its `why`, where it is written."""
+    file, line, _ = spec.locate(("checks", i))
+    name = element.name(c["name"]) if element else c["name"]
+    owner = name if element else ""
+    check: dict[str, Any] = {
+        "name": name,
+        "why": c["why"],
+        "expr": c["expr"],
+        "when": c.get("when"),
+        "severity": c.get("severity", "gate"),
+        "file": file,
+        "line": line,
+    }
+    errors: list[SpecError] = []
+    if element:
+        try:
+            check["why"] = expand.bind(c["why"], element, splice=False)
+        except ValueError as e:
+            errors.append(spec.error(("checks", i, "why"), f"in {owner}: {e}"))
+    texts = [("expr", c["expr"], ("checks", i, "expr")), ("when", c.get("when"), ("checks", i, "when"))]
+    lets = dict(c.get("let") or {})
+    texts += [(f"let.{k}", t, ("checks", i, "let", k)) for k, t in lets.items()]
+    for key, text, path in texts:
+        if not isinstance(text, str):
+            continue
+        done, problem = expand.splice(text, values, path, element, owner)
+        if problem:
+            errors.append(spec.error(*problem))
+        elif key.startswith("let."):
+            lets[key[4:]] = done
+        else:
+            check[key] = done
+    if lets:
+        check["let"] = lets
+    return check, errors
 
 
-def _splice(text: str, values: Mapping[str, Any], path: tuple, spec: Spec) -> tuple[str, SpecError | None]:
-    for name in dict.fromkeys(refs(text)):
-        if name not in values:
-            return text, spec.error(path, unknown_message(name, values))
-        v = values[name]
-        if not ((isinstance(v, str) and _SPLICEABLE.match(v)) or (isinstance(v, int) and not isinstance(v, bool))):
-            return text, spec.error(
-                path,
-                f"${{{name}}} is {compact(v, 60)}: in a check, ${{x}} may only stand for "
-                f"a name or an integer (it is spliced into the expression); read other "
-                f"values as values.{name}",
-            )
-    try:
-        return str(substitute(text, values, path)), None
-    except UnknownVariable as e:  # pragma: no cover - every name was looked up above
-        return text, spec.error(path, unknown_message(e.name, values))
+def _expanded(spec: Spec, values: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, int], list[SpecError]]:
+    """Every check, a `for_each` one as one check per element; and the checks that override one
+    expansion (`name[var=label]` with `override: true`), by name -> index, applied after."""
+    checks: list[dict[str, Any]] = []
+    overrides: dict[str, int] = {}
+    errors: list[SpecError] = []
+    for i, c in enumerate(spec.data.get("checks") or []):
+        if family_of(c["name"]) is not None:
+            overrides[c["name"]] = i
+            continue
+        elements: list[expand.Element | None] = [None]
+        if c.get("for_each"):
+            found, problems = expand.elements(c["for_each"], values, ("checks", i, "for_each"))
+            errors += [spec.error(*p) for p in problems]
+            elements = list(found)
+        for element in elements:
+            check, errs = _resolve_check(spec, i, c, values, element)
+            checks.append(check)
+            errors += errs
+    return checks, overrides, errors
+
+
+def _expansions_of(family: str, checks: list[dict[str, Any]]) -> str:
+    names = [c["name"] for c in checks if family_of(c["name"]) == family]
+    return ", ".join(names) or "none"
 
 
 def resolve_checks(spec: Spec, values: Mapping[str, Any]) -> tuple[list[Check], list[SpecError]]:
-    """The spec's checks for one mode: `${x}` spliced into expr/when/let, where each is written, and the
-    reason of each disabled one (`disable:`)."""
-    data = spec.data
-    disabled = data.get("disable") or {}
-    checks: list[Check] = []
-    errors: list[SpecError] = []
-    for i, c in enumerate(data.get("checks") or []):
-        file, line, _ = spec.locate(("checks", i))
-        check: dict[str, Any] = {
-            "name": c["name"],
-            "why": c["why"],
-            "expr": c["expr"],
-            "when": c.get("when"),
-            "severity": c.get("severity", "gate"),
-            "file": file,
-            "line": line,
-        }
-        texts = [("expr", c["expr"], ("checks", i, "expr")), ("when", c.get("when"), ("checks", i, "when"))]
-        lets = dict(c.get("let") or {})
-        texts += [(f"let.{k}", t, ("checks", i, "let", k)) for k, t in lets.items()]
-        for key, text, path in texts:
-            if not isinstance(text, str):
-                continue
-            done, err = _splice(text, values, path, spec)
-            if err:
-                errors.append(err)
-            elif key.startswith("let."):
-                lets[key[4:]] = done
-            else:
-                check[key] = done
-        if lets:
-            check["let"] = lets
-        if c["name"] in disabled:
-            dfile, dline, _ = spec.locate_key(("disable", c["name"]))
-            check["disabled"] = disabled[c["name"]]
+    """The spec's checks for one mode: each `for_each` check expanded into one check per element,
+    `${x}` spliced into expr/when/let, where each is written, and the reason of each disabled one
+    (`disable:` names a check, a whole `for_each` family, or one expansion)."""
+    checks, overrides, errors = _expanded(spec, values)
+    mode = values.get("mode")
+    at = {c["name"]: k for k, c in enumerate(checks)}
+    for name, i in overrides.items():
+        family = family_of(name)
+        if name not in at:
+            errors.append(
+                spec.error(
+                    ("checks", i, "name"),
+                    f"check {name!r} overrides an expansion {family!r} does not have in mode {mode!r}; "
+                    f"its expansions: {_expansions_of(str(family), checks)}",
+                )
+            )
+            continue
+        checks[at[name]], errs = _resolve_check(spec, i, spec.data["checks"][i], values)
+        errors += errs
+    disabled = spec.data.get("disable") or {}
+    for key in disabled:
+        family = family_of(key)
+        if family is not None and key not in at:
+            errors.append(
+                spec.error(
+                    ("disable", key),
+                    f"disable names {key!r}, an expansion {family!r} does not have in mode {mode!r}; "
+                    f"its expansions: {_expansions_of(family, checks)}",
+                    key=True,
+                )
+            )
+    for check in checks:
+        key = check["name"] if check["name"] in disabled else family_of(check["name"])
+        if key in disabled:
+            dfile, dline, _ = spec.locate_key(("disable", key))
+            check["disabled"] = disabled[key]
             check["disabled_at"] = f"{dfile}:{dline}"
-        checks.append(check)  # type: ignore[arg-type]
-    return checks, errors
+    return checks, errors  # type: ignore[return-value]
 
 
 def resolve_step(
@@ -478,6 +521,8 @@ def build_plan(
     if errors:
         raise SpecErrors(sorted(errors, key=SpecError.sort_key))
     checks, errors = resolve_checks(spec, values)
+    plots, problems = plotdefs.resolve(data, values, spec.locate_key)
+    errors += [spec.error(*p) for p in problems]
     if errors:
         raise SpecErrors(sorted(errors, key=SpecError.sort_key))
     plan = Plan(
@@ -492,6 +537,7 @@ def build_plan(
         budget_s=data.get("budget_s"),
         worst_case_s=0.0,
         fingerprints={s["name"]: fingerprint(s) for s in steps},
+        plots=plots,
     )
     plan.worst_case_s = sum(c for _, c in plan.contributions())
     return plan

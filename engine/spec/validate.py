@@ -12,10 +12,10 @@ import re
 from typing import Any, Iterable, Iterator, Mapping
 
 from engine.expr import functions
-from engine.spec import plotdefs
-from engine.spec.load import Spec, SpecError
+from engine.spec import expand, plotdefs
+from engine.spec.load import Spec, SpecError, family_of
 from engine.spec.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
-from engine.spec.values import iter_refs, layer, refs, resolve, unknown_message
+from engine.spec.values import iter_refs, layer, resolve, unknown_message
 from engine.types import Check
 
 # What a check can read: the evidence document minus `checks` and `verdict` (and its own `let`).
@@ -46,8 +46,9 @@ def _check_texts(check: Mapping[str, Any]) -> Iterator[tuple[tuple, str]]:
 
 
 def _templated(text: str) -> bool:
-    """A check expression with `${x}` is JMESPath only once spliced: it is checked per mode."""
-    return bool(refs(text))
+    """A check expression with `${x}` (or a `for_each` element's `${x.field}`) is JMESPath only once
+    spliced: it is checked per mode."""
+    return expand.templated(text)
 
 
 def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
@@ -324,14 +325,14 @@ def boolean_findings(
     bare field reference passes only on an exact true, which deserves a word."""
     lets: dict[str, Types] = {}
     for name, text in (check.get("let") or {}).items():
-        try:
-            lets[name] = _types(functions.compile_expr(text).parsed, values, lets)
+        try:  # a text still templated could not be spliced (said already): it is no JMESPath yet
+            lets[name] = None if _templated(text) else _types(functions.compile_expr(text).parsed, values, lets)
         except Exception:  # noqa: BLE001 - a parse error is reported on its own
             lets[name] = None
     errors, warnings = [], []
     for key in ("expr", "when"):
         text = check.get(key)
-        if not isinstance(text, str):
+        if not isinstance(text, str) or _templated(text):
             continue
         try:
             node = functions.compile_expr(text).parsed
@@ -360,8 +361,8 @@ def boolean_findings(
 
 def _unused_lets(check: Mapping[str, Any]) -> list[tuple[tuple, str]]:
     lets = list(check.get("let") or {})
-    if not lets:
-        return []
+    if not lets or any(_templated(text) for _, text in _check_texts(check)):
+        return []  # a text that could not be spliced (said already) cannot tell what it reads
     read: set[str] = set()
     for sub, text in _check_texts(check):
         try:
@@ -372,6 +373,21 @@ def _unused_lets(check: Mapping[str, Any]) -> list[tuple[tuple, str]]:
     return [(("let", n), f"let.{n} is never read (by expr, when or another let)") for n in lets if n not in read]
 
 
+def _written(spec: Spec, checks: list[Check]) -> list[tuple[int, Mapping[str, Any]]]:
+    """(index, the check as written) of each resolved check: an expansion of a `for_each` check is
+    written as its family, unless a check overrides that one expansion."""
+    raw = spec.data.get("checks") or []
+    index: dict[str, int] = {}
+    for i, c in enumerate(raw):
+        index.setdefault(c["name"], i)
+    out = []
+    for check in checks:
+        name = check["name"]
+        i = index[name] if name in index else index[str(family_of(name))]
+        out.append((i, raw[i]))
+    return out
+
+
 def _check_findings(
     spec: Spec, checks: list[Check], values: Mapping[str, Any]
 ) -> tuple[list[SpecError], list[SpecError]]:
@@ -379,9 +395,8 @@ def _check_findings(
     check can yield. (errors, warnings)."""
     errors: list[SpecError] = []
     warnings: list[SpecError] = []
-    raw = spec.data.get("checks") or []
     spliced = []
-    for i, (check, written) in enumerate(zip(checks, raw)):
+    for check, (i, written) in zip(checks, _written(spec, checks)):
         for sub, text in _check_texts(written):
             if _templated(text):
                 done = check.get(sub[0]) if len(sub) == 1 else (check.get("let") or {}).get(sub[1])
@@ -393,6 +408,27 @@ def _check_findings(
     errors += [spec.error(path, msg) for path, text in spliced for msg in _problems(text)]
     errors += _reference_errors(spec, spliced)
     return errors, warnings
+
+
+def _plot_findings(spec: Spec, values: Mapping[str, Any]) -> list[SpecError]:
+    """Per mode: every `for_each` series expanded and `${x}` spliced, then the spliced points checked
+    like any plot expression (syntax, what they read)."""
+    plots, problems = plotdefs.resolve(spec.data, values)
+    errors = [spec.error(*p) for p in problems]
+    spliced = [
+        (series.at, series.points)
+        for plot in plots
+        for series in plot.series
+        if _templated(_at(spec.data, series.at)) or "for_each" in _at(spec.data, series.at[:-1])
+    ]
+    errors += [spec.error(path, msg) for path, text in spliced for msg in _problems(text)]
+    return errors + _reference_errors(spec, spliced)
+
+
+def _at(data: Any, path: tuple) -> Any:
+    for key in path:
+        data = data[key]
+    return data
 
 
 def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
@@ -463,7 +499,7 @@ def _mode_pass(
     if not res.errors:
         checks, errs = resolve_checks(spec, res.values)
         found, warned = _check_findings(spec, checks, res.values)
-        errors += errs + found
+        errors += errs + found + _plot_findings(spec, res.values)
         warnings += warned
     failed = set(defs) - set(res.values)
     costs: list[tuple[str, float]] = []

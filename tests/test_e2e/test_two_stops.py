@@ -1,21 +1,51 @@
-"""The README's recipe "write your own probe: two stops" (specs/examples/p4_two_stops.yaml): the file the
-README shows, a library reused without disabling or copying anything, and a real run that passes on the
-embedded default (CPU, 2 gloo ranks under torchrun, tiny model, local store)."""
+"""The README's recipe "write your own probe: two stops" (specs/examples/p4_two_stops.yaml) and its
+three-stops sibling (specs/examples/p4_three_stops.yaml): the library's checks reach every stop and
+every leg through `for_each`, nothing is disabled or copied, and a real run of each passes on the
+embedded default (CPU, 2 gloo ranks under torchrun, tiny model, local store). The same runs show that a
+middle stop is checked as closely as the first: its pointer target losing its weights fails the
+middle stop's own checks."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
-from test_e2e_local import assert_every_check_passed, run_engine, workdir_with_specs
+from test_e2e_local import EngineRun, assert_every_check_passed, run_engine, workdir_with_specs
 
+from engine.cli import main as engine_main
+from engine.judge.verdict import Exit
+from engine.run import evidence as evmod
+from engine.show.plots import for_spec
 from engine.spec.load import load_spec
 from engine.spec.plan import build_plan
 from engine.spec.validate import findings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SPEC = REPO_ROOT / "specs" / "examples" / "p4_two_stops.yaml"
+EXAMPLES = REPO_ROOT / "specs" / "examples"
+# spec stem -> (its legs in order, the step each stop leg ends at in the smoke)
+TOPOLOGIES = {
+    "p4_two_stops": (["leg1", "leg2", "leg3"], [10, 20]),
+    "p4_three_stops": (["leg1", "leg2", "leg3", "leg4"], [10, 20, 30]),
+}
+PER_STOP = (
+    "stopped_at_the_stop_step",
+    "reported_a_segment",
+    "pushed_every_interval",
+    "pointer_at_the_stop",
+    "next_leg_resumed_from_exactly_the_stop",
+    "next_leg_continues_the_trajectory",
+    "tokens_at_the_stop_match_the_arithmetic",
+    "skipped_validation_by_design",
+    "loss_finite_and_below_ceiling_at_the_stop",
+)
+PER_LEG = (
+    "pointer_target_complete_after",
+    "checkpoints_complete_after",
+    "no_nonfinite_loss",
+    "every_logged_loss_finite",
+)
 
 
 def test_the_readme_shows_the_spec_file_as_it_is() -> None:
@@ -23,42 +53,107 @@ def test_the_readme_shows_the_spec_file_as_it_is() -> None:
     section = readme[readme.index("## Write your own probe: two stops") :]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
     assert block is not None
-    assert block.group(1) == SPEC.read_text(encoding="utf-8")
+    assert block.group(1) == (EXAMPLES / "p4_two_stops.yaml").read_text(encoding="utf-8")
 
 
-def test_two_stops_reuses_every_library_check_and_disables_none() -> None:
-    spec = load_spec(SPEC)
+@pytest.mark.parametrize("stem", sorted(TOPOLOGIES))
+def test_every_stop_and_every_leg_get_the_librarys_checks_and_none_is_disabled(stem: str) -> None:
+    spec = load_spec(EXAMPLES / f"{stem}.yaml")
     assert findings(spec, {}) == ([], [])
     assert "disable" not in spec.data
-    plan = build_plan(spec, environ={})
-    smoke = build_plan(load_spec(REPO_ROOT / "specs" / "p4_smoke.yaml"), environ={})
-    mine = {c["name"]: c for c in plan.checks}
-    assert {c["name"] for c in smoke.checks} <= set(mine)
-    assert not any(c.get("disabled") for c in plan.checks)
-    # The horizon checks read leg 3 and the store after it, written once in the library.
-    assert mine["final_leg_reached_the_horizon"]["expr"] == "steps.leg3.harvest.run_json.final_step == values.steps"
-    assert mine["final_leg_reached_the_horizon"]["file"] == "specs/lib/p4_common.yaml"
-    assert mine["checkpoints_complete_at_horizon"]["let"]["store"] == "state.hub_after_leg3"
-    # Leg 3 is leg 2's definition with the horizon's argv and its own timeout.
-    steps = {s["name"]: s for s in plan.steps}
-    assert steps["leg3"]["run"]["output"] == steps["leg2"]["run"]["output"]
-    assert steps["leg2"]["run"]["argv"][-2:] == ["--stop-after-steps", "20"]
-    assert steps["leg3"]["run"]["argv"][-2:] == ["--stop-after-steps", "0"]
-    assert [s["name"] for s in plan.steps][-3:] == ["wipe_before_leg3", "leg3", "hub_after_leg3"]
+    assert all(c["file"] != f"specs/examples/{stem}.yaml" for c in build_plan(spec, environ={}).checks)
+    legs, stops = TOPOLOGIES[stem]
+    for mode in ("smoke", "soak"):
+        plan = build_plan(spec, mode=mode, environ={})
+        mine = {c["name"]: c for c in plan.checks}
+        expected = {f"{family}[leg={leg}]" for family in PER_STOP for leg in legs[:-1]}
+        expected |= {f"{family}[leg={leg}]" for family in PER_LEG for leg in legs}
+        assert expected <= set(mine), sorted(expected - set(mine))
+        assert not any(c.get("disabled") for c in plan.checks)
+        # Each expansion reads its own leg and the store after it, written once in the library.
+        middle = legs[-2]
+        assert mine[f"pointer_target_complete_after[leg={middle}]"]["let"] == {
+            "named": f"keys(state.hub_after_{middle}.pointer.files)"
+        }
+        assert mine[f"pointer_target_complete_after[leg={middle}]"]["file"] == "specs/lib/p4_common.yaml"
+        assert mine[f"next_leg_resumed_from_exactly_the_stop[leg={middle}]"]["let"] == {
+            "run": f"steps.{legs[-1]}.harvest.run_json"
+        }
+        horizon = mine["final_leg_reached_the_horizon"]["expr"]
+        assert horizon == f"steps.{legs[-1]}.harvest.run_json.final_step == values.steps"
+        # The inherited plots draw every leg.
+        assert {p.name: [s.label for s in p.series] for p in plan.plots} == {
+            "loss": legs,
+            "tokens_per_s": legs,
+            "peak_memory": legs,
+        }
+    smoke = {c["name"]: c for c in build_plan(spec, environ={}).checks}
+    for leg, stop in zip(legs, stops):
+        assert smoke[f"stopped_at_the_stop_step[leg={leg}]"]["expr"].endswith(f"final_step == `{stop}`")
+    steps = {s["name"]: s for s in build_plan(spec, environ={}).steps}
+    for leg, stop in zip(legs[1:], stops[1:] + [0]):
+        assert steps[leg]["run"]["output"] == steps["leg2"]["run"]["output"]
+        assert steps[leg]["run"]["argv"][-2:] == ["--stop-after-steps", str(stop)]
+
+
+@pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
+def stops_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, EngineRun]:
+    """One real run of each example, shared by the tests below."""
+    stem = request.param
+    work = workdir_with_specs(tmp_path_factory.mktemp(stem) / "work")
+    return stem, run_engine(work, f"specs/examples/{stem}.yaml", timeout=600)
 
 
 @pytest.mark.slow
-def test_two_stops_passes_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
-    run = run_engine(workdir_with_specs(tmp_path / "work"), "specs/examples/p4_two_stops.yaml", timeout=600)
-    assert_every_check_passed(run, "p4_two_stops", min_checks=31)
+def test_passes_end_to_end_on_the_embedded_default(stops_run: tuple[str, EngineRun]) -> None:
+    stem, run = stops_run
+    legs, stops = TOPOLOGIES[stem]
+    assert_every_check_passed(run, stem, min_checks=len(PER_STOP) * len(stops) + len(PER_LEG) * len(legs))
     assert "disabled" not in run.evidence["verdict"]
-    legs = {leg: run.run_json(leg) for leg in ("leg1", "leg2", "leg3")}
-    assert [(r["resumed_from_step"], r["final_step"], r["segment_stop"]) for r in legs.values()] == [
-        (None, 10, True),
-        (10, 20, True),
-        (20, 30, False),
+    resumed = [(r["resumed_from_step"], r["final_step"], r["segment_stop"]) for r in map(run.run_json, legs)]
+    assert resumed == [(None, 10, True)] + [(s, s + 10, True) for s in stops[:-1]] + [
+        (stops[-1], stops[-1] + 10, False)
     ]
     state = run.evidence["state"]
-    assert state["hub_after_leg2"]["pointer"]["step"] == 20
-    assert state["hub_after_leg3"]["checkpoints"] == [10, 20, 30]
-    assert state["hub_after_leg3"]["pointer"]["path_in_repo"] == "final"
+    for leg, stop in zip(legs, stops):
+        assert state[f"hub_after_{leg}"]["pointer"]["step"] == stop
+    horizon = state[f"hub_after_{legs[-1]}"]
+    assert horizon["checkpoints"] == stops + [stops[-1] + 10] and horizon["pointer"]["path_in_repo"] == "final"
+    # The inherited plots draw every leg: the tokens/s plot has a line for each of them.
+    plots = {f.name: f for f in for_spec(load_spec(EXAMPLES / f"{stem}.yaml"), run.evidence)}
+    rates = plots["tokens_per_s"].series
+    assert [s.label for s in rates] == legs and all(len(s.drawn()) >= 2 for s in rates), rates
+    assert [s.label for s in plots["loss"].series] == legs
+
+
+@pytest.mark.slow
+def test_a_middle_stop_whose_pointer_target_lost_its_weights_fails_its_own_checks(
+    stops_run: tuple[str, EngineRun], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The store after leg 2 (a middle stop in both examples) loses the weights of the checkpoint its
+    pointer names: the pointer still lists them, the store no longer does. The middle stop's own
+    expansions fail, by name; nothing about the other stops moves."""
+    stem, run = stops_run
+    copy = tmp_path / "run"
+    shutil.copytree(run.run_dir, copy)
+    doc = evmod.load(copy)
+    state = doc["state"]["hub_after_leg2"]
+    gone = f"{state['pointer']['path_in_repo']}/model.safetensors"
+    assert state["pointer"]["path_in_repo"] == "ckpt/checkpoint-20" and gone in state["files"]
+    state["files"].remove(gone)
+    del state["sha256"][gone]
+    state["pointer_target_sha256"]["model.safetensors"] = None  # what the collector records for an absent file
+    (copy / "evidence.json").write_text(evmod.dumps(doc), encoding="utf-8")
+
+    capsys.readouterr()
+    rc = engine_main(["check", str(EXAMPLES / f"{stem}.yaml"), "--evidence", str(copy)])
+    out = capsys.readouterr().out
+    assert rc == Exit.FAILED, out
+    (record,) = [evmod.loads(p.read_text(encoding="utf-8")) for p in copy.glob("check-*.json")]
+    assert record["verdict"]["failed"] == [
+        "pointer_target_complete_after[leg=leg2]",
+        "checkpoints_complete_after[leg=leg2]",
+    ]
+    assert f'VERDICT {stem} FAIL ["pointer_target_complete_after[leg=leg2]", ' in out
+    mine = next(r for r in record["checks"] if r["name"] == "pointer_target_complete_after[leg=leg2]")
+    assert (mine["file"], mine["outcome"]) == ("specs/lib/p4_common.yaml", "FAIL")

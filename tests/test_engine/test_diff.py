@@ -477,12 +477,13 @@ def test_the_issue_example_on_the_real_soak_spec(tmp_path: Path) -> None:
         }
     evmod.write(run_dir, doc)
     new = specs / "p4_soak.yaml"
+    line = len(new.read_text().splitlines()) + 2  # the added check's `- name:` line
     new.write_text(new.read_text() + "\n" + ADDED_CHECK.replace("the stop step", "where leg 1 stopped"))
     rc, text, err = run_diff(ROOT / "specs" / "p4_soak.yaml", new, evidence=run_dir)
     assert (rc, err) == (1, "")
     assert (
         "    + new check leg2_resumed_from_stop would PASS on run 2026-11-28T21:04 (soak): "
-        f"resumed_from_step = 120, stop1 = 120  ({new}:47)\n" in text
+        f"resumed_from_step = 120, stop1 = 120  ({new}:{line})\n" in text
     )
 
 

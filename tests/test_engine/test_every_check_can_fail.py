@@ -193,7 +193,10 @@ def _lose_files(state: dict, directory: str, names: tuple[str, ...]) -> bool:
 
 
 # Checks that read what the store holds under the pointer's target: they flip with it.
-TARGET_READERS_AFTER_LEG1 = {"pointer_target_complete_after_leg1": "FAIL", "pointer_targets_read_back_intact": "FAIL"}
+TARGET_READERS_AFTER_LEG1 = {
+    "pointer_target_complete_after[leg=leg1]": "FAIL",
+    "pointer_target_read_back_intact_after[leg=leg1]": "FAIL",
+}
 
 
 # ------------------------------------------------------------------ the tamper cases
@@ -222,7 +225,7 @@ def _leg1_reported_horizon(d: dict) -> None:
 def _leg1_checkpoint_missing(d: dict) -> Mapping[str, str]:
     # In the smoke the first push is also the stop: the pointer's target went with it.
     target = _drop_checkpoint(hub(d, "hub_after_leg1"), val(d, "push_every"))
-    return {**TARGET_READERS_AFTER_LEG1, "checkpoints_complete_after_leg1": "FAIL"} if target else {}
+    return {**TARGET_READERS_AFTER_LEG1, "checkpoints_complete_after[leg=leg1]": "FAIL"} if target else {}
 
 
 def _leg1_pointer_stale(d: dict) -> None:
@@ -469,7 +472,7 @@ def _leg1_pointer_names_no_weights(d: dict) -> None:
 def _leg1_target_lost_its_weights(d: dict) -> Mapping[str, str]:
     state = hub(d, "hub_after_leg1")
     _lose_files(state, state["pointer"]["path_in_repo"], ("model.safetensors",))
-    return {"checkpoints_complete_after_leg1": "FAIL", "pointer_targets_read_back_intact": "FAIL"}
+    return {"checkpoints_complete_after[leg=leg1]": "FAIL", "pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
 
 
 def _leg1_oldest_checkpoint_kept_only_its_state(d: dict) -> Mapping[str, str]:
@@ -503,6 +506,51 @@ def _final_lost_its_rng_state(d: dict) -> None:
     assert _lose_files(hub(d, "hub_after_leg2"), "final", ("rng.pt",))
 
 
+def _leg1_nan_the_count_missed(value: float) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        # A non-finite loss logged as a number (a bare NaN or Infinity in RUN_JSON) that the trainer's
+        # own count did not see: only the losses themselves show it.
+        run_json(d, "leg1")["losses"][str(val(d, "stop1") // 2)] = value
+        assert run_json(d, "leg1")["nonfinite_losses"] == 0
+
+    return apply
+
+
+def _leg2_nan_the_count_missed(d: dict) -> None:
+    leg2 = run_json(d, "leg2")
+    leg2["losses"][str((leg2["first_step"] + val(d, "steps")) // 2)] = float("nan")
+    assert leg2["nonfinite_losses"] == 0
+
+
+def _leg_counted_a_nonfinite_loss(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        # The trainer counted a non-finite loss that its logged losses do not show (one every step
+        # is logged, so the two must agree).
+        run_json(d, leg)["nonfinite_losses"] = 1
+
+    return apply
+
+
+def _leg2_validation_gave_infinity(d: dict) -> None:
+    # A diverged model's perplexity overflows: `val_ppl != null` held, a finite one does not.
+    run_json(d, "leg2").update(val_loss=1000.0, val_ppl=math.inf)
+
+
+def _leg2_validation_gave_nan(d: dict) -> None:
+    run_json(d, "leg2").update(val_loss=float("nan"), val_ppl=float("nan"))
+
+
+def _horizon_pointer_names_no_weights(d: dict) -> None:
+    state = hub(d, "hub_after_leg2")
+    del state["pointer"]["files"]["model.safetensors"]
+    for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
+        state.get(key, {}).pop("model.safetensors", None)
+
+
+def _horizon_target_lost_its_weights(d: dict) -> None:
+    assert _lose_files(hub(d, "hub_after_leg2"), "final", ("model.safetensors",))
+
+
 def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], None]:
     def apply(d: dict) -> None:
         # The bytes under the pointer's target changed after the upload: the listing still gives the
@@ -514,7 +562,10 @@ def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], Non
 
 
 LEG2_LOSS_READERS = {"loss_at_horizon_below_step_one": "FAIL"}
-READ_BACK = {"pointer_targets_read_back_intact": "FAIL"}
+READ_BACK_LEG1 = {"pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
+READ_BACK_LEG2 = {"pointer_target_read_back_intact_after[leg=leg2]": "FAIL"}
+# The horizon's pointer target compared with the listing: two checks read that very fact.
+HORIZON_TARGET = {"pointer_hashes_match_listing": "FAIL", "pointer_target_complete_after[leg=leg2]": "FAIL"}
 
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_common (all three specs)
@@ -524,7 +575,9 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     "final_leg_was_not_a_segment": (Tamper("leg 2 reported a segment boundary", _leg2_reported_a_segment),),
     "final_pushed": (
         # The pointer still names final/: the retention check finds its target's files gone too.
-        Tamper("final/ never reached the store", _final_not_pushed, also={"checkpoints_complete_at_horizon": "FAIL"}),
+        Tamper(
+            "final/ never reached the store", _final_not_pushed, also={"checkpoints_complete_after[leg=leg2]": "FAIL"}
+        ),
     ),
     "all_steps_present": (Tamper("the first push interval was pruned from ckpt/", _first_checkpoint_pruned),),
     "pointer_terminal_at_horizon": (
@@ -533,14 +586,28 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("the horizon pointer names ckpt/ instead of final/", _horizon_pointer_names_a_ckpt),
     ),
     "pointer_hashes_match_listing": (
-        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn, also=READ_BACK),
+        Tamper(
+            "the store holds other bytes than the pointer recorded",
+            _horizon_target_torn,
+            also={**HORIZON_TARGET, **READ_BACK_LEG2},
+        ),
     ),
-    "pointer_target_complete_after_leg1": (
-        Tamper("the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target, also=READ_BACK),
+    "pointer_target_complete_after[leg=leg1]": (
+        Tamper(
+            "the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target, also=READ_BACK_LEG1
+        ),
         Tamper("the pointer after leg 1 does not name the weights", _leg1_pointer_names_no_weights),
         Tamper("the pointer's target after leg 1 lost its weights", _leg1_target_lost_its_weights),
     ),
-    "checkpoints_complete_after_leg1": (
+    "pointer_target_complete_after[leg=leg2]": (
+        Tamper("the horizon pointer does not name the weights", _horizon_pointer_names_no_weights),
+        Tamper(
+            "final/ lost its weights",
+            _horizon_target_lost_its_weights,
+            also={**HORIZON_TARGET, **READ_BACK_LEG2, "checkpoints_complete_after[leg=leg2]": "FAIL"},
+        ),
+    ),
+    "checkpoints_complete_after[leg=leg1]": (
         Tamper(
             "the oldest checkpoint after leg 1 kept only its trainer state", _leg1_oldest_checkpoint_kept_only_its_state
         ),
@@ -549,72 +616,103 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
             _leg1_newest_checkpoint_lost_optimizer_state,
         ),
     ),
-    "checkpoints_complete_at_horizon": (
+    "checkpoints_complete_after[leg=leg2]": (
         Tamper("the first checkpoint kept only its trainer state", _horizon_first_checkpoint_kept_only_its_state),
         Tamper(
             "the newest ckpt/ directory lost optimizer.pt and rng.pt (the pointer names final/)",
             _horizon_newest_checkpoint_lost_optimizer_state,
         ),
-        Tamper(
-            "final/ lost rng.pt", _final_lost_its_rng_state, also={"pointer_hashes_match_listing": "FAIL", **READ_BACK}
-        ),
+        Tamper("final/ lost rng.pt", _final_lost_its_rng_state, also={**HORIZON_TARGET, **READ_BACK_LEG2}),
     ),
     "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", _leg2_wrong_geometry),),
     "final_leg_validation_actually_ran": (
         Tamper("validation skipped on leg 2", _leg2_validation_skipped),
         Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error),
+        Tamper("validation gave an infinite perplexity", _leg2_validation_gave_infinity),
+        Tamper("validation gave a NaN perplexity", _leg2_validation_gave_nan),
     ),
     "horizon_tokens_match_the_arithmetic": (
         Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short),
     ),
     # p4_segment's loss check reads leg 2's final loss too; the count flips with a null loss.
     "final_loss_finite_and_below_ceiling": (
-        Tamper("leg 2 ended on a NaN loss (JSON NaN)", _leg2_nan_literal, also=LEG2_LOSS_READERS),
+        Tamper(
+            "leg 2 ended on a NaN loss (JSON NaN)",
+            _leg2_nan_literal,
+            also={**LEG2_LOSS_READERS, "every_logged_loss_finite[leg=leg2]": "FAIL"},
+        ),
         Tamper(
             "leg 2 ended on a non-finite loss (null, as the trainer writes it)",
             _leg2_nan_as_the_trainer_writes_it,
-            also={**LEG2_LOSS_READERS, "final_leg_had_no_nonfinite_loss": "FAIL"},
+            also={
+                **LEG2_LOSS_READERS,
+                "no_nonfinite_loss[leg=leg2]": "FAIL",
+                "every_logged_loss_finite[leg=leg2]": "FAIL",
+            },
         ),
     ),
-    "final_leg_had_no_nonfinite_loss": (
-        Tamper("a NaN in the middle of leg 2, recovered from (final loss finite)", _leg2_nan_mid_run),
+    "no_nonfinite_loss[leg=leg1]": (
+        Tamper("the trainer counted a non-finite loss in leg 1", _leg_counted_a_nonfinite_loss("leg1")),
+        Tamper(
+            "a NaN in the middle of leg 1, recovered from (final loss finite)",
+            _leg1_nan_mid_run,
+            also={"every_logged_loss_finite[leg=leg1]": "FAIL"},
+        ),
     ),
-    # ---- p4_segment (p4_smoke, p4_soak)
-    "leg1_stopped_at_the_stop_step": (Tamper("leg 1 stopped one step late", _leg1_one_step_late),),
-    "leg1_reported_a_segment": (Tamper("leg 1 reported the horizon, not a segment", _leg1_reported_horizon),),
-    "leg1_pushed_every_interval": (Tamper("checkpoint push_every is missing after leg 1", _leg1_checkpoint_missing),),
-    "leg1_pointer_at_stop": (
+    "no_nonfinite_loss[leg=leg2]": (
+        Tamper("the trainer counted a non-finite loss in leg 2", _leg_counted_a_nonfinite_loss("leg2")),
+        Tamper(
+            "a NaN in the middle of leg 2, recovered from (final loss finite)",
+            _leg2_nan_mid_run,
+            also={"every_logged_loss_finite[leg=leg2]": "FAIL"},
+        ),
+    ),
+    "every_logged_loss_finite[leg=leg1]": (
+        Tamper("a NaN in the middle of leg 1 that the count missed", _leg1_nan_the_count_missed(float("nan"))),
+        Tamper("an infinite loss in the middle of leg 1 that the count missed", _leg1_nan_the_count_missed(math.inf)),
+    ),
+    "every_logged_loss_finite[leg=leg2]": (
+        Tamper("a NaN in the middle of leg 2 that the count missed", _leg2_nan_the_count_missed),
+    ),
+    # ---- p4_segment (p4_smoke, p4_soak): the checks of every stop, here the one stop after leg 1
+    "stopped_at_the_stop_step[leg=leg1]": (Tamper("leg 1 stopped one step late", _leg1_one_step_late),),
+    "reported_a_segment[leg=leg1]": (Tamper("leg 1 reported the horizon, not a segment", _leg1_reported_horizon),),
+    "pushed_every_interval[leg=leg1]": (
+        Tamper("checkpoint push_every is missing after leg 1", _leg1_checkpoint_missing),
+    ),
+    "pointer_at_the_stop[leg=leg1]": (
         Tamper("the pointer after leg 1 is stale", _leg1_pointer_stale),
         Tamper("the pointer after leg 1 is terminal", _leg1_pointer_terminal),
     ),
-    "leg2_resumed_from_exactly_the_stop": (
+    "next_leg_resumed_from_exactly_the_stop[leg=leg1]": (
         Tamper("leg 2 resumed one push before the stop", _leg2_resumed_one_push_early),
         Tamper("leg 2 started fresh", _leg2_fresh_start),
     ),
-    "leg2_continues_leg1_trajectory": (
+    "next_leg_continues_the_trajectory[leg=leg1]": (
         Tamper("leg 2's first loss jumped 50 % above leg 1's last", _leg2_first_loss_jumped),
     ),
-    "tokens_at_the_stop_match_the_arithmetic": (
+    "tokens_at_the_stop_match_the_arithmetic[leg=leg1]": (
         Tamper("leg 1 consumed one step's tokens too few", _leg1_tokens_one_step_short),
     ),
     "params_are_the_frozen_model": (Tamper("leg 1 trained another geometry", _leg1_wrong_geometry),),
     "checkpointing_really_off": (Tamper("leg 1 ran with gradient checkpointing", _leg1_grad_ckpt_on),),
-    "leg1_skipped_validation_by_design": (
+    "skipped_validation_by_design[leg=leg1]": (
         Tamper("leg 1 ran validation", _leg1_validated),
         Tamper("leg 1 reports a perplexity although it skipped validation", _leg1_ppl_without_validation),
     ),
-    "leg1_loss_finite_and_below_ceiling": (
+    "loss_finite_and_below_ceiling_at_the_stop[leg=leg1]": (
         Tamper("leg 1 ended on a loss spike above ln(vocab)", _leg1_ended_on_a_spike),
         # The trajectory check compares leg 2's first loss with leg 1's final loss: it cannot
         # hold when that loss is not a number, and says so by failing (is_finite guard).
         Tamper(
             "leg 1 ended on a non-finite loss (null, as the trainer writes it)",
             _leg1_nan_as_the_trainer_writes_it,
-            also={"leg2_continues_leg1_trajectory": "FAIL", "leg1_had_no_nonfinite_loss": "FAIL"},
+            also={
+                "next_leg_continues_the_trajectory[leg=leg1]": "FAIL",
+                "no_nonfinite_loss[leg=leg1]": "FAIL",
+                "every_logged_loss_finite[leg=leg1]": "FAIL",
+            },
         ),
-    ),
-    "leg1_had_no_nonfinite_loss": (
-        Tamper("a NaN in the middle of leg 1, recovered from (final loss finite)", _leg1_nan_mid_run),
     ),
     "loss_at_horizon_below_step_one": (
         Tamper("leg 2's loss at the horizon is only 5 % below step 1's", _leg2_loss_barely_moved),
@@ -623,18 +721,22 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     "peak_memory_during_training_below_gate": (
         Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),
     ),
-    "pointer_targets_read_back_intact": (
-        Tamper(
-            "an object under the horizon pointer's target was damaged after its upload",
-            _stored_object_damaged_after_upload("hub_after_leg2"),
-        ),
+    "pointer_target_read_back_intact_after[leg=leg1]": (
         Tamper(
             "an object under leg 1's pointer target was damaged after its upload",
             _stored_object_damaged_after_upload("hub_after_leg1"),
         ),
     ),
-    "collector_never_stalled_a_step": (
+    "pointer_target_read_back_intact_after[leg=leg2]": (
+        Tamper(
+            "an object under the horizon pointer's target was damaged after its upload",
+            _stored_object_damaged_after_upload("hub_after_leg2"),
+        ),
+    ),
+    "collector_never_stalled_a_step[leg=leg1]": (
         Tamper("a full garbage collection stopped leg 1 for 0.62 s", _leg1_collector_stalled),
+    ),
+    "collector_never_stalled_a_step[leg=leg2]": (
         Tamper("leg 2's longest full collection took exactly the 0.1 s gate", _leg2_collector_stalled_just_at_the_gate),
     ),
     # ---- p4_preempt
@@ -859,7 +961,7 @@ def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_soak(
     write_evidence(bundle, doc)
     got = engine_check("p4_soak", bundle, capsys)
     flipped = {n for n, o in got.outcomes.items() if o != baselines["p4_soak"][n]}
-    assert flipped == {"leg2_continues_leg1_trajectory"}
+    assert flipped == {"next_leg_continues_the_trajectory[leg=leg1]"}
 
 
 def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_smoke(
@@ -870,7 +972,7 @@ def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_smoke(
     _leg2_restarted_from_random_weights(doc)
     write_evidence(bundle, doc)
     got = engine_check("p4_smoke", bundle, capsys)
-    assert got.result("leg2_continues_leg1_trajectory")["outcome"] == "FAIL"
+    assert got.result("next_leg_continues_the_trajectory[leg=leg1]")["outcome"] == "FAIL"
 
 
 def test_a_tampered_copy_leaves_the_saved_bundle_untouched(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -949,7 +1051,7 @@ def _delete(doc: dict, dotted: str) -> None:
 # mul()): jmespath raises a type error on the null, and the engine must still report the missing
 # path as NO_DATA, not an ERROR about types. Each such check, with one deletion that shows it.
 ERROR_ON_MISSING = {
-    "leg2_continues_leg1_trajectory": "steps.leg1.harvest.run_json.final_loss",  # sub()
+    "next_leg_continues_the_trajectory[leg=leg1]": "steps.leg1.harvest.run_json.final_loss",  # sub()
     "loss_at_horizon_below_step_one": "steps.leg1.harvest.run_json.losses",  # mul(get(..))
     "leg1_was_killed_mid_push": "steps.leg1.signals_sent",  # length()
     "leg1_left_no_run_json": "steps.leg1.harvest_errors",  # length()
@@ -1021,14 +1123,14 @@ def test_null_is_data_absent_is_not(tmp_path: Path, capsys: pytest.CaptureFixtur
     bundle = copy_bundle("p4_smoke", tmp_path / "null")
     assert run_json(read_evidence(bundle), "leg1")["val_ppl"] is None
     got = engine_check("p4_smoke", bundle, capsys)
-    assert got.result("leg1_skipped_validation_by_design")["outcome"] == "PASS"
+    assert got.result("skipped_validation_by_design[leg=leg1]")["outcome"] == "PASS"
 
     bundle = copy_bundle("p4_smoke", tmp_path / "absent")
     doc = read_evidence(bundle)
     del run_json(doc, "leg1")["val_ppl"]
     write_evidence(bundle, doc)
     got = engine_check("p4_smoke", bundle, capsys)
-    result = got.result("leg1_skipped_validation_by_design")
+    result = got.result("skipped_validation_by_design[leg=leg1]")
     assert result["outcome"] == "NO_DATA"
     assert result["missing"] == ["steps.leg1.harvest.run_json.val_ppl"]
     assert result["reason"] == "no data: steps.leg1.harvest.run_json.val_ppl is missing"
@@ -1058,8 +1160,8 @@ def test_leg_without_run_json_is_no_data_for_every_reader(
         "horizon_tokens_match_the_arithmetic",
         "final_leg_validation_actually_ran",
         "loss_at_horizon_below_step_one",
-        "final_leg_had_no_nonfinite_loss",
-        "leg2_continues_leg1_trajectory",
+        "no_nonfinite_loss[leg=leg2]",
+        "next_leg_continues_the_trajectory[leg=leg1]",
     }
     not_pass = {n: o for n, o in got.outcomes.items() if o != baselines["p4_smoke"][n]}
     assert set(not_pass) == readers

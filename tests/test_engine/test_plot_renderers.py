@@ -140,9 +140,9 @@ def test_mermaid_joins_legs_that_follow_each_other_into_one_line(monkeypatch):
         evidence["steps"]["leg1"]["harvest"]["run_json"]["losses"]
         | evidence["steps"]["leg2"]["harvest"]["run_json"]["losses"]
     )
-    assert mermaid_lines(block) == {"leg 1 + leg 2": [losses[str(s)] for s in range(1, 181)]}
+    assert mermaid_lines(block) == {"leg1 + leg2": [losses[str(s)] for s in range(1, 181)]}
     assert 'x-axis "step (120: stop / cold resume)" 1 --> 180' in block
-    assert "line 1: leg 1 (x 1-120), then leg 2 (x 121-180)" in mermaid.markdown(loss)
+    assert "line 1: leg1 (x 1-120), then leg2 (x 121-180)" in mermaid.markdown(loss)
 
 
 def test_markdown_report_ends_with_the_plots(probe):
@@ -201,15 +201,15 @@ def test_saved_soak_run_report_is_valid_and_draws_every_loss(tmp_path, monkeypat
     assert list(svgs) == ["plot-loss", "plot-tokens_per_s", "plot-peak_memory"]
     for leg in ("leg1", "leg2"):
         losses = evidence["steps"][leg]["harvest"]["run_json"]["losses"]
-        drawn = polylines(svgs["plot-loss"], f"leg {leg[-1]}")
+        drawn = polylines(svgs["plot-loss"], leg)
         assert drawn == [[(float(k), v) for k, v in losses.items()]]
     # Tokens/s come from the progress lines the replay re-harvested out of the raw logs.
     log = (run / "logs" / "leg2.log").read_text()
     rates = [(float(s), float(r)) for s, r in re.findall(r"step (\d+)/180 loss \S+ lr \S+ tok/s (\d+)", log)]
-    assert polylines(svgs["plot-tokens_per_s"], "leg 2") == [rates] and len(rates) == 13
+    assert polylines(svgs["plot-tokens_per_s"], "leg2") == [rates] and len(rates) == 13
     # On the CPU there are no device memory figures: the plot says so instead of drawing zeros.
-    assert polylines(svgs["plot-peak_memory"], "leg 1") == []
-    assert "leg 1: no data: `steps.leg1.harvest.run_json.peak_reserved_gb_by_rank` is null" in page_path.read_text()
+    assert polylines(svgs["plot-peak_memory"], "leg1") == []
+    assert "leg1: no data: `steps.leg1.harvest.run_json.peak_reserved_gb_by_rank` is null" in page_path.read_text()
 
 
 def test_html_and_markdown_both_on_stdout_is_refused(capsys):

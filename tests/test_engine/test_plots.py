@@ -11,7 +11,8 @@ import pytest
 
 from engine.show.plots import figures, for_spec
 from engine.spec.load import load_spec
-from engine.spec.plotdefs import MarkerDef, PlotDef, SeriesDef, definitions
+from engine.spec.plan import build_plan
+from engine.spec.plotdefs import MarkerDef, PlotDef, SeriesDef, resolve
 from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,8 @@ def test_markers_take_a_number_or_a_list_and_note_what_is_missing():
 def test_definitions_keep_spec_order_and_where_each_plot_is_written(monkeypatch):
     monkeypatch.chdir(ROOT)
     spec = load_spec(PROBE.relative_to(ROOT))
-    defs = definitions(spec.data, spec.locate_key)
+    defs, problems = resolve(spec.data, locate=spec.locate_key)
+    assert problems == []
     assert [d.name for d in defs] == ["loss", "rate", "memory"]
     assert (defs[0].file, defs[0].line) == ("tests/specs/plots/probe.yaml", 31)
     assert defs[0].markers == (MarkerDef("x", "values.stop", "stop"),)
@@ -115,12 +117,12 @@ def test_definitions_keep_spec_order_and_where_each_plot_is_written(monkeypatch)
 
 def test_plots_merge_by_name_across_extends(monkeypatch):
     monkeypatch.chdir(ROOT)
-    soak = definitions(load_spec("specs/p4_soak.yaml").data)
+    soak = build_plan(load_spec("specs/p4_soak.yaml"), environ={}).plots
     assert [p.name for p in soak] == ["loss", "tokens_per_s", "peak_memory"]
     loss = soak[0]
-    assert [s.label for s in loss.series] == ["leg 1", "leg 2"]  # from p4_common
-    assert loss.markers == (MarkerDef("x", "values.stop1", "stop / cold resume"),)  # from p4_segment
-    preempt = definitions(load_spec("specs/p4_preempt.yaml").data)
+    assert [s.label for s in loss.series] == ["leg1", "leg2"]  # from p4_common, one series per leg
+    assert loss.markers == (MarkerDef("x", "values.stops[*].stop", "stop / cold resume"),)  # from p4_segment
+    preempt = build_plan(load_spec("specs/p4_preempt.yaml"), environ={}).plots
     assert [p.name for p in preempt] == ["loss", "tokens_per_s"]
     assert preempt[0].series[0].points == "steps.leg1.harvest.progress[*].[step, loss]"
 

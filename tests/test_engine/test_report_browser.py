@@ -68,8 +68,8 @@ def test_saved_soak_report_renders_in_chromium_with_its_plots_drawn(chromium, tm
             # Drawn, and inside its frame (not collapsed to a point, not thrown off the chart).
             assert width > 50 and height > 20, (plot["id"], series, width, height)
             assert 0 <= left and left + width <= WIDTH and 0 <= top and top + height <= HEIGHT
-    assert [line[0] for line in plots["plot-loss"]["lines"]] == ["leg 1", "leg 2"]
-    assert [line[0] for line in plots["plot-tokens_per_s"]["lines"]] == ["leg 1", "leg 2"]
+    assert [line[0] for line in plots["plot-loss"]["lines"]] == ["leg1", "leg2"]
+    assert [line[0] for line in plots["plot-tokens_per_s"]["lines"]] == ["leg1", "leg2"]
     assert plots["plot-peak_memory"]["lines"] == []  # no device memory on the CPU: nothing drawn
     # Leg 2's loss is drawn to the right of leg 1's (steps 121-180 after 1-120).
     leg1, leg2 = plots["plot-loss"]["lines"]
