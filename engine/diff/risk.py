@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Iterable, Mapping
 
-from engine.diff.model import ABSENT, Change, Report
+from engine.diff.model import ABSENT, Change, ModeDiff, Report
 from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import LOOSENED, NUMBERS, RUN, SPEC, UNKNOWN, Shift
 from engine.text import argv_delta, code, scalar_list
@@ -288,11 +288,12 @@ def assess(
             continue
         changes = report.raw_modes.get(md.mode, [])
         gates = gates_by_mode.get(md.mode, set())
+        # A gate that never runs is said as that, not as the `when` it was given.
         found = [r for r in _check_changes(md.mode, changes, spec, gates) if r.subject not in never]
         found += [
-            Risk("gate never runs", spec, name, f"gate {code(name)}: {why}", where, [md.mode])
-            for name, (why, where) in never.items()
-            if name in gates
+            Risk("gate never runs", spec, n, f"gate {code(n)}: {w}", at, [md.mode])
+            for n, (w, at) in never.items()
+            if n in gates
         ]
         risks += found
         flagged = {r.subject for r in found if r.kind in ("gate demoted", "gate disabled", "gate never runs")}
@@ -319,19 +320,7 @@ def assess(
         risks += exit_risks
         if legs:
             leg_changes[md.mode] = legs
-        b = md.budget
-        if b is not None and b.old_budget is not None and (b.new_budget is None or b.new_budget > b.old_budget):
-            new = "none" if b.new_budget is None else f"{b.new_budget:g} s"
-            risks.append(
-                Risk(
-                    "budget raised",
-                    spec,
-                    "budget_s",
-                    f"budget_s {b.old_budget:g} s -> {new}",
-                    _budget_where(report),
-                    [md.mode],
-                )
-            )
+        risks += _budget_risks(md, report, spec)
     if leg_changes:
         risks += _leg_risks(leg_changes, spec, saved)
     elif saved.renewed and saved.refused:  # a new bundle committed that does not describe this spec
@@ -349,11 +338,14 @@ def assess(
     return merge_modes(risks)
 
 
-def _budget_where(report: Report) -> str:
-    for c in report.spec_changes:
-        if c.subject == "budget_s":
-            return c.where
-    return ""
+def _budget_risks(md: ModeDiff, report: Report, spec: str) -> list[Risk]:
+    """A budget raised (or removed) in this mode."""
+    b = md.budget
+    if b is None or b.old_budget is None or (b.new_budget is not None and b.new_budget <= b.old_budget):
+        return []
+    new = "none" if b.new_budget is None else f"{b.new_budget:g} s"
+    where = next((c.where for c in report.spec_changes if c.subject == "budget_s"), "")
+    return [Risk("budget raised", spec, "budget_s", f"budget_s {b.old_budget:g} s -> {new}", where, [md.mode])]
 
 
 def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedRun) -> list[Risk]:

@@ -527,15 +527,8 @@ def shift(
         elif verdict == UNKNOWN and outcomes[0] == outcomes[1]:
             why = f"{outcomes[0]} on this run before and after; {why}"
     basis = (RUN if settle else NUMBERS) if on_run else SPEC
-    return Shift(
-        verdict,
-        why,
-        moves,
-        *outcomes,
-        retarget=retarget and verdict == UNKNOWN,
-        basis=basis,
-        pins=pins(old, new, new_values or {}),
-    )
+    pinned = pins(old, new, new_values or {})
+    return Shift(verdict, why, moves, *outcomes, retarget=retarget and verdict == UNKNOWN, basis=basis, pins=pinned)
 
 
 # ---------------------------------------------------------------- what no longer reads the run

@@ -211,6 +211,8 @@ def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now
     assert props["value.ceiling"] == "6.0 -> 4.0" and props["spec_revision"] == head.group(1)
     (record,) = (tmp_path / "r").glob("check-*.json")
     assert json.loads(record.read_text())["spec_revision"]["sha256"] == sha
+    replayed = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()
+    assert replayed[0].startswith("replayed (logs re-harvested) and re-checked at ") and replayed[1] == lines[1]
 
 
 def test_a_recheck_names_the_specs_git_commit_and_says_when_the_spec_differs_from_it(tmp_path: Path) -> None:
