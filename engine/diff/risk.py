@@ -6,8 +6,9 @@ removed, disabled, demoted to a warning or given a new `when:` (or one false in 
 whose bound moved the lenient way (or moved so that neither the spec nor the saved run can tell which
 way), or that no longer reads the run (a `let:` pinned to a constant); legs changed with no real run
 showing the new legs pass; a larger time budget; a leg timeout below what the saved run's leg took;
-wider accepted exit codes; a saved run that now fails, that was removed, or that the re-check refuses. Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is
-safe. The classification is pure: the facts about the saved run come in as `SavedRun`.
+wider accepted exit codes; a saved run that now fails, that was removed, or that the re-check refuses.
+Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is safe. The
+classification is pure: the facts about the saved run come in as `SavedRun`.
 """
 
 from __future__ import annotations
