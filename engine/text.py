@@ -20,6 +20,22 @@ def compact(value: Any, limit: int = VALUE_CUT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def compact_pair(old: Any, new: Any, limit: int = VALUE_CUT) -> tuple[str, str]:
+    """Two values as compact JSON, each cut to ``limit`` around their first difference: cut at the
+    start, two long values that differ near their end (a hash in a map of hashes) would read the same."""
+    a, b = compact(old, 10**9), compact(new, 10**9)
+    if len(a) <= limit and len(b) <= limit:
+        return a, b
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(at - limit // 3, 0)
+
+    def cut(text: str) -> str:
+        piece = text[start : start + limit]
+        return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
+
+    return cut(a), cut(b)
+
+
 def words(text: Any) -> Any:
     """Prose compared and shown by its words: reflowing a YAML string changes nothing."""
     return " ".join(text.split()) if isinstance(text, str) else text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
@@ -104,3 +105,27 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in zip(after, before)]
     with open(_CPU_LOG, "a", encoding="utf-8") as fh:
         fh.write(f"{cpu[0] + cpu[1]:.2f}\t{cpu[0]:.2f}\t{cpu[1]:.2f}\t{item.nodeid}\n")
+
+
+# A test works on copies: one that leaves files in the checkout's specs/ or evidence/ (an `engine check` of a
+# saved run writes its record beside it) would change what the next test, or the next commit, reads.
+_GUARDED = ("specs", "evidence")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _guarded_files() -> set[str]:
+    return {str(p.relative_to(_ROOT)) for d in _GUARDED for p in (_ROOT / d).rglob("*") if p.is_file()}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._specprobe_files = _guarded_files()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller looks once, after every worker finished
+    new = sorted(_guarded_files() - session.config._specprobe_files)  # type: ignore[attr-defined]
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line(f"tests left files in the checkout: {new}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -22,10 +22,12 @@ from typing import Any, Mapping, Sequence, TextIO
 from engine.diff.command import load_at_base
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report
+from engine.diff.reach import never_runs
 from engine.diff.render import Out, lines_of, summary
-from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess
-from engine.diff.saved_run import review_evidence
+from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess, limit_phrase
+from engine.diff.saved_run import TIGHT, review_evidence, run_label, time_cuts
 from engine.diff.sides import Revision, references, repo_root
+from engine.diff.strictness import reads
 from engine.judge.recheck import Refused, recheck
 from engine.run import evidence as evmod
 from engine.show.report import write_file
@@ -45,6 +47,7 @@ class SpecReview:
     recheck: str = ""  # the re-check of the saved run with the new spec, in a phrase
     risks: list[Risk] = dc_field(default_factory=list)
     figures: list[Any] = dc_field(default_factory=list)  # the new spec's plots over the saved run
+    notes: list[str] = dc_field(default_factory=list)  # what a reviewer should know and is not risky
 
 
 @dataclass
@@ -190,8 +193,16 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         saved.mode = str(now.get("mode"))
         out.recheck = "not re-checked: the spec is deleted"
     elif now is not None:
-        saved.mode = str(now.get("mode"))
-        report.evidence = review_evidence(report, left, right, rel_dir, now)
+        saved.mode, saved.run_label = str(now.get("mode")), run_label(now)
+        memo: dict = {}
+        report.evidence = review_evidence(report, left, right, rel_dir, now, memo)
+        if report.status == "both":
+            saved.cuts = time_cuts(report, left, right, now, memo)
+            out.notes += [
+                f"tight: {limit_phrase(c, saved)}: less than {TIGHT:g} times what it took"
+                for c in saved.cuts
+                if not c.below
+            ]
         saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
         out.figures = _figures(right.spec, now)
         # Only what fails now can be newly failing: the base's re-check answers that alone.
@@ -215,7 +226,54 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         gates = {
             m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"} for m, p in left.plans.items()
         }
-    out.risks = assess(report, rel, saved, gates, wheres)
+    never = _never_run(report, left, right, gates, now, at_base)
+    out.risks = assess(report, rel, saved, gates, wheres, never)
+    return out
+
+
+def _never_run(
+    report: Report,
+    left: Any,
+    right: Any,
+    gates: Mapping[str, set[str]],
+    now: Mapping[str, Any] | None,
+    at_base: Mapping[str, Any] | None,
+) -> dict[str, tuple[str, str]]:
+    """Gate -> (why it never runs, where the change is), for the gates this change left with a `when`
+    false in every mode that was not so at the base: asked only of gates whose check or whose values
+    the change touched."""
+    if report.status != "both" or right.spec is None:
+        return {}
+    changes = [c for cs in report.raw_modes.values() for c in cs] + report.spec_changes
+    touched = {c.subject for c in changes if c.section == "checks"}
+    moved = {c.subject.removeprefix("values.").split(".")[0] for c in changes if c.section in ("values", "spec")}
+    candidates = {
+        c["name"]
+        for plan in right.plans.values()
+        for c in plan.checks
+        if c.get("when")
+        and c["name"] in gates.get(plan.mode, ())
+        and (c["name"] in touched or any(p[0] == "values" and p[1:2] and p[1] in moved for p in reads(c)))
+    }
+    if not candidates:
+        return {}
+    never = never_runs(right.spec, right.plans, candidates, now)
+    if never and left.spec is not None:
+        before = never_runs(left.spec, left.plans, never, at_base)
+        never = {name: why for name, why in never.items() if name not in before}
+    checks = {c["name"]: c for plan in right.plans.values() for c in plan.checks}
+    out = {}
+    for name, why in never.items():
+        read = {p[1] for p in reads(checks[name]) if p[0] == "values" and len(p) > 1}
+        # The `when` written, else a value it reads that moved, else the gate itself.
+        places = [c.where for c in changes if c.section == "checks" and c.subject == name and c.field == "when"]
+        places += [
+            c.where
+            for c in changes
+            if c.section in ("values", "spec") and c.subject.removeprefix("values.").split(".")[0] in read
+        ]
+        places.append(right.shown(f"{checks[name]['file']}:{checks[name]['line']}"))
+        out[name] = (why, next(p for p in places if p))
     return out
 
 
@@ -269,7 +327,7 @@ def _headline(review: Review) -> str:
     noun = "risky change" if n == 1 else "risky changes"
     if review.accepted:
         return f"{n} {noun}, accepted (--accept-risk)"
-    return f"RISKY: {n} {noun} need approval"
+    return f"RISKY: {n} {noun} {'needs' if n == 1 else 'need'} approval"
 
 
 def _spec_row(s: SpecReview) -> tuple[str, str, str, str]:
@@ -280,11 +338,11 @@ def _spec_row(s: SpecReview) -> tuple[str, str, str, str]:
     return s.path, what, s.recheck or "-", risky
 
 
-def render_review(review: Review, markdown: bool = False) -> str:
-    """The review as text (terminal) or Markdown (a PR comment)."""
-    out = Out(markdown)
+def _spec_table(out: Out, review: Review) -> None:
+    """The headline and one row per spec: what changed, its saved run re-checked, its notes."""
     head = _headline(review)
     count = f"{len(review.specs)} spec{'s' if len(review.specs) != 1 else ''}"
+    rows = [_spec_row(s) for s in review.specs]
     if out.md:
         out.lines += [
             f"## Spec review: {head}",
@@ -294,16 +352,23 @@ def render_review(review: Review, markdown: bool = False) -> str:
             "| spec | change | saved run re-checked with the new spec | risky |",
             "|---|---|---|---|",
         ]
-        for row in map(_spec_row, review.specs):
-            out.lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
-    else:
-        out.lines += [f"engine review: {count}, base {review.base} ({review.commit}) -> working tree", head]
-        rows = [_spec_row(s) for s in review.specs]
-        width = max((len(r[0]) for r in rows), default=0)
-        for path, what, recheck, risky in rows:
-            risk = f"; {risky} risky" if risky not in ("-", "") else ""
-            out.lines.append(f"  {path:<{width}}  {what}{risk}")
-            out.lines.append(f"  {'':<{width}}  saved run: {recheck}")
+        out.lines += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
+        notes = [f"- {code(s.path)}: {note}" for s in review.specs for note in s.notes]
+        out.lines += ["", *notes] if notes else []
+        return
+    out.lines += [f"engine review: {count}, base {review.base} ({review.commit}) -> working tree", head]
+    width = max((len(r[0]) for r in rows), default=0)
+    for s, (path, what, rechecked, risky) in zip(review.specs, rows):
+        risk = f"; {risky} risky" if risky not in ("-", "") else ""
+        out.lines.append(f"  {path:<{width}}  {what}{risk}")
+        out.lines.append(f"  {'':<{width}}  saved run: {rechecked}")
+        out.lines += [f"  {'':<{width}}  note: {note}" for note in s.notes]
+
+
+def render_review(review: Review, markdown: bool = False) -> str:
+    """The review as text (terminal) or Markdown (a PR comment)."""
+    out = Out(markdown)
+    _spec_table(out, review)
     for s in review.specs:
         if s.status == "invalid":
             out.head(f"{s.path}: invalid")

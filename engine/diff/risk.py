@@ -2,11 +2,13 @@
 approve, each with why it is risky.
 
 A change is risky when it can turn a failing run into a passing one without anyone looking: a gate
-removed, disabled, demoted to a warning or given a new `when:`; a gate whose bound moved the lenient
-way (or moved so that neither the spec nor the saved run can tell which way); legs changed with no
-real run showing the new legs pass; a larger time budget; wider accepted exit codes; a saved run that
-now fails, that was removed, or that the re-check refuses. Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is
-safe. The classification is pure: the facts about the saved run come in as `SavedRun`.
+removed, disabled, demoted to a warning or given a new `when:` (or one false in every mode); a gate
+whose bound moved the lenient way (or moved so that neither the spec nor the saved run can tell which
+way), or that no longer reads the run (a `let:` pinned to a constant); legs changed with no real run
+showing the new legs pass; a larger time budget; a leg timeout below what the saved run's leg took;
+wider accepted exit codes; a saved run that now fails, that was removed, or that the re-check refuses.
+Everything else (a check added, a bound tightened, a reworded `why`, reformatted YAML) is safe. The
+classification is pure: the facts about the saved run come in as `SavedRun`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Iterable, Mapping
 
-from engine.diff.model import ABSENT, Change, Report
+from engine.diff.model import ABSENT, Change, ModeDiff, Report
 from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import LOOSENED, NUMBERS, RUN, SPEC, UNKNOWN, Shift
 from engine.text import argv_delta, code, scalar_list
@@ -36,6 +38,11 @@ WHY_RISKY: dict[str, str] = {
     "evidence removed": "without a saved run, nothing re-checks the spec's gates on real data",
     "saved run refused": "a saved run that `engine check` refuses re-checks nothing: the spec's gates are "
     "not seen on real data",
+    "gate pinned to a constant": "a value pinned to a constant is the same on every run: the gate no longer "
+    "looks at what the run did",
+    "gate never runs": "a gate whose `when` is false in every mode is SKIPPED on every run: it can fail none",
+    "time limit under the saved run": "the saved run could no longer pass as it ran: the new limit stops it "
+    "before it ends, so no real run shows that the spec's legs fit in it",
 }
 # Step fields that only bound how long a leg may take (the budget answers for those).
 _TIME_FIELDS = ("run.timeout_s", "run.grace_s")
@@ -69,6 +76,9 @@ class SavedRun:
     refused: list[str] = dc_field(default_factory=list)  # why it does not describe the new spec's legs
     failing: list[str] | None = None  # gates/legs failing on it under the new spec (None: not judged)
     failing_at_base: list[str] | None = None  # ... under the base spec on the base's saved run
+    # Time limits this change set below, or close to, what the saved run took (saved_run.TimeCut).
+    cuts: list[Any] = dc_field(default_factory=list)
+    run_label: str = ""  # `run 2026-12-01T02:27 (smoke)`
 
 
 def _gate(check: Any) -> bool:
@@ -125,12 +135,25 @@ def _shift_risks(
     flagged: set[str],
     spec: str,
     run_label: str | None,
+    pinned_at: Mapping[str, str],
 ) -> list[Risk]:
     out: list[Risk] = []
     for name, s in shifts.items():
         if name not in gates or name in flagged:
             continue
-        if s.verdict == LOOSENED:
+        if s.pins:  # what it compares is a constant now: that, not which way a bound moved, is the news
+            out.append(
+                Risk(
+                    "gate pinned to a constant",
+                    spec,
+                    name,
+                    f"gate {code(name)}: {'; '.join(s.pins)}",
+                    pinned_at.get(name) or where.get(name, ""),
+                    [mode],
+                    rank=[RUN, NUMBERS, SPEC].index(s.basis),
+                )
+            )
+        elif s.verdict == LOOSENED:
             on = {
                 RUN: f" on {run_label}",
                 NUMBERS: f" (with the numbers of {run_label})",
@@ -160,6 +183,16 @@ def _shift_risks(
                     rank=[RUN, NUMBERS, SPEC].index(s.basis),
                 )
             )
+    return out
+
+
+def _pin_places(changes: Iterable[Change]) -> dict[str, str]:
+    """Check -> where a pin is written: its changed `let:` line, else its changed expression's."""
+    out: dict[str, str] = {}
+    ordered = sorted(changes, key=lambda c: not c.field.startswith("let."))  # the lets first
+    for c in ordered:
+        if c.section == "checks" and c.where and (c.field.startswith("let.") or c.field == "expr"):
+            out.setdefault(c.subject, c.where)
     return out
 
 
@@ -215,9 +248,12 @@ def assess(
     saved: SavedRun,
     gates_by_mode: Mapping[str, set[str]],
     where_by_mode: Mapping[str, Mapping[str, str]],
+    never: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[Risk]:
     """Every risky change of one spec. `gates_by_mode`: mode -> the names of its gate checks in the NEW
-    spec; `where_by_mode`: mode -> check -> file:line."""
+    spec; `where_by_mode`: mode -> check -> file:line; `never`: gate -> (why, where) for each gate this change
+    left with a `when` false in every mode."""
+    never = never or {}
     risks: list[Risk] = []
     leg_changes: dict[str, list[Change]] = {}
     if report.status == "new":  # a spec new since the base weakens nothing; its saved run may fail it
@@ -253,9 +289,15 @@ def assess(
             continue
         changes = report.raw_modes.get(md.mode, [])
         gates = gates_by_mode.get(md.mode, set())
-        found = _check_changes(md.mode, changes, spec, gates)
+        # A gate that never runs is said as that, not as the `when` it was given.
+        found = [r for r in _check_changes(md.mode, changes, spec, gates) if r.subject not in never]
+        found += [
+            Risk("gate never runs", spec, n, f"gate {code(n)}: {w}", at, [md.mode])
+            for n, (w, at) in never.items()
+            if n in gates
+        ]
         risks += found
-        flagged = {r.subject for r in found if r.kind in ("gate demoted", "gate disabled")}
+        flagged = {r.subject for r in found if r.kind in ("gate demoted", "gate disabled", "gate never runs")}
         shifts = dict(md.shifts)
         if report.evidence is not None and report.evidence.mode == md.mode:
             # The saved run's verdict replaces the spec-only one for the checks it could answer.
@@ -273,24 +315,13 @@ def assess(
             flagged,
             spec,
             run_label,
+            _pin_places(changes),
         )
         exit_risks, legs = _step_risks(md.mode, changes, spec)
         risks += exit_risks
         if legs:
             leg_changes[md.mode] = legs
-        b = md.budget
-        if b is not None and b.old_budget is not None and (b.new_budget is None or b.new_budget > b.old_budget):
-            new = "none" if b.new_budget is None else f"{b.new_budget:g} s"
-            risks.append(
-                Risk(
-                    "budget raised",
-                    spec,
-                    "budget_s",
-                    f"budget_s {b.old_budget:g} s -> {new}",
-                    _budget_where(report),
-                    [md.mode],
-                )
-            )
+        risks += _budget_risks(md, report, spec)
     if leg_changes:
         risks += _leg_risks(leg_changes, spec, saved)
     elif saved.renewed and saved.refused:  # a new bundle committed that does not describe this spec
@@ -308,11 +339,14 @@ def assess(
     return merge_modes(risks)
 
 
-def _budget_where(report: Report) -> str:
-    for c in report.spec_changes:
-        if c.subject == "budget_s":
-            return c.where
-    return ""
+def _budget_risks(md: ModeDiff, report: Report, spec: str) -> list[Risk]:
+    """A budget raised (or removed) in this mode."""
+    b = md.budget
+    if b is None or b.old_budget is None or (b.new_budget is not None and b.new_budget <= b.old_budget):
+        return []
+    new = "none" if b.new_budget is None else f"{b.new_budget:g} s"
+    where = next((c.where for c in report.spec_changes if c.subject == "budget_s"), "")
+    return [Risk("budget raised", spec, "budget_s", f"budget_s {b.old_budget:g} s -> {new}", where, [md.mode])]
 
 
 def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedRun) -> list[Risk]:
@@ -343,8 +377,22 @@ def _leg_risks(leg_changes: Mapping[str, list[Change]], spec: str, saved: SavedR
     ]
 
 
+def limit_phrase(cut: Any, saved: SavedRun) -> str:
+    """`leg `leg1`'s timeout 1200 s -> 3 s (`t_leg1`), and the saved run's leg1 took 13.3 s (...)`."""
+    old = "none" if cut.old is None else f"{cut.old:g} s"
+    via = f" ({code(cut.value)})" if cut.value else ""
+    return (
+        f"leg {code(cut.subject)}'s timeout {old} -> {cut.new:g} s{via}, and the saved run's {cut.subject} "
+        f"took {cut.seconds:.1f} s ({saved.run_label}, {saved.label})"
+    )
+
+
 def _saved_run_risks(spec: str, saved: SavedRun) -> list[Risk]:
-    out: list[Risk] = []
+    out: list[Risk] = [
+        Risk("time limit under the saved run", spec, c.subject, limit_phrase(c, saved), c.where, [c.mode])
+        for c in saved.cuts
+        if c.below
+    ]
     if saved.mode is None and saved.at_base:
         out.append(Risk("evidence removed", spec, saved.label, f"{saved.label} removed", ""))
     if saved.failing:
@@ -371,7 +419,7 @@ def merge_modes(risks: list[Risk]) -> list[Risk]:
     for r in risks:
         key = (
             (r.kind, r.spec, r.subject, r.where)
-            if r.kind in ("gate loosened", "gate rewritten")
+            if r.kind in ("gate loosened", "gate rewritten", "gate pinned to a constant")
             else (r.kind, r.spec, r.subject, r.what, r.where)
         )
         if key not in out:

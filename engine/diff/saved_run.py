@@ -17,7 +17,7 @@ from engine.expr import functions
 from engine.judge.checks import evaluate
 from engine.judge.recheck import replan
 from engine.spec.plan import step_definition
-from engine.spec.values import PER_RUN_BUILTINS
+from engine.spec.values import PER_RUN_BUILTINS, refs
 from engine.text import argv_delta
 
 # Fields of a step that only bound how long it may take: a run that finished within both the old and
@@ -27,7 +27,7 @@ _TIME_FIELDS = ("run.timeout_s", "run.grace_s")
 _HARVESTED = ("harvest", "harvest_errors", "failure_lines", "progress", "lines", "tail")
 
 
-def _run_label(ev: Mapping[str, Any]) -> str:
+def run_label(ev: Mapping[str, Any]) -> str:
     started = str(ev.get("started_at") or "")
     stamp = started[:16] if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d", started) else (started or "?")
     return f"run {stamp} ({ev.get('mode', '?')})"
@@ -199,7 +199,7 @@ def review_evidence(
     checks: list[CheckReview] = []
     if mode not in new.plans:
         notes.append(f"the run's mode `{mode}` is not in the new spec: nothing to compare")
-        return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
+        return EvidenceReview(run_dir, run_label(ev), mode, notes, checks)
     old_plan, new_plan = old.plans.get(mode), new.plans[mode]
     memo = {} if memo is None else memo
     old_run, new_run = replan_quietly(old.spec, ev, memo), replan_quietly(new.spec, ev, memo)
@@ -319,8 +319,86 @@ def review_evidence(
         reasons = blockers_of(check)
         if reasons:
             checks.append(CheckReview(name, "affected", reasons, where=new.shown(_where(check))))
-    return EvidenceReview(run_dir, _run_label(ev), mode, notes, checks)
+    return EvidenceReview(run_dir, run_label(ev), mode, notes, checks)
 
 
 def _where(check: Mapping[str, Any] | None) -> str:
     return f"{check['file']}:{check['line']}" if check and check.get("file") else ""
+
+
+# ---------------------------------------------------------------- time limits against what the run took
+
+# A new limit under this many times what the saved run took is noted as tight (not risky): a run a
+# little slower than the saved one (another machine, a busier Hub) would be stopped.
+TIGHT = 1.5
+
+
+@dataclass
+class TimeCut:
+    """A leg timeout this change set below (or close to) what the saved run's leg took."""
+
+    subject: str  # the leg
+    seconds: float  # what the saved run's leg took
+    old: float | None  # the timeout the run had under the old spec (None: unknown)
+    new: float  # under the new spec
+    value: str | None  # the value the limit is written as (`${t_leg1}` -> `t_leg1`)
+    where: str  # file:line of the change: the value's when it is templated from one
+    mode: str
+
+    @property
+    def below(self) -> bool:
+        """The saved run, as it ran, would have been stopped by the new limit."""
+        return self.new < self.seconds
+
+
+def _limit(plan: Any, leg: str) -> float | None:
+    for step in plan.steps if plan is not None else []:
+        if step["name"] == leg and step["kind"] == "run":
+            return step["run"]["timeout_s"]
+    return None
+
+
+def _finished(rec: Mapping[str, Any]) -> float | None:
+    """The seconds a leg of the saved run took, when it ran to its end (not stopped by its timeout)."""
+    seconds = rec.get("seconds")
+    if rec.get("kind", "run") != "run" or rec.get("rc") is None or rec.get("timed_out"):
+        return None
+    return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+
+
+def _timeout_where(report: Report, new: Side, mode: str, leg: str) -> tuple[str | None, str]:
+    """(the value a leg's timeout is written as, the file:line of the change): the value's line when the
+    value moved, else the step field's."""
+    changes = report.raw_modes.get(mode, [])
+    index = next((i for i, s in enumerate(new.data.get("steps") or []) if s.get("name") == leg), None)
+    raw = ((new.data.get("steps") or [])[index].get("run") or {}).get("timeout_s") if index is not None else None
+    names = refs(raw) if isinstance(raw, str) else []
+    value = names[0] if len(names) == 1 and raw.strip() == f"${{{names[0]}}}" else None
+    for c in changes:
+        if value is not None and c.section == "values" and c.subject == value and c.where:
+            return value, c.where
+    for c in changes:
+        if c.section == "steps" and c.subject == leg and c.field == "run.timeout_s" and c.where:
+            return value, c.where
+    return value, new.place(("steps", index, "run", "timeout_s")) if index is not None else ""
+
+
+def time_cuts(report: Report, old: Side, new: Side, ev: Mapping[str, Any], memo: dict | None = None) -> list[TimeCut]:
+    """Every leg timeout this change moved below TIGHT times what the saved run's leg took, in the run's
+    mode, each side planned as the run was (its overrides)."""
+    mode = str(ev.get("mode"))
+    if mode not in new.plans:
+        return []
+    old_plan = replan_quietly(old.spec, ev, memo) or old.plans.get(mode)
+    new_plan = replan_quietly(new.spec, ev, memo) or new.plans[mode]
+    out: list[TimeCut] = []
+    for leg, rec in (ev.get("steps") or {}).items():
+        seconds = _finished(rec) if isinstance(rec, Mapping) else None
+        before, after = _limit(old_plan, leg), _limit(new_plan, leg)
+        if seconds is None or after is None or after == before or after >= TIGHT * seconds:
+            continue
+        value, where = _timeout_where(report, new, mode, leg)
+        out.append(TimeCut(leg, seconds, before, after, value, where, mode))
+    # `budget_s` needs no rule of its own: `engine validate` holds it above every leg's timeout plus
+    # grace, so a budget under what the run took comes with a timeout under it, said above.
+    return out

@@ -112,6 +112,9 @@ class Shift:
     # (operand values from a saved run of other legs: they place the bounds, the outcomes decide
     # nothing and are not kept), SPEC (the spec's values alone).
     basis: str = "spec"
+    # What read the run before and now reads nothing of it, each in a phrase (`loss` is now the
+    # literal 1.0): a gate that compares a constant passes or fails every run alike.
+    pins: list[str] = dc_field(default_factory=list)
 
     @property
     def on_run(self) -> bool:
@@ -524,4 +527,78 @@ def shift(
         elif verdict == UNKNOWN and outcomes[0] == outcomes[1]:
             why = f"{outcomes[0]} on this run before and after; {why}"
     basis = (RUN if settle else NUMBERS) if on_run else SPEC
-    return Shift(verdict, why, moves, *outcomes, retarget=retarget and verdict == UNKNOWN, basis=basis)
+    pinned = pins(old, new, new_values or {})
+    return Shift(verdict, why, moves, *outcomes, retarget=retarget and verdict == UNKNOWN, basis=basis, pins=pinned)
+
+
+# ---------------------------------------------------------------- what no longer reads the run
+
+# Roots of the evidence a run writes; `values`, `mode` and `spec` are the spec's, the same on every run.
+_RUN_ROOTS = ("steps", "state")
+
+
+def _reads_run(text: Any, lets: Mapping[str, str], depth: int = 0) -> bool:
+    """Whether an expression reads anything a run wrote (through the `let:` names it reads too); an
+    expression that cannot be read counts as reading the run (nothing is claimed of it)."""
+    parsed = _parsed(text) if isinstance(text, str) else None
+    if parsed is None or depth > 20:
+        return True
+    stack = [parsed]
+    while stack:  # `@` at the top reads the whole document
+        node = stack.pop()
+        if node.get("type") == "current":
+            return True
+        kids = [k for k in node.get("children") or [] if isinstance(k, dict)]
+        if node.get("type") == "expref":
+            continue
+        # What a projection or a pipe applies to its left side's results is not read from the root.
+        scoped = node.get("type") in ("projection", "value_projection", "filter_projection", "pipe")
+        stack += kids[:1] if scoped else kids
+    for path in functions.root_paths(functions.compile_expr(text)):
+        if path[0] in _RUN_ROOTS:
+            return True
+        if path[0] == "let" and len(path) > 1 and path[1] in lets and _reads_run(lets[path[1]], lets, depth + 1):
+            return True
+    return False
+
+
+def _run_paths(check: Mapping[str, Any]) -> set[tuple[str, ...]]:
+    """The run's paths a check's expression and `let:` names read."""
+    out: set[tuple[str, ...]] = set()
+    for text in [check.get("expr"), *(check.get("let") or {}).values()]:
+        if isinstance(text, str) and _parsed(text) is not None:
+            out |= {p for p in functions.root_paths(functions.compile_expr(text)) if p[0] in _RUN_ROOTS}
+    return out
+
+
+def constant_text(text: str, values: Mapping[str, Any]) -> str:
+    """What an expression that reads no run is: `the literal 1.0`, or its value from the spec's values."""
+    parsed = _parsed(text)
+    if parsed is not None and parsed["type"] == "literal":
+        return f"the literal {json.dumps(parsed['value'])}"
+    value = _static(parsed, values) if parsed is not None else ABSENT
+    shown = code(_short(text, 80))
+    return (
+        f"{shown}, which reads no run" if value is ABSENT else f"{shown}, the spec's {compact(value, 60)} on every run"
+    )
+
+
+def pins(old: Mapping[str, Any], new: Mapping[str, Any], values: Mapping[str, Any]) -> list[str]:
+    """Each `let:` name that read the run and now reads nothing of it (`loss` is now the literal 1.0),
+    or else the whole expression, when it did and does not."""
+    lets_a, lets_b = old.get("let") or {}, new.get("let") or {}
+    read_before = _reads_run(old.get("expr"), lets_a)
+    # What the old check read of the run and the new one does not: a new name pins only what it replaced
+    # (`ceiling: values.loss_max` beside the run's loss pins nothing).
+    dropped = _run_paths(old) - _run_paths(new)
+    out = []
+    for name, text in lets_b.items():
+        before = lets_a.get(name)
+        if (before is not None and _same_expr(before, text)) or _reads_run(text, lets_b):
+            continue
+        if bool(dropped) if before is None else _reads_run(before, lets_a):
+            was = f" (it was {code(_short(before, 80))})" if isinstance(before, str) else ""
+            out.append(f"{code(name)} is now {constant_text(text, values)}{was}")
+    if not out and read_before and not _reads_run(new.get("expr"), lets_b):
+        out.append(f"it no longer reads the run: its expression is {constant_text(new['expr'], values)}")
+    return out

@@ -19,7 +19,7 @@ import jmespath
 from jmespath.visitor import TreeInterpreter
 
 from engine.expr.functions import evaluation
-from engine.text import compact
+from engine.text import compact, compact_pair
 
 NOT_EVALUATED = "not evaluated"
 MISSING = "missing"
@@ -413,22 +413,45 @@ def trace(
         # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error.
         missing = [path_text(p) for p in tracer.missing]
         exc.missing = missing  # type: ignore[attr-defined]
-        exc.explain = _pairs(tracer, watch, missing, named)  # type: ignore[attr-defined]
+        exc.explain = _pairs(tracer, watch, missing, named, parsed)  # type: ignore[attr-defined]
         raise
     missing = [path_text(p) for p in tracer.missing]
-    return value, missing, _pairs(tracer, watch, missing, named)
+    return value, missing, _pairs(tracer, watch, missing, named, parsed)
 
 
-def _pairs(tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None) -> list[list[str]]:
+def _differences(parsed: dict, seen: dict[int, Any]) -> dict[str, str]:
+    """Operand text -> its value cut around where it differs from the other side of its comparison,
+    for every comparison of two long values that differ: cut at their start, two maps of hashes
+    would show the same first hashes and never the one that differs."""
+    out: dict[str, str] = {}
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        kids = [k for k in node.get("children") or [] if isinstance(k, dict)]
+        stack += kids
+        if node["type"] != "comparator" or len(kids) != 2 or not all(id(k) in seen for k in kids):
+            continue
+        left, right = (seen[id(k)] for k in kids)
+        if left != right and isinstance(left, (dict, list, str)) and isinstance(right, (dict, list, str)):
+            shown = compact_pair(left, right)
+            for kid, text in zip(kids, shown):
+                out.setdefault(unparse(kid), text)
+    return out
+
+
+def _pairs(
+    tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None, parsed: dict | None = None
+) -> list[list[str]]:
+    cut = _differences(parsed, tracer.seen) if parsed is not None and watch else {}
     pairs: list[list[str]] = []
     for n in watch:  # a sub-expression written twice has one value: shown once
         text = unparse(n)
         if all(p[0] != text for p in pairs):
-            pairs.append([text, _shown(tracer.seen, n, text, missing)])
+            pairs.append([text, cut.get(text) or _shown(tracer.seen, n, text, missing)])
     if named is None:
         return pairs
     # Each named value once, first: a reviewer reads the names, then how the expression used them.
-    head = [[f"let.{name}", _let_shown(named, name)] for name in named.texts]
+    head = [[f"let.{name}", cut.get(f"let.{name}") or _let_shown(named, name)] for name in named.texts]
     shown = {text for text, _ in head}
     return head + [p for p in pairs if p[0] not in shown]
 

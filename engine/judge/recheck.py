@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,10 @@ from engine.judge.verdict import derive_statuses, judge
 from engine.run import evidence
 from engine.run.output import reharvest
 from engine.secrets import REDACTED, Scrubber, redact
-from engine.spec.load import Spec
+from engine.spec.load import Spec, display_path
 from engine.spec.plan import Plan, build_plan, run_stamp, step_definition
 from engine.spec.values import PER_RUN_BUILTINS
-from engine.text import argv_delta, compact, scalar_list
+from engine.text import argv_delta, compact_pair, scalar_list
 from engine.types import CheckResult, Verdict
 
 _ABSENT = "<absent>"
@@ -57,28 +59,12 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
 
 
-def _shown_pair(old: Any, new: Any, limit: int = 100) -> tuple[str, str]:
-    """Both sides cut to `limit`, around their first difference: cut at the same place, two long
-    values that differ near their end would read the same."""
-    a, b = compact(old, 10**9), compact(new, 10**9)
-    if len(a) <= limit and len(b) <= limit:
-        return a, b
-    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    start = max(at - limit // 3, 0)
-
-    def cut(text: str) -> str:
-        piece = text[start : start + limit]
-        return ("..." if start else "") + piece + ("..." if start + limit < len(text) else "")
-
-    return cut(a), cut(b)
-
-
 def describe_change(key: str, old: Any, new: Any) -> str:
     """One changed field of a step: a command line as the tokens that moved (as `engine diff`
     shows it), anything else as its old and new values around where they differ."""
     if scalar_list(old) and scalar_list(new):
         return f"{key}: {argv_delta(old, new)}"
-    a, b = _shown_pair(old, new)
+    a, b = compact_pair(old, new, 100)
     return f"{key}: {a} -> {b}"
 
 
@@ -111,7 +97,7 @@ def value_change_lines(changes: list[tuple[str, Any, Any]]) -> list[str]:
     """`loss_ceiling: run had 6.0, spec has 0.01`, one per changed value."""
     lines = []
     for name, old, new in changes:
-        a, b = _shown_pair(old, new, 80)
+        a, b = compact_pair(old, new, 80)
         a = "no such value" if old is _ABSENT else a
         b = "no such value" if new is _ABSENT else b
         lines.append(f"{name}: run had {a}, spec has {b}")
@@ -336,17 +322,70 @@ def recheck(
         note(text)
     results, verdict = judge(plan, doc)
     kind = "replay" if replay else "check"
+    # What every report says first: this is a re-check, when, of which spec, with which values moved
+    # (set here whatever the saved document holds under that name).
+    doc["rechecked"] = {
+        "kind": kind,
+        "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "spec": spec_label,
+        "revision": spec_revision(spec),
+        "values_changed": [
+            {"name": n, **({"run": a} if a is not _ABSENT else {}), **({"spec": b} if b is not _ABSENT else {})}
+            for n, a, b in values
+        ],
+    }
+    if store:
+        _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, note)
+    return Recheck(doc, results, verdict)
+
+
+def _store(
+    run_dir: Path,
+    kind: str,
+    spec_label: str,
+    results: list[CheckResult],
+    verdict: Verdict,
+    doc: Mapping[str, Any],
+    values: list[tuple[str, Any, Any]],
+    corrected: list[str],
+    note: Callable[[str], None],
+) -> None:
+    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence; a run dir that cannot be
+    written to costs a note, never the answer."""
     record = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
+    record["spec_revision"] = doc["rechecked"]["revision"]
     if values:
         record["values_changed"] = [{"name": n, "run": a, "spec": b} for n, a, b in values]
     if corrected:
         record["status_corrected"] = corrected
-    if replay:
+    if kind == "replay":
         record["steps"] = doc.get("steps")
-    if not store:
-        return Recheck(doc, results, verdict)
     try:
         write_record(run_dir, kind, record)
-    except OSError as exc:  # a read-only run dir must not cost the answer
+    except OSError as exc:
         note(f"could not write the {kind} record in {run_dir}: {exc.strerror or exc}")
-    return Recheck(doc, results, verdict)
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    """`git ARGS` in `cwd`: its output, or None when git is missing, fails or takes too long."""
+    try:
+        # No fsmonitor hook: a repository's config must not run a program because a spec was re-checked.
+        proc = subprocess.run(
+            ["git", "-c", "core.fsmonitor=false", *args], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def spec_revision(spec: Spec) -> dict[str, Any]:
+    """Which spec judged: `{"git": commit, "dirty": bool, ...}` when the spec file is in a git work tree
+    (`dirty`: it or a file it extends or includes differs from that commit), else the spec file's
+    sha256 alone; both with `path` and `sha256` of the spec file, and `files` (each file's sha256)."""
+    where = Path(spec.path).resolve().parent
+    found = {"path": display_path(spec.path), "sha256": spec.sha256, "files": dict(spec.files)}
+    head = _git(["rev-parse", "--verify", "-q", "HEAD"], where)
+    status = _git(["status", "--porcelain", "--", *(str(Path(f).resolve()) for f in spec.files)], where)
+    if not head or not head.strip() or status is None:
+        return found
+    return {"git": head.strip(), "dirty": bool(status.strip()), **found}

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from engine.show import svg
 from engine.show.plots import Figure
-from engine.show.report import _shown, _step_rows, explain_lines, verdict_line
+from engine.show.report import _shown, _step_rows, explain_lines, recheck_header, value_change, verdict_line
 
 _FAILING = ("FAIL", "NO_DATA", "ERROR")
 _STYLE = """
@@ -31,7 +31,8 @@ table { border-collapse: collapse; width: 100%; font-size: 13px; }
 th, td { text-align: left; vertical-align: top; border-bottom: 1px solid #ddd; padding: 4px 6px; }
 td.name { font-family: monospace; white-space: nowrap; } td.value { font-family: monospace; word-break: break-all; }
 .why { color: #555; font-family: sans-serif; white-space: normal; font-size: 12px; }
-pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }
+pre { background: #f6f6f6; padding: 8px; font-size: 12px; white-space: pre-wrap; overflow-wrap: anywhere; }
+.recheck { background: #fff4d6; border-left: 4px solid #ef6c00; padding: 6px 10px; font-size: 13px; }
 figure { margin: 16px 0 24px; } figcaption { font-size: 13px; color: #333; margin-bottom: 6px; }
 svg.plot { display: block; border: 1px solid #ddd; }
 ul.notes { font-size: 12px; color: #6d4c00; margin: 6px 0 0; }
@@ -102,6 +103,9 @@ def render(
         f'<p class="meta">{escape(" · ".join(meta))}</p>',
         f'<p class="meta"><code>{escape(verdict_line(name, verdict))}</code></p>',
     ]
+    recheck = recheck_header(evidence)
+    if recheck is not None:
+        out.append(f'<p class="recheck" id="recheck">{escape(recheck)}</p>')
     if verdict.get("message"):
         out.append(f"<p><strong>{escape(verdict['message'])}</strong></p>")
     out.append("</header>")
@@ -154,16 +158,34 @@ def render(
             f"<pre>{escape(chr(10).join(str(x) for x in lines))}</pre>"
         )
     out += ["</section>"]
-    values = evidence.get("values") or {}
-    if values:
-        out += [
-            '<section id="values">',
-            "<h2>Values</h2>",
-            "<details><summary>every value of the run "
-            f"({len(values)})</summary><pre>"
-            + escape("\n".join(f"{k} = {json.dumps(v, default=str)}" for k, v in values.items()))
-            + "</pre></details>",
-            "</section>",
-        ]
+    out += _values(evidence)
     out += ["</body>", "</html>"]
     return "\n".join(out) + "\n"
+
+
+def _values(evidence: Mapping[str, Any]) -> list[str]:
+    """The values section: the run's own, or for a re-check the spec's now with each one the re-check
+    changed shown as the run's -> now (the values the checks read are not the run's)."""
+    values = evidence.get("values") or {}
+    info = evidence.get("rechecked") if isinstance(evidence.get("rechecked"), Mapping) else None
+    changed = {str(i.get("name")): i for i in (info or {}).get("values_changed") or []}
+    if not values and not changed:
+        return []
+    lines = []
+    for k, v in values.items():
+        shown = " -> ".join(value_change(changed[k])) if k in changed else json.dumps(v, default=str)
+        lines.append(f"{k} = {shown}")
+    lines += [f"{k} = {' -> '.join(value_change(i))}" for k, i in changed.items() if k not in values]
+    summary = (
+        f"every value the checks read ({len(lines)}): the spec's now, {len(changed)} changed since the run (run -> now)"
+        if info is not None
+        else f"every value of the run ({len(values)})"
+    )
+    return [
+        '<section id="values">',
+        "<h2>Values</h2>",
+        f"<details{' open' if changed else ''}><summary>{escape(summary)}</summary><pre>"
+        + escape("\n".join(lines))
+        + "</pre></details>",
+        "</section>",
+    ]

@@ -10,7 +10,9 @@ every `line` is a list of y values, one per x on a shared axis, with no gap and 
 - a series with a gap, or one that covers only part of the axis with nothing to join it to, is
   left out of the chart with a note (the HTML report draws it);
 - a horizontal marker is a constant line; a vertical one is named in the x axis title.
-The numbers are the evidence's, written out in full (Mermaid's grammar reads no exponents).
+The y values are rounded to 5 significant digits (a chart shows no more, and 17-digit floats make its
+source unreadable), written without exponents (Mermaid's grammar reads none); the x values and the
+markers' x are exact, and the SVG (engine/show/svg.py) keeps every number as the evidence has it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ def plain(v: Number) -> str:
     if "e" in text or "E" in text:
         text = format(Decimal(text), "f")
     return text
+
+
+# Significant digits of a y value in the chart.
+Y_DIGITS = 5
+
+
+def rounded(v: Number) -> str:
+    """A y value as the chart draws it: a float to Y_DIGITS significant digits, an int as it is."""
+    return plain(float(f"{v:.{Y_DIGITS}g}")) if isinstance(v, float) else plain(v)
 
 
 def _quoted(text: str) -> str:
@@ -107,27 +118,34 @@ def block(figure: Figure) -> str | None:
     ]
     for chain, values in drawn:
         label = " + ".join(s.label for s in chain)
-        out.append(f"    line {_quoted(label)} [{', '.join(plain(v) for v in values)}]")
+        out.append(f"    line {_quoted(label)} [{', '.join(rounded(v) for v in values)}]")
     for m in figure.markers:
         if m.axis == "y":
             for v in m.at:
-                out.append(f"    line {_quoted(m.label)} [{', '.join(plain(v) for _ in axis)}]")
+                out.append(f"    line {_quoted(m.label)} [{', '.join(rounded(v) for _ in axis)}]")
     return "\n".join(out)
 
 
 def markdown(figure: Figure, heading: str = "####") -> str:
-    """The figure for a Markdown report: a heading, the ```mermaid block, then what a reader of
-    the chart must know (which line is which, markers, gaps and missing data)."""
+    """The figure for a Markdown report: a heading, what to look for, then `chart`."""
     out = [f"{heading} {figure.title}", ""]
     if figure.why:
         out += [" ".join(figure.why.split()), ""]
+    return "\n".join(out) + "\n" + chart(figure)
+
+
+def chart(figure: Figure) -> str:
+    """The ```mermaid block, then what a reader of the chart must know: which x of each line is which
+    series (`line 1: leg 1 at step 1-120, then leg 2 at step 121-180`), markers, gaps, missing data."""
+    out = []
     source = block(figure)
     _, drawn, left_out = lines(figure)
     if source:
         out += ["```mermaid", source, "```", ""]
+    x_name = figure.x_label or "x"
     legend = []
     for n, (chain, _) in enumerate(drawn if source else [], 1):
-        parts = [f"{s.label} (x {_range_text([x for x, _ in s.points])})" for s in chain]
+        parts = [f"{s.label} at {x_name} {_range_text([x for x, _ in s.points])}" for s in chain]
         legend.append(f"line {n}: " + ", then ".join(parts))
     n = len(drawn)
     for m in figure.markers:
@@ -135,9 +153,9 @@ def markdown(figure: Figure, heading: str = "####") -> str:
             for v in m.at:
                 n += 1
                 legend.append(
-                    f"line {n}: {m.label} at {plain(v)} (a marker)"
+                    f"line {n}: {m.label} at {rounded(v)} (a marker)"
                     if source
-                    else f"marker at y = {plain(v)}: {m.label}"
+                    else f"marker at y = {rounded(v)}: {m.label}"
                 )
         elif m.at:
             legend.append(f"marker at x = {', '.join(plain(v) for v in m.at)}: {m.label}")

@@ -14,6 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from engine.text import compact_pair
+
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
 # would make the whole JUnit file unparsable.
 _NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -58,6 +60,49 @@ def _where(result: Mapping[str, Any]) -> str:
     if result.get("file"):
         return f"{result['file']}:{result.get('line') or '?'}"
     return ""
+
+
+def revision_text(revision: Mapping[str, Any]) -> str:
+    """`git 49a2d45c1a2b`, `git 49a2d45c1a2b with uncommitted changes (spec sha256 ...)` or
+    `sha256 ... (not in a git work tree)`: which spec a re-check used, said with what identifies it."""
+    sha = str(revision.get("sha256") or "?")[:12]
+    if revision.get("git"):
+        commit = str(revision["git"])[:12]
+        return (
+            f"git {commit} with uncommitted changes (spec sha256 {sha})" if revision.get("dirty") else f"git {commit}"
+        )
+    return f"sha256 {sha} of {Path(str(revision.get('path') or '?')).name} (not in a git work tree)"
+
+
+def value_change(item: Mapping[str, Any]) -> tuple[str, str]:
+    """A changed value as (the run's, the spec's now), each cut around where they differ."""
+    run, now = compact_pair(item.get("run"), item.get("spec"), 80)
+    return ("no such value" if "run" not in item else run), ("no such value" if "spec" not in item else now)
+
+
+def recheck_header(evidence: Mapping[str, Any]) -> str | None:
+    """`re-checked at T against the spec at REV, N values changed (the run started S)`, or None when
+    the evidence is a run's own, not a re-check of it."""
+    info = evidence.get("rechecked")
+    if not isinstance(info, Mapping):
+        return None
+    changed = info.get("values_changed") or []
+    verb = "replayed (logs re-harvested) and re-checked" if info.get("kind") == "replay" else "re-checked"
+    count = f"{len(changed)} value{'' if len(changed) == 1 else 's'} changed"
+    started = str(evidence.get("started_at") or "")
+    started = f" (the run started {started[:19]}Z)" if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", started) else ""
+    return (
+        f"{verb} at {info.get('at')} against the spec at {revision_text(info.get('revision') or {})}, {count}{started}"
+    )
+
+
+def recheck_lines(evidence: Mapping[str, Any]) -> list[str]:
+    """The header, then one `name: run 6.0 -> now 4.0` line per changed value; [] for a run's own report."""
+    head = recheck_header(evidence)
+    if head is None:
+        return []
+    changed = (evidence.get("rechecked") or {}).get("values_changed") or []
+    return [head] + [f"  {item.get('name')}: run {' -> now '.join(value_change(item))}" for item in changed]
 
 
 def verdict_line(name: str, verdict: Mapping[str, Any]) -> str:
@@ -114,7 +159,8 @@ def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     )
     width = max([len(r[0]) for r in rows] + [5])
     mark_width = max([len(r[1]) for r in rows] + [7])
-    lines = [f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason"]
+    lines = recheck_lines(evidence)
+    lines.append(f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason")
     by_name = {r["name"]: r for r in results}
     for name, mark, shown in rows:
         lines.append(f"{name.ljust(width)}  {mark.ljust(mark_width)}  {shown}".rstrip())
@@ -148,6 +194,7 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     name = _spec_name(evidence)
     suite = ET.Element("testsuite", name=name)
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    _recheck_properties(suite, evidence)
 
     def case(classname: str, case_name: str, seconds: Any) -> ET.Element:
         counts["tests"] += 1
@@ -209,6 +256,23 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("", text) + "\n"
 
 
+def _recheck_properties(suite: ET.Element, evidence: Mapping[str, Any]) -> None:
+    """A re-check says so in the suite's <properties>: when, which spec, each changed value run -> now."""
+    head = recheck_header(evidence)
+    if head is None:
+        return
+    info = evidence["rechecked"]
+    props = ET.SubElement(suite, "properties")
+    changed = info.get("values_changed") or []
+    for key, value in [
+        ("rechecked", head),
+        ("rechecked_at", info.get("at")),
+        ("spec_revision", revision_text(info.get("revision") or {})),
+        ("values_changed", len(changed)),
+    ] + [(f"value.{item.get('name')}", " -> ".join(value_change(item))) for item in changed]:
+        ET.SubElement(props, "property", name=str(key), value=str(value))
+
+
 # ---------------------------------------------------------------- Markdown
 
 
@@ -227,6 +291,16 @@ def markdown(
         f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
     )
     lines = [head, ""]
+    recheck = recheck_header(evidence)
+    if recheck is not None:
+        changed = evidence["rechecked"].get("values_changed") or []
+        lines += [f"> {recheck}", ""]
+        if changed:
+            lines += ["| value | the run had | the spec has now |", "|---|---|---|"]
+            lines += [
+                f"| `{_cell(i.get('name'))}` | {' | '.join(_cell(v) for v in value_change(i))} |" for i in changed
+            ]
+            lines.append("")
     if verdict.get("message"):
         lines += [f"> {verdict['message']}", ""]
     if verdict.get("failed"):

@@ -203,6 +203,21 @@ def test_explain_values_are_cut_at_240_chars():
     assert len(big) == 240 and big.endswith("...")
 
 
+def test_two_long_values_that_differ_are_cut_around_the_difference_so_the_hash_that_differs_reads_whole():
+    ev = _evidence()
+    files = {f"file{i}.bin": f"{i:x}" * 64 for i in range(6)}
+    stored = {**files, "file5.bin": "5" * 58 + "000000"}
+    ev["state"] = {"hub": {"pointer_files": files, "stored": stored}}
+    r = _one("state.hub.pointer_files == state.hub.stored", evidence=ev)
+    explain = dict(r["explain"])
+    pointer, read_back = explain["state.hub.pointer_files"], explain["state.hub.stored"]
+    assert r["outcome"] == "FAIL" and len(json.dumps(files)) > 240
+    # Both sides are cut at the same place, a little before the file whose hash differs, and show it whole.
+    assert pointer.endswith('"file5.bin":"' + "5" * 64 + '"}') and pointer.startswith("...")
+    assert read_back.endswith('"file5.bin":"' + "5" * 58 + '000000"}') and read_back.startswith("...")
+    assert pointer[:40] == read_back[:40] and len(pointer) <= 243
+
+
 def test_warn_severity_is_kept():
     assert _one("values.stop1 == `1`", severity="warn")["severity"] == "warn"
 

@@ -60,14 +60,15 @@ def test_a_core_install_brings_no_torch_and_no_hub_client(core: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_core_install_validates_plans_and_checks_the_shipped_specs(core: Path) -> None:
+def test_a_core_install_validates_plans_and_checks_the_shipped_specs(core: Path, tmp_path: Path) -> None:
     proc = engine(core, "validate", *SPECS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line for line in proc.stdout.splitlines() if line.startswith("OK ")] == [f"OK {s}" for s in SPECS]
     proc = engine(core, "plan", "specs/p4_soak.yaml")
     assert proc.returncode == 0 and "leg2" in proc.stdout, proc.stderr
     for stem in ("p4_smoke", "p4_soak", "p4_preempt"):
-        proc = engine(core, "check", f"specs/{stem}.yaml", "--evidence", f"evidence/{stem}")
+        run = shutil.copytree(ROOT / "evidence" / stem, tmp_path / stem)  # a check leaves its record beside the run
+        proc = engine(core, "check", f"specs/{stem}.yaml", "--evidence", str(run))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         assert f"VERDICT {stem} PASS" in proc.stdout
 

@@ -140,9 +140,22 @@ def test_mermaid_joins_legs_that_follow_each_other_into_one_line(monkeypatch):
         evidence["steps"]["leg1"]["harvest"]["run_json"]["losses"]
         | evidence["steps"]["leg2"]["harvest"]["run_json"]["losses"]
     )
-    assert mermaid_lines(block) == {"leg1 + leg2": [losses[str(s)] for s in range(1, 181)]}
+    # Each loss to 5 significant digits: the chart's source stays readable (the SVG keeps them exact).
+    assert mermaid_lines(block) == {"leg1 + leg2": [float(f"{losses[str(s)]:.5g}") for s in range(1, 181)]}
+    assert "6.2225, 6.2097, 6.1926" in block and "6.222527027130127" not in block
     assert 'x-axis "step (120: stop / cold resume)" 1 --> 180' in block
-    assert "line 1: leg1 (x 1-120), then leg2 (x 121-180)" in mermaid.markdown(loss)
+    assert "line 1: leg1 at step 1-120, then leg2 at step 121-180" in mermaid.markdown(loss)
+
+
+def test_mermaid_rounds_y_values_to_5_significant_digits_and_keeps_x_values_exact():
+    assert [mermaid.rounded(v) for v in (6.222527027130127, 1.0, 123456.789, 1.23456789e-07, 3, 262144)] == [
+        "6.2225",
+        "1.0",
+        "123460.0",
+        "0.00000012346",
+        "3",
+        "262144",
+    ]
 
 
 def test_markdown_report_ends_with_the_plots(probe):
@@ -227,10 +240,22 @@ def test_html_dash_prints_the_page_instead_of_the_table(tmp_path, monkeypatch, c
     strict_html(out)
 
 
+README_CHART = re.compile(r"(<!-- chart: [^>]*-->\n)(.*?)(<!-- end of chart -->)", re.S)
+
+
 def test_readme_shows_the_saved_soak_runs_loss_plot(monkeypatch):
-    """The README's Mermaid block is the renderer's output for evidence/p4_soak, not a drawing."""
+    """The README's Mermaid chart, and the lines under it, are the renderer's output for evidence/p4_soak,
+    not a drawing (SPECPROBE_UPDATE_GOLDEN=1 writes them there)."""
     monkeypatch.chdir(ROOT)
     evidence = json.loads((ROOT / "evidence" / "p4_soak" / "evidence.json").read_text())
     loss = for_spec(load_spec("specs/p4_soak.yaml"), evidence)[0]
-    readme = (ROOT / "README.md").read_text()
-    assert f"```mermaid\n{mermaid.block(loss)}\n```" in readme
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text()
+    found = README_CHART.search(readme)
+    assert found is not None, "README.md lost its chart markers"
+    if os.environ.get("SPECPROBE_UPDATE_GOLDEN"):
+        readme = readme[: found.start(2)] + mermaid.chart(loss) + readme[found.end(2) :]
+        readme_path.write_text(readme)
+        found = README_CHART.search(readme)
+    assert found.group(2) == mermaid.chart(loss)
+    assert "- line 1: leg1 at step 1-120, then leg2 at step 121-180" in found.group(2)

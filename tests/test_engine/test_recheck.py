@@ -4,11 +4,14 @@ outcome from its recorded exit code rather than a stored status string."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -142,7 +145,9 @@ def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(tmp_path: P
     r = engine("check", str(spec), "--evidence", "r", "--junit", "j.xml", cwd=tmp_path)
     assert r.returncode == Exit.FAILED, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith('VERDICT lossy FAIL ["step:leg1"]')
-    assert r.stdout.splitlines()[1].split()[:2] == ["step:leg1", "failed"]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("re-checked at ") and lines[1].startswith("check ")  # a re-check says so first
+    assert lines[2].split()[:2] == ["step:leg1", "failed"]
     assert "the evidence says status 'ok', but it recorded rc 3 (ok_exit_codes [0]): counted as failed" in r.stderr
 
 
@@ -160,3 +165,78 @@ def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(tmp_path: P
 )
 def test_run_status_comes_from_the_recorded_exit_code(record: dict, codes: list, status: str) -> None:
     assert run_status(record, codes) == status
+
+
+RECHECKED = re.compile(
+    r"re-checked at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ against the spec at (.+), (\d+) values? changed "
+    r"\(the run started \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)"
+)
+
+
+def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    r = engine("run", str(spec), "--run-dir", "r", "--markdown", "run.md", "--html", "run.html", cwd=tmp_path)
+    assert r.returncode == Exit.PASS
+    # A run's own reports are not re-checks.
+    assert "re-checked" not in (tmp_path / "run.md").read_text() + (tmp_path / "run.html").read_text() + r.stdout
+    write_spec(spec, ceiling="4.0")  # the run had 6.0: its loss 5.4 is over the new ceiling
+    r = engine(
+        "check",
+        str(spec),
+        "--evidence",
+        "r",
+        "--markdown",
+        "m.md",
+        "--html",
+        "h.html",
+        "--junit",
+        "j.xml",
+        cwd=tmp_path,
+    )
+    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+    sha = hashlib.sha256(spec.read_bytes()).hexdigest()  # the spec as it is now, not as it ran
+    lines = r.stdout.splitlines()
+    head = RECHECKED.fullmatch(lines[0])
+    assert head is not None, lines[0]
+    assert head.groups() == (f"sha256 {sha[:12]} of s.yaml (not in a git work tree)", "1")
+    assert lines[1] == "  ceiling: run 6.0 -> now 4.0"
+    md = (tmp_path / "m.md").read_text()
+    assert f"> {lines[0]}\n" in md and "| `ceiling` | 6.0 | 4.0 |" in md
+    page = (tmp_path / "h.html").read_text()
+    assert f'<p class="recheck" id="recheck">{lines[0]}</p>' in page
+    values = page[page.index('<section id="values">') :]
+    assert "ceiling = 6.0 -&gt; 4.0" in values and "ceiling = 4.0" not in values
+    props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "j.xml").getroot().find("properties")}
+    assert props["rechecked"] == lines[0] and props["values_changed"] == "1"
+    assert props["value.ceiling"] == "6.0 -> 4.0" and props["spec_revision"] == head.group(1)
+    (record,) = (tmp_path / "r").glob("check-*.json")
+    assert json.loads(record.read_text())["spec_revision"]["sha256"] == sha
+    replayed = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()
+    assert replayed[0].startswith("replayed (logs re-harvested) and re-checked at ") and replayed[1] == lines[1]
+
+
+def test_a_recheck_names_the_specs_git_commit_and_says_when_the_spec_differs_from_it(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "s.yaml"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "spec"], cwd=tmp_path, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
+    head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()[0])
+    assert head is not None and head.groups() == (f"git {commit[:12]}", "0")
+    write_spec(spec, ceiling="4.0")
+    head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()[0])
+    assert head is not None and head.group(2) == "1"
+    assert re.fullmatch(rf"git {commit[:12]} with uncommitted changes \(spec sha256 [0-9a-f]{{12}}\)", head.group(1))
+
+
+def test_a_rechecked_note_inside_the_saved_evidence_is_not_believed(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml")
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    path = tmp_path / "r" / "evidence.json"
+    doc = json.loads(path.read_text())
+    doc["rechecked"] = {"kind": "check", "at": "1999-01-01T00:00:00Z", "revision": {"git": "f" * 40}}
+    path.write_text(json.dumps(doc))
+    line = engine("check", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()[0]
+    assert RECHECKED.fullmatch(line) and "1999" not in line and "ffffff" not in line

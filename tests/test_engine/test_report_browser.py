@@ -8,6 +8,7 @@ so a broken install step cannot pass unnoticed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -76,3 +77,31 @@ def test_saved_soak_report_renders_in_chromium_with_its_plots_drawn(chromium, tm
     assert leg2[1] >= leg1[1] + leg1[3] - 1
     width, height = png_size(seen.png)
     assert width == 1100 and height > 3 * HEIGHT
+
+
+WRAPS = """[...document.querySelectorAll('pre')].map(pre => ({
+  section: pre.closest('section').id, scroll: pre.scrollWidth, client: pre.clientWidth, text: pre.innerText,
+}))"""
+
+
+def test_a_long_explain_line_wraps_inside_its_box_with_the_differing_hash_on_screen(chromium, tmp_path, monkeypatch):
+    """A pointer file whose stored bytes hash differently: the explain line naming the two maps of hashes
+    is longer than the box, and wraps (no part of it beyond the box's edge), the differing hash whole."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "p4_soak"
+    shutil.copytree(ROOT / "evidence" / "p4_soak", run)
+    doc = json.loads((run / "evidence.json").read_text())
+    stored = doc["state"]["hub_after_leg2"]["pointer_target_sha256_stored"]
+    damaged = stored["trainer_state.json"][:-6] + "000000"
+    stored["trainer_state.json"] = damaged
+    (run / "evidence.json").write_text(json.dumps(doc))
+    page = tmp_path / "report.html"
+    assert main(["check", "specs/p4_soak.yaml", "--evidence", str(run), "--html", str(page)]) == 5
+
+    seen = render(page.as_uri(), WRAPS, tmp_path / "profile")
+    (tmp_path / "report.png").write_bytes(seen.png)
+    assert seen.loaded and seen.errors() == [], seen.console
+    failures = [p for p in seen.measured if p["section"] == "failures"]
+    assert len(failures) == 1 and damaged in failures[0]["text"].replace("\n", "")
+    for pre in seen.measured:
+        assert pre["scroll"] <= pre["client"], (pre["section"], pre["scroll"], pre["client"])
