@@ -36,7 +36,7 @@ import psutil
 from engine import limits
 from engine.defaults import GRACE_S
 from engine.run.lines import Block, LineMatcher, Pattern
-from engine.run.reaper import Reaper, kill_marked, marked
+from engine.run.reaper import Reaper, ReaperUnavailable, kill_marked, marked
 
 # A read is at most one line's limit, so a line wholly inside one read is never over it.
 READ_CHUNK = min(1 << 20, limits.LINE_MAX_CHARS)
@@ -465,8 +465,9 @@ def run_command(
             return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
         try:
             reaper = Reaper.get()
-        except OSError as exc:
-            message = f"cannot start the reaper that guards the leg's processes: {exc.strerror or exc}"
+        except (ReaperUnavailable, OSError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            message = f"refusing to start the leg without the reaper that guards its processes: {why}"
             if log is not None:
                 log.write_text(message + "\n")
             return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
