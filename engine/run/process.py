@@ -1,11 +1,14 @@
 """Running ONE command: its own session, streamed output, timeout escalation, signal rules, Ctrl-C.
 
 The leg runs in a new session and carries the engine's marker (engine/run/reaper.py), an environment
-variable every process it starts inherits. Every kill goes to its process group, to every process
-of its tree seen while it ran (`ProcessTree`), and to every process carrying its marker: torchrun
-starts its workers in sessions of their own and a daemon double-forks out of the tree, so neither
-the group nor the tree alone is enough. After the leader exits, everything left of the leg is
-SIGKILLed, so nothing of it outlives the leg; if the engine itself dies, the reaper does the same.
+variable every process it starts inherits. On Linux it runs under its supervisor, a child subreaper
+(engine/run/subreaper.py) that adopts every orphan of the leg, even one that cleared its
+environment. Every kill goes to its process group, to every process of its tree seen while it ran
+(`ProcessTree`, the supervisor's tree, the supervisor itself spared), and to every process carrying
+its marker: torchrun starts its workers in sessions of their own and a daemon double-forks out of
+the tree, so neither the group nor the tree alone is enough. After the leader exits, everything
+left of the leg is SIGKILLed, so nothing of it outlives the leg; if the engine itself dies, the
+supervisor and the reaper do the same.
 
 Output is read in chunks, not lines: per-line syscalls or per-line Python work would dominate a leg
 that prints a million lines. A chunk is decoded, split at its last newline, scrubbed, appended to
@@ -35,6 +38,7 @@ import psutil
 
 from engine import limits
 from engine.defaults import GRACE_S
+from engine.run import subreaper
 from engine.run.lines import Block, LineMatcher, Pattern
 from engine.run.reaper import Reaper, ReaperUnavailable, kill_marked, marked
 
@@ -161,9 +165,13 @@ class ProcessTree:
     exited before the tree was read). Every kill goes to the group, the tree and the marked.
     """
 
-    def __init__(self, leader: int, marker: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self, leader: int, marker: tuple[str, str] | None = None, group: int | None = None, exempt: Sequence[int] = ()
+    ) -> None:
         self.leader = leader
+        self.group = leader if group is None else group
         self.marker = marker
+        self.exempt = set(exempt)
         self.known: dict[int, psutil.Process] = {}
 
     def refresh(self) -> None:
@@ -194,6 +202,8 @@ class ProcessTree:
         self.refresh()
         kill_group(pgid, sig)
         for proc in self.alive():
+            if proc.pid in self.exempt:
+                continue
             try:
                 proc.send_signal(sig)  # psutil refuses a pid reused by another process
             except (psutil.Error, OSError):
@@ -472,18 +482,8 @@ def run_command(
                 log.write_text(message + "\n")
             return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
         marker = reaper.marker()
-        full_env[marker[0]] = marker[1]
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                cwd=cwd,
-                start_new_session=True,
-                bufsize=0,
-            )
+            proc, group = subreaper.spawn(argv, full_env, cwd, marker)
         except (OSError, ValueError) as exc:
             # Same convention as a shell: 127 not found, 126 not executable.
             rc = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -497,6 +497,7 @@ def run_command(
             return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
         return _supervise(
             proc,
+            group,
             marker,
             start,
             log,
@@ -517,6 +518,7 @@ def run_command(
 
 def _supervise(
     proc: subprocess.Popen[bytes],
+    group: int,
     marker: tuple[str, str],
     start: float,
     log: CappedLog | None,
@@ -530,8 +532,10 @@ def _supervise(
     notify: Callable[[str], None],
     drain_s: float,
 ) -> ProcessResult:
-    pgid = proc.pid  # start_new_session: the leader's pid is the group id
-    tree = ProcessTree(proc.pid, marker)
+    pgid = group  # the leader's session of its own: its pid is the group id
+    # Under a supervisor, the tree is the supervisor's (it adopts every orphan) and the supervisor
+    # itself is never signalled: it takes the rest down when the leader is gone.
+    tree = ProcessTree(proc.pid, marker, group=group, exempt=() if group == proc.pid else (proc.pid,))
     tree.refresh()
     result = ProcessResult(rc=None, seconds=0.0)
     lock = threading.Lock()
@@ -606,6 +610,7 @@ def _supervise(
         tree.kill_all(pgid)
         if proc.returncode is None:
             proc.wait()
+        subreaper.finished(proc)
         _await_gone(pgid, tree, GROUP_GONE_S)
         reader.thread.join(drain_s)
         reader.stop.set()
@@ -656,7 +661,7 @@ def _await_gone(pgid: int, tree: ProcessTree, timeout_s: float) -> bool:
 
 def _terminate(proc: subprocess.Popen[bytes], tree: ProcessTree, grace_s: float, notify: Callable[[str], None]) -> None:
     """SIGTERM the leg's processes, wait `grace_s` for the leader, then SIGKILL them all."""
-    pgid = tree.leader
+    pgid = tree.group
     tree.signal(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=max(grace_s, 0.0))

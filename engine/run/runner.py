@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine import defaults, limits, version
-from engine.run import collectors, evidence
+from engine.run import collectors, evidence, subreaper
 from engine.run.console import Console, ProgressDisplay
 from engine.run.output import Capture, compile_rules, harvest_problems
 from engine.run.process import Interrupted, compile_signal_rules, run_command
@@ -191,11 +191,15 @@ def _child_pids() -> list[int]:
 
 def kill_children() -> list[int]:
     """SIGKILL every child of the engine, with its process group where it leads one (a leg runs
-    in a session of its own); the pids signalled."""
+    in a session of its own); for a leg under a supervisor (engine/run/subreaper.py), its leader's
+    group, so that the supervisor lives on to take the rest of the leg down; the pids signalled."""
     killed = []
     for pid in _child_pids():
+        leader = subreaper.LEADERS.get(pid)
         try:
-            if os.getpgid(pid) == pid:
+            if leader is not None:
+                os.killpg(leader, signal.SIGKILL)
+            elif os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
             else:
                 os.kill(pid, signal.SIGKILL)

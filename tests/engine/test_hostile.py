@@ -513,7 +513,7 @@ def test_no_file_under_the_run_dir_holds_a_secret_after_a_passing_or_failing_run
 # ------------------------------------------------------------------ orphans
 
 
-@pytest.mark.parametrize("escape", ["@daemon", "@orphan"])
+@pytest.mark.parametrize("escape", ["@daemon", "@orphan", "@daemon_noenv"])
 def test_sigkill_of_the_engine_takes_the_whole_leg_with_it(tmp_path, escape):
     leader, escaped = tmp_path / "leader.pid", tmp_path / "escaped.pid"
     spec = write_spec(tmp_path / "s.yaml", [leg(f"{escape}:{escaped}", f"@pidfile:{leader}", "@forever")])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from engine.cli import main
-from engine.run import reaper
+from engine.run import reaper, subreaper
 from engine.run.process import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,64 @@ def cleanup():
     for path in files:
         if path.exists() and path.read_text().strip() and alive(int(path.read_text())):
             os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def test_a_daemon_that_clears_its_environment_dies_with_the_leg(tmp_path, cleanup):
+    daemon = tmp_path / "daemon.pid"
+    cleanup.append(daemon)
+    log = tmp_path / "leg.log"
+    result = run_command([sys.executable, LEG, f"@daemon_noenv:{daemon}", f"@environ_of:{daemon}"], log_path=log)
+    assert result.rc == 0 and "ENVIRON_BYTES=0" in log.read_text()  # no trace of the leg in it
+    assert still_alive([pid_in(daemon)], timeout=0.5) == []
+
+
+def test_the_leg_s_exit_code_and_its_signal_come_through_its_supervisor(tmp_path):
+    assert run_command([sys.executable, LEG, "@rc:3"]).rc == 3
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert run_command([sys.executable, "-c", kill]).rc == -9
+    result = run_command([sys.executable, LEG, "@ignore_term", "@forever"], timeout_s=0.5, grace_s=0.5)
+    assert result.timed_out and result.rc == -9
+
+
+def test_the_second_ctrl_c_takes_a_daemon_the_leg_started_during_its_grace(tmp_path, cleanup):
+    leader, daemon = tmp_path / "leader.pid", tmp_path / "daemon.pid"
+    cleanup += [leader, daemon]
+    # On the first Ctrl-C's SIGTERM the leg starts a daemon that leaves no trace, then waits out
+    # its 60 s grace; the second Ctrl-C must take the daemon too, though no one has seen it yet.
+    spec = spec_file(
+        tmp_path / "s.yaml", f"@on_term:@daemon_noenv:{daemon}", f"@pidfile:{leader}", "@forever", grace_s=60
+    )
+    proc = subprocess.Popen(
+        ENGINE + ["run", str(spec), "--run-dir", "r"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid_in(leader)
+        proc.send_signal(signal.SIGINT)
+        escaped = pid_in(daemon)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert json.loads((tmp_path / "r" / "evidence.json").read_text())["steps"]["leg"]["rc"] == -9
+    assert still_alive([escaped], timeout=5) == []
+
+
+def test_without_a_subreaper_the_marker_still_takes_a_daemon_that_keeps_its_environment(tmp_path, monkeypatch, cleanup):
+    # Where no child subreaper exists (not Linux), the legs run as they always did: found by the marker.
+    monkeypatch.setattr(subreaper, "_supported", False)
+    daemon = tmp_path / "daemon.pid"
+    cleanup.append(daemon)
+    result = run_command([sys.executable, LEG, f"@daemon:{daemon}", "@pidfile:" + str(tmp_path / "leader.pid")])
+    assert result.rc == 0
+    assert int((tmp_path / "leader.pid").read_text()) != 0
+    assert still_alive([pid_in(daemon)], timeout=0.5) == []
 
 
 # ---------------------------------------------------------------- the reaper
