@@ -236,9 +236,9 @@ class Runner:
         stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
         # Should the engine die mid-run, the reaper masks what the legs left in the run dir.
         self._tell_reaper(lambda reaper: reaper.scrub_at_end(self.run_dir, self.scrubber.secrets))
-        self.save()
         current: str | None = None
         try:
+            self.save()
             stops.arm()
             for step in self.plan.steps:
                 current = step["name"]
@@ -254,20 +254,45 @@ class Runner:
             self.say(f"INTERRUPTED during {current or 'the run'}; later steps not run")
             self._finish(judge)
             raise RunInterrupted(self.doc) from None
+        except evidence.RecordError as exc:
+            stops.disarm()
+            self._record_failed(exc, current)
         self._finish(judge)
         return self.doc
 
+    def _record_failed(self, exc: evidence.RecordError, step: str | None) -> None:
+        """The run's record could not be written (a full disk): the run stops here, and its verdict
+        is ERROR, naming the file and why. evidence.json keeps its last complete version."""
+        self.doc["record_error"] = {"path": str(exc.path), "error": str(exc), "step": step}
+        self.say(f"ERROR: {exc}; the run stops{f' at {step}' if step else ''}, later steps not run")
+
     def _finish(self, judge: Judge | None) -> None:
         """Store the end of the run, then its checks and verdict: the verdict's seconds are the
-        run's, so the clock stops before judging."""
-        self.save()
+        run's, so the clock stops before judging. A write that fails makes the verdict ERROR; it
+        is then only said, and evidence.json keeps the last version that could be written."""
+        try:
+            self.save()
+        except evidence.RecordError as exc:
+            if "record_error" not in self.doc:
+                self._record_failed(exc, None)
         if judge is not None:
+            self._judge(judge)
+        self.scrub_files()
+        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+
+    def _judge(self, judge: Judge) -> None:
+        while True:
             results, verdict = judge(self.doc)
             self.doc["checks"] = self.scrubber.scrub_obj(results)
             self.doc["verdict"] = self.scrubber.scrub_obj(verdict)
-            self._write()
-        self.scrub_files()
-        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+            try:
+                self._write()
+                return
+            except evidence.RecordError as exc:
+                if "record_error" in self.doc:  # judged with it: the verdict stands, unstored
+                    self.say(f"ERROR: the verdict could not be stored: {exc}")
+                    return
+                self._record_failed(exc, None)
 
     def _tell_reaper(self, message: Callable[[Reaper], None]) -> None:
         try:
@@ -370,6 +395,12 @@ class Runner:
             display.close()
             self._record_capture(record, capture, failed=True)
             record.update(exc.result.as_dict())
+            raise
+        except evidence.RecordError as exc:
+            display.close()
+            self._record_capture(record, capture, failed=True)
+            record.update({**(exc.result.as_dict() if exc.result is not None else {}), "status": "failed"})
+            record["error"] = str(exc)
             raise
         display.close()
         # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.

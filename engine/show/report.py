@@ -2,7 +2,7 @@
 
 All three are pure functions of (evidence, results, verdict) so a re-check renders exactly what
 the live run rendered; `write_file` is the one place a report reaches the disk. The VERDICT line is the one line a log scraper greps; its shape is fixed:
-``VERDICT <spec> <OUTCOME> [<precondition message>] <failed names as JSON> seconds <N>``.
+``VERDICT <spec> <OUTCOME> [<message: a precondition's, an ERROR's>] <failed names as JSON> seconds <N>``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _where(result: Mapping[str, Any]) -> str:
 def verdict_line(name: str, verdict: Mapping[str, Any]) -> str:
     """``VERDICT p4_smoke FAIL ["leg1_pointer_at_stop"] seconds 812.4``."""
     parts = ["VERDICT", name, verdict["outcome"]]
-    if verdict["outcome"] == "PRECONDITION" and verdict.get("message"):
+    if verdict["outcome"] in ("PRECONDITION", "ERROR") and verdict.get("message"):
         parts.append(verdict["message"])
     parts += [json.dumps(verdict.get("failed", [])), "seconds", str(verdict.get("seconds", 0))]
     return " ".join(parts)

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.run.lines import Block
-from engine.run.process import Interrupted, compile_signal_rules, group_alive, parse_signal, run_command
+from engine.run.process import Interrupted, compile_signal_rules, parse_signal, run_command
+from engine.run.proctree import group_alive
 
 LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
 
