@@ -12,26 +12,30 @@ engine holds, reads EOF, and it does the same at once.
 
 It carries no marker itself (the reaper kills the marked processes without waiting for it to finish)
 and ignores SIGINT, SIGTERM and SIGHUP: signals meant for the leg go to the leader's group and the
-leg's processes, never to it. It imports only the standard library and runs as `python -I -S FILE`,
-so no import path, no environment and no site-packages can stop it from starting.
+leg's processes, never to it. It runs as `python -I -S FILE` and imports a few standard modules
+(not subprocess: it forks and execs the leader itself, in a fraction of the start-up time), so no
+import path, no environment and no site-packages can stop it from starting.
 
     python -I -S subreaper.py STATUS_FD MARKER_NAME MARKER_VALUE -- ARGV...
 
-STATUS_FD receives one JSON line, `{"pid": leader}` or `{"error": {...}}` (the leader could not be
-started: what subprocess raised, which the engine raises in turn), and is closed.
+STATUS_FD receives one line and is closed: `pid N` (the leader runs), `exec ERRNO` (the leader's
+program could not be executed: the engine raises that OSError, as subprocess would have) or
+`prctl ERRNO`.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import select
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the supervisor itself never imports subprocess
+    import subprocess
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
@@ -43,7 +47,6 @@ POLL_S = 1.0
 # kills the leader's group and leaves the supervisor to take the rest down.
 LEADERS: dict[int, int] = {}
 _supported: bool | None = None
-_lock = threading.Lock()
 
 
 def _prctl(option: int, arg: object) -> int:
@@ -58,18 +61,16 @@ def _prctl(option: int, arg: object) -> int:
 def supported() -> bool:
     """Whether legs run under a subreaper here: Linux, with prctl's child subreaper (3.4+)."""
     global _supported
-    with _lock:
-        if _supported is None:
-            _supported = False
-            if sys.platform.startswith("linux"):
-                import ctypes
+    if _supported is None:
+        _supported = False
+        if sys.platform.startswith("linux"):
+            import ctypes
 
-                flag = ctypes.c_int()
-                try:
-                    _supported = _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) == 0
-                except (OSError, AttributeError):
-                    _supported = False
-        return _supported
+            try:
+                _supported = _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(ctypes.c_int())) == 0
+            except (OSError, AttributeError):
+                _supported = False
+    return _supported
 
 
 def spawn(
@@ -79,6 +80,8 @@ def spawn(
     `marker` in its environment: under a supervisor where one can run (Linux), else directly.
     Returns the Popen to wait for (the supervisor's, or the leader's) and the leader's process group.
     Raises what starting the command raised (FileNotFoundError for a missing program, ...)."""
+    import subprocess
+
     if not supported():
         proc = subprocess.Popen(
             list(argv),
@@ -110,19 +113,16 @@ def spawn(
     finally:
         os.close(write_fd)
     try:
-        status = _read_status(read_fd)
+        word, _, value = _read_status(read_fd).partition(" ")
     finally:
         os.close(read_fd)
-    if isinstance(status.get("pid"), int):
-        LEADERS[proc.pid] = status["pid"]
-        return proc, status["pid"]
+    if word == "pid" and value.isdigit():
+        LEADERS[proc.pid] = int(value)
+        return proc, int(value)
     output = _abandon(proc)
-    error = status.get("error") if isinstance(status.get("error"), dict) else {}
-    if error.get("type") == "ValueError":
-        raise ValueError(str(error.get("message")))
-    if isinstance(error.get("errno"), int):
-        raise OSError(error["errno"], str(error.get("strerror")), error.get("filename"))
-    why = error.get("message") or status.get("message")
+    if word == "exec" and value.isdigit():
+        raise OSError(int(value), os.strerror(int(value)), argv[0])
+    why = f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(int(value))}" if word == "prctl" else word
     raise OSError(f"the leg's supervisor did not start it: {why}" + (f"; its output ends: {output}" if output else ""))
 
 
@@ -133,26 +133,25 @@ def finished(proc: subprocess.Popen[bytes]) -> None:
         proc.stdin.close()
 
 
-def _read_status(fd: int) -> dict:
+def _read_status(fd: int) -> str:
     deadline = time.monotonic() + STATUS_TIMEOUT_S
     data = b""
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return {"message": f"no word from it within {STATUS_TIMEOUT_S:g} s"}
-        chunk = os.read(fd, 65536)
+            return f"no word from it within {STATUS_TIMEOUT_S:g} s"
+        chunk = os.read(fd, 4096)
         if not chunk:
             break
         data += chunk
-    try:
-        status = json.loads(data)
-    except ValueError:
-        status = None
-    return status if isinstance(status, dict) else {"message": f"it ended saying {data[:200]!r}"}
+    text = data.decode("ascii", errors="replace").strip()
+    return text or "it ended without a word"
 
 
 def _abandon(proc: subprocess.Popen[bytes]) -> str:
     """The supervisor did not start the leg: reap it (stopped if it lingers); the end of its output."""
+    import subprocess
+
     finished(proc)
     try:
         proc.wait(timeout=STATUS_TIMEOUT_S)
@@ -276,19 +275,40 @@ def _exit_like(status: int | None) -> None:
     os._exit(128 - code)
 
 
-def _report(fd: int, message: dict) -> None:
-    os.write(fd, (json.dumps(message) + "\n").encode())
+def _report(fd: int, line: str) -> None:
+    os.write(fd, (line + "\n").encode())
     os.close(fd)
 
 
-def _error(exc: BaseException) -> dict:
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "errno": getattr(exc, "errno", None),
-        "strerror": getattr(exc, "strerror", None),
-        "filename": getattr(exc, "filename", None),
-    }
+def _start(command: list[str], env: dict[str, str], status_fd: int) -> int | None:
+    """Fork and exec the leader in a session of its own, stdin from /dev/null; its pid, or None
+    once the failure is reported (what subprocess would have raised, as an errno)."""
+    error_r, error_w = os.pipe()  # close-on-exec: EOF on it means the exec happened
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(error_r)
+            os.close(status_fd)
+            os.setsid()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            # As subprocess does: what Python ignores for itself, a program gets back as the default.
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvpe(command[0], command, env)
+        except BaseException as exc:  # nothing may return from here into the supervisor's code
+            os.write(error_w, str(getattr(exc, "errno", None) or errno.ENOEXEC).encode())
+        finally:
+            os._exit(127)
+    os.close(error_w)
+    failed = b""
+    while chunk := os.read(error_r, 64):
+        failed += chunk
+    os.close(error_r)
+    if not failed:
+        return pid
+    os.waitpid(pid, 0)
+    _report(status_fd, f"exec {int(failed)}")
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -303,17 +323,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGCHLD, _noop)
     failed = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     if failed:
-        _report(status_fd, {"error": {"message": f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(failed)}"}})
+        _report(status_fd, f"prctl {failed if failed > 0 else 0}")
         return 125
-    env = dict(os.environ)
-    env[name] = value
-    try:
-        leader = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    except (OSError, ValueError) as exc:
-        _report(status_fd, {"error": _error(exc)})
-        return 127 if isinstance(exc, FileNotFoundError) else 126
-    _report(status_fd, {"pid": leader.pid})
-    status = _wait_for(leader.pid, wake_r)
+    leader = _start(command, {**os.environ, name: value}, status_fd)
+    if leader is None:
+        return 127
+    _report(status_fd, f"pid {leader}")
+    status = _wait_for(leader, wake_r)
     _kill_descendants(wake_r)
     _exit_like(status)
     return 1
