@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from engine import defaults, limits, version
 from engine.run import collectors, evidence, subreaper
 from engine.run.console import Console, ProgressDisplay
-from engine.run.output import Capture, compile_rules, harvest_problems
+from engine.run.output import Capture, child_exit_text, compile_rules, harvest_problems
 from engine.run.process import Interrupted, compile_signal_rules, run_command
 from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
@@ -427,7 +427,7 @@ class Runner:
         for sent in result.signals_sent:
             self.say(f"   signal rule sent {sent['signal']} (line {sent['line']}, {sent['at_s']:.1f} s)")
         if not ok:
-            self._show_failure(capture)
+            self._show_failure(name, capture)
             diag = (run.get("on_failure") or {}).get("diagnostics")
             if diag:
                 record["diagnostics"] = self._diagnostics(diag)
@@ -447,8 +447,14 @@ class Runner:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
             record["tail"] = capture.tail_lines()
+            child = capture.child_exit()
+            if child is not None:
+                record["child_exit"] = child
 
-    def _show_failure(self, capture: Capture) -> None:
+    def _show_failure(self, name: str, capture: Capture) -> None:
+        child = capture.child_exit()
+        if child is not None:  # before the launcher's own noise: what the child itself said
+            self.say(f"   {name}: {child_exit_text(child)}")
         shown = capture.failure_lines()
         self.say(f"   FAILURE LINES ({capture.failure_hits} of {capture.lines}):")
         if capture.failure_hits > len(shown):

@@ -14,6 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from engine.run.output import child_exit_text
+
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
 # would make the whole JUnit file unparsable.
 _NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -85,6 +87,17 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def child_exits(evidence: Mapping[str, Any]) -> list[str]:
+    """`leg1: the trainer exited 3: refused: ...`, one per failed step whose launcher's output said
+    how its child failed (`output.child_exit`): what the report says first."""
+    lines = []
+    for name, step in (evidence.get("steps") or {}).items():
+        child = step.get("child_exit") if isinstance(step, Mapping) else None
+        if isinstance(child, Mapping) and step.get("status") in ("failed", "interrupted"):
+            lines.append(f"{name}: {child_exit_text(child)}")
+    return lines
+
+
 def _harvest_rows(verdict: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """One row per harvest problem: FAIL, or `note` where the spec opted in."""
     return [
@@ -114,7 +127,8 @@ def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     )
     width = max([len(r[0]) for r in rows] + [5])
     mark_width = max([len(r[1]) for r in rows] + [7])
-    lines = [f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason"]
+    lines = child_exits(evidence)
+    lines.append(f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason")
     by_name = {r["name"]: r for r in results}
     for name, mark, shown in rows:
         lines.append(f"{name.ljust(width)}  {mark.ljust(mark_width)}  {shown}".rstrip())
@@ -158,13 +172,17 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
         status = step.get("status")
         if status == "failed" or status == "interrupted":
             counts["failures"] += 1
+            child = step.get("child_exit")
+            said = [child_exit_text(child)] if isinstance(child, Mapping) else []
             message = (
-                f"{status}: rc {step.get('rc')}"
+                f"{status}: "
+                + "".join(f"{text}; " for text in said)
+                + f"rc {step.get('rc')}"
                 + (" (timed out)" if step.get("timed_out") else "")
                 + (f": {step['error']}" if step.get("error") else "")
             )
             failure = ET.SubElement(el, "failure", message=message, type=status)
-            failure.text = "\n".join(step.get("failure_lines") or [])
+            failure.text = "\n".join(said + list(step.get("failure_lines") or []))
         elif status in ("skipped", "not_run"):
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=status)
@@ -229,6 +247,9 @@ def markdown(
     lines = [head, ""]
     if verdict.get("message"):
         lines += [f"> {verdict['message']}", ""]
+    said = child_exits(evidence)
+    if said:
+        lines += [f"- {_cell(text)}" for text in said] + [""]
     if verdict.get("failed"):
         lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]

@@ -410,6 +410,14 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
             for name, rule in harvest.items()
             if isinstance(rule, dict) and "match" in rule
         ]
+    child = (run.get("output") or {}).get("child_exit")
+    if isinstance(child, dict):
+        found.append((("output", "child_exit", "code"), child.get("code"), False))
+        messages = child.get("message")
+        if isinstance(messages, list):
+            found += [(("output", "child_exit", "message", i), m, False) for i, m in enumerate(messages)]
+        elif messages is not None:
+            found.append((("output", "child_exit", "message"), messages, False))
     return found
 
 
@@ -435,6 +443,8 @@ def _regex_errors(
             errors.append(spec.error(path, f"progress regex {pattern!r} needs a named group (?P<step>...)"))
         if sub[:2] == ("output", "harvest") and not rx.groupindex:
             errors.append(spec.error(path, f"harvest regex {pattern!r} has no named group (?P<name>...) to harvest"))
+        if sub == ("output", "child_exit", "code") and "code" not in rx.groupindex:
+            errors.append(spec.error(path, f"child_exit.code regex {pattern!r} needs a named group (?P<code>...)"))
     return errors
 
 
