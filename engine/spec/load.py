@@ -30,6 +30,10 @@ class Mark:
     file: str
     line: int  # 1-based
     col: int  # 1-based
+    # How YAML read the scalar here other than as written (its line breaks folded, `010` as 8), and how
+    # to write what is meant; "" when it reads as written. engine/spec/validate.py refuses it where
+    # the value reaches a leg.
+    misread: str = ""
 
 
 _NOWHERE = Mark("<unknown>", 0, 0)
@@ -120,7 +124,27 @@ class _Seq(list):
 
 
 def _mark(node: yaml.Node, file: str) -> Mark:
-    return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
+    return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1, _misread(node))
+
+
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+
+
+def _misread(node: yaml.Node) -> str:
+    if not isinstance(node, yaml.ScalarNode) or node.style not in (None, "", '"', "'"):  # libyaml: '' is plain
+        return ""
+    if node.end_mark.line > node.start_mark.line:
+        return (
+            "written over several lines without `|` or `>`: YAML folds each line break into a space; write "
+            "it on one line, or as a block scalar (`|` keeps the line breaks, `>-` folds them on purpose)"
+        )
+    if node.style not in (None, ""):
+        return ""
+    if node.tag.endswith((":int", ":float")) and ":" in node.value:
+        return f"YAML 1.1 reads {node.value} as a base-60 number; quote it ('{node.value}') to mean the text"
+    if node.tag.endswith(":int") and _OCTAL.fullmatch(node.value):
+        return f"YAML 1.1 reads {node.value} as an octal number; quote it ('{node.value}') to mean the text"
+    return ""
 
 
 class _Builder:

@@ -448,6 +448,45 @@ def _regex_errors(
     return errors
 
 
+# Where a spec's text reaches what runs: a leg's argv, environment and working directory, the paths a
+# step removes, a collector's arguments, and the values spliced into them.
+_REACHES_A_LEG = (("run", "argv"), ("run", "env"), ("run", "cwd"), ("remove",), ("collect", "args"))
+
+
+def _leaves(node: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path, node
+
+
+def _misread_errors(spec: Spec) -> list[SpecError]:
+    """A scalar that YAML read other than as written, where it reaches a leg: a string written over
+    several lines without `|` or `>` (its line breaks folded into spaces: `owner/name` and
+    `--delete-everything` on two lines became one argument), `010` read as 8, `12:30` as 750. Each
+    is refused, naming where it is written and what it reads as."""
+    data = spec.data
+    roots = [(("values",), data.get("values")), (("modes",), data.get("modes"))]
+    for i, step in enumerate(data.get("steps") or []):
+        for sub in _REACHES_A_LEG:
+            node = step
+            for key in sub:
+                node = node.get(key) if isinstance(node, dict) else None
+            roots.append((("steps", i) + sub, node))
+    errors = []
+    for root, node in roots:
+        for path, value in _leaves(node, root):
+            mark = spec.marks.get(path)
+            if mark is not None and mark.misread:
+                shown = repr(value[:80]) if isinstance(value, str) else repr(value)
+                errors.append(spec.error(path, f"this reads {shown}: {mark.misread}"))
+    return errors
+
+
 def budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecError | None:
     """The budget_s error of one mode whose worst case does not fit, or None (also `engine run`'s
     refusal after --set)."""
@@ -533,6 +572,7 @@ def findings(spec: Spec, environ: Mapping[str, str] | None = None) -> tuple[list
     errors += _compile_errors(spec)
     errors += _mode_errors(spec)
     errors += _reference_errors(spec)
+    errors += _misread_errors(spec)
     for i, raw in enumerate(spec.data.get("steps") or []):
         if isinstance(raw.get("run"), dict):
             errors += _regex_errors(spec, i, raw["run"])
