@@ -249,7 +249,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         failed = _emit(doc, doc["checks"], doc["verdict"], args, spec)
         if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
             _err("engine: interrupted after the last step had finished; the verdict stands")
-    return failed or doc["verdict"]["exit_code"]
+    code = doc["verdict"]["exit_code"]
+    # A full disk fails the reports too; what the run could not record is the news, not them.
+    return code if code == Exit.ERROR else failed or code
 
 
 def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:

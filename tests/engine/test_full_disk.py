@@ -133,7 +133,8 @@ def test_a_really_full_disk_takes_the_same_path(tmp_path):
     disk.mkdir()
     # In a mount namespace of its own: a 256 KiB tmpfs as the run dir's disk, copied out afterwards.
     script = (
-        'mount -t tmpfs -o size=256k tmpfs "$1" && cd "$2" && "$3" -m engine.cli run s.yaml --run-dir "$1/r"; '
+        'mount -t tmpfs -o size=256k tmpfs "$1" && cd "$2" && "$3" -m engine.cli run s.yaml --run-dir "$1/r" '
+        '--markdown "$1/m.md"; '
         'rc=$?; cp -a "$1/r" "$4"; exit $rc'
     )
     proc = subprocess.run(
@@ -163,5 +164,6 @@ def test_a_really_full_disk_takes_the_same_path(tmp_path):
         .splitlines()[-1]
         .startswith(f"VERDICT full ERROR could not write {disk}/r/logs/leg1.log: No space left on device (ENOSPC)")
     )
+    assert f"could not write the report {disk}/m.md" in proc.stderr  # said, and the exit code stays 4
     json.loads((kept / "evidence.json").read_text())  # whatever version it is, it is whole
     assert stray_temp_files(kept) == []
