@@ -388,7 +388,9 @@ def run_command(
     the calling thread about every POLL_S seconds (progress display); `notify(text)` hears about
     kills as they happen (a 90 s grace period must not look like a hang). `log_limits` is the
     log's (head, tail) in bytes. On KeyboardInterrupt the leg's processes are terminated like on a
-    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
+    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised. When the log
+    cannot be written (a full disk), the leg is stopped the same way and `RecordError` (carrying
+    the result) is raised.
     """
     argv = [str(a) for a in argv]
     full_env = dict(os.environ)

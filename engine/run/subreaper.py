@@ -113,16 +113,17 @@ def spawn(
     finally:
         os.close(write_fd)
     try:
-        word, _, value = _read_status(read_fd).partition(" ")
+        status = _read_status(read_fd)
     finally:
         os.close(read_fd)
+    word, _, value = status.partition(" ")
     if word == "pid" and value.isdigit():
         LEADERS[proc.pid] = int(value)
         return proc, int(value)
     output = _abandon(proc)
     if word == "exec" and value.isdigit():
         raise OSError(int(value), os.strerror(int(value)), argv[0])
-    why = f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(int(value))}" if word == "prctl" else word
+    why = f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(int(value))}" if word == "prctl" else status
     raise OSError(f"the leg's supervisor did not start it: {why}" + (f"; its output ends: {output}" if output else ""))
 
 
