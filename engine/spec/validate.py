@@ -465,10 +465,9 @@ def _leaves(node: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
 
 
 def _misread_errors(spec: Spec) -> list[SpecError]:
-    """A scalar that YAML read other than as written, where it reaches a leg: a string written over
-    several lines without `|` or `>` (its line breaks folded into spaces: `owner/name` and
-    `--delete-everything` on two lines became one argument), `010` read as 8, `12:30` as 750. Each
-    is refused, naming where it is written and what it reads as."""
+    """A scalar that YAML read otherwise than written (engine/spec/misread.py: line breaks folded
+    into spaces, `010` as 8, `12:30` as 750) where it reaches a leg: refused, naming where it is
+    written and what it reads as."""
     data = spec.data
     roots = [(("values",), data.get("values")), (("modes",), data.get("modes"))]
     for i, step in enumerate(data.get("steps") or []):

@@ -123,17 +123,19 @@ def test_octal_and_base_60_numbers_in_a_spec_are_refused_where_they_reach_a_leg(
 
 
 def test_a_line_break_written_on_purpose_reaches_the_leg_exactly(tmp_path):
-    # A block scalar, or an escaped \n: the author means the line break, and the leg gets it.
-    show = "import json, os; print(json.dumps([os.environ['BLOCK'], os.environ['ESCAPED']]))"
+    # A block scalar, an escaped \n, an empty line in quotes (how a YAML emitter writes a line break):
+    # the author means the line break, and the leg gets it.
+    show = "import json, os; print(json.dumps([os.environ[k] for k in ('BLOCK', 'ESCAPED', 'EMITTED')]))"
     spec = tmp_path / "s.yaml"
     spec.write_text(
         "version: 1\nname: literal\nbudget_s: 100\nsteps:\n  - name: leg\n    run:\n"
         f'      argv: ["${{python}}", "-c", "{show}"]\n'
         '      env:\n        BLOCK: |\n          first\n          second\n        ESCAPED: "a\\nb"\n'
+        "        EMITTED: 'c\n\n          d'\n"
         "      timeout_s: 30\n"
         'checks:\n  - {name: ran, why: w, expr: "steps.leg.rc == `0`"}\n'
     )
     rc, out, _ = engine("run", str(spec), "--run-dir", str(tmp_path / "r"))
     assert rc == 0, out
     shown = json.loads((tmp_path / "r" / "logs" / "leg.log").read_text().splitlines()[0])
-    assert shown == ["first\nsecond\n", "a\nb"]
+    assert shown == ["first\nsecond\n", "a\nb", "c\nd"]
