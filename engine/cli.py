@@ -18,7 +18,7 @@ variable, else modes.default), prints the run directory and every value with whe
 from (secrets shown as <redacted>), runs the steps, evaluates the checks, stores checks and
 verdict in <run dir>/evidence.json and ends with one line:
 
-    VERDICT <spec> PASS|FAIL|PRECONDITION|INTERRUPTED [<failed names>] seconds <N>
+    VERDICT <spec> PASS|FAIL|PRECONDITION|INTERRUPTED|ERROR [<failed names>] seconds <N>
 
 The default run directory is runs/<name>-<mode>-<UTC stamp> under the current directory.
 
@@ -37,8 +37,9 @@ self-contained page: the verdict, the failure trees, the plots as SVG, the check
 script, nothing fetched); `--html -` prints it instead of the text report.
 
 Exit codes: 0 pass, 5 a failed check or step, 2 invalid spec or usage, 3 a precondition
-failed, 130 interrupted (`engine diff`: 0 no semantic change, 1 changed, 2 invalid; `engine review`:
-0 nothing risky or accepted, 1 risky changes need approval, 2 invalid). A closed stdout changes no
+failed, 4 the run's record could not be written (a full disk: ERROR), 130 interrupted
+(`engine diff`: 0 no semantic change, 1 changed, 2 invalid; `engine review`: 0 nothing risky or
+accepted, 1 risky changes need approval, 2 invalid). A closed stdout changes no
 exit code: the output is dropped and the VERDICT line goes to stderr.
 """
 
@@ -248,7 +249,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         failed = _emit(doc, doc["checks"], doc["verdict"], args, spec)
         if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
             _err("engine: interrupted after the last step had finished; the verdict stands")
-    return failed or doc["verdict"]["exit_code"]
+    code = doc["verdict"]["exit_code"]
+    # A full disk fails the reports too; what the run could not record is the news, not them.
+    return code if code == Exit.ERROR else failed or code
 
 
 def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:

@@ -168,15 +168,18 @@ def _yaml_scalar(value: Any) -> str:
 
 # Harvest options the verdict applies when judging, not when harvesting: `engine check` honours them.
 _JUDGED = ("on_conflict", "on_malformed")
+# Output rules that only report (what a failed leg's child said), never change what checks read.
+_REPORTING = ("child_exit",)
 
 
 def _harvesting(output: Any) -> Any:
-    """A step's output rules without the options that only judge the harvest."""
+    """A step's output rules without the options that only judge the harvest or report."""
     if not isinstance(output, Mapping):
         return output
+    output = {k: v for k, v in output.items() if k not in _REPORTING}
     rules = output.get("harvest")
     if not isinstance(rules, Mapping):
-        return dict(output)
+        return output
     return {
         **output,
         "harvest": {
@@ -246,6 +249,9 @@ def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list
         step["lines"], step["progress"] = fresh["lines"], fresh["progress"]
         if step.get("status") == "failed":  # the runner keeps these for failed legs only
             step["failure_lines"], step["tail"] = fresh["failure_lines"], fresh["tail"]
+            step.pop("child_exit", None)
+            if fresh["child_exit"] is not None:
+                step["child_exit"] = fresh["child_exit"]
     return notes
 
 

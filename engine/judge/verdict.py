@@ -23,6 +23,7 @@ class Exit(enum.IntEnum):
     PASS = 0
     USAGE = 2  # invalid spec, bad arguments, refused re-check
     PRECONDITION = 3
+    ERROR = 4  # the run's record could not be written (a full disk): it stopped, unjudged
     FAILED = 5  # a failed check or step, or a harvest problem
     INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
@@ -141,7 +142,7 @@ def verdict(
     preconditions: Mapping[str, str] | None = None,
     harvest: Sequence[Mapping[str, Any]] = (),
 ) -> Verdict:
-    """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED, failed names (gate checks
+    """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED|ERROR, failed names (gate checks
     that FAIL/NO_DATA/ERROR, ``step:<name>`` for failed steps of any kind, ``harvest:<step>.<rule>`` for
     harvest problems no rule opted into), warnings, exit code, seconds; `harvest` lists every
     harvest problem (failing or opted into) when there is one.
@@ -174,7 +175,10 @@ def verdict(
     if harvest:
         out["harvest"] = [dict(p) for p in harvest]
     precondition = _precondition_failure(evidence, preconditions or {})
-    if evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
+    record_error = evidence.get("record_error")
+    if isinstance(record_error, Mapping):
+        out.update(outcome="ERROR", exit_code=int(Exit.ERROR), message=_record_message(record_error))
+    elif evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
         out.update(outcome="INTERRUPTED", exit_code=int(Exit.INTERRUPTED))
     elif precondition:
         out.update(
@@ -188,6 +192,14 @@ def verdict(
     return out
 
 
+def _record_message(record_error: Mapping[str, Any]) -> str:
+    step = record_error.get("step")
+    return (
+        f"{record_error.get('error')}; the run stopped{f' at step {step}' if step else ''} and was not judged: "
+        "evidence.json holds what was written before"
+    )
+
+
 def _result_head(check: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a check a result repeats, for a result made without evaluating it."""
     return {k: check.get(k) for k in ("name", "why", "expr", "severity", "file", "line")}
@@ -198,9 +210,16 @@ def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResu
     derived from their exit codes (`derive_statuses`), for the checks and the verdict alike."""
     evidence, _ = derive_statuses(plan.steps, evidence)
     blocked = (evidence.get("precondition_failed") or {}).get("step")
-    if blocked:
-        # Nothing after the precondition ran: every check would read missing data, and twenty
-        # NO_DATA traces would bury the one line that matters (what could not be prepared).
+    unrecorded = evidence.get("record_error")
+    if blocked or isinstance(unrecorded, Mapping):
+        # Nothing after the precondition ran (or the run stopped on a write it could not make):
+        # every check would read missing data, and twenty NO_DATA traces would bury the one line
+        # that matters (what could not be prepared, what could not be written).
+        reason = (
+            f"not evaluated: the run's record could not be written ({unrecorded.get('path')})"
+            if isinstance(unrecorded, Mapping)
+            else f"not evaluated: precondition step {blocked} failed"
+        )
         results: list[CheckResult] = [
             {
                 **_result_head(check),
@@ -208,7 +227,7 @@ def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResu
                 "value": None,
                 "missing": [],  # type: ignore[typeddict-item]
                 "explain": [],
-                "reason": f"not evaluated: precondition step {blocked} failed",
+                "reason": reason,
             }
             if not check.get("disabled")
             else evaluate([check], {})[0]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import defaults, limits
+from engine.run.evidence import RecordError
 from engine.run.lines import Block
 from engine.run.process import run_command
 
@@ -156,7 +157,7 @@ def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any
     func = _load(name)
     try:
         result = func(dict(args or {}), context)
-    except CollectorError:
+    except (CollectorError, RecordError):  # RecordError: the run's own record failed, not the collector
         raise
     except Exception as exc:
         raise CollectorError(f"collector {name!r} failed: {type(exc).__name__}: {exc}") from None

@@ -6,6 +6,7 @@ During a run the runner is its only writer; `engine check`/`replay` never rewrit
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -31,6 +32,18 @@ _NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float(
 
 class EvidenceError(Exception):
     """evidence.json is missing, unreadable, or written by a newer engine."""
+
+
+class RecordError(Exception):
+    """The run's record (evidence.json, a step's log) could not be written: a full disk (ENOSPC), a
+    file-size limit (EFBIG), a quota (EDQUOT), or any other write error. The run stops and its
+    verdict is ERROR; `result` is the leg's, when one was running."""
+
+    def __init__(self, path: str | os.PathLike[str], error: OSError, result: Any = None) -> None:
+        self.path, self.error, self.result = Path(path), error, result
+        what = error.strerror or str(error)
+        name = errno.errorcode.get(error.errno or 0)
+        super().__init__(f"could not write {self.path}: {what}" + (f" ({name})" if name else ""))
 
 
 class SpecInfo(Protocol):
@@ -124,22 +137,29 @@ def path_of(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
-    """Atomic rewrite: a reader (or a crash) sees the old document or the new one, never half."""
+    """Atomic rewrite: a reader (or a crash) sees the old document or the new one, never half. A
+    write that fails (a full disk) leaves the old document and no temporary file, and raises
+    RecordError naming evidence.json."""
     target = path_of(run_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".evidence.", suffix=".tmp", dir=target.parent)
+    text = dumps(doc) + "\n"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".evidence.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise RecordError(target, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(doc))
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise RecordError(target, exc) from None
         raise
     return target
 

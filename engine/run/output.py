@@ -8,6 +8,7 @@ any rule cares about at C speed; only those lines get per-line Python work.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections import deque
@@ -43,6 +44,16 @@ class HarvestRule:
 
 
 @dataclass(frozen=True)
+class ChildExitRule:
+    """`output.child_exit`: where a launcher's output says how its child failed (torchrun's
+    failure report hides the trainer's exit code behind its own 1)."""
+
+    name: str
+    code: Pattern  # the LAST line it matches: its group `code`
+    messages: tuple[Pattern, ...] = ()  # the FIRST line any of them matches
+
+
+@dataclass(frozen=True)
 class ProgressRule:
     pattern: Pattern
     every_s: float
@@ -57,13 +68,16 @@ class OutputRules:
     failure_lines: int = defaults.FAILURE_LINES
     tail_lines: int = defaults.TAIL_LINES
     progress: ProgressRule | None = None
+    child_exit: ChildExitRule | None = None
 
     def pattern_errors(self) -> list[str]:
         """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
+        child = self.child_exit
         patterns = [
             self.strip_prefix,
             self.progress.pattern if self.progress else None,
             *(rule.pattern for rule in self.harvest),
+            *((child.code, *child.messages) if child else ()),
         ]
         return [p.error for p in patterns if p is not None and p.error]
 
@@ -105,6 +119,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
             raise ValueError(f"progress.match {pattern.pattern!r} lacks named group(s) {sorted(missing)}")
         progress = ProgressRule(pattern, float(run["progress"].get("every_s", defaults.PROGRESS_EVERY_S)))
     patterns = output.get("failure_patterns")
+    child = output.get("child_exit")
     return OutputRules(
         strip_prefix=_regex(strip, "output.strip_prefix") if strip else None,
         echo_prefixes=tuple(output.get("echo_prefixes") or ()),
@@ -113,7 +128,40 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
         failure_lines=int(output.get("failure_lines", defaults.FAILURE_LINES)),
         tail_lines=int(output.get("tail_lines", defaults.TAIL_LINES)),
         progress=progress,
+        child_exit=_child_exit_rule(child) if child else None,
     )
+
+
+def _child_exit_rule(rule: Mapping[str, Any]) -> ChildExitRule:
+    code = _regex(rule["code"], "output.child_exit.code")
+    if "code" not in code.groupindex:
+        raise ValueError(f"output.child_exit.code {code.pattern!r} has no named group (?P<code>...)")
+    messages = rule.get("message") or ()
+    if isinstance(messages, str):
+        messages = (messages,)
+    return ChildExitRule(
+        str(rule["name"]),
+        code,
+        tuple(_regex(m, f"output.child_exit.message[{i}]") for i, m in enumerate(messages)),
+    )
+
+
+def child_exit_text(child: Mapping[str, Any]) -> str:
+    """`the trainer exited 3: refused: ...` (or `died of SIGKILL (exit code -9)`) from a step's
+    recorded `child_exit`; its fields are checked, as a saved evidence file may say anything."""
+    who = child.get("name") if isinstance(child.get("name"), str) else "the child"
+    code = child.get("code")
+    if isinstance(code, int) and not isinstance(code, bool) and code < 0:
+        try:
+            how = f"died of {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            how = f"exited {code}"
+    elif isinstance(code, int) and not isinstance(code, bool):
+        how = f"exited {code}"
+    else:
+        how = "failed"
+    message = child.get("message")
+    return f"{who} {how}" + (f": {message}" if isinstance(message, str) and message else "")
 
 
 def _json_after(line: str, marker: str) -> Any:
@@ -163,6 +211,11 @@ class Capture:
         )
         self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
         self._matched = [(rule, LineMatcher(rule.pattern)) for rule in rules.harvest if rule.pattern is not None]
+        child = rules.child_exit
+        self._child_code = LineMatcher(child.code) if child else None
+        self._child_messages = [LineMatcher(p) for p in child.messages] if child else []
+        self.child_code: int | None = None
+        self.child_message: tuple[int, str] | None = None  # (line number, line)
 
     def feed(self, block: Block) -> None:
         with self._lock:
@@ -178,6 +231,31 @@ class Capture:
                 found = self._progress.last(block)
                 if found is not None:
                     self._observe(found)
+            if self._child_code is not None:
+                self._watch_child(block)
+
+    def _watch_child(self, block: Block) -> None:
+        assert self._child_code is not None
+        found = self._child_code.last(block)
+        if found is not None:
+            try:
+                self.child_code = int(found.group("code"))
+            except (TypeError, ValueError):
+                pass  # a code that is not a number says nothing
+        if self.child_message is None:
+            hits = [hit for hit in (m.first(block) for m in self._child_messages) if hit is not None]
+            if hits:
+                lineno, line = min(hits)
+                self.child_message = (lineno, limits.cut_text(line))
+
+    def child_exit(self) -> dict[str, Any] | None:
+        """What the leg's output said of its failing child (`output.child_exit`): {name, code,
+        message, line}; None without the rule, or when the output said nothing of it."""
+        rule = self.rules.child_exit
+        if rule is None or (self.child_code is None and self.child_message is None):
+            return None
+        lineno, message = self.child_message or (None, None)
+        return {"name": rule.name, "code": self.child_code, "message": message, "line": lineno}
 
     def _handle(self, line: str, lineno: int) -> None:
         rules = self.rules
@@ -422,9 +500,9 @@ class ProgressState:
 
 
 def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
-    """Recompute harvest, harvest_errors, failure_lines and tail from a saved RAW log, with the
-    step's CURRENT output rules (`engine replay`). failure_lines are computed whatever the step's
-    status was; the caller keeps them only for a failed step."""
+    """Recompute harvest, harvest_errors, failure_lines, child_exit and tail from a saved RAW log,
+    with the step's CURRENT output rules (`engine replay`). failure_lines and child_exit are computed
+    whatever the step's status was; the caller keeps them only for a failed step."""
     rules = compile_rules(step.get("run") or {})
     capture = Capture(rules)
     # A log the engine wrote is never bigger (limits.LOG_HEAD_BYTES + LOG_TAIL_BYTES); a bigger
@@ -449,6 +527,7 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
         "harvest": harvest,
         "harvest_errors": errors,
         "failure_lines": capture.failure_lines(),
+        "child_exit": capture.child_exit(),
         "tail": capture.tail_lines(),
         "lines": capture.lines,
         "progress": capture.progress.as_dict(),

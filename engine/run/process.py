@@ -1,11 +1,14 @@
 """Running ONE command: its own session, streamed output, timeout escalation, signal rules, Ctrl-C.
 
 The leg runs in a new session and carries the engine's marker (engine/run/reaper.py), an environment
-variable every process it starts inherits. Every kill goes to its process group, to every process
-of its tree seen while it ran (`ProcessTree`), and to every process carrying its marker: torchrun
-starts its workers in sessions of their own and a daemon double-forks out of the tree, so neither
-the group nor the tree alone is enough. After the leader exits, everything left of the leg is
-SIGKILLed, so nothing of it outlives the leg; if the engine itself dies, the reaper does the same.
+variable every process it starts inherits. On Linux it runs under its supervisor, a child subreaper
+(engine/run/subreaper.py) that adopts every orphan of the leg, even one that cleared its
+environment. Every kill goes to its process group, to every process of its tree seen while it ran
+(`ProcessTree`, the supervisor's tree, the supervisor itself spared), and to every process carrying
+its marker: torchrun starts its workers in sessions of their own and a daemon double-forks out of
+the tree, so neither the group nor the tree alone is enough. After the leader exits, everything
+left of the leg is SIGKILLed, so nothing of it outlives the leg; if the engine itself dies, the
+supervisor and the reaper do the same.
 
 Output is read in chunks, not lines: per-line syscalls or per-line Python work would dominate a leg
 that prints a million lines. A chunk is decoded, split at its last newline, scrubbed, appended to
@@ -31,12 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import psutil
-
 from engine import limits
 from engine.defaults import GRACE_S
+from engine.run import subreaper
+from engine.run.evidence import RecordError
 from engine.run.lines import Block, LineMatcher, Pattern
-from engine.run.reaper import Reaper, kill_marked, marked
+from engine.run.proctree import GROUP_GONE_S, ProcessTree, await_gone
+from engine.run.reaper import Reaper, ReaperUnavailable
 
 # A read is at most one line's limit, so a line wholly inside one read is never over it.
 READ_CHUNK = min(1 << 20, limits.LINE_MAX_CHARS)
@@ -52,10 +56,6 @@ DRAIN_S = 5.0
 # giving up line after line) is abandoned, and the step fails saying so.
 READER_JOIN_S = 10.0
 POLL_S = 0.1
-# Orphans are reaped by init, asynchronously; waiting this long for that keeps "nothing of the
-# leg outlives it" observable when run_command returns.
-GROUP_GONE_S = 5.0
-GONE_POLL_S = 0.02
 # How often the leg's process tree is re-read (one pass over the process table).
 TREE_REFRESH_S = 1.0
 LOG_TAIL_SEGMENTS = 4
@@ -73,7 +73,7 @@ class ProcessResult:
     rc: int | None
     seconds: float
     timed_out: bool = False
-    terminated_by: str | None = None  # "timeout" | "signal_rule" | "interrupt" | None
+    terminated_by: str | None = None  # "timeout" | "signal_rule" | "interrupt" | "record_error" | None
     signals_sent: list[dict[str, Any]] = field(default_factory=list)
     lines: int = 0
     error: str | None = None  # the command could not be started at all
@@ -127,86 +127,6 @@ def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[Sign
     return out
 
 
-def kill_group(pgid: int, sig: int) -> bool:
-    """Signal a whole process group; False when nothing of it is left."""
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        # A zombie-only group can answer EPERM on some kernels; nothing we can do there.
-        return False
-
-
-def group_alive(pgid: int) -> bool:
-    return kill_group(pgid, 0)
-
-
-def _live(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-class ProcessTree:
-    """Every process a leg started, even those that left its process group.
-
-    A process group is not enough: torchrun starts each worker with start_new_session, so a kill
-    of the leader's group leaves the ranks training (and pushing checkpoints) after the leg "ended".
-    So the tree under the leader is snapshotted while it runs (psutil remembers each process's
-    start time: a pid reused by an unrelated process is never signalled), and every process that
-    carries the leg's marker is found too, wherever it went (a setsid daemon, a child whose parent
-    exited before the tree was read). Every kill goes to the group, the tree and the marked.
-    """
-
-    def __init__(self, leader: int, marker: tuple[str, str] | None = None) -> None:
-        self.leader = leader
-        self.marker = marker
-        self.known: dict[int, psutil.Process] = {}
-
-    def refresh(self) -> None:
-        if self.leader not in self.known:
-            try:
-                self.known[self.leader] = psutil.Process(self.leader)
-            except psutil.Error:
-                pass
-        children: dict[int, list[psutil.Process]] = {}
-        for proc in psutil.process_iter(["ppid"]):
-            ppid = proc.info.get("ppid")
-            if ppid is not None:
-                children.setdefault(ppid, []).append(proc)
-        stack = [pid for pid, proc in self.known.items() if _live(proc)]
-        while stack:
-            for child in children.get(stack.pop(), ()):
-                if child.pid not in self.known:
-                    self.known[child.pid] = child
-                    stack.append(child.pid)
-
-    def alive(self) -> list[psutil.Process]:
-        procs = {p.pid: p for p in self.known.values() if _live(p)}
-        if self.marker is not None:
-            procs.update((p.pid, p) for p in marked(*self.marker) if _live(p))
-        return list(procs.values())
-
-    def signal(self, pgid: int, sig: int) -> None:
-        self.refresh()
-        kill_group(pgid, sig)
-        for proc in self.alive():
-            try:
-                proc.send_signal(sig)  # psutil refuses a pid reused by another process
-            except (psutil.Error, OSError):
-                pass
-
-    def kill_all(self, pgid: int) -> None:
-        """SIGKILL everything of the leg; what carries the marker is stopped first, so that a
-        forking process cannot outrun the kill."""
-        self.signal(pgid, signal.SIGKILL)
-        if self.marker is not None:
-            kill_marked(*self.marker, timeout_s=GROUP_GONE_S)
-
-
 class CappedLog:
     """A leg's raw log on disk, bounded: its first `head` bytes, then, once those are written, its
     most recent output in rotating segment files beside it (`<log>.tail-NNNN`, at most `tail`
@@ -225,6 +145,7 @@ class CappedLog:
         self.segments: deque[list[Any]] = deque()  # [path, file, bytes, lines]
         self.serial = 0
         self.dropped_bytes = self.dropped_lines = 0
+        self.error: OSError | None = None  # the first write that failed (a full disk): nothing after it
 
     def write(self, data: bytes) -> None:
         """Append whole lines."""
@@ -268,6 +189,19 @@ class CappedLog:
         return self.segments[-1]
 
     def close(self) -> None:
+        """Append the tail to the head and close; a write that fails is kept in `error` (the
+        segments then stay beside the log, each complete up to its last write)."""
+        try:
+            self._close()
+        except OSError as exc:
+            self.error = self.error or exc
+            for fh in [self.fh] + [segment[1] for segment in self.segments]:
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+
+    def _close(self) -> None:
         if self.dropped_bytes:
             self.fh.write(
                 f"[specprobe: {self.dropped_lines:,} lines ({self.dropped_bytes:,} bytes) of this "
@@ -283,7 +217,14 @@ class CappedLog:
         self.fh.close()
 
     def write_text(self, text: str) -> None:
-        self.write(text.encode("utf-8", errors="replace"))
+        """Append whole lines; after a write that failed (a full disk, a file-size limit) the log
+        takes nothing more, and `error` says why."""
+        if self.error is not None:
+            return
+        try:
+            self.write(text.encode("utf-8", errors="replace"))
+        except OSError as exc:
+            self.error = exc
 
 
 class _Reader:
@@ -447,75 +388,88 @@ def run_command(
     the calling thread about every POLL_S seconds (progress display); `notify(text)` hears about
     kills as they happen (a 90 s grace period must not look like a hang). `log_limits` is the
     log's (head, tail) in bytes. On KeyboardInterrupt the leg's processes are terminated like on a
-    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised.
+    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised. When the log
+    cannot be written (a full disk), the leg is stopped the same way and `RecordError` (carrying
+    the result) is raised.
     """
     argv = [str(a) for a in argv]
     full_env = dict(os.environ)
     full_env.update(env or {})
     start = time.monotonic()
-    problem = launch_problem(argv, full_env, cwd)
     log: CappedLog | None = None
     if log_path is not None:
-        log = CappedLog(log_path, *log_limits)
-    try:
-        if problem is not None:
-            message = f"cannot start {argv[0][:200]!r}: {problem}" if argv else f"cannot start: {problem}"
-            if log is not None:
-                log.write_text(message + "\n")
-            return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
         try:
-            reaper = Reaper.get()
+            log = CappedLog(log_path, *log_limits)
         except OSError as exc:
-            message = f"cannot start the reaper that guards the leg's processes: {exc.strerror or exc}"
-            if log is not None:
-                log.write_text(message + "\n")
-            return ProcessResult(rc=126, seconds=time.monotonic() - start, error=message)
-        marker = reaper.marker()
-        full_env[marker[0]] = marker[1]
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                cwd=cwd,
-                start_new_session=True,
-                bufsize=0,
+            raise RecordError(log_path, exc) from None
+    try:
+        started = _start(argv, full_env, cwd, start, log)
+        if isinstance(started, ProcessResult):
+            result = started
+        else:
+            proc, group, marker = started
+            result = _supervise(
+                proc,
+                group,
+                marker,
+                start,
+                log,
+                timeout_s,
+                grace_s,
+                on_block,
+                on_tick,
+                list(signals),
+                strip_prefix,
+                scrub,
+                notify or (lambda text: None),
+                drain_s,
             )
-        except (OSError, ValueError) as exc:
-            # Same convention as a shell: 127 not found, 126 not executable.
-            rc = 127 if isinstance(exc, FileNotFoundError) else 126
-            # exc.filename tells a missing program from a missing working directory.
-            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            message = (
-                f"cannot start {argv[0]!r} (cwd {cwd or os.getcwd()}): {where}{getattr(exc, 'strerror', None) or exc}"
-            )
-            if log is not None:
-                log.write_text(message + "\n")
-            return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
-        return _supervise(
-            proc,
-            marker,
-            start,
-            log,
-            timeout_s,
-            grace_s,
-            on_block,
-            on_tick,
-            list(signals),
-            strip_prefix,
-            scrub,
-            notify or (lambda text: None),
-            drain_s,
-        )
     finally:
         if log is not None:
             log.close()
+    if log is not None and log.error is not None:
+        raise RecordError(log.path, log.error, result)
+    return result
+
+
+def _start(
+    argv: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None, start: float, log: CappedLog | None
+) -> ProcessResult | tuple[subprocess.Popen[bytes], int, tuple[str, str]]:
+    """The leg started under the reaper's guard: (Popen, leader's group, marker); or, when it
+    could not start, the result that says why (also written to the log)."""
+    problem = launch_problem(argv, env, cwd)
+    if problem is not None:
+        message = f"cannot start {argv[0][:200]!r}: {problem}" if argv else f"cannot start: {problem}"
+        return _not_started(126, message, start, log)
+    try:
+        reaper = Reaper.get()
+    except (ReaperUnavailable, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return _not_started(
+            126, f"refusing to start the leg without the reaper that guards its processes: {why}", start, log
+        )
+    marker = reaper.marker()
+    try:
+        proc, group = subreaper.spawn(argv, env, cwd, marker)
+    except (OSError, ValueError) as exc:
+        # Same convention as a shell: 127 not found, 126 not executable.
+        rc = 127 if isinstance(exc, FileNotFoundError) else 126
+        # exc.filename tells a missing program from a missing working directory.
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        why = getattr(exc, "strerror", None) or exc
+        return _not_started(rc, f"cannot start {argv[0]!r} (cwd {cwd or os.getcwd()}): {where}{why}", start, log)
+    return proc, group, marker
+
+
+def _not_started(rc: int, message: str, start: float, log: CappedLog | None) -> ProcessResult:
+    if log is not None:
+        log.write_text(message + "\n")
+    return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
 
 
 def _supervise(
     proc: subprocess.Popen[bytes],
+    group: int,
     marker: tuple[str, str],
     start: float,
     log: CappedLog | None,
@@ -529,9 +483,10 @@ def _supervise(
     notify: Callable[[str], None],
     drain_s: float,
 ) -> ProcessResult:
-    pgid = proc.pid  # start_new_session: the leader's pid is the group id
-    tree = ProcessTree(proc.pid, marker)
-    tree.refresh()
+    pgid = group  # the leader's session of its own: its pid is the group id
+    # Under a supervisor, the tree is the supervisor's (it adopts every orphan) and the supervisor
+    # itself is never signalled: it takes the rest down when the leader is gone.
+    tree = ProcessTree(proc.pid, marker, group=group, exempt=() if group == proc.pid else (proc.pid,))
     result = ProcessResult(rc=None, seconds=0.0)
     lock = threading.Lock()
     timers: list[threading.Timer] = []
@@ -557,14 +512,17 @@ def _supervise(
         timer.start()
 
     assert proc.stdout is not None
-    _enlarge_pipe(proc.stdout.fileno())
     reader = _Reader(proc.stdout.fileno(), log, scrub, strip, on_block, rules, fire)
-    reader.thread.start()
     deadline = start + timeout_s if timeout_s else None
     interrupted = False
     next_refresh = start + TREE_REFRESH_S
     try:
         try:
+            # Set up inside the try: a Ctrl-C or SIGTERM that lands while the watch is being set up
+            # still ends the leg before the engine answers, as one during the leg does.
+            tree.refresh()
+            _enlarge_pipe(proc.stdout.fileno())
+            reader.thread.start()
             while True:
                 try:
                     proc.wait(timeout=POLL_S)
@@ -582,6 +540,15 @@ def _supervise(
                     notify(
                         f"timeout after {timeout_s:g} s: SIGTERM to the process group, "
                         f"SIGKILL in {grace_s:g} s if it is still there"
+                    )
+                    _terminate(proc, tree, grace_s, notify)
+                    break
+                if log is not None and log.error is not None:
+                    # Its output can no longer be kept: the run stops, its verdict is ERROR.
+                    result.terminated_by = "record_error"
+                    notify(
+                        f"{RecordError(log.path, log.error)}: stopping the leg: SIGTERM to the process "
+                        f"group, SIGKILL in {grace_s:g} s if it is still there"
                     )
                     _terminate(proc, tree, grace_s, notify)
                     break
@@ -605,10 +572,18 @@ def _supervise(
         tree.kill_all(pgid)
         if proc.returncode is None:
             proc.wait()
-        _await_gone(pgid, tree, GROUP_GONE_S)
-        reader.thread.join(drain_s)
+        subreaper.finished(proc)
+        if not await_gone(pgid, tree, GROUP_GONE_S):
+            left = sorted(p.pid for p in tree.alive())
+            result.problems.append(
+                f"processes of the leg were still there {GROUP_GONE_S:g} s after SIGKILL "
+                f"(group {pgid}{f', pids {left}' if left else ''}): they may outlive the run"
+            )
+        if reader.thread.ident is not None:
+            reader.thread.join(drain_s)
         reader.stop.set()
-        reader.thread.join(READER_JOIN_S)
+        if reader.thread.ident is not None:
+            reader.thread.join(READER_JOIN_S)
         if reader.thread.is_alive():
             result.problems.append(
                 f"the output reader was still busy {drain_s + READER_JOIN_S:g} s "
@@ -642,20 +617,9 @@ def _enlarge_pipe(fd: int) -> None:
             continue
 
 
-def _await_gone(pgid: int, tree: ProcessTree, timeout_s: float) -> bool:
-    """Wait until what was killed above is reaped (by init, not us), so that on return nothing of
-    the leg is left; True when it is gone."""
-    deadline = time.monotonic() + timeout_s
-    while group_alive(pgid) or tree.alive():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(GONE_POLL_S)
-    return True
-
-
 def _terminate(proc: subprocess.Popen[bytes], tree: ProcessTree, grace_s: float, notify: Callable[[str], None]) -> None:
     """SIGTERM the leg's processes, wait `grace_s` for the leader, then SIGKILL them all."""
-    pgid = tree.leader
+    pgid = tree.group
     tree.signal(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=max(grace_s, 0.0))

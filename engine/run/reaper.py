@@ -8,6 +8,10 @@ When that pipe closes, however the engine ended (a SIGKILL included), the reaper
 every process carrying the marker, and masks the secrets left in the run directories it was told
 of (torchrun's per-rank logs): nothing of the run keeps running, and nothing of it keeps a secret.
 
+The engine waits for the reaper's one `ready` line before it starts a leg: a reaper that cannot
+start (its import root wrong after a move, a broken interpreter) is an error naming why, with its
+output, never a run with no guard at all.
+
 Run as `python -m engine.run.reaper MARKER_NAME`; it reads one JSON object per line on stdin:
 `{"scrub": DIR, "secrets": [...]}` (mask these in DIR at the end) and `{"done": DIR}` (the engine
 scrubbed DIR itself). Secrets travel through the pipe, never through argv or the environment,
@@ -20,6 +24,7 @@ import itertools
 import json
 import os
 import secrets as random
+import select
 import signal
 import subprocess
 import sys
@@ -33,6 +38,14 @@ import psutil
 MARKER_PREFIX = "SPECPROBE_LEG_"
 REAP_TIMEOUT_S = 10.0
 REAP_POLL_S = 0.05
+READY = b"specprobe reaper ready\n"
+# An interpreter's start on a loaded 2-core machine; a reaper slower than this is not a guard.
+READY_TIMEOUT_S = 30.0
+OUTPUT_KEPT = 4096  # bytes of a failed reaper's output shown in the error
+
+
+class ReaperUnavailable(RuntimeError):
+    """The reaper process did not start; no leg may run unguarded."""
 
 
 def marked(name: str, value: str | None = None) -> list[psutil.Process]:
@@ -91,8 +104,8 @@ class Reaper:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.run.reaper", self.name],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             env=env,
             close_fds=True,
             # Its own session: a Ctrl-C or a kill of the engine's process group must not take the
@@ -101,6 +114,36 @@ class Reaper:
         )
         assert self.proc.stdin is not None
         self._pipe: IO[bytes] = self.proc.stdin
+        self._await_ready()
+
+    def _await_ready(self) -> None:
+        """Return once the reaper said `ready`; else stop it and raise ReaperUnavailable with why
+        and the end of what it printed (an import error's traceback)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        got, why = b"", ""
+        while READY not in got:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.proc.kill()
+                why = f"it did not say it was ready within {READY_TIMEOUT_S:g} s (stopped)"
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                why = f"it ended before it was ready (exit code {self.proc.wait()})"
+                break
+            got = (got + chunk)[-(OUTPUT_KEPT + len(READY)) :]
+        self.proc.stdout.close()
+        if not why:
+            return
+        self.proc.wait()
+        self._pipe.close()
+        output = got.decode("utf-8", errors="replace").strip()[-OUTPUT_KEPT:]
+        raise ReaperUnavailable(
+            f"the reaper ({sys.executable} -m engine.run.reaper) did not start: {why}"
+            + (f"; its output ends: {output}" if output else "; it printed nothing")
+        )
 
     @classmethod
     def get(cls) -> "Reaper":
@@ -136,6 +179,14 @@ def main(argv: list[str]) -> int:
         return 2
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    # Imported before `ready`: an import that fails must fail the start, not the cleanup.
+    from engine.secrets import TreeScrubber
+
+    os.write(1, READY)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):  # the engine stops reading after `ready`
+        os.dup2(devnull, fd)
+    os.close(devnull)
     dirs: dict[str, list[str]] = {}
     for line in sys.stdin.buffer:  # until the engine's end of the pipe closes
         try:
@@ -148,8 +199,6 @@ def main(argv: list[str]) -> int:
             dirs.pop(message["done"], None)
     kill_marked(argv[0])
     if dirs:
-        from engine.secrets import TreeScrubber
-
         for directory, texts in dirs.items():
             try:
                 TreeScrubber(directory, texts).scrub()

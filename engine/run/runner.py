@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine import defaults, limits, version
-from engine.run import collectors, evidence
+from engine.run import collectors, evidence, subreaper
 from engine.run.console import Console, ProgressDisplay
-from engine.run.output import Capture, compile_rules, harvest_problems
+from engine.run.output import Capture, child_exit_text, compile_rules, harvest_problems
 from engine.run.process import Interrupted, compile_signal_rules, run_command
 from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
@@ -191,11 +191,15 @@ def _child_pids() -> list[int]:
 
 def kill_children() -> list[int]:
     """SIGKILL every child of the engine, with its process group where it leads one (a leg runs
-    in a session of its own); the pids signalled."""
+    in a session of its own); for a leg under a supervisor (engine/run/subreaper.py), its leader's
+    group, so that the supervisor lives on to take the rest of the leg down; the pids signalled."""
     killed = []
     for pid in _child_pids():
+        leader = subreaper.LEADERS.get(pid)
         try:
-            if os.getpgid(pid) == pid:
+            if leader is not None:
+                os.killpg(leader, signal.SIGKILL)
+            elif os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
             else:
                 os.kill(pid, signal.SIGKILL)
@@ -232,9 +236,9 @@ class Runner:
         stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
         # Should the engine die mid-run, the reaper masks what the legs left in the run dir.
         self._tell_reaper(lambda reaper: reaper.scrub_at_end(self.run_dir, self.scrubber.secrets))
-        self.save()
         current: str | None = None
         try:
+            self.save()
             stops.arm()
             for step in self.plan.steps:
                 current = step["name"]
@@ -250,20 +254,45 @@ class Runner:
             self.say(f"INTERRUPTED during {current or 'the run'}; later steps not run")
             self._finish(judge)
             raise RunInterrupted(self.doc) from None
+        except evidence.RecordError as exc:
+            stops.disarm()
+            self._record_failed(exc, current)
         self._finish(judge)
         return self.doc
 
+    def _record_failed(self, exc: evidence.RecordError, step: str | None) -> None:
+        """The run's record could not be written (a full disk): the run stops here, and its verdict
+        is ERROR, naming the file and why. evidence.json keeps its last complete version."""
+        self.doc["record_error"] = {"path": str(exc.path), "error": str(exc), "step": step}
+        self.say(f"ERROR: {exc}; the run stops{f' at {step}' if step else ''}, later steps not run")
+
     def _finish(self, judge: Judge | None) -> None:
         """Store the end of the run, then its checks and verdict: the verdict's seconds are the
-        run's, so the clock stops before judging."""
-        self.save()
+        run's, so the clock stops before judging. A write that fails makes the verdict ERROR; it
+        is then only said, and evidence.json keeps the last version that could be written."""
+        try:
+            self.save()
+        except evidence.RecordError as exc:
+            if "record_error" not in self.doc:
+                self._record_failed(exc, None)
         if judge is not None:
+            self._judge(judge)
+        self.scrub_files()
+        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+
+    def _judge(self, judge: Judge) -> None:
+        while True:
             results, verdict = judge(self.doc)
             self.doc["checks"] = self.scrubber.scrub_obj(results)
             self.doc["verdict"] = self.scrubber.scrub_obj(verdict)
-            self._write()
-        self.scrub_files()
-        self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+            try:
+                self._write()
+                return
+            except evidence.RecordError as exc:
+                if "record_error" in self.doc:  # judged with it: the verdict stands, unstored
+                    self.say(f"ERROR: the verdict could not be stored: {exc}")
+                    return
+                self._record_failed(exc, None)
 
     def _tell_reaper(self, message: Callable[[Reaper], None]) -> None:
         try:
@@ -367,6 +396,12 @@ class Runner:
             self._record_capture(record, capture, failed=True)
             record.update(exc.result.as_dict())
             raise
+        except evidence.RecordError as exc:
+            display.close()
+            self._record_capture(record, capture, failed=True)
+            record.update({**(exc.result.as_dict() if exc.result is not None else {}), "status": "failed"})
+            record["error"] = str(exc)
+            raise
         display.close()
         # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.
         problems = result.problems + rules.pattern_errors()
@@ -392,7 +427,7 @@ class Runner:
         for sent in result.signals_sent:
             self.say(f"   signal rule sent {sent['signal']} (line {sent['line']}, {sent['at_s']:.1f} s)")
         if not ok:
-            self._show_failure(capture)
+            self._show_failure(name, capture)
             diag = (run.get("on_failure") or {}).get("diagnostics")
             if diag:
                 record["diagnostics"] = self._diagnostics(diag)
@@ -412,8 +447,14 @@ class Runner:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
             record["tail"] = capture.tail_lines()
+            child = capture.child_exit()
+            if child is not None:
+                record["child_exit"] = child
 
-    def _show_failure(self, capture: Capture) -> None:
+    def _show_failure(self, name: str, capture: Capture) -> None:
+        child = capture.child_exit()
+        if child is not None:  # before the launcher's own noise: what the child itself said
+            self.say(f"   {name}: {child_exit_text(child)}")
         shown = capture.failure_lines()
         self.say(f"   FAILURE LINES ({capture.failure_hits} of {capture.lines}):")
         if capture.failure_hits > len(shown):

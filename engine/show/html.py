@@ -13,9 +13,18 @@ import json
 from html import escape
 from typing import Any, Mapping, Sequence
 
+from engine.run.output import child_exit_text
 from engine.show import svg
 from engine.show.plots import Figure
-from engine.show.report import _shown, _step_rows, explain_lines, recheck_header, value_change, verdict_line
+from engine.show.report import (
+    _shown,
+    _step_rows,
+    child_exits,
+    explain_lines,
+    recheck_header,
+    value_change,
+    verdict_line,
+)
 
 _FAILING = ("FAIL", "NO_DATA", "ERROR")
 _STYLE = """
@@ -108,6 +117,7 @@ def render(
         out.append(f'<p class="recheck" id="recheck">{escape(recheck)}</p>')
     if verdict.get("message"):
         out.append(f"<p><strong>{escape(verdict['message'])}</strong></p>")
+    out += [f'<p class="child"><strong>{escape(text)}</strong></p>' for text in child_exits(evidence)]
     out.append("</header>")
 
     failing = [r for r in results if r["outcome"] in _FAILING]
@@ -152,7 +162,9 @@ def render(
         (n, s) for n, s in steps.items() if s.get("status") == "failed" and (s.get("failure_lines") or s.get("tail"))
     ]
     for step_name, step in failed:
-        lines = list(step.get("failure_lines") or []) + ["..."] + list(step.get("tail") or [])
+        child = step.get("child_exit")
+        said = [child_exit_text(child)] if isinstance(child, Mapping) else []
+        lines = said + list(step.get("failure_lines") or []) + ["..."] + list(step.get("tail") or [])
         out.append(
             f"<h3>step {escape(step_name)}: failure lines, then the tail</h3>"
             f"<pre>{escape(chr(10).join(str(x) for x in lines))}</pre>"

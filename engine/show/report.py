@@ -2,7 +2,7 @@
 
 All three are pure functions of (evidence, results, verdict) so a re-check renders exactly what
 the live run rendered; `write_file` is the one place a report reaches the disk. The VERDICT line is the one line a log scraper greps; its shape is fixed:
-``VERDICT <spec> <OUTCOME> [<precondition message>] <failed names as JSON> seconds <N>``.
+``VERDICT <spec> <OUTCOME> [<message: a precondition's, an ERROR's>] <failed names as JSON> seconds <N>``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from engine.run.output import child_exit_text
 from engine.text import compact_pair
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
@@ -108,7 +109,7 @@ def recheck_lines(evidence: Mapping[str, Any]) -> list[str]:
 def verdict_line(name: str, verdict: Mapping[str, Any]) -> str:
     """``VERDICT p4_smoke FAIL ["leg1_pointer_at_stop"] seconds 812.4``."""
     parts = ["VERDICT", name, verdict["outcome"]]
-    if verdict["outcome"] == "PRECONDITION" and verdict.get("message"):
+    if verdict["outcome"] in ("PRECONDITION", "ERROR") and verdict.get("message"):
         parts.append(verdict["message"])
     parts += [json.dumps(verdict.get("failed", [])), "seconds", str(verdict.get("seconds", 0))]
     return " ".join(parts)
@@ -128,6 +129,17 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             detail.append(f"{step['seconds']} s")
         rows.append((f"step:{name}", str(step.get("status", "?")), ", ".join(detail)))
     return rows
+
+
+def child_exits(evidence: Mapping[str, Any]) -> list[str]:
+    """`leg1: the trainer exited 3: refused: ...`, one per failed step whose launcher's output said
+    how its child failed (`output.child_exit`): what the report says first."""
+    lines = []
+    for name, step in (evidence.get("steps") or {}).items():
+        child = step.get("child_exit") if isinstance(step, Mapping) else None
+        if isinstance(child, Mapping) and step.get("status") in ("failed", "interrupted"):
+            lines.append(f"{name}: {child_exit_text(child)}")
+    return lines
 
 
 def _harvest_rows(verdict: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -159,7 +171,8 @@ def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     )
     width = max([len(r[0]) for r in rows] + [5])
     mark_width = max([len(r[1]) for r in rows] + [7])
-    lines = recheck_lines(evidence)
+    # A re-check says so first; a failed leg's own exit and message come before the checks they explain.
+    lines = recheck_lines(evidence) + child_exits(evidence)
     lines.append(f"{'check'.ljust(width)}  {'outcome'.ljust(mark_width)}  value / reason")
     by_name = {r["name"]: r for r in results}
     for name, mark, shown in rows:
@@ -205,13 +218,17 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
         status = step.get("status")
         if status == "failed" or status == "interrupted":
             counts["failures"] += 1
+            child = step.get("child_exit")
+            said = [child_exit_text(child)] if isinstance(child, Mapping) else []
             message = (
-                f"{status}: rc {step.get('rc')}"
+                f"{status}: "
+                + "".join(f"{text}; " for text in said)
+                + f"rc {step.get('rc')}"
                 + (" (timed out)" if step.get("timed_out") else "")
                 + (f": {step['error']}" if step.get("error") else "")
             )
             failure = ET.SubElement(el, "failure", message=message, type=status)
-            failure.text = "\n".join(step.get("failure_lines") or [])
+            failure.text = "\n".join(said + list(step.get("failure_lines") or []))
         elif status in ("skipped", "not_run"):
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=status)
@@ -303,6 +320,9 @@ def markdown(
             lines.append("")
     if verdict.get("message"):
         lines += [f"> {verdict['message']}", ""]
+    said = child_exits(evidence)
+    if said:
+        lines += [f"- {_cell(text)}" for text in said] + [""]
     if verdict.get("failed"):
         lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]

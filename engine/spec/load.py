@@ -14,12 +14,13 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jsonschema
 import yaml
 
 from engine import limits
+from engine.spec.misread import misread, source_lines
 
 # Lists that merge BY NAME across extends/include; every other list is replaced wholesale.
 NAMED_LISTS = ("steps", "checks")
@@ -30,6 +31,8 @@ class Mark:
     file: str
     line: int  # 1-based
     col: int  # 1-based
+    # How YAML read the scalar here otherwise than written (engine/spec/misread.py); "" as written.
+    misread: str = ""
 
 
 _NOWHERE = Mark("<unknown>", 0, 0)
@@ -119,15 +122,16 @@ class _Seq(list):
         self.item_marks.append(mark)
 
 
-def _mark(node: yaml.Node, file: str) -> Mark:
-    return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
+def _mark(node: yaml.Node, file: str, lines: Callable[[int, int], list[str]] | None = None) -> Mark:
+    return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1, misread(node, lines))
 
 
 class _Builder:
     """Turns a composed YAML node tree into _Map/_Seq/plain scalars, recording marks."""
 
-    def __init__(self, file: str):
+    def __init__(self, file: str, text: str | None = None):
         self.file = file
+        self.lines = source_lines(text) if text is not None else None  # to tell a folded scalar
         self.constructor = yaml.constructor.SafeConstructor()
         self.active: set[int] = set()  # node ids on the current path: a recursive alias would never end
         self.explicit: dict[int, set[int]] = {}  # mapping node id -> ids of its own (non-merged) key nodes
@@ -164,7 +168,7 @@ class _Builder:
             if isinstance(node, yaml.SequenceNode):
                 seq = _Seq(mark)
                 for i, item in enumerate(node.value):
-                    seq.put(self.build(item, path + (i,)), _mark(item, self.file))
+                    seq.put(self.build(item, path + (i,)), _mark(item, self.file, self.lines))
                 return seq
             return self._mapping(node, mark, path)
         finally:
@@ -200,7 +204,7 @@ class _Builder:
             except SpecErrors as e:
                 errors.extend(e.errors)
                 continue
-            out.put(key, value, kmark, _mark(val_node, self.file))
+            out.put(key, value, kmark, _mark(val_node, self.file, self.lines))
             out.key_nodes[key] = key_node  # a merged-in key may be overridden by an explicit one
         if errors:
             raise SpecErrors(errors)
@@ -235,7 +239,7 @@ def parse_yaml(text: str, file: str) -> Any:
     if node is None:
         return None
     try:
-        return _Builder(file).build(node, ())
+        return _Builder(file, text).build(node, ())
     except RecursionError:
         raise SpecErrors([SpecError(file, 1, 1, "$", "YAML nesting too deep")]) from None
 

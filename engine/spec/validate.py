@@ -446,6 +446,14 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
             for name, rule in harvest.items()
             if isinstance(rule, dict) and "match" in rule
         ]
+    child = (run.get("output") or {}).get("child_exit")
+    if isinstance(child, dict):
+        found.append((("output", "child_exit", "code"), child.get("code"), False))
+        messages = child.get("message")
+        if isinstance(messages, list):
+            found += [(("output", "child_exit", "message", i), m, False) for i, m in enumerate(messages)]
+        elif messages is not None:
+            found.append((("output", "child_exit", "message"), messages, False))
     return found
 
 
@@ -471,6 +479,46 @@ def _regex_errors(
             errors.append(spec.error(path, f"progress regex {pattern!r} needs a named group (?P<step>...)"))
         if sub[:2] == ("output", "harvest") and not rx.groupindex:
             errors.append(spec.error(path, f"harvest regex {pattern!r} has no named group (?P<name>...) to harvest"))
+        if sub == ("output", "child_exit", "code") and "code" not in rx.groupindex:
+            errors.append(spec.error(path, f"child_exit.code regex {pattern!r} needs a named group (?P<code>...)"))
+    return errors
+
+
+# Where a spec's text reaches what runs: a leg's argv, environment and working directory, the paths a
+# step removes, a collector's arguments, and the values spliced into them.
+_REACHES_A_LEG = (("run", "argv"), ("run", "env"), ("run", "cwd"), ("remove",), ("collect", "args"))
+
+
+def _leaves(node: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path, node
+
+
+def _misread_errors(spec: Spec) -> list[SpecError]:
+    """A scalar that YAML read otherwise than written (engine/spec/misread.py: line breaks folded
+    into spaces, `010` as 8, `12:30` as 750) where it reaches a leg: refused, naming where it is
+    written and what it reads as."""
+    data = spec.data
+    roots = [(("values",), data.get("values")), (("modes",), data.get("modes"))]
+    for i, step in enumerate(data.get("steps") or []):
+        for sub in _REACHES_A_LEG:
+            node = step
+            for key in sub:
+                node = node.get(key) if isinstance(node, dict) else None
+            roots.append((("steps", i) + sub, node))
+    errors = []
+    for root, node in roots:
+        for path, value in _leaves(node, root):
+            mark = spec.marks.get(path)
+            if mark is not None and mark.misread:
+                shown = repr(value[:80]) if isinstance(value, str) else repr(value)
+                errors.append(spec.error(path, f"this reads {shown}: {mark.misread}"))
     return errors
 
 
@@ -559,6 +607,7 @@ def findings(spec: Spec, environ: Mapping[str, str] | None = None) -> tuple[list
     errors += _compile_errors(spec)
     errors += _mode_errors(spec)
     errors += _reference_errors(spec)
+    errors += _misread_errors(spec)
     for i, raw in enumerate(spec.data.get("steps") or []):
         if isinstance(raw.get("run"), dict):
             errors += _regex_errors(spec, i, raw["run"])

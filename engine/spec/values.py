@@ -136,12 +136,46 @@ class Definition:
     raw: Any  # as written (plain, {eval}, {switch}) or a parsed override
     source: str  # builtin | default | mode | env | --set
     path: tuple  # where it is written in the spec (for errors); () for builtins/overrides
+    problem: str | None = None  # why it cannot be used (an environment variable YAML would not read as written)
 
 
 def override_value(name: str, text: str) -> Any:
     """An override's text (--set, env) as a value: a secret is taken as it is written (YAML would
     turn the token `0123` into 83 and `yes` into true), anything else is parsed as a YAML scalar."""
     return text if is_secret(name) else parse_scalar(text)
+
+
+# What YAML takes for a line break: a plain scalar folds each one into a space.
+_LINE_BREAKS = ("\n", "\r", "\x85", "\u2028", "\u2029")
+
+
+def override_problem(name: str, text: str) -> str | None:
+    """Why an override's text (--set, env) would not be read as written, or None. YAML folds a line
+    break into a space (`owner/name\n--delete-everything` would become one argument), drops a `#`
+    comment and the blanks around a plain scalar: each is refused, never done silently. A secret is
+    taken as written (and never shown); a quoted text means what its quotes say."""
+    if is_secret(name):
+        return None
+    if any(brk in text for brk in _LINE_BREAKS):
+        return "it holds a line break, which YAML would fold into a space: a value given here is one line"
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None  # not YAML: taken as written
+    if isinstance(node, yaml.ScalarNode) and not node.style and node.tag.endswith((":int", ":float")):
+        if ":" in text or re.fullmatch(r"\s*[-+]?0[0-7_]+\s*", text):
+            return f"YAML 1.1 would read {text!r} as {parse_scalar(text)!r}; quote it ('...') to mean the text"
+    if isinstance(node, yaml.ScalarNode) and not node.style and node.value != text:
+        why = [
+            *(["its blanks at either end are dropped"] if text.strip() != text else []),
+            *(["a ` #` starts a comment"] if node.value != text.strip() and "#" in text else []),
+        ]
+        return (
+            f"YAML would read {text!r} as {node.value!r}"
+            + (f" ({'; '.join(why)})" if why else "")
+            + "; quote it ('...') to mean it as written"
+        )
+    return None
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
@@ -153,6 +187,9 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             # The item may hold a secret's text: name the key only.
             raise UsageError(f"--set {key[:40]!r}...: expected NAME=VALUE")
+        problem = override_problem(key, text)
+        if problem:
+            raise UsageError(f"--set {key}: {problem}")
         out[key] = override_value(key, text)
     return out
 
@@ -173,7 +210,16 @@ def layer(
             defs[k] = Definition(v, "mode", ("modes", mode, k))
     for var, name in (data.get("env") or {}).items():
         if var in environ:
-            defs[name] = Definition(override_value(name, environ[var]), "env", ("env", var))
+            text = environ[var]
+            problem = override_problem(name, text)
+            if not text.strip() and not is_secret(name):
+                problem = "it is set but empty (YAML would read null); unset it to keep the spec's value"
+            defs[name] = Definition(
+                override_value(name, text),
+                "env",
+                ("env", var),
+                f"the environment variable {var} (value {name!r}): {problem}" if problem else None,
+            )
     unknown = sorted(set(sets) - set(defs))
     if unknown:
         raise UsageError(f"--set {', '.join(unknown)}: unknown value; known: {', '.join(sorted(defs))}")
@@ -263,6 +309,9 @@ class _Resolver:
     def _compute(self, name: str) -> bool:
         d = self.defs[name]
         if name in self.failed:
+            return False
+        if d.problem:
+            self.err(d.path, d.problem)
             return False
         kind = _derived_kind(d.raw) if d.source in ("default", "mode") else None
         if kind == "eval":

@@ -12,9 +12,13 @@ text            print the text
 @raw:HEX        write raw bytes (hex) to stdout
 @forever        sleep until killed
 @daemon:PATH    double-fork a setsid() daemon (stdio closed) that sleeps 300 s, its pid in PATH
+@daemon_noenv:PATH  like @daemon, but the daemon re-executes itself with an EMPTY environment:
+                nothing in it says whose it is
+@environ_of:PATH  wait for PATH (a pid), then print ENVIRON_BYTES=<size of that process's environment>
+@on_term:ACTION on SIGTERM, do ACTION (and carry on)
 @orphan:PATH    run a child that forks a grandchild and exits at once: the grandchild (setsid,
                 300 s, its pid in PATH) is an orphan in a session of its own before anyone can
-                see it as ours
+                see it as ours; the leg goes on once PATH is written
 @line:N:AT:TEXT print one line of N characters: TEXT at offset AT, 'x' around it
 """
 
@@ -56,8 +60,22 @@ def main(actions: list[str]) -> int:
             sys.stdout.buffer.flush()
         elif action.startswith("@daemon:"):
             daemon(action[8:])
+        elif action.startswith("@daemon_noenv:"):
+            daemon(action[14:], clear_env=True)
+        elif action.startswith("@environ_of:"):
+            pid = _wait_for_pid(action[12:])
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                print(f"ENVIRON_BYTES={len(fh.read())}", flush=True)
+        elif action.startswith("@on_term:"):
+            then = action[9:]
+            signal.signal(signal.SIGTERM, lambda signum, frame, then=then: main([then]))
+        elif action.startswith("@pid_and_sleep:"):
+            _write_pid_and_sleep(action[15:])
         elif action.startswith("@orphan:"):
             subprocess.run([sys.executable, __file__, "@fork_and_exit:" + action[8:]], check=True)
+            # The orphan's pid is on disk before the leg goes on (or ends and takes it along): a test
+            # always has a pid to look for, however loaded the machine.
+            _wait_for_pid(action[8:])
         elif action.startswith("@fork_and_exit:"):
             if os.fork() == 0:
                 os.setsid()  # out of the group too: only the marker still says whose it is
@@ -76,6 +94,13 @@ def main(actions: list[str]) -> int:
     return 0
 
 
+def _wait_for_pid(path: str) -> int:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    with open(path) as fh:
+        return int(fh.read())
+
+
 def _write_pid_and_sleep(path: str) -> None:
     with open(path + ".tmp", "w") as fh:
         fh.write(str(os.getpid()))
@@ -84,8 +109,9 @@ def _write_pid_and_sleep(path: str) -> None:
     os._exit(0)
 
 
-def daemon(path: str) -> None:
-    """The classic double fork: the daemon is in a session of its own, its parent is gone."""
+def daemon(path: str, clear_env: bool = False) -> None:
+    """The classic double fork: the daemon is in a session of its own, its parent is gone; with
+    `clear_env` it then becomes a fresh program with no environment at all."""
     first = os.fork()
     if first == 0:
         os.setsid()
@@ -93,6 +119,8 @@ def daemon(path: str) -> None:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
+            if clear_env:
+                os.execve(sys.executable, [sys.executable, __file__, "@pid_and_sleep:" + path], {})
             _write_pid_and_sleep(path)
         os._exit(0)
     os.waitpid(first, 0)

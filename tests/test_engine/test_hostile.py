@@ -474,8 +474,9 @@ def test_a_secret_straddling_the_line_cut_leaks_no_piece(tmp_path):
 
 
 def test_a_secret_given_with_set_is_taken_as_written():
-    sets = parse_sets(["api_token=0123", "hub_password=yes", "n=0123", "flag=yes"])
-    assert sets == {"api_token": "0123", "hub_password": "yes", "n": 83, "flag": True}
+    # (A non-secret `0123` is refused: YAML 1.1 would read it as 83, tests/engine/test_read_as_written.py.)
+    sets = parse_sets(["api_token=0123", "hub_password=yes", "n=0x1F", "flag=yes"])
+    assert sets == {"api_token": "0123", "hub_password": "yes", "n": 31, "flag": True}
     defs = layer({"env": {"API_TOKEN": "api_token"}}, None, {"API_TOKEN": "0x1F"}, {}, {})
     assert defs["api_token"].raw == "0x1F"
 
@@ -513,7 +514,7 @@ def test_no_file_under_the_run_dir_holds_a_secret_after_a_passing_or_failing_run
 # ------------------------------------------------------------------ orphans
 
 
-@pytest.mark.parametrize("escape", ["@daemon", "@orphan"])
+@pytest.mark.parametrize("escape", ["@daemon", "@orphan", "@daemon_noenv"])
 def test_sigkill_of_the_engine_takes_the_whole_leg_with_it(tmp_path, escape):
     leader, escaped = tmp_path / "leader.pid", tmp_path / "escaped.pid"
     spec = write_spec(tmp_path / "s.yaml", [leg(f"{escape}:{escaped}", f"@pidfile:{leader}", "@forever")])

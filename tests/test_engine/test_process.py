@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.run.lines import Block
-from engine.run.process import Interrupted, compile_signal_rules, group_alive, parse_signal, run_command
+from engine.run.process import Interrupted, compile_signal_rules, parse_signal, run_command
+from engine.run.proctree import group_alive
 
 LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
 
@@ -147,7 +148,10 @@ def test_grandchild_escaping_the_group_with_the_pipe_cannot_hang_the_drain(tmp_p
         assert result.rc == 0 and result.lines == 1
         assert time.monotonic() - started < 5
     finally:
-        os.kill(int(escaped.read_text()), signal.SIGKILL)
+        try:  # on Linux the leg's supervisor has taken it down already
+            os.kill(int(escaped.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _launcher_code() -> str:
@@ -350,3 +354,27 @@ def test_engine_cpu_per_line_stays_well_below_the_legs_own(tmp_path: Path) -> No
 def test_missing_working_directory_is_named(tmp_path: Path) -> None:
     result = run_command(leg("x"), cwd=tmp_path / "gone")
     assert result.rc == 127 and f"{tmp_path / 'gone'}: No such file" in result.error
+
+
+def test_a_ctrl_c_while_the_watch_is_set_up_still_ends_the_leg(tmp_path, monkeypatch):
+    """The interrupt lands after the leg started, before the engine watches it (its process tree is read
+    for the first time): run_command must still end the leg and say it was interrupted."""
+    from engine.run import proctree
+
+    pidfile = tmp_path / "pid"
+    real_refresh = proctree.ProcessTree.refresh
+    calls = []
+
+    def interrupted_refresh(self):
+        calls.append(1)
+        if len(calls) == 1:
+            while not pidfile.exists():  # the leg is running for sure
+                time.sleep(0.01)
+            raise KeyboardInterrupt
+        return real_refresh(self)
+
+    monkeypatch.setattr(proctree.ProcessTree, "refresh", interrupted_refresh)
+    with pytest.raises(Interrupted) as caught:
+        run_command([sys.executable, LEG, f"@pidfile:{pidfile}", "@forever"], timeout_s=60, grace_s=5)
+    assert caught.value.result.terminated_by == "interrupt"
+    assert not group_alive(int(pidfile.read_text()))

@@ -1,0 +1,59 @@
+"""A trainer refusal under torchrun reads as the trainer's, first: torchrun exits 1 and buries the
+rank's exit code 3 and its `refused: ...` line under its own traceback; the P4 specs' `child_exit` rule
+brings both to the top of every report. The real engine runs the real `specs/p4_smoke.yaml` with real
+torchrun and the real trainer, which refuses a horizon its data mix cannot feed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and_line(tmp_path):
+    (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "HF_TOKEN"):
+        env.pop(name, None)
+    # 200,000 steps: far more tokens than the synthetic mix holds, so every rank refuses at setup (exit 3).
+    args = ["--set", "steps=200000", "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html"]
+    proc = subprocess.run(
+        [str(VENV_BIN / "engine"), "run", "specs/p4_smoke.yaml", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = "leg1: the trainer exited 3: refused: data mix "
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    leg1 = doc["steps"]["leg1"]
+    assert leg1["rc"] == 1  # torchrun's own code: the trainer's is only in its report
+    child = leg1["child_exit"]
+    assert child["name"] == "the trainer" and child["code"] == 3
+    assert child["message"].startswith("refused: data mix ") and "but the 4 train shards hold" in child["message"]
+    # Live: right after the leg, before torchrun's traceback in the failure lines.
+    live = proc.stdout[proc.stdout.index("=== leg1") :]
+    assert live.index(f"   {said}") < live.index("FAILURE LINES")
+    # The terminal report: its first lines, before the table.
+    report = proc.stdout[proc.stdout.index("hub_after_leg2_RC") :].splitlines()[1:]
+    assert report[0].startswith(said) and report[1].startswith("leg2: the trainer exited 3: refused: ")
+    assert report[2].startswith("check ")
+    failure = ET.parse(tmp_path / "j.xml").getroot().find("testcase[@name='leg1']/failure")
+    assert failure is not None and failure.get("message", "").startswith("failed: the trainer exited 3: refused: ")
+    assert failure.text.splitlines()[0] == f"the trainer exited 3: {child['message']}"
+    markdown = (tmp_path / "m.md").read_text()
+    assert markdown.index(f"- {said}") < markdown.index("Failed: ") < markdown.index("| step |")
+    page = (tmp_path / "h.html").read_text()
+    assert f'<p class="child"><strong>{said}' in page
