@@ -16,7 +16,7 @@ A crash anywhere leaves the store resumable: before 4 the old pointer still name
 checkpoint (the new files are orphans that the next push of that step overwrites); after 4 the new one does.
 Before the very first pointer there is none to name, and resume recovers (below).
 
-Every write goes through the store's lease (trainer/lease.py): one writer per store, claimed by
+Every write goes through the store's lease (trainer/store/lease.py): one writer per store, claimed by
 compare-and-swap, renewed while training, released by ``close()``. A second trainer is refused, naming the holder.
 
 The checkpoint records itself. ``trainer_state.json`` is written last and carries ``files`` (the sha256 of
@@ -64,9 +64,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from trainer.lease import Lease
 from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
 from trainer.store import EntryMissing, FileInfo, RepoMissing, Store, StoreError, redact_url, sha256_file
+from trainer.store.lease import Lease
 
 __all__ = [
     "POINTER_PATH",

@@ -21,8 +21,7 @@ from typing import Any, Sequence
 
 from trainer.checkpoint import Pointer, read_pointer
 from trainer.log import setup_logging
-from trainer.store import FileInfo, LocalStore, RepoMissing, Store, redact_url
-from trainer.store_url import open_store
+from trainer.store import FileInfo, LocalStore, RepoMissing, Store, open_store, redact_url
 
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
 

@@ -21,8 +21,7 @@ from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict
 from trainer.log import emit
 from trainer.runconfig import judge_config_change, show_value
-from trainer.store import RepoMissing, Store, StoreError, redact_url
-from trainer.store_url import open_store
+from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
 
 
 class Refused(Exception):

@@ -16,9 +16,9 @@ from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
 
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
-from trainer.hub import COMMIT_MARKER, HubStore
-from trainer.lease import LEASE_PATH
 from trainer.store import StoreError
+from trainer.store.hub import COMMIT_MARKER, HubStore
+from trainer.store.lease import LEASE_PATH
 
 COMMIT = r"/commit/main$"
 
@@ -366,7 +366,7 @@ def test_the_token_hf_auth_login_saved_is_used_without_hf_token(
 ) -> None:
     import huggingface_hub.constants as hf_constants
 
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
 
     (tmp_path / "token").write_text(HUB_TOKEN + "\n")
     monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "token"))

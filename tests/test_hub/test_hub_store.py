@@ -14,9 +14,9 @@ from blobs import sha, write
 from conftest import HUB_TOKEN
 from hubserver import HubServer
 
-from trainer.hub import COMMIT_MARKER, HubStore, RetryPolicy
 from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError
-from trainer.store_url import open_store
+from trainer.store.hub import COMMIT_MARKER, HubStore, RetryPolicy
+from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,7 +138,7 @@ def test_open_store_builds_a_hub_store_from_the_environment(
 def test_a_subprocess_reaches_the_fixture_server_through_its_env(hub_server: HubServer, tmp_path: Path) -> None:
     # The shape the trainer integration tests use: the server in pytest, the client in a child process.
     code = (
-        "import sys, pathlib; from trainer.store_url import open_store\n"
+        "import sys, pathlib; from trainer.store.url import open_store\n"
         "s = open_store('hf://tester/child'); s.create()\n"
         "p = pathlib.Path(sys.argv[1]); p.write_bytes(b'z' * 5000)\n"
         "s.commit({'ckpt/checkpoint-1/model.safetensors': p}, message='child')\n"

@@ -24,10 +24,10 @@ from trainer.checkpoint import (
     seal_trainer_state,
     write_checkpoint_dir,
 )
-from trainer.lease import LEASE_PATH
 from trainer.runconfig import config_hash
 from trainer.store import LocalStore, MetadataMissing, StoreError, sha256_file
-from trainer.store_url import open_store
+from trainer.store.lease import LEASE_PATH
+from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_CONFIG = {
@@ -503,7 +503,7 @@ KILL_PUSH = textwrap.dedent("""
     from pathlib import Path
     from trainer.checkpoint import Checkpointer, CHECKPOINT_FILES
     from trainer.store import sha256_file
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
     url, phase, local, ch = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     def log(line):
         print(line, flush=True)

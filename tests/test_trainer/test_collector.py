@@ -14,7 +14,7 @@ import pytest
 from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer
 from trainer.collector import collect, hub_state
 from trainer.store import sha256_file
-from trainer.store_url import open_store
+from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -73,11 +73,11 @@ from huggingface_hub.utils import (
     RevisionNotFoundError,
 )
 
-from trainer.store import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
+from trainer.store.protocol import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
 
 __all__ = ["HubStore", "RetryPolicy", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
-log = logging.getLogger("trainer.hub")
+log = logging.getLogger("trainer.hub")  # the name its warnings carry in the log lines (readers grep it)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -274,7 +274,7 @@ class _Fetched:
 
 
 class HubStore:
-    """A Hugging Face Hub repo as a :class:`trainer.store.Store`."""
+    """A Hugging Face Hub repo as a :class:`trainer.store.protocol.Store`."""
 
     def __init__(
         self,

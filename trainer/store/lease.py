@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from trainer.store import Conflict, EntryMissing, Store, StoreError, redact_url
+from trainer.store.protocol import Conflict, EntryMissing, Store, StoreError, redact_url
 
 __all__ = [
     "LEASE_PATH",
