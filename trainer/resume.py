@@ -15,11 +15,12 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import Checkpointer, ResumeRefused, read_pointer
+from trainer.checkpoint import Checkpointer, read_pointer
 from trainer.cli import RunPlan
 from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict
 from trainer.log import emit
+from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
 from trainer.runconfig import judge_config_change, show_value
 from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
 
@@ -60,10 +61,10 @@ def resume(
                 prune=args.prune,
                 keep_optimizer_states=args.keep_optimizer_states,
                 allow_rollback=args.allow_pointer_rollback,
-                allow_changes=plan.allowed_changes,
             )
             if plan.resume_mode == "auto":
-                decision["pointer"] = checkpointer.resume_decision(
+                scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
+                decision["pointer"] = scan.decide(
                     config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config
                 )
             else:
@@ -80,8 +81,8 @@ def resume(
         err = None
         if dist.local_rank == 0:
             try:
-                ck = checkpointer or Checkpointer(open_store(args.hub_repo, token=token), log=emit)
-                ckpt_dir = ck.fetch(pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
+                store = checkpointer.store if checkpointer is not None else open_store(args.hub_repo, token=token)
+                ckpt_dir = fetch(store, pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
             except (StoreError, OSError) as e:
                 err = f"fetching {pointer.path_in_repo} from {url}: {e}"
         if err := dist.agree(err):
