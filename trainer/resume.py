@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import Checkpointer, read_pointer
+from trainer.checkpoint import Checkpointer, Pointer, read_pointer
 from trainer.cli import RunPlan
 from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict
@@ -49,6 +49,42 @@ def resume(
 ) -> Start:
     """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
     token = os.environ.get("HF_TOKEN") or None
+    pointer, checkpointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token)
+    ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, token=token)
+    start, loaded = 0, None
+    if ckpt_dir is not None:
+        loaded = _load(dist, Path(ckpt_dir), model, plan, run_config=run_config, config_hash=config_hash)
+        start = loaded["step"]
+        where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
+        log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
+        for c in loaded["config_changes"]:  # allowed by --allow-config-change: said, and recorded in RUN_JSON
+            log(
+                f"config change allowed: {c['field']}: {show_value(c['old'])} -> {show_value(c['new'])} "
+                f"(--allow-config-change)"
+            )
+    # A pointer AT the horizon that is not terminal: the session that trained to the horizon died between
+    # its ckpt/ push and its final/ push. Resuming finishes that push, with no training.
+    finishing = start == plan.total_steps == plan.stop_step
+    if start >= plan.stop_step and not finishing:
+        raise Refused(
+            f"nothing to train: resumed at step {start} but this session stops at step "
+            f"{plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale stop step "
+            "would overwrite newer checkpoints"
+        )
+    return Start(start, loaded, checkpointer, loaded["config_changes"] if loaded else [])
+
+
+def _decide(
+    dist: Dist,
+    args: argparse.Namespace,
+    plan: RunPlan,
+    *,
+    run_config: dict,
+    config_hash: str,
+    token: str | None,
+) -> tuple[Pointer | None, Checkpointer | None]:
+    """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it:
+    (pointer, rank 0's checkpointer; None elsewhere). Refused on every rank."""
     url = redact_url(args.hub_repo)
     decision: dict[str, Any] = {"error": None, "pointer": None}
     checkpointer = None
@@ -75,56 +111,44 @@ def resume(
     decision = dist.from_master(decision)
     if decision["error"]:
         raise Refused(decision["error"])
-    pointer = decision["pointer"]
-    ckpt_dir: Path | None = plan.resume_path
-    if pointer is not None:
-        err = None
-        if dist.local_rank == 0:
-            try:
-                store = checkpointer.store if checkpointer is not None else open_store(args.hub_repo, token=token)
-                ckpt_dir = fetch(store, pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
-            except (StoreError, OSError) as e:
-                err = f"fetching {pointer.path_in_repo} from {url}: {e}"
-        if err := dist.agree(err):
-            raise Refused(err)
-        # Every rank reads the directory its host's local rank 0 fetched into (torchrun numbers the ranks
-        # of one host contiguously).
-        paths = dist.gather(str(ckpt_dir) if dist.local_rank == 0 else None)
-        ckpt_dir = Path(paths[dist.rank - dist.local_rank])
-    start, loaded = 0, None
-    if ckpt_dir is not None:
-        err = None
+    return decision["pointer"], checkpointer
+
+
+def _fetch(
+    dist: Dist, args: argparse.Namespace, pointer: Pointer, checkpointer: Checkpointer | None, *, token: str | None
+) -> Path:
+    """Each host's local rank 0 downloads the pointer's files; every rank returns the directory its host
+    fetched into. Refused on every rank."""
+    ckpt_dir = None
+    err = None
+    if dist.local_rank == 0:
         try:
-            loaded = load_checkpoint(
-                Path(ckpt_dir),
-                model,
-                dist,
-                run_config=run_config,
-                config_hash=config_hash,
-                allowed=plan.allowed_changes,
-            )
-        except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
-            err = f"resume from {ckpt_dir}: {e}"
-        if err := dist.agree(err):
-            raise Refused(err)
-        start = loaded["step"]
-        where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
-        log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
-        for c in loaded["config_changes"]:  # allowed by --allow-config-change: said, and recorded in RUN_JSON
-            log(
-                f"config change allowed: {c['field']}: {show_value(c['old'])} -> {show_value(c['new'])} "
-                f"(--allow-config-change)"
-            )
-    # A pointer AT the horizon that is not terminal: the session that trained to the horizon died between
-    # its ckpt/ push and its final/ push. Resuming finishes that push, with no training.
-    finishing = start == plan.total_steps == plan.stop_step
-    if start >= plan.stop_step and not finishing:
-        raise Refused(
-            f"nothing to train: resumed at step {start} but this session stops at step "
-            f"{plan.stop_step} (--stop-after-steps {args.stop_after_steps}); a stale stop step "
-            "would overwrite newer checkpoints"
+            store = checkpointer.store if checkpointer is not None else open_store(args.hub_repo, token=token)
+            ckpt_dir = fetch(store, pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
+        except (StoreError, OSError) as e:
+            err = f"fetching {pointer.path_in_repo} from {redact_url(args.hub_repo)}: {e}"
+    if err := dist.agree(err):
+        raise Refused(err)
+    # torchrun numbers the ranks of one host contiguously: the host's local rank 0 is rank - local_rank.
+    paths = dist.gather(str(ckpt_dir) if dist.local_rank == 0 else None)
+    return Path(paths[dist.rank - dist.local_rank])
+
+
+def _load(
+    dist: Dist, ckpt_dir: Path, model: torch.nn.Module, plan: RunPlan, *, run_config: dict, config_hash: str
+) -> dict[str, Any]:
+    """Every rank loads the checkpoint (load_checkpoint); Refused on every rank when any rank cannot."""
+    err, loaded = None, None
+    try:
+        loaded = load_checkpoint(
+            ckpt_dir, model, dist, run_config=run_config, config_hash=config_hash, allowed=plan.allowed_changes
         )
-    return Start(start, loaded, checkpointer, loaded["config_changes"] if loaded else [])
+    except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
+        err = f"resume from {ckpt_dir}: {e}"
+    if err := dist.agree(err):
+        raise Refused(err)
+    assert loaded is not None
+    return loaded
 
 
 def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
