@@ -318,6 +318,7 @@ class Checkpointer:
         return redact_url(self.store.url)
 
     def say(self, line: str) -> None:
+        """One protocol line, flushed."""
         self._log(line)
         sys.stdout.flush()  # a kill right after this line must not lose it
 
@@ -446,6 +447,7 @@ class Checkpointer:
             )
 
     def write_pointer(self, pointer: Pointer) -> None:
+        """Commit ``pointer`` as latest.json (under the lease) and read it back."""
         with tempfile.TemporaryDirectory(prefix="specprobe-pointer-") as tmp:
             path = Path(tmp) / POINTER_PATH
             path.write_text(json.dumps(pointer.to_json(), indent=1, sort_keys=True) + "\n")
