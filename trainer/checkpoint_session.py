@@ -67,9 +67,8 @@ class CheckpointSession:
         self.push_at = set(checkpoint_steps(start, plan.stop_step, push_every))
         self.push_steps: list[int] = []  # the steps this session pushed to ckpt/ (RUN_JSON push_steps)
         self.wait_s_max = 0.0  # longest wait of the training loop for the previous push (rank 0)
-        self._state: tuple[torch.nn.Module, torch.optim.Optimizer, Any, Any] | None = (
-            None  # model, optimizer, scheduler, scaler
-        )
+        # What save() snapshots: the model, the optimizer, the scheduler and the grad scaler (see track()).
+        self._state: tuple[torch.nn.Module, torch.optim.Optimizer, Any, Any] | None = None
         self._pusher: ThreadPoolExecutor | None = None
         self._pending: tuple[int, Future] | None = None  # rank 0's running push: (step, future)
 
