@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from trainer.checkpoint import Checkpointer, write_checkpoint_dir  # noqa: E402
 from trainer.model import GEOMETRIES, Llama  # noqa: E402
-from trainer.store_url import open_store  # noqa: E402
+from trainer.store.url import open_store  # noqa: E402
 
 
 def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:

@@ -637,8 +637,9 @@ class Bench:
     def stall(self, cfg, raw, opt, step, hook, step_s: float) -> dict[str, Any]:
         """Training-thread pause of one checkpoint snapshot, measured as (snapshot + step) - step.
 
-        sync: what trainer/train.py's _checkpoint does today: load_state_dict into a host-memory shadow
-              model plus to_host(optimizer.state_dict()), both blocking copies to pageable memory.
+        sync: what the trainer's blocking snapshot does (trainer/snapshot.py): load_state_dict into a
+              host-memory shadow model plus to_host(optimizer.state_dict()), both blocking copies to
+              pageable memory.
         async: copy every parameter and optimizer state into preallocated pinned host buffers on a side
               stream that first waits for the current stream; the training thread only enqueues, and the
               next optimizer step waits (on the device, not the host) for the copies to finish, since it

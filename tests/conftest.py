@@ -78,7 +78,7 @@ def sleeps() -> SleepRecorder:
 @pytest.fixture
 def hub_store(hub_server: HubServer, sleeps: SleepRecorder) -> Callable[..., object]:
     """Factory: ``hub_store("name")`` -> a HubStore on ``tester/name`` with a fast, recorded retry policy."""
-    from trainer.hub import HubStore, RetryPolicy
+    from trainer.store.hub import HubStore, RetryPolicy
 
     def make(
         name: str = "ckpt", *, token: str | None = HUB_TOKEN, attempts: int = 5, repo_type: str = "dataset"

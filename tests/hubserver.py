@@ -1,7 +1,7 @@
 """A Hugging Face Hub protocol test server (standard library only).
 
 It speaks the subset of the Hub API that the UNMODIFIED ``huggingface_hub`` client uses for the calls in
-``trainer/hub.py`` (see its module docstring), so the Hub backend is exercised over real HTTP:
+``trainer/store/hub.py`` (see its module docstring), so the Hub backend is exercised over real HTTP:
 
 - ``POST /api/repos/create`` (409 with the url when it exists), ``DELETE /api/repos/delete``
 - ``GET /api/{type}s/{id}[/revision/{rev}]``                 repo info with ``sha`` and ``siblings``

@@ -282,7 +282,7 @@ def repo_dir(url: str) -> Path:
 
 
 def open_repo(url: str):
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
 
     return open_store(url)
 

@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Model options: SPECPROBE_* environment variables (trainer/options.py). "
         "Exit codes: 0 done, 1 error, 2 usage, 3 refused, 4 push failed.",
     )
+    for add in (_add_data_and_store, _add_model_and_batch, _add_optimizer, _add_session, _add_machine):
+        add(p)  # in this order: --help lists the flags as they are added
+    return p
+
+
+def _add_data_and_store(p: argparse.ArgumentParser) -> None:
+    """Where the data comes from and where checkpoints go."""
     p.add_argument("--root", type=Path, required=True, help="data mix root (manifest.json + shards)")
     p.add_argument("--out", type=Path, required=True, help="local run directory (checkpoint staging)")
     p.add_argument("--hub-repo", required=True, help="checkpoint store URL")
@@ -40,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="prune superseded optimizer states in the store and old checkpoint dirs locally",
     )
+
+
+def _add_model_and_batch(p: argparse.ArgumentParser) -> None:
+    """The model, the shape of a step and the horizon."""
     p.add_argument(
         "--model",
         choices=MODEL_CHOICES,
@@ -55,12 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=4, help="samples per rank per micro-step")
     p.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-steps per step")
     p.add_argument("--tokens", type=int, required=True, help="total training tokens (the horizon)")
+
+
+def _add_optimizer(p: argparse.ArgumentParser) -> None:
+    """AdamW and its learning-rate schedule."""
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (AdamW)")
     p.add_argument("--min-lr", type=float, default=None, help="final lr (default lr/10)")
     p.add_argument("--warmup-steps", type=int, default=None, help="default: min(100, horizon//10)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices")
     p.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
     p.add_argument("--schedule", choices=("cosine", "linear"), default="cosine", help="decay after warm-up")
+
+
+def _add_session(p: argparse.ArgumentParser) -> None:
+    """This session: checkpoints, validation, logging, where it resumes from and stops; the seed."""
     p.add_argument(
         "--push-every-steps",
         type=int,
@@ -92,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--stop-after-steps", type=int, default=0, help="absolute stop step; 0 = horizon")
     p.add_argument("--seed", type=int, default=1337, help="model init and data order")
+
+
+def _add_machine(p: argparse.ArgumentParser) -> None:
+    """The device and what runs on it: precision, compile, CUDA graphs."""
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto = cuda when available")
     p.add_argument(
         "--precision",
@@ -122,7 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay the compiled model's forward and backward as CUDA graphs (needs cuda and "
         "--compile-scope model); auto = on exactly then",
     )
-    return p
 
 
 @dataclass(frozen=True)
@@ -146,7 +168,43 @@ class RunPlan:
 
 
 def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_len: int) -> RunPlan:
-    """Checks every flag combination; raises UsageError naming the flag. Pure except for a path check."""
+    """Checks every flag combination and derives the run plan; raises UsageError naming the flag. Pure except
+    for a path check."""
+    _check_flags(args, world_size=world_size, model_max_seq_len=model_max_seq_len)
+    tps = world_size * args.micro_batch * args.accum * args.seq_len
+    if args.tokens % tps:
+        raise UsageError(
+            f"--tokens {args.tokens} is not a multiple of tokens_per_step {tps} (world_size {world_size}"
+            f" x --micro-batch {args.micro_batch} x --accum {args.accum} x --seq-len {args.seq_len});"
+            f" nearest: {args.tokens // tps * tps} or {(args.tokens // tps + 1) * tps}"
+        )
+    total = args.tokens // tps
+    if args.stop_after_steps > total:
+        raise UsageError(
+            f"--stop-after-steps {args.stop_after_steps} is beyond the horizon of {total} "
+            f"steps (--tokens {args.tokens} / tokens_per_step {tps})"
+        )
+    warmup = args.warmup_steps if args.warmup_steps is not None else min(100, total // 10)
+    if not 0 <= warmup <= total:
+        raise UsageError(f"--warmup-steps must be within [0, {total}], got {warmup}")
+    allowed = _allowed_changes(args.allow_config_change)
+    mode, path = _resume_source(args.resume)
+    return RunPlan(
+        world_size=world_size,
+        tokens_per_step=tps,
+        total_steps=total,
+        stop_step=args.stop_after_steps or total,
+        warmup_steps=warmup,
+        min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
+        grad_ckpt=bool(args.grad_ckpt),
+        resume_mode=mode,
+        resume_path=path,
+        allowed_changes=allowed,
+    )
+
+
+def _check_flags(args: argparse.Namespace, *, world_size: int, model_max_seq_len: int) -> None:
+    """Each flag's range, and the pairs of flags that contradict each other."""
     for flag in ("seq_len", "micro_batch", "accum", "tokens", "push_every_steps", "log_every", "keep_optimizer_states"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -167,23 +225,12 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
         raise UsageError(f"--compile-scope {args.compile_scope} with --no-compile: ambiguous, pass at most one")
     if args.seq_len > model_max_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} exceeds --model {args.model}'s max_seq_len {model_max_seq_len}")
-    tps = world_size * args.micro_batch * args.accum * args.seq_len
-    if args.tokens % tps:
-        raise UsageError(
-            f"--tokens {args.tokens} is not a multiple of tokens_per_step {tps} (world_size {world_size}"
-            f" x --micro-batch {args.micro_batch} x --accum {args.accum} x --seq-len {args.seq_len});"
-            f" nearest: {args.tokens // tps * tps} or {(args.tokens // tps + 1) * tps}"
-        )
-    total = args.tokens // tps
-    if args.stop_after_steps > total:
-        raise UsageError(
-            f"--stop-after-steps {args.stop_after_steps} is beyond the horizon of {total} "
-            f"steps (--tokens {args.tokens} / tokens_per_step {tps})"
-        )
-    warmup = args.warmup_steps if args.warmup_steps is not None else min(100, total // 10)
-    if not 0 <= warmup <= total:
-        raise UsageError(f"--warmup-steps must be within [0, {total}], got {warmup}")
-    allowed = frozenset(n.strip() for item in args.allow_config_change for n in item.split(",") if n.strip())
+
+
+def _allowed_changes(flags: list[str]) -> frozenset[str]:
+    """The run-config fields --allow-config-change names (each flag a comma-separated list); UsageError for
+    a field a resume cannot change."""
+    allowed = frozenset(n.strip() for item in flags for n in item.split(",") if n.strip())
     for name in sorted(allowed):
         if name.split(".")[0] not in CHANGEABLE_FIELDS or (
             name.startswith("numerics.") and name.split(".", 1)[1] not in NUMERICS_OPTIONS
@@ -200,28 +247,21 @@ def validate_args(args: argparse.Namespace, *, world_size: int, model_max_seq_le
                 + f"; changeable: {', '.join(CHANGEABLE_FIELDS)} (numerics.OPTION for one of "
                 f"{', '.join(NUMERICS_OPTIONS)})"
             )
-    if args.resume in ("auto", "never"):
-        mode, path = args.resume, None
+    return allowed
+
+
+def _resume_source(resume: str) -> tuple[str, Path | None]:
+    """(mode, path) of --resume: auto, never, or a local checkpoint directory that must exist."""
+    if resume in ("auto", "never"):
+        mode, path = resume, None
     else:
-        path = Path(args.resume)
+        path = Path(resume)
         if not path.is_dir():
             raise UsageError(
-                f"--resume {args.resume}: no such checkpoint directory (use auto, never or "
-                "an existing local checkpoint dir)"
+                f"--resume {resume}: no such checkpoint directory (use auto, never or an existing local checkpoint dir)"
             )
         mode = "path"
-    return RunPlan(
-        world_size=world_size,
-        tokens_per_step=tps,
-        total_steps=total,
-        stop_step=args.stop_after_steps or total,
-        warmup_steps=warmup,
-        min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
-        grad_ckpt=bool(args.grad_ckpt),
-        resume_mode=mode,
-        resume_path=path,
-        allowed_changes=allowed,
-    )
+    return mode, path
 
 
 def checkpoint_steps(start_step: int, stop_step: int, push_every: int) -> list[int]:

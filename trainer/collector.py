@@ -8,11 +8,16 @@ store's manifest ("local-manifest") or the Hub's LFS metadata ("hub-lfs", null f
 are hashes recorded when the file was written. ``hash_stored_bytes: true`` (``--hash-stored-bytes``)
 also reads back every file the pointer names and hashes those bytes (``pointer_target_sha256_stored``):
 the only way to see a stored object corrupted after its upload. It costs a download of the target.
+
+The engine loads this module to find the collector, so it imports nothing heavy; without the trainer's
+dependencies (``TRAINER_DEPENDENCIES``) the collector raises :class:`MissingDependencies`, one line naming the
+missing ones and the install command, and the command exits with 3 (2: a bad argument).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -21,10 +26,25 @@ from typing import Any, Sequence
 
 from trainer.checkpoint import Pointer, read_pointer
 from trainer.log import setup_logging
-from trainer.store import FileInfo, LocalStore, RepoMissing, Store, redact_url
-from trainer.store_url import open_store
+from trainer.store import FileInfo, LocalStore, RepoMissing, Store, open_store, redact_url
 
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
+# What the trainer's checkpoints and stores need beyond the engine (pyproject's trainer extra).
+TRAINER_DEPENDENCIES = ("huggingface_hub", "torch", "safetensors", "numpy")
+
+
+class MissingDependencies(RuntimeError):
+    """The trainer's dependencies are not installed; the message is one line naming them and the fix."""
+
+
+def require_trainer_dependencies() -> None:
+    """MissingDependencies naming every one of TRAINER_DEPENDENCIES that cannot be imported here."""
+    missing = [name for name in TRAINER_DEPENDENCIES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependencies(
+            "the hub collector needs the trainer's dependencies: pip install 'specprobe[trainer]' "
+            f"(missing: {', '.join(missing)})"
+        )
 
 
 def sha256_source(store: Store) -> str:
@@ -95,8 +115,9 @@ def _target_hashes(store: Store, pointer: Pointer, listing: dict[str, FileInfo])
 
 
 def collect(args: dict, context: dict) -> dict[str, Any]:
-    """Hub state of ``args["repo"]``. A missing or invalid URL is a spec error and raises ValueError;
-    everything that can go wrong with the store itself is reported inside the document."""
+    """Hub state of ``args["repo"]``. A missing or invalid URL is a spec error and raises ValueError, an
+    environment without the trainer's dependencies MissingDependencies; everything that can go wrong with
+    the store itself is reported inside the document."""
     repo = (args or {}).get("repo")
     if not isinstance(repo, str) or not repo:
         raise ValueError(f"collector 'hub' needs args.repo (a store URL), got {repo!r}")
@@ -106,6 +127,7 @@ def collect(args: dict, context: dict) -> dict[str, Any]:
     unknown = sorted(set(args) - {"repo", "hash_stored_bytes"})
     if unknown:
         raise ValueError(f"collector 'hub': unknown args {', '.join(unknown)}; it takes repo, hash_stored_bytes")
+    require_trainer_dependencies()
     return hub_state(open_store(repo), hash_stored_bytes=hash_bytes)
 
 
@@ -125,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except MissingDependencies as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     print(json.dumps(doc, sort_keys=True, separators=(",", ":")), flush=True)
     return 0
 

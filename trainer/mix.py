@@ -17,7 +17,7 @@ token ids; the format is described in `trainer/data.py`).
 
     python -m trainer.mix publish --from DIR --repo URL
         Verify the mix in DIR and put it in the store repo URL as ONE commit (creating the repo if missing,
-        deleting files of an older mix). URL forms: see `trainer/store.py` (file://ROOT/owner/name, hf://...).
+        deleting files of an older mix). URL forms: see `trainer/store/url.py` (file://ROOT/owner/name, hf://...).
 
     python -m trainer.mix fetch --repo URL --out ROOT [--if-missing-build-synthetic [synthetic build options]]
         Download the mix into ROOT and verify every file's sha256 against the manifest, then print
@@ -246,7 +246,7 @@ def build_text(
 
 
 def _open(url: str) -> Any:
-    from trainer.store_url import open_store
+    from trainer.store import open_store
 
     try:
         return open_store(url)

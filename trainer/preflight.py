@@ -66,8 +66,7 @@ def check(
     )
     hub_repo = False
     if repo is not None:
-        from trainer.store import redact_url
-        from trainer.store_url import parse_store_url
+        from trainer.store import parse_store_url, redact_url
 
         try:
             url = parse_store_url(repo)

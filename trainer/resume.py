@@ -15,14 +15,14 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import Checkpointer, ResumeRefused, read_pointer
+from trainer.checkpoint import Checkpointer, Pointer, read_pointer
 from trainer.cli import RunPlan
 from trainer.dist import Dist
 from trainer.hf import load_hf_state_dict
 from trainer.log import emit
+from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
 from trainer.runconfig import judge_config_change, show_value
-from trainer.store import RepoMissing, Store, StoreError, redact_url
-from trainer.store_url import open_store
+from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
 
 
 class Refused(Exception):
@@ -49,64 +49,11 @@ def resume(
 ) -> Start:
     """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
     token = os.environ.get("HF_TOKEN") or None
-    url = redact_url(args.hub_repo)
-    decision: dict[str, Any] = {"error": None, "pointer": None}
-    checkpointer = None
-    if dist.master:
-        try:
-            store = open_store(args.hub_repo, token=token)
-            checkpointer = Checkpointer(
-                store,
-                log=emit,
-                prune=args.prune,
-                keep_optimizer_states=args.keep_optimizer_states,
-                allow_rollback=args.allow_pointer_rollback,
-                allow_changes=plan.allowed_changes,
-            )
-            if plan.resume_mode == "auto":
-                decision["pointer"] = checkpointer.resume_decision(
-                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config
-                )
-            else:
-                _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
-        except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
-            # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
-            decision["error"] = str(e)
-    decision = dist.from_master(decision)
-    if decision["error"]:
-        raise Refused(decision["error"])
-    pointer = decision["pointer"]
-    ckpt_dir: Path | None = plan.resume_path
-    if pointer is not None:
-        err = None
-        if dist.local_rank == 0:
-            try:
-                ck = checkpointer or Checkpointer(open_store(args.hub_repo, token=token), log=emit)
-                ckpt_dir = ck.fetch(pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
-            except (StoreError, OSError) as e:
-                err = f"fetching {pointer.path_in_repo} from {url}: {e}"
-        if err := dist.agree(err):
-            raise Refused(err)
-        # Every rank reads the directory its host's local rank 0 fetched into (torchrun numbers the ranks
-        # of one host contiguously).
-        paths = dist.gather(str(ckpt_dir) if dist.local_rank == 0 else None)
-        ckpt_dir = Path(paths[dist.rank - dist.local_rank])
+    pointer, checkpointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token)
+    ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, token=token)
     start, loaded = 0, None
     if ckpt_dir is not None:
-        err = None
-        try:
-            loaded = load_checkpoint(
-                Path(ckpt_dir),
-                model,
-                dist,
-                run_config=run_config,
-                config_hash=config_hash,
-                allowed=plan.allowed_changes,
-            )
-        except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
-            err = f"resume from {ckpt_dir}: {e}"
-        if err := dist.agree(err):
-            raise Refused(err)
+        loaded = _load(dist, Path(ckpt_dir), model, plan, run_config=run_config, config_hash=config_hash)
         start = loaded["step"]
         where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
         log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
@@ -125,6 +72,83 @@ def resume(
             "would overwrite newer checkpoints"
         )
     return Start(start, loaded, checkpointer, loaded["config_changes"] if loaded else [])
+
+
+def _decide(
+    dist: Dist,
+    args: argparse.Namespace,
+    plan: RunPlan,
+    *,
+    run_config: dict,
+    config_hash: str,
+    token: str | None,
+) -> tuple[Pointer | None, Checkpointer | None]:
+    """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it:
+    (pointer, rank 0's checkpointer; None elsewhere). Refused on every rank."""
+    url = redact_url(args.hub_repo)
+    decision: dict[str, Any] = {"error": None, "pointer": None}
+    checkpointer = None
+    if dist.master:
+        try:
+            store = open_store(args.hub_repo, token=token)
+            checkpointer = Checkpointer(
+                store,
+                log=emit,
+                prune=args.prune,
+                keep_optimizer_states=args.keep_optimizer_states,
+                allow_rollback=args.allow_pointer_rollback,
+            )
+            if plan.resume_mode == "auto":
+                scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
+                decision["pointer"] = scan.decide(
+                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config
+                )
+            else:
+                _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
+        except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
+            # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
+            decision["error"] = str(e)
+    decision = dist.from_master(decision)
+    if decision["error"]:
+        raise Refused(decision["error"])
+    return decision["pointer"], checkpointer
+
+
+def _fetch(
+    dist: Dist, args: argparse.Namespace, pointer: Pointer, checkpointer: Checkpointer | None, *, token: str | None
+) -> Path:
+    """Each host's local rank 0 downloads the pointer's files; every rank returns the directory its host
+    fetched into. Refused on every rank."""
+    ckpt_dir = None
+    err = None
+    if dist.local_rank == 0:
+        try:
+            store = checkpointer.store if checkpointer is not None else open_store(args.hub_repo, token=token)
+            ckpt_dir = fetch(store, pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
+        except (StoreError, OSError) as e:
+            err = f"fetching {pointer.path_in_repo} from {redact_url(args.hub_repo)}: {e}"
+    if err := dist.agree(err):
+        raise Refused(err)
+    # torchrun numbers the ranks of one host contiguously: the host's local rank 0 is rank - local_rank.
+    paths = dist.gather(str(ckpt_dir) if dist.local_rank == 0 else None)
+    return Path(paths[dist.rank - dist.local_rank])
+
+
+def _load(
+    dist: Dist, ckpt_dir: Path, model: torch.nn.Module, plan: RunPlan, *, run_config: dict, config_hash: str
+) -> dict[str, Any]:
+    """Every rank loads the checkpoint (load_checkpoint); Refused on every rank when any rank cannot."""
+    err, loaded = None, None
+    try:
+        loaded = load_checkpoint(
+            ckpt_dir, model, dist, run_config=run_config, config_hash=config_hash, allowed=plan.allowed_changes
+        )
+    except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
+        err = f"resume from {ckpt_dir}: {e}"
+    if err := dist.agree(err):
+        raise Refused(err)
+    assert loaded is not None
+    return loaded
 
 
 def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:

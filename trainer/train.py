@@ -25,27 +25,24 @@ Exit codes, the same on every rank: 0 done, 1 unexpected error, 2 bad command li
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import random
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, prune_local, write_checkpoint_dir
+from trainer.checkpoint_session import CheckpointSession, PushFailed
 from trainer.cli import (
     RunPlan,
     Runtime,
     UsageError,
     build_parser,
-    checkpoint_steps,
     choose_runtime,
     lr_factor,
     run_config,
@@ -58,17 +55,13 @@ from trainer.heap import FullCollections, freeze_heap
 from trainer.log import emit, setup_logging
 from trainer.model import GEOMETRIES, Llama, count_params
 from trainer.resume import Refused, resume
-from trainer.rng import rng_state, set_rng_state
+from trainer.rng import set_rng_state
 from trainer.runconfig import config_hash
-from trainer.snapshot import Snapshot, Snapshotter, tensor_bytes
+from trainer.snapshot import Snapshotter
 from trainer.steptime import StepTimer
 from trainer.store import redact_url
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PUSH_FAILED = 0, 1, 2, 3, 4
-
-
-class PushFailed(Exception):
-    """A background checkpoint push failed (exit code 4)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,11 +107,7 @@ class Trainer:
         self.run_cfg = run_config(args, plan, runtime)
         self.cfg_hash = config_hash(self.run_cfg)
         self.hub_url = redact_url(args.hub_repo)
-        self.checkpointer: Checkpointer | None = None
-        self.pusher: ThreadPoolExecutor | None = None
-        self.pending: tuple[int, Future] | None = None  # rank 0's running push: (step, future)
-        self.push_steps: list[int] = []
-        self.ckpt_wait_s = 0.0  # longest wait of the training loop for the previous push (rank 0)
+        self.saves: CheckpointSession | None = None  # from the resume on: it holds the store's lease
         self.losses: dict[str, float] = {}
         self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
         self.step_seconds: list[float] = []  # host time of each step (the first is left out of tok_per_s)
@@ -141,7 +130,21 @@ class Trainer:
                 config_hash=self.cfg_hash,
                 log=self.log,
             )
-            self.checkpointer = begin.checkpointer
+            self.saves = CheckpointSession(
+                self.dist,
+                begin.checkpointer,
+                self.snapshots,
+                start=begin.step,
+                plan=self.plan,
+                push_every=self.args.push_every_steps,
+                out=self.args.out,
+                cfg=self.cfg,
+                prune=self.args.prune,
+                run_config=self.run_cfg,
+                config_hash=self.cfg_hash,
+                model_options=self.rt.options.as_dict(),
+                hub_url=self.hub_url,
+            )
             self.config_changes = begin.config_changes
             self.build(begin.loaded)
             self.loop(begin.step)
@@ -155,12 +158,8 @@ class Trainer:
                 emit(f"CKPT FAILED: {e}", sys.stderr)
             code = EXIT_PUSH_FAILED
         finally:
-            if self.pusher is not None:
-                self.pusher.shutdown(wait=True)
-            if self.checkpointer is not None:
-                self.checkpointer.close()  # releases the store's lease (a killed session's expires)
-            if getattr(self, "checkpointer", None) is not None:
-                self.checkpointer.close()  # releases the store's lease (a killed session's expires)
+            if self.saves is not None:
+                self.saves.close()  # the running push finishes, then the store's lease is released
             # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
             # waits for the GIL that the destructor holds while joining it). __main__ exits without
             # running destructors instead; every push has finished and every collective has completed.
@@ -266,11 +265,9 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
     def loop(self, start: int) -> None:
         args, plan = self.args, self.plan
-        push_at = set(checkpoint_steps(start, plan.stop_step, args.push_every_steps))
-        if self.dist.master and self.rt.snapshot == "async" and (push_at or start == plan.total_steps):
-            self.snapshots.prepare(self.raw_model, self.opt)  # before the first step: not a training pause
+        self.saves.track(self.raw_model, self.opt, self.sched, self.scaler)
         if start == plan.total_steps:  # resumed at the horizon: only the final push is left
-            self.checkpoint(start, push_ckpt=False, final=True)
+            self.saves.save(start)
         pending: list[tuple[int, torch.Tensor]] = []  # losses not yet read back from the device
         t_log, since_log = time.time(), 0
         self.gc_full = FullCollections()  # Python's full collections after the freeze: each one stops a step
@@ -303,9 +300,9 @@ class Trainer:
                 self.gc_full.start()
                 self.snapshots.prepare_plan(self.raw_model, self.opt, step)  # setup, outside every pause
             self.step_seconds.append(time.time() - t_step)
-            if step in push_at:
+            if self.saves.due(step):
                 self.flush_losses(pending)
-                self.checkpoint(step, push_ckpt=True, final=step == plan.total_steps)
+                self.saves.save(step)
         self.flush_losses(pending)
         self.gc_full.stop()
 
@@ -356,84 +353,6 @@ class Trainer:
             self.losses[str(s)] = v
         pending.clear()
 
-    # -- checkpoints ------------------------------------------------------------------------------------
-    def checkpoint(self, step: int, *, push_ckpt: bool, final: bool) -> None:
-        """Snapshot on the training thread (every rank: the RNG gather), then write + push in the background."""
-        t_wait = time.perf_counter()
-        self.wait_push(step, announce=True)
-        t0 = time.perf_counter()  # from here to the submit is the snapshot's pause
-        # A push still running when the next checkpoint comes (pushes more often than a push lasts) stalls
-        # the loop too; reported on its own as ckpt_wait_s_max.
-        self.ckpt_wait_s = max(self.ckpt_wait_s, t0 - t_wait)
-        rngs = self.dist.gather_later(rng_state(self.rt.device_type))  # read by the push thread
-        t_rng = time.perf_counter()
-        if push_ckpt:
-            self.push_steps.append(step)
-        if not self.dist.master:
-            return
-        snap = self.snapshots.take(self.raw_model, self.opt, self.sched, self.scaler, step=step, t0=t0, t_rng=t_rng)
-        trainer_state = {
-            "step": step,
-            "tokens_consumed": step * self.plan.tokens_per_step,
-            "run_config": self.run_cfg,
-            "config_hash": self.cfg_hash,
-            "model_options": self.rt.options.as_dict(),
-            "world_size": self.dist.world_size,
-            "final": final,
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        }
-        if self.pusher is None:
-            self.pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-push")
-        self.pending = (step, self.pusher.submit(self._write_and_push, snap, trainer_state, rngs, push_ckpt, final))
-
-    def _write_and_push(
-        self, snap: Snapshot, trainer_state: dict, rngs_wait: Callable[[], list], push_ckpt: bool, final: bool
-    ) -> None:
-        """Push thread: the checkpoint dir written from the snapshot, then push -> verify -> pointer -> prune."""
-        out_dir = self.args.out / "ckpt" / f"checkpoint-{snap.step}"
-        rngs = rngs_wait()
-        nbytes = snap.nbytes + tensor_bytes(rngs)
-        shadow, pause, wait = self.snapshots.land(snap)
-        emit(
-            f"CKPT save step={snap.step} files={len(CHECKPOINT_FILES)} bytes={nbytes} snapshot_s={pause:.3f}"
-            f"{wait}{snap.parts}"
-        )
-        files = write_checkpoint_dir(
-            out_dir,
-            model=shadow,
-            cfg=self.cfg,
-            trainer_state=trainer_state,
-            optimizer_state=snap.opt_state,
-            rng_states=rngs,
-        )
-        for to_final in ([False] if push_ckpt else []) + ([True] if final else []):
-            self.checkpointer.push(
-                snap.step,
-                out_dir,
-                files,
-                tokens=trainer_state["tokens_consumed"],
-                config_hash=self.cfg_hash,
-                final=to_final,
-            )
-        if self.args.prune:
-            prune_local(self.args.out / "ckpt", keep=out_dir)
-
-    def wait_push(self, step: int, *, announce: bool) -> None:
-        """Rank 0 waits for the running push; every rank learns whether it failed."""
-        self.dist.wait_gathers()  # the last checkpoint's RNG gather, before any other collective
-        err = None
-        if self.dist.master and self.pending is not None:
-            prev_step, fut = self.pending
-            if not fut.done() and announce:
-                emit(f"CKPT wait step={step}: push of step={prev_step} still running")
-            try:
-                fut.result()
-            except Exception as e:  # noqa: BLE001 - any failure of the push fails the run, with its cause
-                err = f"push of step={prev_step} to {self.hub_url} failed: {type(e).__name__}: {e}"
-            self.pending = None
-        if err := self.dist.from_master(err):
-            raise PushFailed(err)
-
     # -- finish: validation, the last push, RUN_JSON ------------------------------------------------------
     def finish(self, start: int, resumed_from: int | None) -> int:
         plan, final_step = self.plan, self.plan.stop_step
@@ -449,13 +368,13 @@ class Trainer:
         val: dict[str, Any] = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": True}
         if plan.horizon_leg:
             val = self.validate()  # overlaps the final push running in the background
-            self.wait_push(final_step, announce=False)
+            self.saves.wait()
             self.log(
                 f"TRAIN DONE step={final_step} tokens={final_step * plan.tokens_per_step} "
                 f"seconds={time.time() - self.t_start:.1f}"
             )
         else:
-            self.wait_push(final_step, announce=False)
+            self.saves.wait()
             self.log(
                 f"segment boundary at step {final_step} (--stop-after-steps {self.args.stop_after_steps}): stopping"
             )
@@ -495,10 +414,10 @@ class Trainer:
             "accum": args.accum,
             "tokens_per_step": plan.tokens_per_step,
             "total_steps": plan.total_steps,
-            "push_steps": self.push_steps,
+            "push_steps": self.saves.push_steps,
             "hub_repo": self.hub_url,
             "ckpt_pause_s_max": round(self.snapshots.pause_max_s, 4),
-            "ckpt_wait_s_max": round(self.ckpt_wait_s, 4),
+            "ckpt_wait_s_max": round(self.saves.wait_s_max, 4),
             **gc,
             **self.timer.summary(plan.tokens_per_step),
             "seconds": round(time.time() - self.t_start, 1),

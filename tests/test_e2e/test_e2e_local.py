@@ -204,7 +204,7 @@ def assert_every_check_passed(run: EngineRun, spec_name: str, min_checks: int) -
 
 def store_bytes_sha(repo_url: str, path: str) -> str:
     """The sha256 of the bytes the store holds for `path` (a re-read, not the recorded metadata)."""
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
 
     return hashlib.sha256(open_store(repo_url).read_bytes(path)).hexdigest()
 

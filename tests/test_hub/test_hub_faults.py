@@ -16,9 +16,10 @@ from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
 
 from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
-from trainer.hub import COMMIT_MARKER, HubStore
-from trainer.lease import LEASE_PATH
+from trainer.resume_scan import ResumeScan
 from trainer.store import StoreError
+from trainer.store.hub import COMMIT_MARKER, HubStore
+from trainer.store.lease import LEASE_PATH
 
 COMMIT = r"/commit/main$"
 
@@ -186,7 +187,7 @@ def make_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
 
 def run_pushes(store: HubStore, tmp: Path, steps: list[int], log: list[str]) -> None:
     ck = Checkpointer(store, log=log.append)
-    assert ck.resume_decision(config_hash="cfg", horizon_step=steps[-1]) is None
+    assert ResumeScan(ck).decide(config_hash="cfg", horizon_step=steps[-1]) is None
     for step in steps:
         folder, files = make_ckpt(tmp, step)
         ck.push(step, folder, files, tokens=step * 100, config_hash="cfg", final=step == steps[-1])
@@ -366,7 +367,7 @@ def test_the_token_hf_auth_login_saved_is_used_without_hf_token(
 ) -> None:
     import huggingface_hub.constants as hf_constants
 
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
 
     (tmp_path / "token").write_text(HUB_TOKEN + "\n")
     monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "token"))

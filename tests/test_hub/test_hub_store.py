@@ -14,9 +14,9 @@ from blobs import sha, write
 from conftest import HUB_TOKEN
 from hubserver import HubServer
 
-from trainer.hub import COMMIT_MARKER, HubStore, RetryPolicy
 from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError
-from trainer.store_url import open_store
+from trainer.store.hub import COMMIT_MARKER, HubStore, RetryPolicy
+from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,7 +138,7 @@ def test_open_store_builds_a_hub_store_from_the_environment(
 def test_a_subprocess_reaches_the_fixture_server_through_its_env(hub_server: HubServer, tmp_path: Path) -> None:
     # The shape the trainer integration tests use: the server in pytest, the client in a child process.
     code = (
-        "import sys, pathlib; from trainer.store_url import open_store\n"
+        "import sys, pathlib; from trainer.store.url import open_store\n"
         "s = open_store('hf://tester/child'); s.create()\n"
         "p = pathlib.Path(sys.argv[1]); p.write_bytes(b'z' * 5000)\n"
         "s.commit({'ckpt/checkpoint-1/model.safetensors': p}, message='child')\n"
@@ -169,12 +169,13 @@ def test_retry_policy_backoff_is_exponential_bounded_and_honours_retry_after() -
 def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
     from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, seal_trainer_state
     from trainer.collector import hub_state
+    from trainer.resume_scan import ResumeScan, fetch
 
     store = hub_store("resume")
     lines: list[str] = []
     ck = Checkpointer(store, log=lines.append)
     # A missing repo (RepositoryNotFound through the client) takes the fresh-start branch and creates it.
-    assert ck.resume_decision(config_hash="cfg", horizon_step=20) is None
+    assert ResumeScan(ck).decide(config_hash="cfg", horizon_step=20) is None
     assert store.exists() and any("repo missing, created" in line for line in lines)
     for step in (10, 20):
         files = {
@@ -189,9 +190,9 @@ def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, h
         ck.push(step, tmp_path / f"s{step}", files, tokens=step * 64, config_hash="cfg")
     # Cold resume: a fresh Checkpointer, nothing local, everything from the Hub.
     again = Checkpointer(hub_store("resume"), log=lines.append)
-    pointer = again.resume_decision(config_hash="cfg", horizon_step=30)
+    pointer = ResumeScan(again).decide(config_hash="cfg", horizon_step=30)
     assert pointer is not None and (pointer.step, pointer.path_in_repo) == (20, "ckpt/checkpoint-20")
-    out = again.fetch(pointer, tmp_path / "cold")
+    out = fetch(again.store, pointer, tmp_path / "cold")
     assert (out / "model.safetensors").read_bytes() == b"model.safetensors@20" * 400
     state = hub_state(store)
     assert state["exists"] and state["checkpoints"] == [10, 20] and state["pointer"]["step"] == 20

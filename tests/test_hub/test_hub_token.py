@@ -13,9 +13,9 @@ import pytest
 from conftest import HUB_TOKEN
 from hubserver import HubServer
 
-from trainer.hub import HubStore, RetryPolicy
 from trainer.store import RepoMissing, StoreError
-from trainer.store_url import open_store
+from trainer.store.hub import HubStore, RetryPolicy
+from trainer.store.url import open_store
 
 
 def test_token_is_the_bearer_and_never_leaks(

@@ -17,17 +17,17 @@ from trainer.checkpoint import (
     CHECKPOINT_FILES,
     Checkpointer,
     Pointer,
-    ResumeRefused,
     prune_local,
     prune_plan,
     read_pointer,
     seal_trainer_state,
     write_checkpoint_dir,
 )
-from trainer.lease import LEASE_PATH
+from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
 from trainer.runconfig import config_hash
 from trainer.store import LocalStore, MetadataMissing, StoreError, sha256_file
-from trainer.store_url import open_store
+from trainer.store.lease import LEASE_PATH
+from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_CONFIG = {
@@ -282,7 +282,7 @@ def test_prune_local_keeps_only_the_newest_folder(tmp_path):
 def test_resume_creates_a_missing_repo_and_starts_fresh(tmp_path):
     s = open_store(f"file://{tmp_path}/o/new-repo")
     log = Recorder()
-    assert Checkpointer(s, log=log).resume_decision(config_hash=CH, horizon_step=20) is None
+    assert ResumeScan(Checkpointer(s, log=log)).decide(config_hash=CH, horizon_step=20) is None
     assert s.exists()
     assert log.lines == [f"auto-resume: repo missing, created file://{tmp_path}/o/new-repo, fresh start"]
 
@@ -290,13 +290,13 @@ def test_resume_creates_a_missing_repo_and_starts_fresh(tmp_path):
 def test_resume_without_create_refuses_a_missing_repo(tmp_path):
     s = open_store(f"file://{tmp_path}/o/new-repo")
     with pytest.raises(ResumeRefused, match="does not exist"):
-        Checkpointer(s, log=Recorder()).resume_decision(config_hash=CH, horizon_step=20, create_if_missing=False)
+        ResumeScan(Checkpointer(s, log=Recorder())).decide(config_hash=CH, horizon_step=20, create_if_missing=False)
     assert not s.exists()
 
 
 def test_resume_from_an_empty_repo_starts_fresh(store):
     log = Recorder()
-    assert Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=20) is None
+    assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=20) is None
     assert log.lines == [f"auto-resume: no pointer in {store.url}, fresh start"]
 
 
@@ -304,16 +304,16 @@ def test_resume_returns_the_pointer_and_fetch_restores_the_files(store, tmp_path
     pushed = push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     log = Recorder()
     ck = Checkpointer(store, log=log)
-    pointer = ck.resume_decision(config_hash=CH, horizon_step=20)
+    pointer = ResumeScan(ck).decide(config_hash=CH, horizon_step=20)
     assert pointer == pushed and log.lines == ["auto-resume: pointer step=10 path=ckpt/checkpoint-10"]
-    dest = ck.fetch(pointer, tmp_path / "cold")
+    dest = fetch(ck.store, pointer, tmp_path / "cold")
     for name in CHECKPOINT_FILES:
         assert (dest / name).read_bytes() == (tmp_path / "local/checkpoint-10" / name).read_bytes()
 
 
 def refused(store, **kw) -> str:
     with pytest.raises(ResumeRefused) as e:
-        Checkpointer(store, log=Recorder()).resume_decision(**{"config_hash": CH, "horizon_step": 20, **kw})
+        ResumeScan(Checkpointer(store, log=Recorder())).decide(**{"config_hash": CH, "horizon_step": 20, **kw})
     return str(e.value)
 
 
@@ -329,7 +329,7 @@ def test_history_without_a_pointer_resumes_from_the_newest_checkpoint_that_verif
     store.commit({}, delete=["latest.json"])
     replace_in_store(store, "ckpt/checkpoint-20/rng.pt", b"not what step 20 saved", tmp_path)
     log = Recorder()
-    pointer = Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30)
     assert (pointer.step, pointer.path_in_repo, pointer.tokens, pointer.terminal) == (
         10,
         "ckpt/checkpoint-10",
@@ -465,12 +465,12 @@ class FlakyDownloadStore(LocalStore):
 def test_fetch_retries_a_bad_download_once_then_fails_naming_the_file(store, tmp_path):
     pointer = push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     flaky = FlakyDownloadStore(store.root, store.repo_id, url=store.url)
-    Checkpointer(flaky, log=Recorder()).fetch(pointer, tmp_path / "a")  # one bad download: retried
+    fetch(flaky, pointer, tmp_path / "a")  # one bad download: retried
     assert sha256_file(tmp_path / "a/model.safetensors") == pointer.files["model.safetensors"]
 
     flaky.bad_downloads = 2
     with pytest.raises(StoreError, match=r"ckpt/checkpoint-10/config.json .* after two downloads"):
-        Checkpointer(flaky, log=Recorder()).fetch(pointer, tmp_path / "b")  # config.json sorts first
+        fetch(flaky, pointer, tmp_path / "b")  # config.json sorts first
 
 
 # ------------------------------------------------------------------------------------ config hash
@@ -503,7 +503,7 @@ KILL_PUSH = textwrap.dedent("""
     from pathlib import Path
     from trainer.checkpoint import Checkpointer, CHECKPOINT_FILES
     from trainer.store import sha256_file
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
     url, phase, local, ch = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     def log(line):
         print(line, flush=True)
@@ -535,9 +535,9 @@ def test_a_push_killed_at_any_phase_leaves_a_resumable_store(store, tmp_path, ph
     assert proc.stdout.splitlines()[-1].startswith(phase)
 
     ck = Checkpointer(store, log=Recorder())
-    pointer = ck.resume_decision(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(ck).decide(config_hash=CH, horizon_step=30)
     assert pointer.step == resumes_at
-    dest = ck.fetch(pointer, tmp_path / "cold")
+    dest = fetch(ck.store, pointer, tmp_path / "cold")
     assert {n: sha256_file(dest / n) for n in CHECKPOINT_FILES} == pointer.files
     # The next push of the same step after a resume from 10 completes normally.
     if resumes_at == 10:
@@ -572,8 +572,8 @@ def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(
 
     ck = Checkpointer(store, log=Recorder())
     ck.push(5, tmp_path / "ck", files, tokens=160, config_hash=CH)
-    pointer = ck.resume_decision(config_hash=CH, horizon_step=10)
-    dest = ck.fetch(pointer, tmp_path / "cold")
+    pointer = ResumeScan(ck).decide(config_hash=CH, horizon_step=10)
+    dest = fetch(ck.store, pointer, tmp_path / "cold")
     assert json.loads((dest / "trainer_state.json").read_text())["step"] == 5
     state = torch.load(dest / "optimizer.pt", weights_only=False)
     assert state["optimizer"]["state"][0]["step"].item() == 1
@@ -594,7 +594,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
     store = hub_store("ckpt-protocol")
     log = Recorder()
     ck = Checkpointer(store, log=log)
-    assert ck.resume_decision(config_hash=CH, horizon_step=30) is None
+    assert ResumeScan(ck).decide(config_hash=CH, horizon_step=30) is None
     assert log.lines == ["auto-resume: repo missing, created hf://tester/ckpt-protocol, fresh start"]
     for step in (10, 20):
         d = tmp_path / f"l{step}"
@@ -602,10 +602,10 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
         ck.push(step, d, files, tokens=step, config_hash=CH)
     commits_before = hub_server.commit_count("tester/ckpt-protocol")
 
-    pointer = Checkpointer(store, log=Recorder()).resume_decision(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(Checkpointer(store, log=Recorder())).decide(config_hash=CH, horizon_step=30)
     assert pointer.step == 20 and read_pointer(store) == pointer
     assert "ckpt/checkpoint-10/optimizer.pt" not in store.list_files()
-    dest = ck.fetch(pointer, tmp_path / "cold")
+    dest = fetch(ck.store, pointer, tmp_path / "cold")
     assert (dest / "model.safetensors").read_bytes() == (tmp_path / "l20/model.safetensors").read_bytes()
     assert hub_server.commit_count("tester/ckpt-protocol") == commits_before  # resume and fetch only read
 
@@ -613,7 +613,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
 def test_a_hub_upload_corrupted_for_good_never_moves_the_pointer(hub_store, hub_server, tmp_path):
     store = hub_store("ckpt-corrupt")
     ck = Checkpointer(store, log=Recorder())
-    ck.resume_decision(config_hash=CH, horizon_step=30)
+    ResumeScan(ck).decide(config_hash=CH, horizon_step=30)
     push(ck, tmp_path, 10)
     hub_server.inject("corrupt", r"/commit/", file_pattern=r"checkpoint-20/optimizer\.pt$", times=10)
     with pytest.raises(StoreError, match=r"ckpt/checkpoint-20/optimizer.pt: stored sha256 .*latest.json was NOT moved"):
@@ -688,7 +688,7 @@ def test_a_push_that_would_move_the_pointer_back_is_refused_before_uploading(sto
         "--allow-pointer-rollback)" in log.lines
     )
     # Marked as an allowed move, it resumes without the flag.
-    assert Checkpointer(store, log=Recorder()).resume_decision(config_hash=CH, horizon_step=30).step == 15
+    assert ResumeScan(Checkpointer(store, log=Recorder())).decide(config_hash=CH, horizon_step=30).step == 15
 
 
 def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_path):
@@ -701,7 +701,7 @@ def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_pat
     assert "moved backwards: it is at step 10 (ckpt/checkpoint-10) but the pointer it replaced was at step 20" in msg
     assert "drop steps 11..20" in msg and "--allow-pointer-rollback" in msg
     log = Recorder()
-    pointer = Checkpointer(store, log=log, allow_rollback=True).resume_decision(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(Checkpointer(store, log=log, allow_rollback=True)).decide(config_hash=CH, horizon_step=30)
     assert pointer.step == 10
     assert any(
         "moved back from step 20 to 10; resuming from it as --allow-pointer-rollback asks" in line for line in log.lines
@@ -714,7 +714,7 @@ def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path)
     d = tmp_path / "orphan"
     store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})  # pushed, never pointed at
     log = Recorder()
-    assert Checkpointer(store, log=log).resume_decision(config_hash=CH, horizon_step=30).step == 10
+    assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30).step == 10
     assert any(
         line.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)") for line in log.lines
     )
@@ -761,7 +761,7 @@ def test_resume_over_a_store_copied_without_its_metadata_refuses_and_changes_not
     before = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file())
     log = Recorder()
     with pytest.raises(MetadataMissing, match="but no .specprobe/manifest.json"):
-        Checkpointer(open_store(f"file://{tmp_path}/copied/probe/ckpt-x"), log=log).resume_decision(
+        ResumeScan(Checkpointer(open_store(f"file://{tmp_path}/copied/probe/ckpt-x"), log=log)).decide(
             config_hash=CH, horizon_step=20
         )
     assert not any("fresh start" in line for line in log.lines)

@@ -14,7 +14,7 @@ import pytest
 from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer
 from trainer.collector import collect, hub_state
 from trainer.store import sha256_file
-from trainer.store_url import open_store
+from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,3 +174,52 @@ def test_hash_stored_bytes_must_be_a_boolean_and_unknown_args_are_refused():
         collect({"repo": "file:///tmp/o/x", "hash_stored_bytes": "yes"}, {})
     with pytest.raises(ValueError, match="unknown args hash_stored_byte; it takes repo, hash_stored_bytes"):
         collect({"repo": "file:///tmp/o/x", "hash_stored_byte": True}, {})
+
+
+def without(modules: list[str], code: str, *argv: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter where importing any of ``modules`` fails as if not installed."""
+    block = f"import sys\nfor name in {modules!r}:\n    sys.modules[name] = None\n"
+    return subprocess.run(
+        [sys.executable, "-c", block + code, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+LOAD_AND_COLLECT = """
+from importlib.metadata import entry_points
+(hub,) = [ep for ep in entry_points(group="specprobe.collectors") if ep.name == "hub"]
+collect = hub.load()  # what the engine does: the module must load without the trainer's dependencies
+try:
+    collect({"repo": sys.argv[1]}, {})
+except Exception as e:
+    print(f"{type(e).__name__}: {e}")
+"""
+
+
+def test_without_huggingface_hub_the_entry_point_loads_and_says_what_is_missing_in_one_line(tmp_path):
+    proc = without(["huggingface_hub"], LOAD_AND_COLLECT, "hf://owner/name")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines() == [
+        "MissingDependencies: the hub collector needs the trainer's dependencies: "
+        "pip install 'specprobe[trainer]' (missing: huggingface_hub)"
+    ]
+
+
+def test_every_missing_dependency_is_named_even_for_a_local_store(tmp_path):
+    proc = without(["huggingface_hub", "torch", "safetensors", "numpy"], LOAD_AND_COLLECT, f"file://{tmp_path}/o/x")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines() == [
+        "MissingDependencies: the hub collector needs the trainer's dependencies: "
+        "pip install 'specprobe[trainer]' (missing: huggingface_hub, torch, safetensors, numpy)"
+    ]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_command_without_the_trainers_dependencies_prints_one_line_and_exits_3(tmp_path):
+    run_cli = (
+        "import runpy\nsys.argv[0] = 'trainer.collector'\nrunpy.run_module('trainer.collector', run_name='__main__')\n"
+    )
+    proc = without(["torch"], run_cli, "--repo", f"file://{tmp_path}/o/x")
+    assert proc.returncode == 3 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: the hub collector needs the trainer's dependencies: pip install 'specprobe[trainer]' (missing: torch)"
+    ]

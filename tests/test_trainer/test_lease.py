@@ -1,4 +1,4 @@
-"""One writer per store: the lease (trainer/lease.py) over the real local store and the Hub test server, and two
+"""One writer per store: the lease (trainer/store/lease.py) over the real local store and the Hub test server, and two
 real trainers (torchrun, 2 gloo ranks) on one store: the second is refused, naming the first."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from trainer_helpers import (
     weights_sha256,
 )
 
-from trainer.lease import LEASE_PATH, Lease, LeaseDoc, LeaseHeld, LeaseLost, Writer, parse_lease, this_writer
 from trainer.store import Conflict, LocalStore, StoreError
-from trainer.store_url import open_store
+from trainer.store.lease import LEASE_PATH, Lease, LeaseDoc, LeaseHeld, LeaseLost, Writer, parse_lease, this_writer
+from trainer.store.url import open_store
 
 FOREIGN = Writer(id="far-away:4242:abcd1234", host="far-away", boot_id="0000-boot", pid=4242, pid_start="99")
 

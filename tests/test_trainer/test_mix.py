@@ -12,7 +12,7 @@ from trainer import mix as mixmod
 from trainer.data import load_mix, read_manifest, train_batch
 from trainer.mix import DOC_LEN, EOS_ID, build_synthetic, main
 from trainer.model import GEOMETRIES, Llama
-from trainer.store_url import open_store
+from trainer.store.url import open_store
 
 SMALL = dict(tokens=30_000, val_tokens=5_000, vocab=512, seed=7, shards=3)
 

@@ -25,7 +25,7 @@ from trainer.store import (
     StoreError,
     redact_url,
 )
-from trainer.store_url import open_store, parse_store_url
+from trainer.store.url import open_store, parse_store_url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ def test_redact_url_hides_credentials_and_the_env_token(monkeypatch):
 
 
 def test_hf_url_opens_the_hub_backend_lazily(monkeypatch):
-    hub = pytest.importorskip("trainer.hub")
+    hub = pytest.importorskip("trainer.store.hub")
     monkeypatch.setenv("HF_TOKEN", "hf_fake_token_for_test")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     store = open_store("hf://models/owner/name")
@@ -308,7 +308,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     from trainer import store as S
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
     url, point, src = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     def die():
         print("DYING", point, flush=True)
@@ -385,7 +385,7 @@ def test_commit_killed_after_publish_is_complete_and_the_visible_tree_is_repaire
 CONCURRENT_SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from trainer.store_url import open_store
+    from trainer.store.url import open_store
     url, tag, tmp = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     st = open_store(url)
     for i in range(8):

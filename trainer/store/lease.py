@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from trainer.store import Conflict, EntryMissing, Store, StoreError, redact_url
+from trainer.store.protocol import Conflict, EntryMissing, Store, StoreError, redact_url
 
 __all__ = [
     "LEASE_PATH",
@@ -243,6 +243,16 @@ class Lease:
         path.write_text(json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n")
         return path
 
+    def _cas_write(self, doc: LeaseDoc, rev: str, message: str) -> bool:
+        """Commit ``doc`` as lease.json on revision ``rev`` only (compare-and-swap); False when another
+        commit came first and nothing was committed."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
+                self.store.commit({LEASE_PATH: self._file(doc, Path(tmp))}, expect_revision=rev, message=message)
+        except Conflict:
+            return False
+        return True
+
     def _new_doc(self) -> LeaseDoc:
         now = self._clock()
         acquired = self._doc.acquired if self._doc is not None else now
@@ -269,14 +279,7 @@ class Lease:
                         )
                     taken = f" (took over from {doc.writer.id}: {stale})"
                 mine = self._new_doc()
-                try:
-                    with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
-                        self.store.commit(
-                            {LEASE_PATH: self._file(mine, Path(tmp))},
-                            expect_revision=rev,
-                            message=f"lease acquired\nwriter: {self.me.id}{taken}",
-                        )
-                except Conflict:
+                if not self._cas_write(mine, rev, f"lease acquired\nwriter: {self.me.id}{taken}"):
                     continue
                 self._doc, self._lost = mine, None
                 self._log(
@@ -340,14 +343,7 @@ class Lease:
                 rev, doc = self._read()
                 self._check_mine(doc)
                 renewed = self._new_doc()
-                try:
-                    with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
-                        self.store.commit(
-                            {LEASE_PATH: self._file(renewed, Path(tmp))},
-                            expect_revision=rev,
-                            message=f"lease renewed\nwriter: {self.me.id}",
-                        )
-                except Conflict:
+                if not self._cas_write(renewed, rev, f"lease renewed\nwriter: {self.me.id}"):
                     continue
                 self._doc = renewed
                 return

@@ -53,6 +53,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -73,11 +74,11 @@ from huggingface_hub.utils import (
     RevisionNotFoundError,
 )
 
-from trainer.store import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
+from trainer.store.protocol import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
 
 __all__ = ["HubStore", "RetryPolicy", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
-log = logging.getLogger("trainer.hub")
+log = logging.getLogger("trainer.hub")  # the name its warnings carry in the log lines (readers grep it)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -265,6 +266,21 @@ def _git_blob_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
+def _commit_texts(message: str, marker: str) -> tuple[str, str]:
+    """(summary, description) of a commit: both carry ``marker``, which the history is searched for."""
+    title = ((message or "specprobe commit").splitlines() or ["specprobe commit"])[0][:180]
+    summary = f"{title} [{COMMIT_MARKER} {marker}]"
+    description = f"{COMMIT_MARKER}: {marker}\n{message}" if message else f"{COMMIT_MARKER}: {marker}"
+    return summary, description
+
+
+def _operations(add: Mapping[str, Path], delete: Sequence[str]) -> list[Any]:
+    """A commit's operations, fresh objects every try: the client refuses to reuse a committed CommitOperationAdd."""
+    ops: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local)) for p, local in add.items()]
+    ops += [CommitOperationDelete(path_in_repo=d, is_folder=d.endswith("/")) for d in delete]
+    return ops
+
+
 @dataclass
 class _Fetched:
     path: Path
@@ -274,7 +290,7 @@ class _Fetched:
 
 
 class HubStore:
-    """A Hugging Face Hub repo as a :class:`trainer.store.Store`."""
+    """A Hugging Face Hub repo as a :class:`trainer.store.protocol.Store`."""
 
     def __init__(
         self,
@@ -306,20 +322,20 @@ class HubStore:
     # ------------------------------------------------------------------------------ protocol
     def exists(self) -> bool:
         try:
-            self._call("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
+            self._retrying("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
         except RepoMissing:
             return False
         return True
 
     def create(self) -> None:
-        self._call(
+        self._retrying(
             "create repo",
             lambda: self._api.create_repo(self.repo_id, repo_type=self.repo_type, private=self.private, exist_ok=True),
         )
 
     def head(self) -> str:
         """The commit id at the head of main."""
-        info = self._call("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
+        info = self._retrying("repo info", lambda: self._api.repo_info(self.repo_id, repo_type=self.repo_type))
         return str(info.sha)
 
     def revision(self) -> str:
@@ -330,7 +346,7 @@ class HubStore:
             return list(self._api.list_repo_tree(self.repo_id, repo_type=self.repo_type, recursive=True))
 
         try:
-            entries = self._call("list files", listing)
+            entries = self._retrying("list files", listing)
         except _RevisionMissing:
             return {}  # a repo without any commit has no files
         out: dict[str, FileInfo] = {}
@@ -352,47 +368,24 @@ class HubStore:
         if not add and not delete:
             raise StoreError(f"{self.url}: a commit needs at least one file to add or delete")
         marker = uuid.uuid4().hex[:16]
-        title = ((message or "specprobe commit").splitlines() or ["specprobe commit"])[0][:180]
-        summary = f"{title} [{COMMIT_MARKER} {marker}]"
-        description = f"{COMMIT_MARKER}: {marker}\n{message}" if message else f"{COMMIT_MARKER}: {marker}"
+        summary, description = _commit_texts(message, marker)
+        tries = 0
 
-        def operations() -> list[Any]:
-            # Fresh objects every try: the client refuses to reuse a committed CommitOperationAdd.
-            ops: list[Any] = [
-                CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local)) for p, local in add.items()
-            ]
-            ops += [CommitOperationDelete(path_in_repo=d, is_folder=d.endswith("/")) for d in delete]
-            return ops
-
-        maybe_landed = False
-        last = ""
-        for attempt in range(1, self.retry.attempts + 1):
-            if maybe_landed:
-                landed = self._find_commit(marker)
-                if landed is not None:
-                    log.warning(
-                        "hub: %s: commit %s landed although its answer was lost (%s); not pushing again",
-                        self.url,
-                        landed,
-                        last,
-                    )
-                    return landed
+        def one_try() -> str:
+            nonlocal tries
+            tries += 1
             parent = expect_revision if expect_revision is not None else self.head()
             try:
                 info = self._api.create_commit(
                     self.repo_id,
-                    operations(),
+                    _operations(add, delete),
                     commit_message=summary,
                     commit_description=description,
                     repo_type=self.repo_type,
                     parent_commit=parent,
                 )
-                return str(getattr(info, "oid", None) or str(info.commit_url).rstrip("/").rsplit("/", 1)[-1])
-            except RepositoryNotFoundError as e:
-                raise RepoMissing(self._missing_message()) from e
-            except LocalEntryNotFoundError as e:
-                t: _Transient | None = _Transient("the Hub could not be reached")
-                last = self._describe(e)
+            except LocalEntryNotFoundError:
+                raise  # the Hub could not be reached: retried (it is an EntryNotFoundError too)
             except EntryNotFoundError as e:
                 raise EntryMissing(
                     self._safe(
@@ -400,52 +393,23 @@ class HubStore:
                         f"({', '.join(delete)}): {self._describe(e)}"
                     )
                 ) from e
-            except Exception as e:  # noqa: BLE001 - classified below; anything else is re-raised
-                last = self._describe(e)
-                if _status_anywhere(e, 401):
-                    raise StoreError(self._auth_message("commit", e)) from e
-                if _status(e) == 412:
-                    if expect_revision is not None:
-                        # Compare-and-swap: a commit of ours whose answer was lost is found above; anything
-                        # else that moved the head is someone else's, and the caller decides.
-                        landed = self._find_commit(marker) if maybe_landed else None
-                        if landed is not None:
-                            return landed
-                        raise Conflict(
-                            self._safe(
-                                f"{self.url}: commit expected revision {expect_revision}, "
-                                f"the head moved: {last}; nothing committed"
-                            )
-                        ) from e
-                    # The head moved under parent_commit (another writer, or our own earlier try): re-read it.
-                    t = _Transient("HTTP 412 conflict")
-                else:
-                    t = _transient(e, uploading=True)
-                    if t is None:
-                        # Not an answer from the Hub (e.g. the client failing to parse the reply): the commit
-                        # may have landed before the client failed, so look before reporting a failure.
-                        landed = self._find_commit(marker) if _status(e) is None else None
-                        if landed is not None:
-                            return landed
-                        raise StoreError(self._safe(f"{self.url}: commit failed: {last}")) from e
-            # Any failure after the request left may have landed it (a lost answer, a 5xx after the write, a
-            # 412 because our previous try moved the head): settle by reading back before pushing again.
-            maybe_landed = True
-            if attempt < self.retry.attempts:
-                wait = self.retry.delay(attempt, t.retry_after)
-                log.warning(
-                    "hub: %s: commit try %d/%d failed (%s); retrying in %.2fs",
-                    self.url,
-                    attempt,
-                    self.retry.attempts,
-                    self._safe(t.reason),
-                    wait,
-                )
-                self.retry.sleep(wait)
-        landed = self._find_commit(marker)
-        if landed is not None:
-            return landed
-        raise StoreError(self._safe(f"{self.url}: commit failed after {self.retry.attempts} tries: {last}"))
+            except Exception as e:
+                if expect_revision is None or _status(e) != 412:
+                    raise  # judged by the retry loop
+                # Compare-and-swap: a commit of ours whose answer was lost is found in the history; anything
+                # else that moved the head is someone else's, and the caller decides.
+                found = self._landed(marker, e) if tries > 1 else None
+                if found is not None:
+                    return found
+                raise Conflict(
+                    self._safe(
+                        f"{self.url}: commit expected revision {expect_revision}, "
+                        f"the head moved: {self._describe(e)}; nothing committed"
+                    )
+                ) from e
+            return str(getattr(info, "oid", None) or str(info.commit_url).rstrip("/").rsplit("/", 1)[-1])
+
+        return self._retrying("commit", one_try, settle=partial(self._landed, marker), commit=True)
 
     def read_bytes(self, path: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="specprobe-hub-") as tmp:
@@ -480,25 +444,19 @@ class HubStore:
             return got.sha256
 
     def delete_repo(self) -> None:
-        maybe_landed = False
-        for attempt in range(1, self.retry.attempts + 1):
+        tries = 0
+
+        def one_try() -> None:
+            nonlocal tries
+            tries += 1
             try:
                 self._api.delete_repo(self.repo_id, repo_type=self.repo_type)
-                return
-            except RepositoryNotFoundError as e:
-                if maybe_landed:
-                    return  # our earlier try deleted it; only its answer was lost
-                raise RepoMissing(self._missing_message()) from e
-            except Exception as e:  # noqa: BLE001
-                t = _transient(e)
-                if t is None:
-                    raise StoreError(self._safe(f"{self.url}: delete failed: {self._describe(e)}")) from e
-                if attempt == self.retry.attempts:
-                    raise StoreError(
-                        self._safe(f"{self.url}: delete failed after {attempt} tries: {self._describe(e)}")
-                    ) from e
-                maybe_landed = True
-                self._backoff("delete repo", attempt, t)
+            except RepositoryNotFoundError:
+                if tries == 1:
+                    raise
+                # An earlier try deleted it; only its answer was lost.
+
+        self._retrying("delete", one_try)
 
     def purge_objects(self, sha256s: Sequence[str]) -> None:
         """Permanently delete the LFS objects with these sha256 ids, so that the next upload of that content
@@ -516,10 +474,10 @@ class HubStore:
             )
             return
         try:
-            listed = self._call("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
+            listed = self._retrying("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
             found = [f for f in listed if getattr(f, "file_oid", None) in wanted]
             if found:
-                self._call(
+                self._retrying(
                     "purge LFS objects",
                     lambda: deleter(self.repo_id, found, rewrite_history=False, repo_type=self.repo_type),
                 )
@@ -528,43 +486,65 @@ class HubStore:
 
     def whoami(self) -> str:
         """The user name the token belongs to (raises StoreError when the Hub rejects the token)."""
-        info = self._call("whoami", lambda: self._api.whoami())
+        info = self._retrying("whoami", lambda: self._api.whoami())
         return str(info.get("name"))
 
     # ------------------------------------------------------------------------------ internals
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run an idempotent client call, retrying transient failures and mapping errors to store errors."""
+    def _retrying(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        *,
+        settle: Callable[[BaseException], T | None] | None = None,
+        commit: bool = False,
+    ) -> T:
+        """Run ``fn`` (one try of ``what``) until it returns. Transient failures are retried with the policy's
+        backoff; the rest raise the store errors they are (:meth:`_judge`; a StoreError from ``fn`` as is).
+        ``settle`` answers a failure that may have been applied anyway, its answer lost: the result if it
+        was, None if not. It is asked before every retry, before giving up, and before reporting a failure
+        that is not an answer from the Hub. ``commit``: ``fn`` commits (see :meth:`_judge`)."""
+        last: BaseException | None = None
         for attempt in range(1, self.retry.attempts + 1):
+            if last is not None and settle is not None and (done := settle(last)) is not None:
+                return done
             try:
                 return fn()
             except StoreError:
-                raise
-            except RepositoryNotFoundError as e:
-                raise RepoMissing(self._missing_message()) from e
-            except LocalEntryNotFoundError as e:
-                # "could not reach the Hub" (checked before its base class EntryNotFoundError)
-                if attempt == self.retry.attempts:
-                    raise StoreError(
-                        self._safe(f"{self.url}: {what} failed after {attempt} tries: {self._describe(e)}")
-                    ) from e
-                self._backoff(what, attempt, _Transient("the Hub could not be reached"))
-                continue
-            except EntryNotFoundError as e:
-                raise EntryMissing(self._safe(f"{self.url}: {what}: no such file in the repo")) from e
-            except RevisionNotFoundError as e:
-                raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
-            except Exception as e:  # noqa: BLE001 - classified below
-                if _status_anywhere(e, 401):
-                    raise StoreError(self._auth_message(what, e)) from e
-                t = _transient(e)
-                if t is None:
-                    raise StoreError(self._safe(f"{self.url}: {what} failed: {self._describe(e)}")) from e
-                if attempt == self.retry.attempts:
-                    raise StoreError(
-                        self._safe(f"{self.url}: {what} failed after {attempt} tries: {self._describe(e)}")
-                    ) from e
-                self._backoff(what, attempt, t)
-        raise AssertionError("unreachable")
+                raise  # the operation's own verdict
+            except Exception as e:  # any other failure is judged: retried, or raised as the store error it is
+                last, retry = e, self._judge(what, e, commit=commit)
+            if retry is None:
+                # Final. One that is not an answer from the Hub (the client failing on the reply) may have been
+                # applied before the client failed: look before reporting it.
+                if settle is not None and _status(last) is None and (done := settle(last)) is not None:
+                    return done
+                raise StoreError(self._safe(f"{self.url}: {what} failed: {self._describe(last)}")) from last
+            if attempt < self.retry.attempts:
+                self._backoff(what, attempt, retry)
+        assert last is not None
+        if settle is not None and (done := settle(last)) is not None:
+            return done
+        raise StoreError(
+            self._safe(f"{self.url}: {what} failed after {self.retry.attempts} tries: {self._describe(last)}")
+        ) from last
+
+    def _judge(self, what: str, e: Exception, *, commit: bool = False) -> _Transient | None:
+        """The retry a failure deserves (None: it is final); a definite answer with a store error of its own
+        raises that. ``commit``: a commit's upload phase retries more 4xx (see the module docstring), and its
+        412 (the head moved under ``parent_commit``: another writer, or our own earlier try) re-reads the head."""
+        if isinstance(e, RepositoryNotFoundError):
+            raise RepoMissing(self._missing_message()) from e
+        if isinstance(e, LocalEntryNotFoundError):  # checked before its base class EntryNotFoundError
+            return _Transient("the Hub could not be reached")
+        if isinstance(e, EntryNotFoundError):
+            raise EntryMissing(self._safe(f"{self.url}: {what}: no such file in the repo")) from e
+        if isinstance(e, RevisionNotFoundError) and not commit:  # main does not exist yet: a repo without commits
+            raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
+        if _status_anywhere(e, 401):
+            raise StoreError(self._auth_message(what, e)) from e
+        if commit and _status(e) == 412:
+            return _Transient("HTTP 412 conflict")
+        return _transient(e, uploading=commit)
 
     def _backoff(self, what: str, attempt: int, t: _Transient) -> None:
         wait = self.retry.delay(attempt, t.retry_after)
@@ -579,9 +559,21 @@ class HubStore:
         )
         self.retry.sleep(wait)
 
+    def _landed(self, marker: str, failure: BaseException) -> str | None:
+        """The commit carrying ``marker``, if it landed although the answer to it was lost (``failure``)."""
+        found = self._find_commit(marker)
+        if found is not None:
+            log.warning(
+                "hub: %s: commit %s landed although its answer was lost (%s); not pushing again",
+                self.url,
+                found,
+                self._describe(failure),
+            )
+        return found
+
     def _find_commit(self, marker: str) -> str | None:
         """The id of the commit carrying ``marker`` on main, if it landed."""
-        commits = self._call(
+        commits = self._retrying(
             "read back the history", lambda: self._api.list_repo_commits(self.repo_id, repo_type=self.repo_type)
         )
         for c in commits:
@@ -594,11 +586,13 @@ class HubStore:
         url = hf_hub_url(self.repo_id, path, repo_type=self.repo_type, endpoint=self.endpoint)
         got: _Fetched | None = None
         for check in range(1, max(1, self.retry.verify_attempts) + 1):
-            meta = self._call(f"metadata of {path}", lambda: get_hf_file_metadata(url, token=self._token))
+            meta = self._retrying(f"metadata of {path}", lambda: get_hf_file_metadata(url, token=self._token))
             # A fresh cache dir per try: a cached copy would hide what the Hub actually holds now.
             cache = workdir / f"try-{check}"
             revision = meta.commit_hash
-            local = Path(self._call(f"download of {path}", lambda c=cache, r=revision: self._download_once(path, r, c)))
+            local = Path(
+                self._retrying(f"download of {path}", lambda c=cache, r=revision: self._download_once(path, r, c))
+            )
             got = self._verify(local.resolve(), meta)
             if got.matches:
                 return got

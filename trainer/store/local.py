@@ -1,12 +1,9 @@
-"""The checkpoint store: one protocol, two backends (a local directory here, a Hugging Face Hub repo in
-trainer/hub.py). trainer/store_url.py turns a URL into the right one (`open_store`).
+"""The local backend of the store (``file://``): a directory repo with atomic, compare-and-swap commits.
 
 A local URL may end in ``?link_mb_s=R``: every commit then takes as long as uploading its bytes at R MB/s
 would (the pause sits between staging and publishing, where a Hub upload's time goes). A local commit of
 a tiny checkpoint takes milliseconds, a Hub push seconds to minutes; a probe that kills a session
 mid-push (specs/p4_preempt.yaml) needs the push to last long enough for the kill to land inside it.
-
-The token is never printed: every URL that reaches a message goes through :func:`redact_url`.
 
 Local store layout. The visible tree mirrors the Hub repo (``<repo>/ckpt/checkpoint-10/model.safetensors`` ...),
 but the truth lives under ``<repo>/.specprobe/``:
@@ -21,7 +18,7 @@ but the truth lives under ``<repo>/.specprobe/``:
   commit's leftovers are removed by the next commit.
 - ``lock``            ``fcntl.flock`` held around a whole commit (concurrent writers serialise). A commit
   given ``expect_revision`` checks the manifest's revision under that lock and raises :class:`Conflict` when
-  another commit came first: the compare-and-swap a lease (trainer/lease.py) is claimed with.
+  another commit came first: the compare-and-swap a lease (trainer/store/lease.py) is claimed with.
 
 Visible files are hard links to their objects (a copy where the filesystem refuses links), placed after the
 manifest flips; each commit also repairs the visible tree (missing links, files of deleted paths), so a kill
@@ -41,129 +38,30 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Iterator, Mapping, Sequence
 
-__all__ = [
-    "StoreError",
-    "RepoMissing",
-    "EntryMissing",
-    "Conflict",
-    "MetadataMissing",
-    "FileInfo",
-    "Store",
-    "LocalStore",
-    "redact_url",
-    "sha256_file",
-    "META_DIR",
-]
+from trainer.store.protocol import (
+    Conflict,
+    EntryMissing,
+    FileInfo,
+    MetadataMissing,
+    RepoMissing,
+    StoreError,
+    redact_url,
+    sha256_file,
+)
+
+__all__ = ["LocalStore", "META_DIR", "MANIFEST_FORMAT"]
 
 MANIFEST_FORMAT = "specprobe-local-store/1"
 META_DIR = ".specprobe"  # the local store's own folder inside a repo dir
 _LOG_KEEP = 50  # the manifest's commit log is a short history for humans, not an audit trail
 _CHUNK = 1 << 20
-
-
-class StoreError(Exception):
-    """Any store failure (bad path, I/O, corrupt metadata, hash mismatch)."""
-
-
-class RepoMissing(StoreError):
-    """The repo does not exist."""
-
-
-class EntryMissing(StoreError):
-    """A path is not part of the repo's current commit."""
-
-
-class Conflict(StoreError):
-    """A commit given ``expect_revision`` found the repo at another revision; nothing was committed."""
-
-
-class MetadataMissing(StoreError):
-    """A local repo folder holds files but not the store's metadata (``.specprobe/``): refused, never recreated."""
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    path: str
-    size: int
-    sha256: str | None  # None where the backend cannot say (a non-LFS Hub file)
-
-
-@runtime_checkable
-class Store(Protocol):
-    """Same semantics for every backend; see the module docstring for URLs and local layout."""
-
-    url: str
-
-    def exists(self) -> bool: ...
-
-    def create(self) -> None:
-        """Create the repo; a no-op when it exists."""
-
-    def revision(self) -> str:
-        """The id of the current commit (what ``expect_revision`` compares with)."""
-
-    def list_files(self) -> dict[str, FileInfo]:
-        """path_in_repo -> FileInfo for the current commit; raises RepoMissing."""
-
-    def commit(
-        self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "", expect_revision: str | None = None
-    ) -> str:
-        """ONE atomic commit adding ``add`` (path_in_repo -> local file) and deleting ``delete`` (a path
-        ending in "/" deletes that folder). Returns the new revision id. Deleting an absent path raises
-        EntryMissing and commits nothing. With ``expect_revision``, the commit lands only on that revision
-        (compare-and-swap) and raises Conflict otherwise."""
-
-    def purge_objects(self, sha256s: Sequence[str]) -> None:
-        """Forget the stored bytes of these contents so that the next commit of the same content stores it
-        afresh instead of deduplicating onto a corrupt object (the repair after a failed verify)."""
-
-    def read_bytes(self, path: str) -> bytes:
-        """The bytes of ``path``; raises EntryMissing."""
-
-    def download(self, path: str, dest: Path) -> Path:
-        """Write ``path`` to the local FILE ``dest`` (parents created, written atomically); returns dest."""
-
-    def sha256(self, path: str) -> str:
-        """sha256 of the bytes actually stored, read back now (never from metadata)."""
-
-    def delete_repo(self) -> None:
-        """Delete the whole repo; raises RepoMissing when absent."""
-
-
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
-_HF_TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{8,}")
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:token|access_token|key|secret|password)=)[^&#]*")
-
-
-def redact_url(url: object) -> str:
-    """``url`` as a string with credentials removed: userinfo, secret query values, HF tokens."""
-    text = str(url)
-    text = _USERINFO.sub(r"\1<redacted>@", text)
-    text = _QUERY_SECRET.sub(r"\1<redacted>", text)
-    token = os.environ.get("HF_TOKEN")
-    if token and len(token) >= 4:
-        text = text.replace(token, "<redacted>")
-    return _HF_TOKEN_SHAPE.sub("<redacted>", text)
-
-
-# ------------------------------------------------------------------------------------------ helpers
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

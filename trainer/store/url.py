@@ -10,11 +10,11 @@ URL forms:
 - ``hf://models/owner/name``       Hub model repo
 - ``owner/name``                   bare repo id = Hub dataset repo
 
-A local URL may end in ``?link_mb_s=R`` (trainer/store.py says what it does). The Hub endpoint comes
+A local URL may end in ``?link_mb_s=R`` (trainer/store/local.py says what it does). The Hub endpoint comes
 from ``HF_ENDPOINT``; the token from the ``token`` argument or else ``huggingface_hub.get_token()`` (HF_TOKEN or a logged-in
 user's token), and is never printed.
 
-This module sits above both backends (trainer/store.py, trainer/hub.py), which never import it.
+This module sits above both backends (trainer/store/local.py, trainer/store/hub.py), which never import it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.store import META_DIR, LocalStore, Store, redact_url
+from trainer.store.local import META_DIR, LocalStore
+from trainer.store.protocol import Store, redact_url
 
 __all__ = ["ACCEPTED_FORMS", "StoreUrl", "parse_store_url", "open_store"]
 
@@ -108,7 +109,7 @@ def open_store(url: str, token: str | None = None) -> Store:
         assert parsed.root is not None
         return LocalStore(parsed.root, parsed.repo_id, url=url, link_mb_s=parsed.link_mb_s)
     # Imported here, not above: a local store must not pay for (or need) huggingface_hub's network stack.
-    # Not a hidden cycle: trainer.hub imports trainer.store only, never this module.
-    from trainer.hub import HubStore
+    # Not a hidden cycle: trainer.store.hub imports trainer.store.protocol only, never this module.
+    from trainer.store.hub import HubStore
 
     return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)

@@ -1,0 +1,330 @@
+"""The resume decision over a store: which checkpoint a session starts from, read by rank 0 alone.
+
+``ResumeScan(checkpointer).decide(...)`` starts fresh only from a missing repo or one without checkpoints.
+A repo with checkpoints but no pointer (a session killed after its first verify, before its first pointer)
+resumes from the newest checkpoint that fully verifies against the stored bytes, and the pointer is moved
+there (logged); it is refused only when none verifies, saying what was found in each. It refuses
+(:class:`ResumeRefused`, saying what was found, why, and what to do) a malformed pointer, a pointer whose
+files are missing or whose hashes differ, a pointer that disagrees with its checkpoint's trainer_state.json
+(step, tokens, config hash, recorded file hashes), a pointer that moved backwards (unless allowed), a
+terminal pointer, a pointer written under a different run configuration, and a pointer past this run's
+horizon. :func:`fetch` then downloads the pointer's files, each checked against the pointer's sha256.
+
+The scan claims the checkpointer's lease before it reads (from then on nobody else moves the pointer), and
+hands the pointer it found to the checkpointer, whose next push replaces it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import (
+    CHECKPOINT_FILES,
+    CKPT_DIR,
+    POINTER_PATH,
+    PRUNABLE_FILES,
+    STATE_FILE,
+    Checkpointer,
+    Pointer,
+    checkpoint_path,
+    read_pointer,
+    unseal_trainer_state,
+    utc_now,
+)
+from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
+from trainer.store import EntryMissing, FileInfo, RepoMissing, Store, StoreError, redact_url, sha256_file
+
+__all__ = ["ResumeRefused", "ResumeScan", "fetch"]
+
+
+class ResumeRefused(Exception):
+    """The store's state does not allow this run to start or resume; the message says what to do."""
+
+
+class _Unverified(Exception):
+    """Internal: why a checkpoint folder does not verify."""
+
+
+class ResumeScan:
+    """Rank 0's reading of the store at a session's start, through ``checkpointer`` (its store, its lease,
+    its pointer writes, its ``allow_rollback``). ``allow_changes``: the run-config fields
+    ``--allow-config-change`` lets differ from the pointer's checkpoint."""
+
+    def __init__(self, checkpointer: Checkpointer, *, allow_changes: frozenset[str] = frozenset()) -> None:
+        self.ck = checkpointer
+        self.store = checkpointer.store
+        self.url = checkpointer.url
+        self.allow_changes = allow_changes
+        self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
+        self._say = checkpointer.say
+
+    def decide(
+        self, *, config_hash: str, horizon_step: int, create_if_missing: bool = True, run_config: dict | None = None
+    ) -> Pointer | None:
+        """The pointer to resume from (None: fresh start), or ResumeRefused. `run_config`, when given, lets a
+        config_hash mismatch name the fields that changed (read from the pointer's trainer_state.json)."""
+        if not self.store.exists():
+            if not create_if_missing:
+                raise ResumeRefused(
+                    f"repo {self.url} does not exist and creating it was not allowed; "
+                    "create it first or point --hub-repo at an existing repo"
+                )
+            self.store.create()
+            self.ck.lease.acquire()
+            self.ck.know_pointer(None)
+            self._say(f"auto-resume: repo missing, created {self.url}, fresh start")
+            return None
+        self.ck.lease.acquire()  # before reading: from here on nobody else moves the pointer
+        listing = self.store.list_files()
+        try:
+            pointer = read_pointer(self.store)
+        except ValueError as e:
+            raise ResumeRefused(
+                f"{e}; refusing to guess which checkpoint is current. Repair or delete "
+                f"{POINTER_PATH}, or resume into a new repo."
+            ) from None
+        if pointer is None:
+            if any(p.startswith(("ckpt/", "final/")) for p in listing):
+                pointer = self._recover(
+                    listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
+                )
+            else:
+                self.ck.know_pointer(None)
+                self._say(f"auto-resume: no pointer in {self.url}, fresh start")
+                return None
+        else:
+            self._check_pointer(
+                pointer, listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
+            )
+            self.ck.know_pointer(pointer)
+            self._note_newer(pointer, listing)
+        self._say(f"auto-resume: pointer step={pointer.step} path={pointer.path_in_repo}")
+        return pointer
+
+    def _recover(
+        self, listing: dict[str, FileInfo], *, config_hash: str, horizon_step: int, run_config: dict | None = None
+    ) -> Pointer:
+        """No pointer, but checkpoints: point at the newest one that fully verifies, or refuse saying why none does."""
+        steps = sorted({int(m.group(1)) for p in listing if (m := CKPT_DIR.match(p))}, reverse=True)
+        # A ckpt/ folder before final/ at the same step: resuming there only re-does the final push.
+        candidates = [checkpoint_path(s) for s in steps] + (
+            ["final"] if any(p.startswith("final/") for p in listing) else []
+        )
+        found: list[str] = []
+        for path in candidates:
+            try:
+                state, files = self._verify_checkpoint(path, listing)
+            except _Unverified as e:
+                found.append(f"{path}: {e}")
+                continue
+            pointer = Pointer(
+                step=state["step"],
+                path_in_repo=path,
+                files=files,
+                tokens=state["tokens_consumed"],
+                time=utc_now(),
+                config_hash=str(state.get("config_hash", "")),
+                terminal=path == "final",
+                revision=self.store.revision(),
+            )
+            self._check_pointer(
+                pointer, listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
+            )
+            skipped = f"; newer ones do not verify: {'; '.join(found)}" if found else ""
+            self._say(
+                f"auto-resume: {self.url} has no {POINTER_PATH}; {path} verifies ({len(files)} files re-hashed "
+                f"from the stored bytes match what it recorded){skipped}; moving {POINTER_PATH} there"
+            )
+            self.ck.know_pointer(None)
+            self.ck.write_pointer(pointer)
+            self._say(f"latest.json -> step={pointer.step} path={path} (recovered)")
+            return pointer
+        raise ResumeRefused(
+            f"{self.url} has no {POINTER_PATH} and none of its checkpoints verifies against the bytes the store "
+            f"holds: {'; '.join(found)}. Refusing to start fresh over a repo with history. Delete the repo or "
+            "resume into a new one."
+        )
+
+    def _verify_checkpoint(self, path: str, listing: dict[str, FileInfo]) -> tuple[dict, dict[str, str]]:
+        """(trainer_state, {file: sha256}) when every file of ``path`` re-hashes, from the stored bytes, to what
+        its trainer_state.json recorded at save time; _Unverified saying why not otherwise."""
+        missing = [n for n in CHECKPOINT_FILES if f"{path}/{n}" not in listing]
+        if missing:
+            pruned = " (pruned: only the newest checkpoints keep them)" if set(missing) <= set(PRUNABLE_FILES) else ""
+            raise _Unverified(f"{', '.join(missing)} missing{pruned}")
+        try:
+            raw = self.store.read_bytes(f"{path}/{STATE_FILE}")
+            state = unseal_trainer_state(raw, STATE_FILE)
+        except (StoreError, ValueError) as e:
+            raise _Unverified(str(e)) from None
+        m = CKPT_DIR.match(path + "/")
+        if m and int(m.group(1)) != state["step"]:
+            raise _Unverified(f"{STATE_FILE} says step {state['step']}, the folder is step {m.group(1)}")
+        bad = []
+        for name, want in sorted(state["files"].items()):
+            try:
+                got = self.store.sha256(f"{path}/{name}")
+            except StoreError as e:
+                got = f"<unreadable: {e}>"
+            if got != want:
+                bad.append(f"{name} stored sha256 {got}, {STATE_FILE} records {want}")
+        if bad:
+            raise _Unverified("; ".join(bad))
+        return state, {**state["files"], STATE_FILE: hashlib.sha256(raw).hexdigest()}
+
+    def _note_newer(self, pointer: Pointer, listing: dict[str, FileInfo]) -> None:
+        newer = sorted({s for p in listing if (m := CKPT_DIR.match(p)) and (s := int(m.group(1))) > pointer.step})
+        if newer:
+            self._say(
+                f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
+                f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "
+                "pointer); the next push of that step replaces it"
+            )
+
+    def _check_pointer(
+        self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int, run_config: dict | None = None
+    ) -> None:
+        where = f"{POINTER_PATH} in {self.url}"
+        if p.terminal:
+            if horizon_step > p.step:
+                raise ResumeRefused(
+                    f"{where} is terminal: that run finished at step {p.step} ({p.path_in_repo}), and this run "
+                    f"asks to train further, to step {horizon_step}; a finished run is not extended. "
+                    "Start a new run in a new repo (optionally initialised from final/)."
+                )
+            raise ResumeRefused(
+                f"{where} is terminal: the run already finished at step {p.step} ({p.path_in_repo}); nothing "
+                "to resume. Use a new repo to train again."
+            )
+        if p.config_hash != config_hash:
+            if run_config is None:
+                raise ResumeRefused(
+                    f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
+                    f"{config_hash}: one of {', '.join(CONFIG_HASH_FIELDS)} changed, and resuming would mix "
+                    "two runs. Resume with the original configuration or use a new repo."
+                )
+            try:
+                self.config_changes = judge_config_change(
+                    self._stored_run_config(p), run_config, self.allow_changes, f"{where} (step {p.step})"
+                )
+            except ValueError as e:
+                raise ResumeRefused(str(e)) from None
+        if p.step > horizon_step:
+            raise ResumeRefused(
+                f"{where} is at step {p.step}, past this run's horizon step {horizon_step}; refusing to "
+                "resume backwards. Use the original --tokens or a new repo."
+            )
+        prev = p.previous
+        if prev is not None and prev["step"] > p.step and not p.backward:
+            if not self.ck.allow_rollback:
+                raise ResumeRefused(
+                    f"{where} moved backwards: it is at step {p.step} ({p.path_in_repo}) but the pointer it "
+                    f"replaced was at step {prev['step']} ({prev['path_in_repo']}, revision "
+                    f"{prev.get('revision') or '?'}): resuming would silently drop steps {p.step + 1}..{prev['step']}. "
+                    "Find out who moved it; pass --allow-pointer-rollback to resume from the older step on purpose."
+                )
+            self._say(
+                f"auto-resume: {POINTER_PATH} moved back from step {prev['step']} to {p.step}; resuming "
+                "from it as --allow-pointer-rollback asks"
+            )
+        m = CKPT_DIR.match(p.path_in_repo + "/")
+        if m and int(m.group(1)) != p.step:
+            raise ResumeRefused(
+                f"{where} says step {p.step} but points at {p.path_in_repo}; refusing to guess "
+                "which is right. Repair or delete the pointer."
+            )
+        missing_req = [n for n in CHECKPOINT_FILES if n not in p.files]
+        if missing_req:
+            raise ResumeRefused(
+                f"{where} points at {p.path_in_repo} but lists no {', '.join(missing_req)}; a resume needs "
+                f"all of {', '.join(CHECKPOINT_FILES)}. Delete the repo or resume into a new one."
+            )
+        for name, want in sorted(p.files.items()):
+            path = f"{p.path_in_repo}/{name}"
+            info = listing.get(path)
+            if info is None:
+                raise ResumeRefused(
+                    f"{POINTER_PATH} points at {p.path_in_repo} but {path} is missing from {self.url}; refusing "
+                    "to start fresh over a repo with history. Delete the repo or resume into a new one."
+                )
+            # The backend's recorded hash where it has one (cheap); otherwise read the bytes back.
+            got = info.sha256 if info.sha256 else self.store.sha256(path)
+            if got != want:
+                raise ResumeRefused(
+                    f"{POINTER_PATH} points at {p.path_in_repo} but {path} in {self.url} has sha256 {got}, the "
+                    f"pointer says {want}: the checkpoint changed after it was verified. Delete the repo or "
+                    "resume into a new one."
+                )
+        self._check_against_state(p, where)
+
+    def _check_against_state(self, p: Pointer, where: str) -> None:
+        """The pointer and its checkpoint's own record must agree: a resume starts from what trainer_state.json
+        says, so a pointer naming another step, token count or configuration would silently change the run."""
+        raw = self.store.read_bytes(f"{p.path_in_repo}/{STATE_FILE}")
+        try:
+            state = json.loads(raw)
+            if not isinstance(state, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            raise ResumeRefused(f"{p.path_in_repo}/{STATE_FILE} in {self.url} is unreadable ({e})") from None
+        if "manifest_sha256" in state:
+            try:
+                state = unseal_trainer_state(raw, f"{p.path_in_repo}/{STATE_FILE}")
+            except ValueError as e:
+                raise ResumeRefused(f"{e}. Delete the repo or resume into a new one.") from None
+        differ = [
+            f"{what}: pointer {mine!r}, {STATE_FILE} {theirs!r}"
+            for what, mine, theirs in (
+                ("step", p.step, state.get("step")),
+                ("tokens", p.tokens, state.get("tokens_consumed")),
+                ("config_hash", p.config_hash, state.get("config_hash")),
+            )
+            if mine != theirs
+        ]
+        differ += [
+            f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h}"
+            for n, h in sorted(state.get("files", {}).items())
+            if p.files.get(n) != h
+        ]
+        if differ:
+            raise ResumeRefused(
+                f"{where} and {p.path_in_repo}/{STATE_FILE} disagree ({'; '.join(differ)}); refusing to guess "
+                "which one describes the run. Repair the pointer or resume into a new repo."
+            )
+
+    def _stored_run_config(self, p: Pointer) -> dict | None:
+        """The run config in the pointer's trainer_state.json; None where that file cannot be read."""
+        try:
+            state = json.loads(self.store.read_bytes(f"{p.path_in_repo}/trainer_state.json"))
+        except (StoreError, ValueError, UnicodeDecodeError):
+            return None
+        stored = state.get("run_config") if isinstance(state, dict) else None
+        return stored if isinstance(stored, dict) else None
+
+
+def fetch(store: Store, pointer: Pointer, dest: Path) -> Path:
+    """Download the pointer's files into ``dest``; each must match the pointer's sha256 (one retry)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, want in sorted(pointer.files.items()):
+        path = f"{pointer.path_in_repo}/{name}"
+        got = ""
+        for _attempt in (0, 1):
+            try:
+                got = sha256_file(store.download(path, dest / name))
+            except (EntryMissing, RepoMissing):
+                raise
+            except StoreError as e:  # a backend that checks its own download reports the mismatch
+                got = f"<download failed: {e}>"
+            if got == want:
+                break
+        else:
+            (dest / name).unlink(missing_ok=True)
+            raise StoreError(
+                f"fetch step={pointer.step}: {path} from {redact_url(store.url)} has sha256 {got} after two "
+                f"downloads, {POINTER_PATH} says {want}"
+            )
+    return dest

@@ -1,0 +1,124 @@
+"""What every checkpoint store is: the :class:`Store` protocol, its errors and :class:`FileInfo`, and the two
+helpers every backend and caller shares: :func:`sha256_file` and :func:`redact_url`.
+
+Two backends implement the protocol: a local directory (trainer/store/local.py) and a Hugging Face Hub repo
+(trainer/store/hub.py); trainer/store/url.py turns a URL into the right one (``open_store``). The token is
+never printed: every URL that reaches a message goes through :func:`redact_url`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "StoreError",
+    "RepoMissing",
+    "EntryMissing",
+    "Conflict",
+    "MetadataMissing",
+    "FileInfo",
+    "Store",
+    "redact_url",
+    "sha256_file",
+]
+
+_CHUNK = 1 << 20
+
+
+class StoreError(Exception):
+    """Any store failure (bad path, I/O, corrupt metadata, hash mismatch)."""
+
+
+class RepoMissing(StoreError):
+    """The repo does not exist."""
+
+
+class EntryMissing(StoreError):
+    """A path is not part of the repo's current commit."""
+
+
+class Conflict(StoreError):
+    """A commit given ``expect_revision`` found the repo at another revision; nothing was committed."""
+
+
+class MetadataMissing(StoreError):
+    """A local repo folder holds files but not the store's metadata (``.specprobe/``): refused, never recreated."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    size: int
+    sha256: str | None  # None where the backend cannot say (a non-LFS Hub file)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Same semantics for every backend (trainer/store/local.py, trainer/store/hub.py)."""
+
+    url: str
+
+    def exists(self) -> bool: ...
+
+    def create(self) -> None:
+        """Create the repo; a no-op when it exists."""
+
+    def revision(self) -> str:
+        """The id of the current commit (what ``expect_revision`` compares with)."""
+
+    def list_files(self) -> dict[str, FileInfo]:
+        """path_in_repo -> FileInfo for the current commit; raises RepoMissing."""
+
+    def commit(
+        self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "", expect_revision: str | None = None
+    ) -> str:
+        """ONE atomic commit adding ``add`` (path_in_repo -> local file) and deleting ``delete`` (a path
+        ending in "/" deletes that folder). Returns the new revision id. Deleting an absent path raises
+        EntryMissing and commits nothing. With ``expect_revision``, the commit lands only on that revision
+        (compare-and-swap) and raises Conflict otherwise."""
+
+    def purge_objects(self, sha256s: Sequence[str]) -> None:
+        """Forget the stored bytes of these contents so that the next commit of the same content stores it
+        afresh instead of deduplicating onto a corrupt object (the repair after a failed verify)."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """The bytes of ``path``; raises EntryMissing."""
+
+    def download(self, path: str, dest: Path) -> Path:
+        """Write ``path`` to the local FILE ``dest`` (parents created, written atomically); returns dest."""
+
+    def sha256(self, path: str) -> str:
+        """sha256 of the bytes actually stored, read back now (never from metadata)."""
+
+    def delete_repo(self) -> None:
+        """Delete the whole repo; raises RepoMissing when absent."""
+
+
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+_HF_TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:token|access_token|key|secret|password)=)[^&#]*")
+
+
+def redact_url(url: object) -> str:
+    """``url`` as a string with credentials removed: userinfo, secret query values, HF tokens."""
+    text = str(url)
+    text = _USERINFO.sub(r"\1<redacted>@", text)
+    text = _QUERY_SECRET.sub(r"\1<redacted>", text)
+    token = os.environ.get("HF_TOKEN")
+    if token and len(token) >= 4:
+        text = text.replace(token, "<redacted>")
+    return _HF_TOKEN_SHAPE.sub("<redacted>", text)
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a local file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
