@@ -177,6 +177,7 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "lines": (int,),
     "progress": (dict, type(None)),
     "precondition": (str, type(None)),
+    "progress_warning": (dict,),
 }
 _JSON_TYPE = {
     dict: "an object",

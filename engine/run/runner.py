@@ -362,7 +362,11 @@ class Runner:
             return None
         capture = Capture(rules, self.console)
         display = ProgressDisplay(
-            name, capture.progress, rules.progress.every_s if rules.progress else None, self.console
+            name,
+            capture.progress,
+            rules.progress.every_s if rules.progress else None,
+            self.console,
+            run.get("timeout_s"),
         )
         log_rel = f"logs/{_safe_name(name)}.log"
         record.update(
@@ -393,7 +397,7 @@ class Runner:
             )
         except Interrupted as exc:
             display.close()
-            self._record_capture(record, capture, failed=True)
+            self._record_capture(record, capture, failed=True, warning=display.warning)
             record.update(exc.result.as_dict())
             raise
         except evidence.RecordError as exc:
@@ -414,7 +418,7 @@ class Runner:
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
         record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
-        self._record_capture(record, capture, failed=not ok)
+        self._record_capture(record, capture, failed=not ok, warning=display.warning)
         for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
             self.say(
                 f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
@@ -433,7 +437,9 @@ class Runner:
                 record["diagnostics"] = self._diagnostics(diag)
         return result.rc
 
-    def _record_capture(self, record: dict[str, Any], capture: Capture, failed: bool) -> None:
+    def _record_capture(
+        self, record: dict[str, Any], capture: Capture, failed: bool, warning: dict[str, Any] | None = None
+    ) -> None:
         harvest, errors = capture.harvest_result()
         record.update(
             {
@@ -443,6 +449,8 @@ class Runner:
                 "progress": capture.progress.as_dict(),
             }
         )
+        if warning is not None:  # the ETA passed the time left before the timeout
+            record["progress_warning"] = warning
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -651,15 +659,17 @@ def execute(
     is_tty: bool | None = None,
     judge: Judge | None = None,
     stops: StopSignals | None = None,
+    err: TextIO | None = None,
 ) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
     interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
-    installed and keeps past the run; by default the run installs its own for its duration."""
+    installed and keeps past the run; by default the run installs its own for its duration. `err`:
+    where warnings go (stderr)."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(plan, run_path, Console(out, is_tty))
+    runner = Runner(plan, run_path, Console(out, is_tty, err))
     if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
         return runner.execute(judge, stops)
     with StopSignals() as own:

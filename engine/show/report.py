@@ -115,10 +115,20 @@ def verdict_line(name: str, verdict: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _step_notes(step: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """What a step row says before and after its outcome: the progress warning of a leg whose ETA
+    passed its timeout."""
+    before: list[str] = []
+    warning = step.get("progress_warning")
+    after = [f"WARNING the ETA passed the timeout: {warning.get('message')}"] if isinstance(warning, Mapping) else []
+    return before, after
+
+
 def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
     for name, step in (evidence.get("steps") or {}).items():
-        detail = []
+        before, after = _step_notes(step)
+        detail = list(before)
         if step.get("rc") is not None:
             detail.append(f"rc {step['rc']}")
         if step.get("timed_out"):
@@ -127,6 +137,7 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             detail.append(str(step["error"]))
         if step.get("seconds") is not None:
             detail.append(f"{step['seconds']} s")
+        detail += after
         rows.append((f"step:{name}", str(step.get("status", "?")), ", ".join(detail)))
     return rows
 
@@ -232,6 +243,9 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
         elif status in ("skipped", "not_run"):
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=status)
+        before, after = _step_notes(step)
+        if before or after:
+            ET.SubElement(el, "system-out").text = "\n".join(before + after)
 
     for problem in (verdict or {}).get("harvest") or []:
         el = case(f"{name}.harvest", f"{problem['step']}.{problem['harvest']} ({problem.get('kind')})", 0)

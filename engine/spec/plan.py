@@ -152,12 +152,21 @@ def step_cost(step: Mapping[str, Any]) -> float:
     return 0.0
 
 
+# The keys of `progress:` that only shape what its line says (the leg's own total, its phases).
+PROGRESS_DISPLAY = ("total", "phases")
+
+
 def step_definition(step: Mapping[str, Any]) -> dict[str, Any]:
-    """What a resolved step does: everything but its location and its output rules. Output rules
-    are left out so `engine replay` with new harvest rules still matches the same leg."""
+    """What a resolved step does: everything but its location, its output rules and how its
+    progress line reads (`PROGRESS_DISPLAY`). Output rules are left out so `engine replay` with new
+    harvest rules still matches the same leg; the progress display, so that a better-worded line
+    does not void the saved runs of a leg that runs exactly as it did."""
     out = {k: v for k, v in step.items() if k not in ("file", "line")}
     if "run" in out:
         out["run"] = {k: v for k, v in out["run"].items() if k != "output"}
+        progress = out["run"].get("progress")
+        if isinstance(progress, Mapping):
+            out["run"]["progress"] = {k: v for k, v in progress.items() if k not in PROGRESS_DISPLAY}
     return out
 
 
