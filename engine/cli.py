@@ -14,9 +14,10 @@ Usage (results go to stdout, diagnostics to stderr):
     engine --version
 
 `run` loads and validates the spec, resolves it for one mode (--mode, else the spec's mode_env
-variable, else modes.default), prints the run directory and every value with where it came
-from (secrets shown as <redacted>), runs the steps, evaluates the checks, stores checks and
-verdict in <run dir>/evidence.json and ends with one line:
+variable, else modes.default), prints the run directory and one line saying how many values there
+are and which were overridden, and where (-v: every value with where it came from; secrets shown as
+<redacted>), runs the steps, evaluates the checks, stores checks and verdict in
+<run dir>/evidence.json and ends with one line:
 
     VERDICT <spec> PASS|FAIL|PRECONDITION|INTERRUPTED|ERROR [<failed names>] seconds <N>
 
@@ -209,7 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.run import evidence
     from engine.run.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
     from engine.spec.load import SpecErrors
-    from engine.spec.plan import build_plan, pick_mode, run_stamp, values_lines
+    from engine.spec.plan import build_plan, pick_mode, run_stamp, values_lines, values_summary
     from engine.spec.validate import budget_error
 
     spec = _valid_spec(args.spec)
@@ -230,7 +231,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunDirError as exc:
         raise _Refused(str(exc)) from None
     _out(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}")
-    _out("\n".join(values_lines(plan.values, plan.sources)))
+    env_vars = {name: var for var, name in (spec.data.get("env") or {}).items() if var in os.environ}
+    _out(
+        "\n".join(values_lines(plan.values, plan.sources))
+        if args.verbose
+        else values_summary(plan.values, plan.sources, plan.mode, env_vars)
+    )
     # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
     # verdict or its exit code short.
     with StopSignals(linger=True) as stops:
@@ -333,7 +339,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
         p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
         p.add_argument("--html", metavar="FILE", help=HTML_HELP)
-        p.add_argument("-v", "--verbose", action="store_true", help="full explain trees")
+        p.add_argument(
+            "-v", "--verbose", action="store_true", help="full explain trees (`run`: also every value, with its source)"
+        )
 
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
     planning(p)
