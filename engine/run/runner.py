@@ -28,6 +28,7 @@ from engine.run.process import Interrupted, compile_signal_rules, run_command
 from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
 from engine.spec.plan import step_kind
+from engine.text import utc_second
 from engine.types import CheckResult, Verdict
 
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
@@ -210,7 +211,9 @@ def kill_children() -> list[int]:
 
 
 class Runner:
-    def __init__(self, plan: evidence.PlanLike, run_dir: Path, console: Console) -> None:
+    def __init__(
+        self, plan: evidence.PlanLike, run_dir: Path, console: Console, reuse: evidence.Reuse | None = None
+    ) -> None:
         self.plan, self.run_dir, self.console = plan, run_dir, console
         self.t0 = time.monotonic()
         self.scrubber = Scrubber.for_plan(plan, os.environ)
@@ -220,6 +223,8 @@ class Runner:
         self.doc = evidence.new_document(plan, run_dir, version())
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
+        if reuse is not None:
+            evidence.carry_over(self.doc, reuse)
 
     def save(self) -> None:
         self.doc["finished_at"] = evidence.now_iso()
@@ -315,8 +320,13 @@ class Runner:
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
         name, kind = step["name"], step_kind(step)
-        self.say(f"=== {name}")
         record = self.doc["steps"][name]
+        if record.get("reused"):  # `--from` a later step: this one's evidence is the earlier run's
+            self.say(
+                f"=== {name}: reused ({record.get('status')}) from the run of {utc_second(record.get('reused_from'))}"
+            )
+            return True
+        self.say(f"=== {name}")
         if not step.get("enabled", True):
             record["status"] = "skipped"
             self.say(f"{name} skipped (when: {step.get('when')})")
@@ -660,16 +670,18 @@ def execute(
     judge: Judge | None = None,
     stops: StopSignals | None = None,
     err: TextIO | None = None,
+    reuse: evidence.Reuse | None = None,
 ) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
     interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
     installed and keeps past the run; by default the run installs its own for its duration. `err`:
-    where warnings go (stderr)."""
+    where warnings go (stderr). `reuse`: the steps taken over from the earlier run in `run_dir`
+    (`engine run --from`), which do not run again."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(plan, run_path, Console(out, is_tty, err))
+    runner = Runner(plan, run_path, Console(out, is_tty, err), reuse)
     if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
         return runner.execute(judge, stops)
     with StopSignals() as own:
