@@ -71,3 +71,11 @@ def argv_delta(old: Sequence[Any], new: Sequence[Any], code: Callable[[Any], str
             after = f" after {code(a[i1 - 1])}" if i1 > 0 else " at the start"
             parts.append(f"added {code(' '.join(b[j1:j2]))}{after}")
     return "; ".join(parts)
+
+
+def utc_second(at: Any) -> str:
+    """A stored UTC time (`2026-12-01T02:27:13.123456Z`) to the second, as reports show it; one
+    that was not recorded says so."""
+    if not isinstance(at, str) or not at:
+        return "an unrecorded time"
+    return re.sub(r"\.\d+Z$", "Z", at)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -104,9 +104,12 @@ def value_change_lines(changes: list[tuple[str, Any, Any]]) -> list[str]:
     return lines
 
 
-def spec_mismatch(spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir: Path) -> str | None:
+def spec_mismatch(
+    spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir: Path, action: str = "re-check"
+) -> str | None:
     """Why the saved run is not evidence of `spec` (another spec's run), or None. The spec's name
-    is its identity: a file can move, but p4_smoke's run never vouches for p4_soak."""
+    is its identity: a file can move, but p4_smoke's run never vouches for p4_soak. `action` is
+    what is refused (`re-check`, `resume`)."""
     ran = saved.get("spec") if isinstance(saved.get("spec"), Mapping) else {}
     ran_name, name = ran.get("name"), spec.data.get("name")
     if ran_name == name and isinstance(name, str):
@@ -116,7 +119,7 @@ def spec_mismatch(spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir
         if ran_name
         else "no spec name (not an engine run's evidence?)"
     )
-    return f"refusing to re-check {run_dir}: it is evidence of {ran_text}, not of spec {name!r} ({spec_label})"
+    return f"refusing to {action} {run_dir}: it is evidence of {ran_text}, not of spec {name!r} ({spec_label})"
 
 
 def step_changes(
@@ -209,15 +212,18 @@ def output_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str
     return lines
 
 
-def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Plan:
+def replan(
+    spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None, sets: Sequence[str] = ()
+) -> Plan:
     """The plan the saved run would have had with the CURRENT spec: same mode, same --set and
-    env overrides, same builtins (run_dir, run_id, ... differ per run by design). SpecErrors or
-    UsageError when the current spec cannot be planned that way."""
+    env overrides, same builtins (run_dir, run_id, ... differ per run by design), then `sets` (a
+    resumed run's own --set) over them. SpecErrors or UsageError when the current spec cannot be
+    planned that way."""
     environ = os.environ if environ is None else environ
     values: Mapping[str, Any] = evidence.get("values") or {}
     sources: Mapping[str, str] = evidence.get("sources") or {}
     env_names = {name: var for var, name in (spec.data.get("env") or {}).items()}
-    sets, overrides = [], {}
+    saved_sets, overrides = [], {}
     for name, source in sources.items():
         if source not in ("--set", "env") or name not in values:
             continue
@@ -226,10 +232,10 @@ def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] |
             # Secrets are not stored; the caller's environment is the only place they live.
             overrides[env_names[name]] = environ[env_names[name]]
         else:
-            sets.append(f"{name}={_yaml_scalar(value)}")
+            saved_sets.append(f"{name}={_yaml_scalar(value)}")
     # Builtins differ per run by design; the re-check reuses the run's own.
     builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
-    return build_plan(spec, mode=evidence.get("mode"), sets=sets, environ=overrides, builtins=builtins)
+    return build_plan(spec, mode=evidence.get("mode"), sets=[*saved_sets, *sets], environ=overrides, builtins=builtins)
 
 
 def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list[str]:

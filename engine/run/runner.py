@@ -28,6 +28,7 @@ from engine.run.process import Interrupted, compile_signal_rules, run_command
 from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
 from engine.spec.plan import step_kind
+from engine.text import utc_second
 from engine.types import CheckResult, Verdict
 
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
@@ -210,7 +211,9 @@ def kill_children() -> list[int]:
 
 
 class Runner:
-    def __init__(self, plan: evidence.PlanLike, run_dir: Path, console: Console) -> None:
+    def __init__(
+        self, plan: evidence.PlanLike, run_dir: Path, console: Console, reuse: evidence.Reuse | None = None
+    ) -> None:
         self.plan, self.run_dir, self.console = plan, run_dir, console
         self.t0 = time.monotonic()
         self.scrubber = Scrubber.for_plan(plan, os.environ)
@@ -220,6 +223,8 @@ class Runner:
         self.doc = evidence.new_document(plan, run_dir, version())
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
+        if reuse is not None:
+            evidence.carry_over(self.doc, reuse)
 
     def save(self) -> None:
         self.doc["finished_at"] = evidence.now_iso()
@@ -315,8 +320,13 @@ class Runner:
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
         name, kind = step["name"], step_kind(step)
-        self.say(f"=== {name}")
         record = self.doc["steps"][name]
+        if record.get("reused"):  # `--from` a later step: this one's evidence is the earlier run's
+            self.say(
+                f"=== {name}: reused ({record.get('status')}) from the run of {utc_second(record.get('reused_from'))}"
+            )
+            return True
+        self.say(f"=== {name}")
         if not step.get("enabled", True):
             record["status"] = "skipped"
             self.say(f"{name} skipped (when: {step.get('when')})")
@@ -362,7 +372,11 @@ class Runner:
             return None
         capture = Capture(rules, self.console)
         display = ProgressDisplay(
-            name, capture.progress, rules.progress.every_s if rules.progress else None, self.console
+            name,
+            capture.progress,
+            rules.progress.every_s if rules.progress else None,
+            self.console,
+            run.get("timeout_s"),
         )
         log_rel = f"logs/{_safe_name(name)}.log"
         record.update(
@@ -393,7 +407,7 @@ class Runner:
             )
         except Interrupted as exc:
             display.close()
-            self._record_capture(record, capture, failed=True)
+            self._record_capture(record, capture, failed=True, warning=display.warning)
             record.update(exc.result.as_dict())
             raise
         except evidence.RecordError as exc:
@@ -414,7 +428,7 @@ class Runner:
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
         record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
-        self._record_capture(record, capture, failed=not ok)
+        self._record_capture(record, capture, failed=not ok, warning=display.warning)
         for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
             self.say(
                 f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
@@ -433,7 +447,9 @@ class Runner:
                 record["diagnostics"] = self._diagnostics(diag)
         return result.rc
 
-    def _record_capture(self, record: dict[str, Any], capture: Capture, failed: bool) -> None:
+    def _record_capture(
+        self, record: dict[str, Any], capture: Capture, failed: bool, warning: dict[str, Any] | None = None
+    ) -> None:
         harvest, errors = capture.harvest_result()
         record.update(
             {
@@ -443,6 +459,8 @@ class Runner:
                 "progress": capture.progress.as_dict(),
             }
         )
+        if warning is not None:  # the ETA passed the time left before the timeout
+            record["progress_warning"] = warning
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -651,15 +669,19 @@ def execute(
     is_tty: bool | None = None,
     judge: Judge | None = None,
     stops: StopSignals | None = None,
+    err: TextIO | None = None,
+    reuse: evidence.Reuse | None = None,
 ) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
     interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
-    installed and keeps past the run; by default the run installs its own for its duration."""
+    installed and keeps past the run; by default the run installs its own for its duration. `err`:
+    where warnings go (stderr). `reuse`: the steps taken over from the earlier run in `run_dir`
+    (`engine run --from`), which do not run again."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(plan, run_path, Console(out, is_tty))
+    runner = Runner(plan, run_path, Console(out, is_tty, err), reuse)
     if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
         return runner.execute(judge, stops)
     with StopSignals() as own:

@@ -22,6 +22,7 @@ from engine.show.report import (
     child_exits,
     explain_lines,
     recheck_header,
+    reused_line,
     value_change,
     verdict_line,
 )
@@ -118,6 +119,9 @@ def render(
     if verdict.get("message"):
         out.append(f"<p><strong>{escape(verdict['message'])}</strong></p>")
     out += [f'<p class="child"><strong>{escape(text)}</strong></p>' for text in child_exits(evidence)]
+    reused = reused_line(evidence, verdict)
+    if reused:
+        out.append(f'<p class="meta">{escape(reused)}</p>')
     out.append("</header>")
 
     failing = [r for r in results if r["outcome"] in _FAILING]

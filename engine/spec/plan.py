@@ -37,7 +37,7 @@ from engine.spec.values import (
 from engine.text import compact
 from engine.types import Check, Step
 
-__all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
+__all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names", "values_summary"]
 
 KINDS = ("run", "remove", "collect")
 # Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
@@ -152,12 +152,21 @@ def step_cost(step: Mapping[str, Any]) -> float:
     return 0.0
 
 
+# The keys of `progress:` that only shape what its line says (the leg's own total, its phases).
+PROGRESS_DISPLAY = ("total", "phases")
+
+
 def step_definition(step: Mapping[str, Any]) -> dict[str, Any]:
-    """What a resolved step does: everything but its location and its output rules. Output rules
-    are left out so `engine replay` with new harvest rules still matches the same leg."""
+    """What a resolved step does: everything but its location, its output rules and how its
+    progress line reads (`PROGRESS_DISPLAY`). Output rules are left out so `engine replay` with new
+    harvest rules still matches the same leg; the progress display, so that a better-worded line
+    does not void the saved runs of a leg that runs exactly as it did."""
     out = {k: v for k, v in step.items() if k not in ("file", "line")}
     if "run" in out:
         out["run"] = {k: v for k, v in out["run"].items() if k != "output"}
+        progress = out["run"].get("progress")
+        if isinstance(progress, Mapping):
+            out["run"]["progress"] = {k: v for k, v in progress.items() if k not in PROGRESS_DISPLAY}
     return out
 
 
@@ -175,6 +184,23 @@ def values_lines(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[
     return ["values:"] + [
         f"  {k:<{width}} = {json.dumps(v, default=str)}  [{sources.get(k, '?')}]" for k, v in shown.items()
     ]
+
+
+def values_summary(
+    values: Mapping[str, Any], sources: Mapping[str, str], mode: str, env_vars: Mapping[str, str] | None = None
+) -> str:
+    """The one line `engine run` prints instead of the `values:` block (`-v` prints the block): how
+    many values, and each one overridden with where (`--set`, or the environment variable of
+    `env_vars`, value name -> variable), secrets redacted."""
+    shown, env_vars = redact(values), env_vars or {}
+    overridden = [
+        f"{k}={compact(shown[k], 60)} ({'--set' if src == '--set' else f'env {env_vars.get(k, src)}'})"
+        for k, src in sources.items()
+        if src in ("--set", "env") and k in shown
+    ]
+    return f"{len(values)} values (mode {mode}); " + (
+        f"overridden: {', '.join(overridden)}" if overridden else "none overridden"
+    )
 
 
 @dataclass

@@ -439,6 +439,9 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
     found += [(("signals", j, "match"), s.get("match"), False) for j, s in enumerate(run.get("signals") or [])]
     if run.get("progress"):
         found.append((("progress", "match"), run["progress"].get("match"), True))
+        phases = run["progress"].get("phases")
+        if isinstance(phases, dict):
+            found += [(("progress", "phases", name), text, False) for name, text in phases.items()]
     harvest = (run.get("output") or {}).get("harvest")
     if isinstance(harvest, dict):
         found += [

@@ -20,6 +20,7 @@ text            print the text
                 300 s, its pid in PATH) is an orphan in a session of its own before anyone can
                 see it as ours; the leg goes on once PATH is written
 @line:N:AT:TEXT print one line of N characters: TEXT at offset AT, 'x' around it
+@append:PATH:TEXT append TEXT and a newline to the file PATH (how often a leg ran, a document it wrote)
 """
 
 import os
@@ -86,6 +87,10 @@ def main(actions: list[str]) -> int:
             rest = int(size) - int(at) - len(text)
             sys.stdout.write("x" * int(at) + text + "x" * rest + "\n")
             sys.stdout.flush()
+        elif action.startswith("@append:"):
+            path, text = action[8:].split(":", 1)
+            with open(path, "a") as fh:
+                fh.write(text + "\n")
         elif action == "@forever":
             while True:
                 time.sleep(1)

@@ -175,8 +175,10 @@ def test_bad_rules_name_the_field() -> None:
         compile_rules({"output": {"strip_prefix": "("}})
     with pytest.raises(ValueError, match="pick"):
         compile_rules({"output": {"harvest": {"x": {"marker": "X", "pick": "middle"}}}})
-    with pytest.raises(ValueError, match="total"):
-        compile_rules({"progress": {"match": r"(?P<step>\d+)"}})
+    with pytest.raises(ValueError, match="lacks the named group 'step'"):
+        compile_rules({"progress": {"match": r"(?P<total>\d+)"}})
+    with pytest.raises(ValueError, match="progress.phases.pushing"):
+        compile_rules({"progress": {"match": r"(?P<step>\d+)", "phases": {"pushing": "("}}})
 
 
 def test_reharvest_uses_current_rules_on_the_raw_log(tmp_path: Path) -> None:

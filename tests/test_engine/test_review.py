@@ -302,6 +302,10 @@ SAFE: dict[str, Callable[[Path], None]] = {
         run_probe(r),
     ),
     "a_longer_timeout": lambda r: edit(r, LIB, "timeout_s: 60", "timeout_s: 90"),
+    # What the progress line says after its total and phases: display, not what the leg does.
+    "a_progress_line_that_reads_better": lambda r: edit(
+        r, LIB, "every_s: 30}", "every_s: 30, total: \"${stop1}\", phases: {pushing: '^CKPT save '}}"
+    ),
 }
 
 
@@ -494,7 +498,7 @@ def test_a_let_pinned_to_a_constant_names_what_it_read_before(repo: Path) -> Non
     assert risky == [
         "  ! gate pinned to a constant in specs/probe.yaml [mode smoke, soak]: gate `loss_below_max`: `loss` is "
         "now ``sub(values.loss_max, `1`)``, the spec's 2.0 on every run (it was "
-        "`steps.leg2.harvest.run_json.final_loss`)  (specs/lib/common.yaml:40)"
+        "`steps.leg2.harvest.run_json.final_loss`)  (specs/lib/common.yaml:41)"
     ], text
 
 
