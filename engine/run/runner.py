@@ -314,6 +314,9 @@ class Runner:
         found = self.files.scrub()
         for path in found:
             self.say(f"   masked a secret in {path}")
+        for problem in self.files.problems:
+            self.say(f"   WARNING: could not check for secrets (it may hold one): {problem}")
+        self.files.problems.clear()
         if record is not None and found:
             record["secrets_masked_in"] = found
 

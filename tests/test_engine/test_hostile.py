@@ -110,6 +110,11 @@ def all_gone(pids: list[int], timeout: float) -> list[int]:
     return [p for p in pids if not gone(p)]
 
 
+def mask(n: int) -> str:
+    """What a run-dir file holds where n bytes of a secret were."""
+    return ("<redacted>" + "*" * n)[:n] if n >= 10 else "*" * n
+
+
 def files_holding(root: Path, needle: bytes) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
 
@@ -473,6 +478,83 @@ def test_a_secret_straddling_the_line_cut_leaks_no_piece(tmp_path):
     assert seen[1] == "after <redacted>"
 
 
+@pytest.mark.parametrize("at", [8, len(TOKEN) // 2, len(TOKEN) - 8])
+def test_a_secret_split_by_a_tee_header_leaks_no_piece_of_eight_characters(tmp_path, at):
+    # torchrun's --tee copies a line the rank is still writing: the part written so far, then the
+    # rest, each with its own "[default0]:" header, so the header lands inside the token.
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [leg(f"@tee_split:HF_TOKEN:{at}:${{run_dir}}/rank0.log", "@rc:1", output={"strip_prefix": r"^\[default\d\]:"})],
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", "--junit", "j.xml", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 5
+    shown = proc.stdout + proc.stderr
+    for needle in (TOKEN[:at], TOKEN[at:]):
+        assert files_holding(tmp_path, needle.encode()) == [], needle
+        assert needle not in shown
+    log = (tmp_path / "r" / "logs" / "leg.log").read_text()
+    assert log == "[default0]:logging in with <redacted>[default0]:<redacted> as the rank\n"
+    masked = (tmp_path / "r" / "rank0.log").read_text()
+    assert masked == f"[default0]:logging in with {mask(at)}[default0]:{mask(len(TOKEN) - at)} as the rank\n"
+
+
+ODD_SECRET = 'Pa"ss\\wörd'
+
+
+def test_a_secret_with_a_quote_a_backslash_and_an_umlaut_leaks_in_no_encoded_form(tmp_path):
+    code = (
+        "import json, os, sys\n"
+        "s = os.environ['DB_PASSWORD']\n"
+        "print('Error json', json.dumps({'p': s}), json.dumps({'p': s}, ensure_ascii=False))\n"
+        "print('Error repr', {'p': s}, ascii(s), s.encode())\n"
+        "print('Error env', dict(os.environ))\n"
+        "print('Error url', 'https://u:' + __import__('urllib.parse').parse.quote(s, safe='') + '@host')\n"
+        "with open(os.path.join(sys.argv[1], 'error.json'), 'w') as fh:\n"
+        "    json.dump({'message': repr(s), 'raw': s}, fh)\n"
+        "sys.exit(1)\n"
+    )
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "leg", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}}],
+    )
+    proc = engine(
+        "run",
+        str(spec),
+        "--run-dir",
+        "r",
+        "--junit",
+        "j.xml",
+        "--markdown",
+        "m.md",
+        "--html",
+        "h.html",
+        cwd=tmp_path,
+        env={"DB_PASSWORD": ODD_SECRET},
+    )
+    no_traceback(proc)
+    assert proc.returncode == 5
+    s = ODD_SECRET
+    written = {
+        "raw": s,
+        "json": json.dumps(s)[1:-1],
+        "json utf-8": json.dumps(s, ensure_ascii=False)[1:-1],
+        "repr": repr(s)[1:-1],
+        "ascii": ascii(s)[1:-1],
+        "bytes": repr(s.encode())[2:-1],
+        "url": "Pa%22ss%5Cw%C3%B6rd",
+        "json of repr": json.dumps(repr(s))[1:-1],
+        "json of json": json.dumps(json.dumps(s))[1:-1],
+    }
+    assert len(set(written.values())) == len(written)
+    for how, form in written.items():
+        assert files_holding(tmp_path, form.encode()) == [], how
+        assert form not in proc.stdout + proc.stderr, how
+    failure_lines = evidence(tmp_path / "r")["steps"]["leg"]["failure_lines"]
+    assert failure_lines[0] == 'Error json {"p": "<redacted>"} {"p": "<redacted>"}'
+    assert evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"] == ["error.json"]
+
+
 def test_a_secret_given_with_set_is_taken_as_written():
     # (A non-secret `0123` is refused: YAML 1.1 would read it as 83, tests/engine/test_read_as_written.py.)
     sets = parse_sets(["api_token=0123", "hub_password=yes", "n=0x1F", "flag=yes"])
@@ -509,6 +591,49 @@ def test_no_file_under_the_run_dir_holds_a_secret_after_a_passing_or_failing_run
     blob = (tmp_path / "r" / "tlogs" / "attempt_0" / "blob.bin").read_bytes()
     assert len(blob) == 5000 + len(TOKEN) + 1  # masked in place: the file keeps its layout
     assert "tlogs/attempt_0/env.log" in evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"]
+
+
+def test_masking_a_hard_linked_file_leaves_the_file_outside_the_run_dir_as_it_was(tmp_path):
+    outside = tmp_path / "credentials.txt"
+    outside.write_text(f"token = {TOKEN}\n")
+    code = f"import os, sys; os.link({str(outside)!r}, os.path.join(sys.argv[1], 'linked.txt'))"
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "leg", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}}],
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert outside.read_text() == f"token = {TOKEN}\n"  # not the engine's to change
+    linked = tmp_path / "r" / "linked.txt"
+    assert linked.read_text() == f"token = {mask(len(TOKEN))}\n" and linked.stat().st_nlink == 1
+    assert evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"] == ["linked.txt"]
+
+
+def test_a_file_rewritten_with_a_secret_and_its_times_put_back_is_masked(tmp_path):
+    # Leg 1 leaves a clean file; leg 2 writes the token over it in place, same size, same inode,
+    # and puts its modification time back: only its bytes tell.
+    code = (
+        "import os, sys\n"
+        "path = os.path.join(sys.argv[1], 'rank.log')\n"
+        "if sys.argv[2] == 'clean':\n"
+        "    open(path, 'w').write('x' * 100)\n"
+        "else:\n"
+        "    st = os.stat(path)\n"
+        "    with open(path, 'r+') as fh:\n"
+        "        fh.write(os.environ['HF_TOKEN'])\n"
+        "    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+    )
+    steps = [
+        {"name": name, "run": {"argv": ["${python}", "-c", code, "${run_dir}", name], "timeout_s": 60}}
+        for name in ("clean", "dirty")
+    ]
+    spec = write_spec(tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.dirty.rc == `0`"}])
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert (tmp_path / "r" / "rank.log").read_text() == mask(len(TOKEN)) + "x" * (100 - len(TOKEN))
+    assert evidence(tmp_path / "r")["steps"]["dirty"]["secrets_masked_in"] == ["rank.log"]
 
 
 # ------------------------------------------------------------------ orphans

@@ -1,6 +1,8 @@
 """engine/secrets.py: which names are secret, and their text kept out of everything shown or stored."""
 
+import json
 from types import SimpleNamespace
+from urllib.parse import quote
 
 import pytest
 
@@ -71,3 +73,57 @@ def test_the_run_scrubber_covers_values_environment_and_step_env() -> None:
 def test_short_secrets_are_not_scrubbed_out_of_ordinary_text() -> None:
     plan = SimpleNamespace(values={"api_token": "1"}, secret_names=[], steps=[])
     assert Scrubber.for_plan(plan, {}).scrub("step 1 of 10") == "step 1 of 10"
+
+
+TOKEN = "hf_FRAGMENT_TOKEN_4c6e8a0b2d"
+
+
+@pytest.mark.parametrize("at", [8, 13, len(TOKEN) - 8])
+def test_both_pieces_of_a_secret_split_by_a_header_are_redacted(at: int) -> None:
+    text = f"x {TOKEN[:at]}[default0]:{TOKEN[at:]} y"
+    assert Scrubber([TOKEN]).scrub(text) == f"x {REDACTED}[default0]:{REDACTED} y"
+
+
+def test_a_piece_shorter_than_eight_characters_is_all_a_split_can_leave() -> None:
+    # The rule's price and its bound: 7 characters of the token stay visible beside the split, and
+    # ordinary words sharing up to 7 characters with a secret stay readable; 8 are redacted.
+    scrubber = Scrubber([TOKEN, "correcthorse"])
+    assert scrubber.scrub(f"{TOKEN[:7]}[default0]:{TOKEN[7:]}") == f"{TOKEN[:7]}[default0]:{REDACTED}"
+    assert scrubber.scrub("the correct horse, orsehorse") == "the correct horse, orsehorse"
+    assert scrubber.scrub("correcth thorse") == f"{REDACTED} thorse"
+
+
+def test_a_cut_line_ending_in_a_middle_piece_of_a_secret_redacts_it() -> None:
+    # A header inside the token, then the line limit: the head ends in a middle piece.
+    head = "x" * 50 + TOKEN[:10] + "[default0]:" + TOKEN[10:20]
+    assert Scrubber([TOKEN]).scrub_cut(head) == "x" * 50 + f"{REDACTED}[default0]:{REDACTED}"
+
+
+def test_pieces_of_a_non_ascii_secret_are_redacted_as_whole_characters() -> None:
+    secret = "schlüssel-öffnet-türen"
+    text = f"ä {secret[:9]}[default0]:{secret[9:]} ü"
+    assert Scrubber([secret]).scrub(text) == f"ä {REDACTED}[default0]:{REDACTED} ü"
+
+
+def test_every_encoded_form_of_a_secret_is_redacted() -> None:
+    secret = 'Pa"ss\\wörd'
+    cases = {
+        json.dumps({"p": secret}): '{"p": "<redacted>"}',
+        json.dumps({"p": secret}, ensure_ascii=False): '{"p": "<redacted>"}',
+        repr({"p": secret}): "{'p': '<redacted>'}",
+        repr({"p": secret + "'"}): "{'p': '<redacted>\\''}",
+        ascii(secret): "'<redacted>'",
+        repr(secret.encode()): "b'<redacted>'",
+        "https://u:" + quote(secret, safe="") + "@host": "https://u:<redacted>@host",
+        json.dumps({"message": repr({"p": secret})}): "{\"message\": \"{'p': '<redacted>'}\"}",
+    }
+    scrubber = Scrubber([secret])
+    assert {text: scrubber.scrub(text) for text in cases} == cases
+
+
+def test_many_secrets_with_fragments_scrub_a_three_mebibyte_line() -> None:
+    # 'x' is in the secrets, so the whole line is one run of bytes that could be a fragment.
+    secrets = [f"tok_x{i:05d}_{i * 7919:08d}" for i in range(2000)]
+    scrubber = Scrubber(secrets)
+    line = "x" * (3 << 20) + secrets[1234][:9] + "[default0]:" + secrets[1234][9:] + "y" * 100
+    assert scrubber.scrub(line) == "x" * (3 << 20) + f"{REDACTED}[default0]:{REDACTED}" + "y" * 100
