@@ -244,6 +244,79 @@ def test_replay_reads_no_raw_log_outside_the_run_dir(tmp_path):
     assert proc.returncode == 2 and "is not a path inside the run directory" in proc.stderr
 
 
+def failed_run(tmp_path: Path) -> Path:
+    """A saved run of a failed leg (its failure lines are re-harvested by a replay)."""
+    spec = write_spec(tmp_path / "s.yaml", [leg("Error: the leg failed", "@rc:1")])
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 5
+    return tmp_path / "r"
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda log: log.symlink_to("/proc/self/environ"), "outside"),
+        (lambda log: log.symlink_to("/dev/zero"), "outside"),
+        (lambda log: os.mkfifo(log), "not a regular file (a FIFO)"),
+        (lambda log: log.symlink_to(log.parent.parent.parent / "elsewhere.log"), "outside"),
+    ],
+    ids=["environ", "device", "fifo", "file-outside"],
+)
+def test_replay_refuses_a_bundle_log_that_is_not_a_regular_file_inside_it(tmp_path, make, says):
+    run = failed_run(tmp_path)
+    (tmp_path / "elsewhere.log").write_text(f"Error HF_TOKEN={TOKEN}\n")
+    log = run / "logs" / "leg.log"
+    log.unlink()
+    make(log)
+    proc = engine("replay", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 2 and proc.stderr.startswith("raw log r/logs/leg.log: ") and says in proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert not list(run.glob("replay-*")) and files_holding(run, TOKEN.encode()) == []
+
+
+def test_replay_reads_a_log_linked_inside_its_bundle(tmp_path):
+    run = failed_run(tmp_path)
+    (run / "logs" / "leg.log").rename(run / "logs" / "kept.log")
+    (run / "logs" / "leg.log").symlink_to("kept.log")
+    proc = engine("replay", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 5 and len(list(run.glob("replay-*.json"))) == 1
+
+
+def test_check_refuses_an_evidence_file_that_links_out_of_its_bundle(tmp_path):
+    run = failed_run(tmp_path)
+    (run / "evidence.json").rename(tmp_path / "evidence.json")
+    (run / "evidence.json").symlink_to(tmp_path / "evidence.json")
+    proc = engine("check", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 2 and f"resolves to {tmp_path / 'evidence.json'}, outside r" in proc.stderr
+
+
+def test_what_a_replay_writes_from_a_bundle_passes_the_secret_filter(tmp_path):
+    # The bundle's own log holds this machine's token (a bundle may hold anything): the replay's
+    # record, its reports and its terminal output show it redacted.
+    run = failed_run(tmp_path)
+    (run / "logs" / "leg.log").write_text(f"Error: login {TOKEN} refused\n", encoding="utf-8")
+    proc = engine(
+        "replay",
+        str(tmp_path / "s.yaml"),
+        "--evidence",
+        "r",
+        "--junit",
+        "j.xml",
+        "--markdown",
+        "m.md",
+        cwd=tmp_path,
+        env={"HF_TOKEN": TOKEN},
+    )
+    no_traceback(proc)
+    assert proc.returncode == 5
+    (record,) = run.glob("replay-*.json")
+    assert json.loads(record.read_text())["steps"]["leg"]["failure_lines"] == ["Error: login <redacted> refused"]
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert files_holding(tmp_path, TOKEN.encode()) == [str(run / "logs" / "leg.log")]
+
+
 def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
