@@ -788,6 +788,33 @@ def test_control_characters_from_a_leg_reach_neither_the_terminal_nor_the_junit(
     assert failure is not None and "Error ]0;pwned" in failure.text
 
 
+BIDI = "\u202e\u2066\u200f\u061c"  # right-to-left override, left-to-right isolate, RTL mark, Arabic mark
+
+
+def test_bidirectional_controls_from_a_spec_or_a_leg_reach_every_report_escaped(tmp_path):
+    code = f"import sys; print('Error ' + {BIDI!r} + 'yrros'); sys.exit(1)"
+    check = {"name": "ok", "why": f"passes {BIDI}", "expr": f"steps.leg.rc == `0` && 'a{BIDI}b' != ''"}
+    steps = [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
+    old = write_spec(tmp_path / "old.yaml", steps)
+    new = write_spec(tmp_path / "new.yaml", steps, checks=[check])
+    reports = ("--junit", "j.xml", "--markdown", "m.md", "--html", "h.html")
+    run = engine("run", str(new), "--run-dir", "r", *reports, cwd=tmp_path)
+    check_md = engine("check", str(new), "--evidence", "r", "--markdown", "-", cwd=tmp_path)
+    diff = engine("diff", str(old), str(new), "--markdown", "d.md", cwd=tmp_path)
+    assert (run.returncode, check_md.returncode, diff.returncode) == (5, 5, 1)
+    shown = {
+        "terminal": run.stdout + run.stderr,
+        "check --markdown -": check_md.stdout,
+        "diff": diff.stdout,
+        **{name: (tmp_path / name).read_text(encoding="utf-8") for name in ("j.xml", "m.md", "h.html", "d.md")},
+    }
+    for where, text in shown.items():
+        assert not any(c in text for c in BIDI), where
+        assert "\\u202e\\u2066\\u200f\\u061c" in text, where
+    failure = ET.parse(tmp_path / "j.xml").getroot().find("testcase/failure")
+    assert failure is not None and "Error \\u202e\\u2066\\u200f\\u061cyrros" in failure.text
+
+
 def test_an_existing_non_empty_run_dir_is_refused_without_force(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", [leg("hi")])
     (tmp_path / "r").mkdir()
