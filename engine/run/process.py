@@ -127,6 +127,18 @@ def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[Sign
     return out
 
 
+def _new_file(path: Path) -> BinaryIO:
+    """A new, empty file at `path`, created, never opened through what is there: an earlier leg
+    may have left a symlink at a later step's log name, which `open(path, "wb")` would follow
+    and truncate."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "wb")
+
+
 class CappedLog:
     """A leg's raw log on disk, bounded: its first `head` bytes, then, once those are written, its
     most recent output in rotating segment files beside it (`<log>.tail-NNNN`, at most `tail`
@@ -138,7 +150,7 @@ class CappedLog:
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh: BinaryIO = open(self.path, "wb")
+        self.fh: BinaryIO = _new_file(self.path)
         self.head, self.tail = head, tail
         self.segment_max = max(tail // LOG_TAIL_SEGMENTS, 1)
         self.size = 0
@@ -185,7 +197,7 @@ class CappedLog:
             self.dropped_lines += lines
         self.serial += 1
         path = self.path.with_name(f"{self.path.name}.tail-{self.serial:04d}")
-        self.segments.append([path, open(path, "wb"), 0, 0])
+        self.segments.append([path, _new_file(path), 0, 0])
         return self.segments[-1]
 
     def close(self) -> None:

@@ -492,6 +492,7 @@ class Runner:
             int(diag.get("list_max", defaults.DIAGNOSTICS_LIST_MAX)),
             int(diag.get("max_files", defaults.DIAGNOSTICS_MAX_FILES)),
             int(diag.get("tail_lines", defaults.DIAGNOSTICS_TAIL_LINES)),
+            self.scrubber.scrub,
         )
         report = self.scrubber.scrub_obj(report)
         self.say(f"   DIAGNOSTICS {report['dir']}:")
@@ -610,9 +611,12 @@ def remove_path(target: Path) -> bool:
     return False
 
 
-def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: int) -> dict[str, Any]:
+def collect_diagnostics(
+    root: Path, list_max: int, max_files: int, tail_lines: int, scrub: Callable[[str], str] = lambda line: line
+) -> dict[str, Any]:
     """List a directory tree and tail its files, everything shown unfiltered: the failing rank's
-    traceback may use words no failure pattern anticipated."""
+    traceback may use words no failure pattern anticipated. Each tail line is scrubbed before it
+    is cut to the evidence's line limit: cut first, a secret across the cut would leave a piece."""
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
         return {
@@ -634,7 +638,7 @@ def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: i
             entries.append(str((base / f).relative_to(root)))
             files.append(base / f)
     tails = [
-        {"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
+        {"path": str(f), "tail": [limits.cut_text(scrub(line)) for line in tail_file(f, tail_lines)]}
         for f in files[:max_files]
     ]
     return {

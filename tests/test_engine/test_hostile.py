@@ -709,6 +709,44 @@ def test_a_file_rewritten_with_a_secret_and_its_times_put_back_is_masked(tmp_pat
     assert evidence(tmp_path / "r")["steps"]["dirty"]["secrets_masked_in"] == ["rank.log"]
 
 
+def test_a_symlink_a_leg_left_at_a_later_steps_log_name_is_replaced_not_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    code = f"import os, sys; os.symlink({str(victim)!r}, os.path.join(sys.argv[1], 'logs', 'second.log'))"
+    steps = [
+        {"name": "first", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}},
+        {"name": "second", "run": {"argv": ["${python}", LEG, "the second leg's output"], "timeout_s": 60}},
+    ]
+    spec = write_spec(
+        tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.second.rc == `0`"}]
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert victim.read_text() == "keep me\n"
+    log = tmp_path / "r" / "logs" / "second.log"
+    assert not log.is_symlink() and log.read_text() == "the second leg's output\n"
+
+
+def test_a_secret_across_the_diagnostics_line_cut_leaves_no_piece(tmp_path):
+    at = limits.EVIDENCE_LINE_MAX_CHARS - 5  # 5 characters of the token before the cut
+    code = (
+        "import os, sys\n"
+        "os.makedirs(sys.argv[1])\n"
+        f"line = 'x' * {at} + os.environ['HF_TOKEN'] + 'y' * 100\n"
+        "open(os.path.join(sys.argv[1], 'rank0.log'), 'w').write(line + '\\n')\n"
+        "sys.exit(1)\n"
+    )
+    run = {"argv": ["${python}", "-c", code, "${run_dir}/tlogs"], "timeout_s": 60}
+    run["on_failure"] = {"diagnostics": {"dir": "${run_dir}/tlogs"}}
+    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": run}])
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    (tail,) = evidence(tmp_path / "r")["steps"]["leg"]["diagnostics"]["files"][0]["tail"]
+    assert tail.startswith("x" * at + "<reda") and TOKEN[:5] not in tail
+    assert TOKEN[:5] not in proc.stdout
+
+
 # ------------------------------------------------------------------ orphans
 
 
