@@ -8,6 +8,7 @@ wherever it occurs, not only where the name is.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -66,7 +67,7 @@ def _utf8(text: str) -> bytes:
 
 def finder_for(secrets: Iterable[str], whole_min: int = MIN_SECRET_LEN) -> Finder:
     """The Finder of every form of every secret (engine/secret_forms.py)."""
-    return Finder((_utf8(f) for s in _secret_set(secrets) for f in forms(s)), whole_min)
+    return Finder([[_utf8(f) for f in forms(s)] for s in _secret_set(secrets)], whole_min)
 
 
 class Scrubber:
@@ -79,8 +80,9 @@ class Scrubber:
     def __init__(self, secrets: Iterable[str]) -> None:
         self.secrets = _secret_set(secrets)
         self.longest = len(self.secrets[0]) if self.secrets else 0
-        self.forms = sorted({f for s in self.secrets for f in forms(s)}, key=len, reverse=True)
-        self.finder = Finder((_utf8(f) for f in self.forms), MIN_SECRET_LEN)
+        by_secret = [forms(s) for s in self.secrets]
+        self.forms = sorted(set().union(*by_secret), key=len, reverse=True)
+        self.finder = Finder([[_utf8(f) for f in group] for group in by_secret], MIN_SECRET_LEN)
 
     @classmethod
     def for_plan(cls, plan: PlanSecrets, environ: Mapping[str, str]) -> "Scrubber":
@@ -102,11 +104,11 @@ class Scrubber:
         return "".join(parts)
 
     def _char_spans(self, text: str) -> list[tuple[int, int]]:
+        if text.isascii():  # searched as it is: a character is a byte
+            return self.finder.ascii_text().spans(text)
         data = _utf8(text)
         spans = self.finder.spans(data)
-        if not spans or len(data) == len(text):  # ASCII: a byte is a character
-            return spans
-        return char_spans(data, merge(spans))
+        return char_spans(data, merge(spans)) if spans else spans
 
     def scrub(self, text: str) -> str:
         if not self.finder:
@@ -146,42 +148,53 @@ def mask(length: int) -> bytes:
     return (REDACTED.encode() + b"*" * length)[:length] if length >= len(REDACTED) else b"*" * length
 
 
-def _file_spans(fd: int, finder: Finder) -> list[tuple[int, int]]:
-    """Every span of a secret in the open file, read in chunks that overlap by the longest form
-    (an occurrence across a chunk boundary is found whole), never whole."""
+def _digest(fd: int) -> bytes:
+    """The SHA-256 of the open file's bytes from where it stands."""
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, FILE_CHUNK):
+        digest.update(chunk)
+    return digest.digest()
+
+
+def _file_spans(fd: int, finder: Finder) -> tuple[list[tuple[int, int]], bytes]:
+    """Every span of a secret in the open file, and the SHA-256 of its bytes: read in chunks that
+    overlap by the longest form (an occurrence across a chunk boundary is found whole), never whole."""
     overlap = finder.longest - 1
     spans: list[tuple[int, int]] = []
+    digest = hashlib.sha256()
     offset, tail = 0, b""
-    while True:
-        chunk = os.read(fd, FILE_CHUNK)
-        if not chunk:
-            break
+    while chunk := os.read(fd, FILE_CHUNK):
+        digest.update(chunk)
         buf = tail + chunk
         base = offset - len(tail)
         spans += [(base + start, base + end) for start, end in finder.spans(buf)]
         offset += len(chunk)
         tail = buf[-overlap:] if overlap > 0 else b""
-    return merge(spans)
+    return merge(spans), digest.digest()
 
 
-def _replace_masked(path: str, fd: int, mode: int, spans: list[tuple[int, int]]) -> None:
-    """Write the file's bytes, masked, to a new file beside it and rename that over it: writing in
-    place would write through a hard link into a file outside the run dir."""
+def _replace_masked(path: str, fd: int, mode: int, spans: list[tuple[int, int]]) -> bytes:
+    """Write the file's bytes, masked, to a new file beside it and rename that over it (writing in
+    place would write through a hard link into a file outside the run dir); the SHA-256 of what
+    it holds now."""
     directory, name = os.path.split(path)
     tmp_fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".masking", dir=directory or ".")
+    digest = hashlib.sha256()
     try:
         with os.fdopen(tmp_fd, "wb") as out:
             os.lseek(fd, 0, os.SEEK_SET)
-            offset = 0
-            while True:
-                chunk = bytearray(os.read(fd, FILE_CHUNK))
-                if not chunk:
-                    break
-                for start, end in spans:
+            offset, first = 0, 0
+            while chunk := bytearray(os.read(fd, FILE_CHUNK)):
+                while first < len(spans) and spans[first][1] <= offset:
+                    first += 1  # spans are sorted: the ones before this chunk are done
+                at = first
+                while at < len(spans) and spans[at][0] < offset + len(chunk):
+                    start, end = spans[at]
                     lo, hi = max(start, offset), min(end, offset + len(chunk))
-                    if lo < hi:
-                        chunk[lo - offset : hi - offset] = mask(end - start)[lo - start : hi - start]
+                    chunk[lo - offset : hi - offset] = mask(end - start)[lo - start : hi - start]
+                    at += 1
                 out.write(chunk)
+                digest.update(chunk)
                 offset += len(chunk)
             out.flush()
             os.fchmod(out.fileno(), mode)
@@ -193,23 +206,29 @@ def _replace_masked(path: str, fd: int, mode: int, spans: list[tuple[int, int]])
         except OSError:
             pass
         raise
+    return digest.digest()
 
 
-def mask_file(path: str | os.PathLike[str], finder: Finder) -> int:
-    """Mask every secret `finder` finds in a regular file (a symlink is never followed), by
-    replacing the file with a masked copy of the same size; the number of spans masked. The
-    decision is made on the file's bytes, read whole every time."""
+def mask_file(path: str | os.PathLike[str], finder: Finder, clean: bytes | None = None) -> tuple[int, bytes | None]:
+    """Mask every secret `finder` finds in a regular file (a symlink is never followed) by
+    replacing the file with a masked copy of the same size: (spans masked, the SHA-256 of the file
+    as it is left; None for what is not a regular file). The decision is made on the file's bytes:
+    a file whose bytes hash to `clean` (what it held when last found clean) is not searched again."""
     # O_NOFOLLOW: a leg's symlink in the run dir must not make the engine read outside it.
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(os.fspath(path), flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return 0
-        spans = _file_spans(fd, finder)
+            return 0, None
+        if clean is not None:
+            if _digest(fd) == clean:
+                return 0, clean
+            os.lseek(fd, 0, os.SEEK_SET)
+        spans, digest = _file_spans(fd, finder)
         if spans:
-            _replace_masked(os.fspath(path), fd, stat.S_IMODE(st.st_mode), spans)
-        return len(spans)
+            digest = _replace_masked(os.fspath(path), fd, stat.S_IMODE(st.st_mode), spans)
+        return len(spans), digest
     finally:
         os.close(fd)
 
@@ -217,11 +236,13 @@ def mask_file(path: str | os.PathLike[str], finder: Finder) -> int:
 class TreeScrubber:
     """Masks secrets in every regular file under a directory (what legs wrote into the run dir:
     torchrun's per-rank logs keep the environment and the exception message). Every file is read
-    again on every call: a leg can rewrite a file and put its size and times back."""
+    on every call, and searched unless its bytes hash to what they were when it was last found
+    clean: a leg can rewrite a file and put its size and times back, never its SHA-256."""
 
     def __init__(self, root: str | os.PathLike[str], secrets: Iterable[str]) -> None:
         self.root = Path(root)
         self.finder = finder_for(secrets, FILE_MIN_SECRET_LEN)
+        self.clean: dict[str, bytes] = {}
         # "<path>: <why>" for each file that could not be checked (unreadable, or its folder
         # not writable for the masked copy); the caller says so.
         self.problems: list[str] = []
@@ -238,12 +259,16 @@ class TreeScrubber:
                 try:
                     if not stat.S_ISREG(os.lstat(path).st_mode):
                         continue
-                    if mask_file(path, self.finder):
-                        found.append(os.path.relpath(path, self.root))
+                    masked, digest = mask_file(path, self.finder, self.clean.get(path))
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
                     self.problems.append(f"{os.path.relpath(path, self.root)}: {exc.strerror or exc}")
+                    continue
+                if digest is not None:
+                    self.clean[path] = digest
+                if masked:
+                    found.append(os.path.relpath(path, self.root))
         return found
 
 

@@ -5,8 +5,13 @@ from types import SimpleNamespace
 from urllib.parse import quote
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.secrets import REDACTED, Scrubber, is_secret, redact, redact_text
+from engine import secret_forms
+from engine import secrets as secrets_module
+from engine.secret_forms import FRAGMENT_MIN, Finder, forms, merge
+from engine.secrets import REDACTED, Scrubber, TreeScrubber, is_secret, redact, redact_text
 
 
 @pytest.mark.parametrize(
@@ -127,3 +132,89 @@ def test_many_secrets_with_fragments_scrub_a_three_mebibyte_line() -> None:
     scrubber = Scrubber(secrets)
     line = "x" * (3 << 20) + secrets[1234][:9] + "[default0]:" + secrets[1234][9:] + "y" * 100
     assert scrubber.scrub(line) == "x" * (3 << 20) + f"{REDACTED}[default0]:{REDACTED}" + "y" * 100
+
+
+def every_fragment(data: bytes, groups: list[list[bytes]]) -> list[tuple[int, int]]:
+    """The rule, written out slowly: every occurrence of every 8-byte piece of a form, and of each
+    shorter form whole."""
+    spans = []
+    for form in {f for g in groups for f in g if len(f) >= 4}:
+        pieces = [form] if len(form) < FRAGMENT_MIN else [form[i : i + 8] for i in range(len(form) - 7)]
+        for piece in pieces:
+            at = data.find(piece)
+            while at >= 0:
+                spans.append((at, at + len(piece)))
+                at = data.find(piece, at + 1)
+    return merge(spans)
+
+
+# Two kinds of secret with few bytes in common, so that they get passes of their own.
+SECRET_TEXT = st.one_of(
+    st.text(alphabet='abcxyz_019"\\ö', min_size=4, max_size=40),
+    st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVW2345678+/=é", min_size=4, max_size=40),
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(SECRET_TEXT, min_size=1, max_size=12),
+    st.lists(
+        st.one_of(
+            st.text(alphabet="abcxyzABC019 -[]:\n", max_size=30),
+            st.tuples(st.integers(0, 11), st.integers(0, 40), st.integers(0, 40)),
+            st.tuples(st.sampled_from("xaA0 "), st.integers(200, 2000)),
+        ),
+        max_size=12,
+    ),
+)
+def test_the_finder_finds_exactly_what_the_rule_says(secrets: list[str], pieces: list) -> None:
+    # Texts built of pieces of the secrets (any cut), their letters and long runs of one of them:
+    # every way through the finder (the pass over all bytes, the narrow passes it hands over to
+    # when candidates are dense, anchors in long runs) must give the rule's answer, byte for byte.
+    groups = [[f.encode() for f in forms(s)] for s in secrets]
+    parts = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            parts.append(piece.encode())
+        elif len(piece) == 3:
+            secret = secrets[piece[0] % len(secrets)].encode()
+            parts.append(secret[min(piece[1], piece[2]) : max(piece[1], piece[2])])
+        else:
+            parts.append(piece[0].encode() * piece[1])
+    data = b"".join(parts)
+    expected = every_fragment(data, groups)
+
+    def found() -> list[tuple[int, int]]:
+        finder = Finder(groups, whole_min=4)
+        spans = merge(finder.spans(data))
+        if data.isascii():  # the same answer from the str path, which ASCII text takes
+            assert merge(finder.ascii_text().spans(data.decode())) == spans
+        return spans
+
+    assert found() == expected
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(secret_forms, "DENSE_RUNS", -len(data))  # straight to the narrow passes
+        assert found() == expected
+        patch.setattr(secret_forms, "SHORT_RUN", 0)  # every run searched by its anchors
+        assert found() == expected
+
+
+def test_secrets_and_their_pieces_across_file_chunks_are_masked_in_a_copy_of_the_same_size(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(secrets_module, "FILE_CHUNK", 16)  # every occurrence crosses a chunk boundary
+    text = f"a{TOKEN}b {TOKEN[:12]}[default0]:{TOKEN[12:]} c{TOKEN}\n" * 3
+    log = tmp_path / "rank0.log"
+    log.write_text(text)
+    log.chmod(0o640)
+    before = log.stat().st_ino
+    scrubber = TreeScrubber(tmp_path, [TOKEN])
+    assert scrubber.scrub() == ["rank0.log"] and scrubber.problems == []
+    masked = log.read_text()
+
+    def stars(n: int) -> str:
+        return (REDACTED + "*" * n)[:n]
+
+    assert masked == f"a{stars(28)}b {stars(12)}[default0]:{stars(16)} c{stars(28)}\n" * 3
+    assert log.stat().st_ino != before and log.stat().st_mode & 0o777 == 0o640
+    assert scrubber.scrub() == []  # found clean by its SHA-256: not searched again
