@@ -245,9 +245,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _out(_resuming_line(reuse))
     env_vars = {name: var for var, name in (spec.data.get("env") or {}).items() if var in os.environ}
     _out(
-        "\n".join(values_lines(plan.values, plan.sources))
+        "\n".join(values_lines(plan.values, plan.sources, plan.secret_names))
         if args.verbose
-        else values_summary(plan.values, plan.sources, plan.mode, env_vars)
+        else values_summary(plan.values, plan.sources, plan.mode, env_vars, plan.secret_names)
     )
     # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
     # verdict or its exit code short.

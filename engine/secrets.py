@@ -279,6 +279,6 @@ def redact(values: Mapping[str, Any], secret_names: Iterable[str] = ()) -> dict[
     return {k: REDACTED if (k in names or is_secret(str(k))) else scrubber.scrub_obj(v) for k, v in values.items()}
 
 
-def redact_text(text: str, values: Mapping[str, Any]) -> str:
+def redact_text(text: str, values: Mapping[str, Any], secret_names: Iterable[str] = ()) -> str:
     """`text` with every secret value's text replaced by <redacted>."""
-    return Scrubber(secret_texts(values)).scrub(text)
+    return Scrubber(secret_texts(values, secret_names)).scrub(text)

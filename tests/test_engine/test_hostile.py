@@ -628,6 +628,19 @@ def test_a_secret_with_a_quote_a_backslash_and_an_umlaut_leaks_in_no_encoded_for
     assert evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"] == ["error.json"]
 
 
+def test_a_value_the_spec_feeds_from_a_secret_variable_is_shown_redacted(tmp_path):
+    # `env: {GITHUB_TOKEN: repo}`: the value's name does not look secret, its text is the token.
+    spec = write_spec(tmp_path / "s.yaml", [leg("${repo}")], values={"repo": "none"}, env={"GITHUB_TOKEN": "repo"})
+    plan = engine("plan", str(spec), cwd=tmp_path, env={"GITHUB_TOKEN": TOKEN})
+    run = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"GITHUB_TOKEN": TOKEN})
+    verbose = engine("run", str(spec), "--run-dir", "r2", "-v", cwd=tmp_path, env={"GITHUB_TOKEN": TOKEN})
+    assert (plan.returncode, run.returncode, verbose.returncode) == (0, 0, 0)
+    for shown in (plan.stdout, verbose.stdout):
+        assert TOKEN not in shown and 'repo = "<redacted>" [env]' in " ".join(shown.split())
+    assert TOKEN not in run.stdout and 'repo="<redacted>" (env GITHUB_TOKEN)' in run.stdout
+    assert evidence(tmp_path / "r")["values"]["repo"] == "<redacted>"
+
+
 def test_a_secret_given_with_set_is_taken_as_written():
     # (A non-secret `0123` is refused: YAML 1.1 would read it as 83, tests/engine/test_read_as_written.py.)
     sets = parse_sets(["api_token=0123", "hub_password=yes", "n=0x1F", "flag=yes"])
