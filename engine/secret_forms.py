@@ -1,4 +1,4 @@
-"""A secret as it gets written: its encoded FORMS and their FRAGMENTS, and finding them in bytes.
+"""A secret as it gets written: its encoded FORMS and their FRAGMENTS, and finding them in a text.
 
 A leg rarely prints a secret only as it is. A JSON document escapes its quotes, backslashes and
 non-ASCII letters (`\\"`, `\\\\`, `\\u00f6`), Python's repr() and ascii() escape them their own way
@@ -16,11 +16,12 @@ occur in ordinary output by chance (a secret made of words costs its own 8-lette
 more), while what can stay unmasked beside a split is at most 7 bytes of the secret, on each side:
 of a Hugging Face token (37 characters) at least 30 stay unknown, far beyond guessing.
 
-Finding them is one pass of C code over the bytes in the common case: every byte that occurs in
-no form is mapped to 0, and a fragment can only lie in a run of at least 8 non-zero bytes
-(`bytes.translate` + `bytes.find`). Only such runs are looked at closely: each 8-byte window in
-one set lookup, and a long run (a 3 MiB line of `x` when a secret holds an `x`) only around the
-places where an anchor (a 4-byte piece of a form, one every 5 bytes of it) occurs.
+Finding them costs a few passes of C code over the input: every byte that occurs in no form of
+the pass's secrets is mapped to 0, and a fragment can only lie in a run of at least 8 non-zero
+bytes (`translate` + `find`). Only such runs are looked at closely: each 8-byte window in one set
+lookup, and a long run (a 3 MiB line of `x` when a secret holds an `x`) only around the anchors
+(a 4-byte piece of a form, one every 5 bytes of it) made of the bytes the run holds. `Finder`
+says how the passes are chosen; bench/engine_bench.py times them.
 """
 
 from __future__ import annotations
@@ -53,19 +54,19 @@ def _json(text: str, ascii_only: bool) -> str:
     return json.dumps(text, ensure_ascii=ascii_only)[1:-1]
 
 
-def _quoted_bodies(quoted: str, suffix: int) -> set[str]:
+def _quoted_bodies(quoted: str) -> set[str]:
     """repr()/ascii() bodies in both of Python's quote styles: `quoted` is the repr of a text with
-    `'"` appended (so it is '-quoted, with ' escaped); `suffix` is how long the escaped `\\'"` is."""
-    single = quoted[quoted.index(quoted[-1]) + 1 : -1 - suffix]
+    `'"` appended (so it is '-quoted, with ' escaped, and ends in the 3 characters `\\'"`)."""
+    single = quoted[quoted.index(quoted[-1]) + 1 : -4]
     # In a "-quoted repr (a text holding ' but no "), a ' stands unescaped.
     return {single, single.replace("\\'", "'")}
 
 
 def _python_forms(text: str) -> set[str]:
     """The text inside repr(), ascii() and the repr of its UTF-8 bytes, either quote style."""
-    found = _quoted_bodies(repr(text + "'\""), 3)
-    found |= _quoted_bodies(ascii(text + "'\""), 3)
-    found |= _quoted_bodies(repr(text.encode("utf-8", "surrogatepass") + b"'\""), 3)
+    found = _quoted_bodies(repr(text + "'\""))
+    found |= _quoted_bodies(ascii(text + "'\""))
+    found |= _quoted_bodies(repr(text.encode("utf-8", "surrogatepass") + b"'\""))
     return found
 
 
