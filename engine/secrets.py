@@ -247,6 +247,11 @@ class TreeScrubber:
         # not writable for the masked copy); the caller says so.
         self.problems: list[str] = []
 
+    def vouch(self, path: str | os.PathLike[str], sha256: bytes) -> None:
+        """The engine wrote `path` itself, through a Scrubber: it is clean while its bytes hash
+        to `sha256` (a leg that rewrites it changes that, and it is searched again)."""
+        self.clean[os.fspath(path)] = sha256
+
     def scrub(self) -> list[str]:
         """Mask what is there now; the paths (relative to the root) of the files that held a
         secret. A file that cannot be checked is listed in `problems`."""

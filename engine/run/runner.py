@@ -407,6 +407,7 @@ class Runner:
                 strip_prefix=rules.strip_prefix,
                 scrub=self.scrubber,
                 notify=lambda text: self.say("   " + text),
+                log_written=self.files.vouch if self.files.finder else None,
             )
         except Interrupted as exc:
             display.close()

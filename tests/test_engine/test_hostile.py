@@ -760,6 +760,23 @@ def test_a_secret_across_the_diagnostics_line_cut_leaves_no_piece(tmp_path):
     assert TOKEN[:5] not in proc.stdout
 
 
+def test_a_secret_a_later_leg_writes_into_an_earlier_steps_log_is_masked(tmp_path):
+    # The engine vouches for the logs it wrote through the filter by their SHA-256, not by name.
+    code = "import os, sys; open(os.path.join(sys.argv[1], 'logs', 'first.log'), 'a').write(os.environ['HF_TOKEN'])"
+    steps = [
+        {"name": "first", "run": {"argv": ["${python}", LEG, "the first leg"], "timeout_s": 60}},
+        {"name": "second", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}},
+    ]
+    spec = write_spec(
+        tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.second.rc == `0`"}]
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert (tmp_path / "r" / "logs" / "first.log").read_text() == "the first leg\n" + mask(len(TOKEN))
+    assert evidence(tmp_path / "r")["steps"]["second"]["secrets_masked_in"] == ["logs/first.log"]
+
+
 # ------------------------------------------------------------------ orphans
 
 
