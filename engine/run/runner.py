@@ -284,6 +284,8 @@ class Runner:
             self._judge(judge)
         self.scrub_files()
         self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+        # What the caller renders (the terminal table, JUnit, Markdown, HTML) is what was stored.
+        self.doc = self.scrubber.scrub_obj(self.doc)
 
     def _judge(self, judge: Judge) -> None:
         while True:

@@ -641,6 +641,28 @@ def test_a_value_the_spec_feeds_from_a_secret_variable_is_shown_redacted(tmp_pat
     assert evidence(tmp_path / "r")["values"]["repo"] == "<redacted>"
 
 
+def test_the_reports_of_a_run_show_a_secret_in_a_step_error_redacted(tmp_path):
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "wipe", "remove": ["/etc/${api_token}"]}],
+        checks=[{"name": "c", "why": "w", "expr": "steps.wipe.status == 'ok'"}],
+        values={"api_token": TOKEN},
+    )
+    proc = engine(
+        "run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html", cwd=tmp_path
+    )
+    no_traceback(proc)
+    assert proc.returncode == 5 and "refusing to remove /etc/<redacted>" in proc.stdout
+    assert TOKEN not in proc.stdout + proc.stderr
+    for report, shown in (
+        ("j.xml", "/etc/&lt;redacted&gt;"),
+        ("m.md", "/etc/<redacted>"),
+        ("h.html", "/etc/&lt;redacted&gt;"),
+    ):
+        text = (tmp_path / report).read_text(encoding="utf-8")
+        assert TOKEN not in text and shown in text, report
+
+
 def test_a_secret_given_with_set_is_taken_as_written():
     # (A non-secret `0123` is refused: YAML 1.1 would read it as 83, tests/engine/test_read_as_written.py.)
     sets = parse_sets(["api_token=0123", "hub_password=yes", "n=0x1F", "flag=yes"])
