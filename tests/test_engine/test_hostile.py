@@ -317,6 +317,25 @@ def test_what_a_replay_writes_from_a_bundle_passes_the_secret_filter(tmp_path):
     assert files_holding(tmp_path, TOKEN.encode()) == [str(run / "logs" / "leg.log")]
 
 
+def test_a_re_check_record_is_never_written_through_a_link_the_bundle_planted(tmp_path):
+    # The record's temporary name is predictable (the second it is written in): a bundle could hold
+    # a link there to any file of the reviewer's; the record goes through a file of its own.
+    from datetime import datetime, timedelta, timezone
+
+    run = failed_run(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    now = datetime.now(timezone.utc)
+    for second in range(30):
+        stamp = (now + timedelta(seconds=second)).strftime("%Y%m%dT%H%M%SZ")
+        (run / f"check-{stamp}.json.tmp").symlink_to(victim)
+    proc = engine("check", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 5 and victim.read_text() == "keep me\n"
+    (record,) = run.glob("check-*.json")
+    assert json.loads(record.read_text())["kind"] == "check"
+
+
 def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
