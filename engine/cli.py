@@ -82,13 +82,13 @@ class _Refused(Exception):
 
 
 def _err(text: str) -> None:
-    from engine.run.console import printable  # a spec's or a leg's text must not drive the terminal
+    from engine.text import printable  # a spec's or a leg's text must not drive the terminal
 
     print(printable(text), file=sys.stderr, flush=True)
 
 
 def _out(text: str, end: str = "\n") -> None:
-    from engine.run.console import printable
+    from engine.text import printable
 
     print(printable(text), end=end, flush=True)
 
@@ -135,8 +135,8 @@ def _emit(
 ) -> int | None:
     """Write the report files, then print the report; Exit.USAGE when a file could not be
     written (said before the verdict is printed), else None."""
-    from engine.run.console import printable
     from engine.show import report
+    from engine.text import printable
 
     figures: list = []
     if (args.markdown or args.html) and spec is not None:
@@ -245,9 +245,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _out(_resuming_line(reuse))
     env_vars = {name: var for var, name in (spec.data.get("env") or {}).items() if var in os.environ}
     _out(
-        "\n".join(values_lines(plan.values, plan.sources))
+        "\n".join(values_lines(plan.values, plan.sources, plan.secret_names))
         if args.verbose
-        else values_summary(plan.values, plan.sources, plan.mode, env_vars)
+        else values_summary(plan.values, plan.sources, plan.mode, env_vars, plan.secret_names)
     )
     # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
     # verdict or its exit code short.

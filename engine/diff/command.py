@@ -16,6 +16,7 @@ from engine.diff.sides import Revision, load_side, materialise, repo_root
 from engine.run import evidence as evmod
 from engine.show.report import write_file
 from engine.spec.load import display_path
+from engine.text import printable
 
 # As `git diff --exit-code`; 2 is also `engine`'s usage code (verdict.Exit.USAGE).
 EXIT_SAME, EXIT_CHANGED, EXIT_INVALID = 0, 1, 2
@@ -30,7 +31,7 @@ def diff_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: Te
     try:
         report = build_report(args.old, args.new, args.base, args.evidence, args.mode)
     except DiffError as exc:
-        print(str(exc), file=stderr, flush=True)
+        print(printable(str(exc)), file=stderr, flush=True)
         return EXIT_INVALID
     stdout.write(render(report, markdown=args.markdown == "-"))
     stdout.flush()

@@ -31,7 +31,7 @@ from engine.diff.strictness import reads
 from engine.judge.recheck import Refused, recheck
 from engine.run import evidence as evmod
 from engine.show.report import write_file
-from engine.text import code
+from engine.text import code, printable
 
 EXIT_SAFE, EXIT_RISKY, EXIT_INVALID = 0, 1, 2
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -409,7 +409,7 @@ def render_review(review: Review, markdown: bool = False) -> str:
                 out.lines.append(mermaid.section(s.figures).rstrip("\n"))
                 out.blank()
                 out.lines.append("</details>")
-    return "\n".join(out.lines).rstrip() + "\n"
+    return printable("\n".join(out.lines).rstrip() + "\n")
 
 
 def grouped(risks: Sequence[Risk]) -> list[list[Risk]]:
@@ -445,7 +445,7 @@ def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: 
     try:
         review = build_review(args.base, args.specs, args.spec_dir, args.evidence_dir, args.accept_risk)
     except DiffError as exc:
-        print(str(exc), file=stderr, flush=True)
+        print(printable(str(exc)), file=stderr, flush=True)
         return EXIT_INVALID
     stdout.write(render_review(review, markdown=args.markdown == "-"))
     stdout.flush()

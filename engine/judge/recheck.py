@@ -247,10 +247,10 @@ def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list
         if step.get("kind") != "run" or not step.get("log") or name not in by_name:
             continue
         log = run_dir / step["log"]
-        if not log.is_file():
+        if not os.path.lexists(log):
             notes.append(f"step {name}: raw log {log} is missing; kept the saved harvest")
             continue
-        fresh = reharvest(by_name[name], log)
+        fresh = reharvest(by_name[name], log, run_dir)
         step["harvest"], step["harvest_errors"] = fresh["harvest"], fresh["harvest_errors"]
         step["lines"], step["progress"] = fresh["lines"], fresh["progress"]
         if step.get("status") == "failed":  # the runner keeps these for failed legs only
@@ -269,10 +269,7 @@ def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
     while path.exists():
         n += 1
         path = run_dir / f"{kind}-{stamp}-{n}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(evidence.dumps(record) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return evidence.write_document(path, evidence.dumps(record) + "\n")
 
 
 def recheck(
@@ -294,9 +291,16 @@ def recheck(
     if mismatch:
         raise Refused(mismatch)
     plan = replan(spec, saved)
+    # Whatever a saved run holds (a raw log may hold anything) is shown and stored through the
+    # secret filter of this spec and this machine's environment, as a live run's output is.
+    scrubber = Scrubber.for_plan(plan, os.environ)
+
+    def tell(text: str) -> None:
+        note(scrubber.scrub(text))
+
     changes, notes = step_changes(saved, plan)
     for text in notes:
-        note(text)
+        tell(text)
     values = value_changes(saved, plan)
     if not changes and not replay:
         outputs = output_changes(saved, plan)
@@ -321,18 +325,19 @@ def recheck(
     if values:
         # No step reads them (the steps are unchanged), so only checks do: re-evaluate with the
         # spec's values, and say so, value by value.
-        note("checks read the spec's current values, not the run's:")
+        tell("checks read the spec's current values, not the run's:")
         for text in value_change_lines(values):
-            note("  " + text)
+            tell("  " + text)
         doc["values"] = redact(plan.values, plan.secret_names)
         doc["sources"] = dict(plan.sources)
     if replay:
         for text in reharvest_steps(doc, plan, run_dir):
-            note(text)
+            tell(text)
     doc, corrected = derive_statuses(plan.steps, doc)
     for text in corrected:
-        note(text)
+        tell(text)
     results, verdict = judge(plan, doc)
+    doc, results, verdict = scrubber.scrub_obj(doc), scrubber.scrub_obj(results), scrubber.scrub_obj(verdict)
     kind = "replay" if replay else "check"
     # What every report says first: this is a re-check, when, of which spec, with which values moved
     # (set here whatever the saved document holds under that name).
@@ -347,7 +352,7 @@ def recheck(
         ],
     }
     if store:
-        _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, note)
+        _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, tell, scrubber.scrub_obj)
     return Recheck(doc, results, verdict)
 
 
@@ -361,9 +366,10 @@ def _store(
     values: list[tuple[str, Any, Any]],
     corrected: list[str],
     note: Callable[[str], None],
+    scrub: Callable[[Any], Any],
 ) -> None:
-    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence; a run dir that cannot be
-    written to costs a note, never the answer."""
+    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence, through the secret
+    filter; a run dir that cannot be written to costs a note, never the answer."""
     record = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
     record["spec_revision"] = doc["rechecked"]["revision"]
     if values:
@@ -373,9 +379,9 @@ def _store(
     if kind == "replay":
         record["steps"] = doc.get("steps")
     try:
-        write_record(run_dir, kind, record)
-    except OSError as exc:
-        note(f"could not write the {kind} record in {run_dir}: {exc.strerror or exc}")
+        write_record(run_dir, kind, scrub(record))
+    except (OSError, evidence.RecordError) as exc:
+        note(f"could not write the {kind} record in {run_dir}: {getattr(exc, 'strerror', None) or exc}")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

@@ -11,6 +11,7 @@ import time
 from typing import Any, Protocol, TextIO
 
 from engine import defaults
+from engine.text import printable
 
 
 class SafeStream:
@@ -63,19 +64,6 @@ class SafeStream:
             os.close(null)
         except (OSError, ValueError, AttributeError):
             pass  # not a real descriptor (a test's capture): dropping the writes is enough
-
-
-# What a leg's text must not do to the terminal it is echoed on: escape sequences clear the screen,
-# set the window title or write the clipboard; other control bytes move the cursor; bidirectional
-# overrides make text read differently than it is. Each is shown as a visible escape instead.
-_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]}
-_CONTROLS.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
-_CONTROLS.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
-
-
-def printable(text: str) -> str:
-    """`text` with every control character (newline and tab excepted) shown as an escape."""
-    return text.translate(_CONTROLS)
 
 
 class Progress(Protocol):

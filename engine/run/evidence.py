@@ -172,7 +172,17 @@ def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
     text = dumps(doc) + "\n"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".evidence.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise RecordError(target, exc) from None
+    return write_document(target, text)
+
+
+def write_document(target: Path, text: str) -> Path:
+    """`text` at `target`, atomically, through a fresh temporary file beside it (created with
+    O_EXCL: never a name that could already be a symlink to elsewhere) renamed over it; RecordError
+    naming `target` when it cannot be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise RecordError(target, exc) from None
     try:
@@ -264,11 +274,11 @@ def shape_problems(doc: Mapping[str, Any]) -> list[str]:
 
 def load(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The evidence document of a saved run; EvidenceError (naming the file and what is wrong)
-    when it is missing, not a regular file, too big, not UTF-8 JSON, nested too deeply, of the
+    when it is missing, not a regular file inside `run_dir` (a symlink out of it), too big, not UTF-8 JSON, nested too deeply, of the
     wrong shape, or newer than this engine."""
     target = path_of(run_dir)
     try:
-        raw = limits.read_regular_file(target, limits.EVIDENCE_MAX_BYTES, "evidence file")
+        raw = limits.read_regular_file(target, limits.EVIDENCE_MAX_BYTES, "evidence file", inside=run_dir)
     except FileNotFoundError:
         raise EvidenceError(f"{target}: no evidence document (was a run started in this directory?)") from None
     except limits.LimitError as exc:

@@ -546,21 +546,23 @@ class ProgressState:
         return {"step": self.step, "total": self.total, "steps_per_s": round(rate, 4) if rate is not None else None}
 
 
-def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
-    """Recompute harvest, harvest_errors, failure_lines, child_exit and tail from a saved RAW log,
-    with the step's CURRENT output rules (`engine replay`). failure_lines and child_exit are computed
-    whatever the step's status was; the caller keeps them only for a failed step."""
+def reharvest(step: Mapping[str, Any], log_path: str | Path, run_dir: str | Path) -> dict[str, Any]:
+    """Recompute harvest, harvest_errors, failure_lines, child_exit and tail from a saved RAW log (a
+    file inside `run_dir`), with the step's CURRENT output rules (`engine replay`). failure_lines and
+    child_exit are computed whatever the step's status was; the caller keeps them only for a failed step."""
     rules = compile_rules(step.get("run") or {})
     capture = Capture(rules)
     # A log the engine wrote is never bigger (limits.LOG_HEAD_BYTES + LOG_TAIL_BYTES); a bigger
-    # one, or a FIFO, is not one of them.
+    # one, a FIFO, or a link out of the run dir, is not one of them.
     try:
-        raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log").decode(
+        raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log", inside=run_dir).decode(
             "utf-8", errors="replace"
         )
     except (OSError, ValueError) as exc:
         from engine.run.evidence import EvidenceError
 
+        if isinstance(exc, limits.LimitError):  # it names the file
+            raise EvidenceError(f"raw log {exc}") from None
         raise EvidenceError(f"raw log {log_path}: {getattr(exc, 'strerror', None) or exc}") from None
     lines = raw.split("\n")
     if lines and lines[-1] == "":

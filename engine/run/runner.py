@@ -284,6 +284,8 @@ class Runner:
             self._judge(judge)
         self.scrub_files()
         self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+        # What the caller renders (the terminal table, JUnit, Markdown, HTML) is what was stored.
+        self.doc = self.scrubber.scrub_obj(self.doc)
 
     def _judge(self, judge: Judge) -> None:
         while True:
@@ -314,6 +316,9 @@ class Runner:
         found = self.files.scrub()
         for path in found:
             self.say(f"   masked a secret in {path}")
+        for problem in self.files.problems:
+            self.say(f"   WARNING: could not check for secrets (it may hold one): {problem}")
+        self.files.problems.clear()
         if record is not None and found:
             record["secrets_masked_in"] = found
 
@@ -404,6 +409,7 @@ class Runner:
                 strip_prefix=rules.strip_prefix,
                 scrub=self.scrubber,
                 notify=lambda text: self.say("   " + text),
+                log_written=self.files.vouch if self.files.finder else None,
             )
         except Interrupted as exc:
             display.close()
@@ -489,6 +495,7 @@ class Runner:
             int(diag.get("list_max", defaults.DIAGNOSTICS_LIST_MAX)),
             int(diag.get("max_files", defaults.DIAGNOSTICS_MAX_FILES)),
             int(diag.get("tail_lines", defaults.DIAGNOSTICS_TAIL_LINES)),
+            self.scrubber.scrub,
         )
         report = self.scrubber.scrub_obj(report)
         self.say(f"   DIAGNOSTICS {report['dir']}:")
@@ -607,9 +614,12 @@ def remove_path(target: Path) -> bool:
     return False
 
 
-def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: int) -> dict[str, Any]:
+def collect_diagnostics(
+    root: Path, list_max: int, max_files: int, tail_lines: int, scrub: Callable[[str], str] = lambda line: line
+) -> dict[str, Any]:
     """List a directory tree and tail its files, everything shown unfiltered: the failing rank's
-    traceback may use words no failure pattern anticipated."""
+    traceback may use words no failure pattern anticipated. Each tail line is scrubbed before it
+    is cut to the evidence's line limit: cut first, a secret across the cut would leave a piece."""
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
         return {
@@ -631,7 +641,7 @@ def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: i
             entries.append(str((base / f).relative_to(root)))
             files.append(base / f)
     tails = [
-        {"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
+        {"path": str(f), "tail": [limits.cut_text(scrub(line)) for line in tail_file(f, tail_lines)]}
         for f in files[:max_files]
     ]
     return {

@@ -26,6 +26,7 @@ from engine.show.report import (
     value_change,
     verdict_line,
 )
+from engine.text import printable
 
 _FAILING = ("FAIL", "NO_DATA", "ERROR")
 _STYLE = """
@@ -176,7 +177,8 @@ def render(
     out += ["</section>"]
     out += _values(evidence)
     out += ["</body>", "</html>"]
-    return "\n".join(out) + "\n"
+    # A browser acts on bidirectional and control characters; escaped, the page shows what is there.
+    return printable("\n".join(out) + "\n")
 
 
 def _values(evidence: Mapping[str, Any]) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from engine.run.output import child_exit_text
-from engine.text import compact_pair, utc_second
+from engine.text import compact_pair, printable, unhidden, utc_second
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
 # would make the whole JUnit file unparsable.
@@ -300,7 +300,7 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     suite.set("time", str((verdict or {}).get("seconds", evidence.get("seconds") or 0)))
     ET.indent(suite)
     text = ET.tostring(suite, encoding="unicode")
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("", text) + "\n"
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + unhidden(_NOT_XML.sub("", text)) + "\n"
 
 
 def _recheck_properties(suite: ET.Element, evidence: Mapping[str, Any]) -> None:
@@ -377,7 +377,8 @@ def markdown(
         from engine.show import mermaid
 
         lines += ["", mermaid.section(list(figures)).rstrip("\n")]
-    return "\n".join(lines) + "\n"
+    # A PR comment shows bidirectional controls as they act: escaped, a reviewer reads what is there.
+    return printable("\n".join(lines) + "\n")
 
 
 def write_file(path: str | Path, text: str) -> None:

@@ -201,7 +201,7 @@ def test_reharvest_uses_current_rules_on_the_raw_log(tmp_path: Path) -> None:
             }
         },
     }
-    again = reharvest(step, log)
+    again = reharvest(step, log, tmp_path)
     assert again["harvest"] == {"rj": {"final_step": 20}}
     assert again["harvest_errors"] == []
     assert again["failure_lines"] == ["Traceback: x"]
@@ -278,4 +278,4 @@ def test_replay_harvests_a_match_rule_from_the_raw_log(tmp_path: Path) -> None:
             }
         },
     }
-    assert reharvest(step, log)["harvest"] == {"rates": [{"step": 1, "rate": 10}, {"step": 2, "rate": 12}]}
+    assert reharvest(step, log, tmp_path)["harvest"] == {"rates": [{"step": 1, "rate": 10}, {"step": 2, "rate": 12}]}

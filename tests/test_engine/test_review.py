@@ -359,6 +359,17 @@ def test_an_uncommitted_change_in_the_working_tree_is_reviewed_too(repo: Path) -
     assert rc == EXIT_RISKY and "  ! gate loosened in specs/probe.yaml" in text
 
 
+def test_a_bidirectional_override_in_a_spec_reaches_the_review_escaped(repo: Path) -> None:
+    # U+202E makes "...exits 0 <RLO>!trats" read backwards: the reviewer must see the character.
+    edit(repo, LIB, "why: Leg 2 exits 0.", "why: Leg 2 exits 0. \u202eevitisop eslaf\u202c")
+    rc, text, _ = review("--markdown", "review.md")
+    markdown = (repo / "review.md").read_text(encoding="utf-8")
+    assert rc == EXIT_SAFE
+    for shown in (text, markdown):
+        assert "\u202e" not in shown and "\u202c" not in shown
+        assert "\\u202eevitisop eslaf\\u202c" in shown
+
+
 # ---------------------------------------------------------------- exit 2
 
 
