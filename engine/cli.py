@@ -112,7 +112,7 @@ def _refusals() -> tuple[type[Exception], ...]:
     imported only once something is raised."""
     from engine.judge.recheck import Refused
     from engine.run.evidence import EvidenceError
-    from engine.spec.load import SpecErrors
+    from engine.spec.located import SpecErrors
     from engine.spec.values import UsageError
 
     return _Refused, SpecErrors, UsageError, EvidenceError, Refused
@@ -214,7 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.judge.verdict import judge
     from engine.run import evidence
     from engine.run.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
-    from engine.spec.load import SpecErrors
+    from engine.spec.located import SpecErrors
     from engine.spec.plan import values_lines, values_summary
     from engine.spec.validate import budget_error
 

@@ -123,6 +123,9 @@ def _saved_run(revision: Revision, rel_dir: str, tmp: Path) -> tuple[dict | None
     """(saved run now, saved run at the base, whether it changed): evidence documents, None when absent."""
     doc_path = f"{rel_dir}/evidence.json"
     now_file = revision.root / doc_path
+    if now_file.exists() and not now_file.resolve().is_relative_to(revision.root.resolve()):
+        # A PR's saved run is its files: a link that leads out of the repository is not one of them.
+        raise evmod.EvidenceError(f"{doc_path} leads outside the repository ({now_file.resolve()}): refused")
     now = evmod.load(now_file.parent) if now_file.is_file() else None
     blob = revision.blob(doc_path)
     if blob is None:

@@ -21,7 +21,8 @@ from engine.judge.verdict import derive_statuses, judge
 from engine.run import evidence
 from engine.run.output import reharvest
 from engine.secrets import REDACTED, Scrubber, redact
-from engine.spec.load import Spec, display_path
+from engine.spec.load import Spec
+from engine.spec.located import display_path
 from engine.spec.plan import Plan, build_plan, run_stamp, step_definition
 from engine.spec.values import PER_RUN_BUILTINS
 from engine.text import argv_delta, compact_pair, scalar_list

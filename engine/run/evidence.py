@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from engine import limits
 from engine.secrets import redact
-from engine.spec.load import display_path
+from engine.spec.located import display_path
 from engine.spec.plan import step_definition
 
 EVIDENCE_VERSION = 1

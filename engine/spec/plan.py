@@ -25,7 +25,8 @@ from engine.expr import functions
 from engine.expr.trace import trace
 from engine.secrets import REDACTED, is_secret, redact, redact_text
 from engine.spec import expand, plotdefs
-from engine.spec.load import Spec, SpecError, SpecErrors, best_error, family_of, validator
+from engine.spec.load import Spec, best_error, family_of, validator
+from engine.spec.located import SpecError, SpecErrors
 from engine.spec.values import (
     UsageError,
     layer,

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from engine.expr import functions
 from engine.spec import expand, plotdefs
-from engine.spec.load import Spec, SpecError, family_of
+from engine.spec.load import Spec, family_of
+from engine.spec.located import SpecError
 from engine.spec.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
 from engine.spec.values import iter_refs, layer, resolve, unknown_message
 from engine.types import Check

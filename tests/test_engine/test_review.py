@@ -370,6 +370,32 @@ def test_a_bidirectional_override_in_a_spec_reaches_the_review_escaped(repo: Pat
         assert "\\u202eevitisop eslaf\\u202c" in shown
 
 
+def test_a_pr_spec_that_includes_a_file_outside_the_repository_is_refused_not_read(repo: Path, tmp_path: Path) -> None:
+    """A PR's spec is untrusted: `include:` or `extends:` may name only files of the repository, on either
+    side of the review; reading a file of the CI machine (its contents surface as key names in errors) is
+    refused, naming the file and the line."""
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("values: {host_secret: s3cr3t}\n")
+    spec = repo / "specs" / "probe.yaml"
+    spec.write_text(
+        spec.read_text().replace("extends: lib/common.yaml", f"extends: lib/common.yaml\ninclude: [{outside}]")
+    )
+    rc, text, _ = review()
+    assert rc == EXIT_INVALID, text
+    assert f"{outside} is outside {repo.resolve()}" in text and "specs/probe.yaml:" in text, text
+    assert "s3cr3t" not in text and "host_secret" not in text
+
+
+def test_a_saved_run_linked_out_of_the_repository_is_refused(repo: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(repo / "evidence" / "probe", elsewhere)
+    shutil.rmtree(repo / "evidence" / "probe")
+    (repo / "evidence" / "probe").symlink_to(elsewhere)
+    rc, text, _ = review()
+    assert rc == EXIT_INVALID, text
+    assert "evidence/probe/evidence.json leads outside the repository" in text, text
+
+
 # ---------------------------------------------------------------- exit 2
 
 
