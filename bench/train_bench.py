@@ -718,7 +718,7 @@ class Bench:
             raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
             if path.startswith("plain"):
 
-                def loss_fn(x, y, raw=raw):  # noqa: E306 - the textbook loss
+                def loss_fn(x, y, raw=raw):  # the textbook loss
                     h = raw.hidden(x)
                     logits = F.linear(h, raw.embed_tokens.weight).float()
                     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -895,7 +895,7 @@ class Bench:
         t0 = time.time()
         try:
             row = getattr(self, cfg["task"])(cfg)
-        except Exception as e:  # noqa: BLE001 - one failing row (OOM, missing transformers) must not end the table
+        except Exception as e:  # one failing row (OOM, missing transformers) must not end the table
             if self.args.verbose:
                 traceback.print_exc()
             row = {"config": label(cfg), **cfg, "world": self.world, "error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -127,7 +127,7 @@ class Shift:
 def _parsed(text: str) -> dict | None:
     try:
         return jmespath.compile(text).parsed
-    except Exception:  # noqa: BLE001 - validate refused it already; nothing to line up
+    except Exception:  # validate refused it already; nothing to line up
         return None
 
 
@@ -269,7 +269,7 @@ def _static(node: dict, values: Mapping[str, Any]) -> Any:
         return node["value"]
     try:
         value, missing, _ = trace(unparse(node), {"values": dict(values)}, functions.OPTIONS, explain=False)
-    except Exception:  # noqa: BLE001 - it needs the run (a function of missing data): unknown
+    except Exception:  # it needs the run (a function of missing data): unknown
         return ABSENT
     return ABSENT if missing else value
 
@@ -398,7 +398,7 @@ def reads(check: Mapping[str, Any]) -> list[tuple[str, ...]]:
         if isinstance(text, str):
             try:
                 out += functions.root_paths(functions.compile_expr(text))
-            except Exception:  # noqa: BLE001 - validate already refused bad expressions
+            except Exception:  # validate already refused bad expressions
                 pass
     return out
 
