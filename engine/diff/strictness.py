@@ -375,6 +375,12 @@ def _move(
         direction, why = _direction(op_a, vals_a[bound], vals_b[bound], op_b, texts_a[bound], texts_b[bound])
         if why == RETARGET:
             return Move(old, new, UNKNOWN, why, retarget=True)
+    return _polarised(old, new, direction, why, polarity)
+
+
+def _polarised(old: Bound, new: Bound, direction: str, why: str, polarity: int) -> Move:
+    """The comparison's move as its check sees it: reversed under a `!` (polarity -1), unknown inside a
+    function, a projection or a pipe (0)."""
     if direction in (TIGHTENED, LOOSENED) and polarity != 1:
         if polarity == 0:
             return Move(
