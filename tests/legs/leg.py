@@ -113,32 +113,6 @@ def _forever(_: str) -> None:
         time.sleep(1)
 
 
-# Each action, by its name (with the colon when it takes an argument): what it does with the argument.
-# A handler that returns an int ends the leg with that rc.
-ACTIONS: dict[str, Callable[[str], int | None]] = {
-    "@sleep:": lambda arg: time.sleep(float(arg)),
-    "@rc:": int,
-    "@env:": lambda name: print(f"{name}={os.environ.get(name, '')}", flush=True),
-    "@repeat:": _repeat,
-    "@pidfile:": lambda path: _write(path, str(os.getpid())),
-    "@spawn:": _spawn,
-    "@ignore_term": lambda _: _on_sigterm(signal.SIG_IGN),
-    "@stderr:": lambda text: print(text, file=sys.stderr, flush=True),
-    "@raw:": _raw,
-    "@daemon:": lambda path: daemon(path),
-    "@daemon_noenv:": lambda path: daemon(path, clear_env=True),
-    "@environ_of:": _environ_of,
-    "@on_term:": lambda then: _on_sigterm(lambda signum, frame: main([then])),
-    "@pid_and_sleep:": lambda path: _write_pid_and_sleep(path),
-    "@orphan:": _orphan,
-    "@fork_and_exit:": _fork_and_exit,
-    "@line:": _line,
-    "@append:": _append,
-    "@tee_split:": lambda arg: tee_split(*arg.split(":", 2)),
-    "@forever": _forever,
-}
-
-
 def _wait_for_pid(path: str) -> int:
     while not os.path.exists(path):
         time.sleep(0.01)
@@ -180,6 +154,32 @@ def daemon(path: str, clear_env: bool = False) -> None:
             _write_pid_and_sleep(path)
         os._exit(0)
     os.waitpid(first, 0)
+
+
+# Each action, by its name (with the colon when it takes an argument): what it does with the argument.
+# A handler that returns an int ends the leg with that rc.
+ACTIONS: dict[str, Callable[[str], int | None]] = {
+    "@sleep:": lambda arg: time.sleep(float(arg)),
+    "@rc:": int,
+    "@env:": lambda name: print(f"{name}={os.environ.get(name, '')}", flush=True),
+    "@repeat:": _repeat,
+    "@pidfile:": lambda path: _write(path, str(os.getpid())),
+    "@spawn:": _spawn,
+    "@ignore_term": lambda _: _on_sigterm(signal.SIG_IGN),
+    "@stderr:": lambda text: print(text, file=sys.stderr, flush=True),
+    "@raw:": _raw,
+    "@daemon:": daemon,
+    "@daemon_noenv:": lambda path: daemon(path, clear_env=True),
+    "@environ_of:": _environ_of,
+    "@on_term:": lambda then: _on_sigterm(lambda signum, frame: main([then])),
+    "@pid_and_sleep:": _write_pid_and_sleep,
+    "@orphan:": _orphan,
+    "@fork_and_exit:": _fork_and_exit,
+    "@line:": _line,
+    "@append:": _append,
+    "@tee_split:": lambda arg: tee_split(*arg.split(":", 2)),
+    "@forever": _forever,
+}
 
 
 if __name__ == "__main__":
