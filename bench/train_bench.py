@@ -718,7 +718,7 @@ class Bench:
             raw, model, loss_fn, opt, scaler, autocast = self.setup(c)
             if path.startswith("plain"):
 
-                def loss_fn(x, y, raw=raw):  # noqa: E306 - the textbook loss
+                def loss_fn(x, y, raw=raw):  # the textbook loss
                     h = raw.hidden(x)
                     logits = F.linear(h, raw.embed_tokens.weight).float()
                     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -895,7 +895,7 @@ class Bench:
         t0 = time.time()
         try:
             row = getattr(self, cfg["task"])(cfg)
-        except Exception as e:  # noqa: BLE001 - one failing row (OOM, missing transformers) must not end the table
+        except Exception as e:  # one failing row (OOM, missing transformers) must not end the table
             if self.args.verbose:
                 traceback.print_exc()
             row = {"config": label(cfg), **cfg, "world": self.world, "error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -1066,7 +1066,7 @@ def trainer_row(log_text: str, where: str, peak_tflops: float) -> dict[str, Any]
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default="ounce100m-22l", choices=sorted(GEOMETRIES))
@@ -1084,67 +1084,89 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         help="rows from the trainer's own runs: each log's RUN_JSON becomes a row (appended to --jsonl)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def _trainer_rows(args: argparse.Namespace) -> int:
+    """--trainer-log: the trainer's own runs as rows, and how the multi-rank ones scale against one rank."""
+    rows = [trainer_row(log.read_text(errors="replace"), str(log), args.peak_tflops) for log in args.trainer_log]
+    if args.jsonl:
+        with open(args.jsonl, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    print_table(rows)
+    one = next((r for r in rows if r.get("world") == 1 and r.get("tok_s")), None)
+    for r in rows:
+        if one and r.get("world", 1) > 1 and r.get("tok_s"):
+            print(
+                f"scaling {r['world']} ranks vs 1: tok/s {r['tok_s'] / one['tok_s']:.2f}x, "
+                f"median {r['tok_s_median'] / one['tok_s_median']:.2f}x ({r['source']} vs {one['source']})"
+            )
+    return 0 if all(not r.get("error") for r in rows) else 1
+
+
+def _tables(files: list[Path]) -> int:
+    """--table: the table of saved --jsonl rows, each file's BENCH_INFO first."""
+    rows = [json.loads(line) for f in files if f.exists() for line in f.read_text().splitlines() if line]
+    for r in rows:
+        if "info" in r:
+            print("BENCH_INFO " + json.dumps(r["info"]))
+    print_table([r for r in rows if "info" not in r])
+    return 0
+
+
+def _bench_info(bench: Bench, args: argparse.Namespace) -> None:
+    """The BENCH_INFO line (and --jsonl row): what the rows were measured on."""
+    info = {
+        "card": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "world": bench.world,
+        "params": bench.n_params,
+        "flop_per_token": bench.flop_per_token,
+        "peak_tflops_assumed": args.peak_tflops,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["transformers"] = None
+    if bench.world == 1:
+        tf = matmul_tflops(bench.device)
+        info["matmul_bf16_tflops_measured"] = round(tf, 1) if tf else None
+    print("BENCH_INFO " + json.dumps(info), flush=True)
+    if args.jsonl:
+        with open(args.jsonl, "a") as f:
+            f.write(json.dumps({"info": info, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+
+def _config(text: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One row's config, with --steps / --warmup over it."""
+    cfg = parse_config(text)
+    if args.steps is not None:
+        cfg["steps"] = args.steps
+        cfg["windows"] = "/".join(str(max(1, args.steps * k)) for k in (1, 2, 3))
+    if args.warmup is not None:
+        cfg["warmup"] = args.warmup
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     # A row killed by its part's budget (device_all.sh: timeout sends SIGTERM) first writes every thread's
     # stack to stderr, which the part's log keeps: where it was stuck, not only that it was.
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     if args.trainer_log:
-        rows = [trainer_row(log.read_text(errors="replace"), str(log), args.peak_tflops) for log in args.trainer_log]
-        if args.jsonl:
-            with open(args.jsonl, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-        print_table(rows)
-        one = next((r for r in rows if r.get("world") == 1 and r.get("tok_s")), None)
-        for r in rows:
-            if one and r.get("world", 1) > 1 and r.get("tok_s"):
-                print(
-                    f"scaling {r['world']} ranks vs 1: tok/s {r['tok_s'] / one['tok_s']:.2f}x, "
-                    f"median {r['tok_s_median'] / one['tok_s_median']:.2f}x ({r['source']} vs {one['source']})"
-                )
-        return 0 if all(not r.get("error") for r in rows) else 1
+        return _trainer_rows(args)
     if args.table:
-        rows = [json.loads(line) for f in args.table if f.exists() for line in f.read_text().splitlines() if line]
-        for r in rows:
-            if "info" in r:
-                print("BENCH_INFO " + json.dumps(r["info"]))
-        print_table([r for r in rows if "info" not in r])
-        return 0
+        return _tables(args.table)
     if args.device == "cuda":
         # TF32 for any fp32 matmul left (the fp32 rows, optimizer-side math): same range, 10-bit mantissa.
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     bench = Bench(args)
     if bench.rank == 0:
-        info = {
-            "card": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else "cpu",
-            "torch": torch.__version__,
-            "world": bench.world,
-            "params": bench.n_params,
-            "flop_per_token": bench.flop_per_token,
-            "peak_tflops_assumed": args.peak_tflops,
-        }
-        try:
-            import transformers
-
-            info["transformers"] = transformers.__version__
-        except ImportError:
-            info["transformers"] = None
-        if bench.world == 1:
-            tf = matmul_tflops(bench.device)
-            info["matmul_bf16_tflops_measured"] = round(tf, 1) if tf else None
-        print("BENCH_INFO " + json.dumps(info), flush=True)
-        if args.jsonl:
-            with open(args.jsonl, "a") as f:
-                f.write(json.dumps({"info": info, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
-    rows = []
-    for text in args.config or DEFAULT_CONFIGS:
-        cfg = parse_config(text)
-        if args.steps is not None:
-            cfg["steps"] = args.steps
-            cfg["windows"] = "/".join(str(max(1, args.steps * k)) for k in (1, 2, 3))
-        if args.warmup is not None:
-            cfg["warmup"] = args.warmup
-        rows.append(bench.run(cfg))
+        _bench_info(bench, args)
+    rows = [bench.run(_config(text, args)) for text in args.config or DEFAULT_CONFIGS]
     if bench.rank == 0:
         print_table(rows)
     if bench.ddp:

@@ -172,7 +172,7 @@ def render(url: str, measure: str, profile_dir: Path, width: int = 1100, timeout
                 requests.append(params.get("request", {}).get("url"))
         try:
             cdp.send("Browser.close", timeout_s=5)
-        except Exception:  # noqa: BLE001 - the browser may close the socket before it answers
+        except Exception:  # the browser may close the socket before it answers
             pass
         ws.close()
         status, _, title = state.partition("|")

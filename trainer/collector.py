@@ -80,7 +80,7 @@ def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
     except RepoMissing:
         doc["exists"] = False
         return doc
-    except Exception as e:  # noqa: BLE001 -- a collector reports, it does not crash the run
+    except Exception as e:  # a collector reports, it does not crash the run
         doc["error"] = redact_url(f"{type(e).__name__}: {e}")
         return doc
     doc["files"] = sorted(listing)
@@ -97,7 +97,7 @@ def hub_state(store: Store, hash_stored_bytes: bool = False) -> dict[str, Any]:
                     name: store.sha256(path) if (path := f"{pointer.path_in_repo}/{name}") in listing else None
                     for name in pointer.files
                 }
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         doc["pointer_error"] = redact_url(f"{type(e).__name__}: {e}")
     return doc
 

@@ -124,7 +124,7 @@ def ce_grad(logits: Tensor, y: Tensor, fused: bool = True) -> tuple[Tensor, Tens
             fn = torch.compile(ce_grad_pointwise, dynamic=False)
             fn(logits[:1], y[:1])  # build it now, so a Triton failure falls back here and not mid-run
             _ce_grad_compiled = fn
-        except Exception as e:  # noqa: BLE001 - any compiler failure: the eager path is correct, only slower
+        except Exception as e:  # any compiler failure: the eager path is correct, only slower
             warnings.warn(
                 f"fused cross-entropy unavailable ({type(e).__name__}: {e}); using eager ops",
                 RuntimeWarning,

@@ -451,7 +451,7 @@ class Trainer:
                         _, loss = self.raw_model(x, y)
                     total[0] += loss.double() * y.numel()
                     total[1] += y.numel()
-        except Exception as e:  # noqa: BLE001 - reported in RUN_JSON instead of crashing the leg
+        except Exception as e:  # reported in RUN_JSON instead of crashing the leg
             err = f"rank {self.dist.rank}: {type(e).__name__}: {e}"
         finally:
             self.raw_model.train()

@@ -27,7 +27,7 @@ def _expr_tree(text: Any) -> Any:
         return text
     try:
         return json.dumps(jmespath.compile(text).parsed, sort_keys=True)
-    except Exception:  # noqa: BLE001 - an unparsable expression compares as its words
+    except Exception:  # an unparsable expression compares as its words
         return words(text)
 
 

@@ -38,7 +38,7 @@ def _pieces(text: str) -> tuple[list[str], list[Any]] | None:
 
     try:
         tokens = [t for t in Lexer().tokenize(text) if t["type"] != "eof"]
-    except Exception:  # noqa: BLE001 - validate refused it already; the words will do
+    except Exception:  # validate refused it already; the words will do
         return None
     # Token ends are unreliable in jmespath's lexer (a literal's is its start); the next start is not.
     starts = [t["start"] for t in tokens] + [len(text)]

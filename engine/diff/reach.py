@@ -43,7 +43,7 @@ def _values(spec: Any, mode: str, environ: Mapping[str, str]) -> dict[str, Any] 
     builtins = {**default_builtins(spec, mode), **FIXED_BUILTINS, "mode": mode}
     try:
         resolved = resolve(layer(spec.data, mode, environ, {}, builtins), spec.locate)
-    except Exception:  # noqa: BLE001 - an environment the spec cannot take: not a way it runs
+    except Exception:  # an environment the spec cannot take: not a way it runs
         return None
     return None if resolved.errors else resolved.values
 
@@ -52,7 +52,7 @@ def _when_false(check: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
     """The check's `when` is exactly false on `doc` (true, absent data or an error: not false)."""
     try:
         value, missing, _ = trace(check["when"], doc, functions.OPTIONS, explain=False, lets=check.get("let"))
-    except Exception:  # noqa: BLE001 - an error is no proof that it never runs
+    except Exception:  # an error is no proof that it never runs
         return False
     return value is False and not missing
 

@@ -153,7 +153,7 @@ def _failing(spec: Any, doc: Mapping[str, Any], run_dir: str) -> tuple[list[str]
         reason = lines[0].split(": ", 1)[-1].split(" (")[0].split(";")[0].rstrip(".,")
         names = ", ".join(line.split(":")[0].removeprefix("step ") for line in steps)
         return None, steps or lines[:1], f"refused by `engine check`: {reason}" + (f" ({names})" if names else "")
-    except Exception as exc:  # noqa: BLE001 - a mode or override this side lacks: no re-check
+    except Exception as exc:  # a mode or override this side lacks: no re-check
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None, [first], f"not re-checked: {first}"
     gates = [r for r in done.results if r.get("severity", "gate") == "gate"]
@@ -168,7 +168,7 @@ def _figures(spec: Any, doc: Mapping[str, Any]) -> list[Any]:
 
     try:
         return for_spec(spec, doc)
-    except Exception:  # noqa: BLE001 - pictures are never a reason to fail a review
+    except Exception:  # pictures are never a reason to fail a review
         return []
 
 

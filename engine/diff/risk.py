@@ -259,14 +259,11 @@ def assess(
     """Every risky change of one spec. `gates_by_mode`: mode -> the names of its gate checks in the NEW
     spec; `where_by_mode`: mode -> check -> file:line; `never`: gate -> (why, where) for each gate this change
     left with a `when` false in every mode."""
-    never = never or {}
-    risks: list[Risk] = []
-    leg_changes: dict[str, list[Change]] = {}
     if report.status == "new":  # a spec new since the base weakens nothing; its saved run may fail it
         return merge_modes(_saved_run_risks(spec, saved))
     if report.status == "deleted":
         gates = sorted({n for names in gates_by_mode.values() for n in names})
-        risks.append(
+        return [
             Risk(
                 "gate removed",
                 spec,
@@ -276,8 +273,9 @@ def assess(
                 "",
                 sorted(gates_by_mode),
             )
-        )
-        return risks
+        ]
+    risks: list[Risk] = []
+    leg_changes: dict[str, list[Change]] = {}
     for md in report.modes:
         if md.status == "removed":
             risks.append(
@@ -290,44 +288,12 @@ def assess(
                     [md.mode],
                 )
             )
-            continue
-        if md.status != "both":
-            continue
-        changes = report.raw_modes.get(md.mode, [])
-        gates = gates_by_mode.get(md.mode, set())
-        # A gate that never runs is said as that, not as the `when` it was given.
-        found = [r for r in _check_changes(md.mode, changes, spec, gates) if r.subject not in never]
-        found += [
-            Risk("gate never runs", spec, n, f"gate {code(n)}: {w}", at, [md.mode])
-            for n, (w, at) in never.items()
-            if n in gates
-        ]
-        risks += found
-        flagged = {r.subject for r in found if r.kind in ("gate demoted", "gate disabled", "gate never runs")}
-        shifts = dict(md.shifts)
-        if report.evidence is not None and report.evidence.mode == md.mode:
-            # The saved run's verdict replaces the spec-only one for the checks it could answer.
-            shifts.update({r.name: r.shift for r in report.evidence.checks if r.shift is not None})
-        # A `when` risk says it already; the when's part of a shift is no second risk.
-        when_only = {r.subject for r in found if r.kind == "gate given a when"} - {
-            c.subject for c in changes if c.section == "checks" and (c.field == "expr" or c.field.startswith("let."))
-        }
-        run_label = report.evidence.label if report.evidence is not None else None
-        risks += _shift_risks(
-            md.mode,
-            {k: v for k, v in shifts.items() if k not in when_only},
-            gates,
-            where_by_mode.get(md.mode, {}),
-            flagged,
-            spec,
-            run_label,
-            _pin_places(changes),
-        )
-        exit_risks, legs = _step_risks(md.mode, changes, spec)
-        risks += exit_risks
-        if legs:
-            leg_changes[md.mode] = legs
-        risks += _budget_risks(md, report, spec)
+        elif md.status == "both":
+            gates, where = gates_by_mode.get(md.mode, set()), where_by_mode.get(md.mode, {})
+            found, legs = _mode_risks(md, report, spec, gates, where, never or {})
+            risks += found
+            if legs:
+                leg_changes[md.mode] = legs
     if leg_changes:
         risks += _leg_risks(leg_changes, spec, saved)
     elif saved.renewed and saved.refused:  # a new bundle committed that does not describe this spec
@@ -343,6 +309,50 @@ def assess(
         )
     risks += _saved_run_risks(spec, saved)
     return merge_modes(risks)
+
+
+def _mode_risks(
+    md: ModeDiff,
+    report: Report,
+    spec: str,
+    gates: set[str],
+    where: Mapping[str, str],
+    never: Mapping[str, tuple[str, str]],
+) -> tuple[list[Risk], list[Change]]:
+    """The risks of one mode both sides have, and its leg changes (judged later, with every mode's)."""
+    changes = report.raw_modes.get(md.mode, [])
+    # A gate that never runs is said as that, not as the `when` it was given.
+    found = [r for r in _check_changes(md.mode, changes, spec, gates) if r.subject not in never]
+    found += [
+        Risk("gate never runs", spec, n, f"gate {code(n)}: {w}", at, [md.mode])
+        for n, (w, at) in never.items()
+        if n in gates
+    ]
+    risks = list(found)
+    flagged = {r.subject for r in found if r.kind in ("gate demoted", "gate disabled", "gate never runs")}
+    shifts = dict(md.shifts)
+    if report.evidence is not None and report.evidence.mode == md.mode:
+        # The saved run's verdict replaces the spec-only one for the checks it could answer.
+        shifts.update({r.name: r.shift for r in report.evidence.checks if r.shift is not None})
+    # A `when` risk says it already; the when's part of a shift is no second risk.
+    when_only = {r.subject for r in found if r.kind == "gate given a when"} - {
+        c.subject for c in changes if c.section == "checks" and (c.field == "expr" or c.field.startswith("let."))
+    }
+    run_label = report.evidence.label if report.evidence is not None else None
+    risks += _shift_risks(
+        md.mode,
+        {k: v for k, v in shifts.items() if k not in when_only},
+        gates,
+        where,
+        flagged,
+        spec,
+        run_label,
+        _pin_places(changes),
+    )
+    exit_risks, legs = _step_risks(md.mode, changes, spec)
+    risks += exit_risks
+    risks += _budget_risks(md, report, spec)
+    return risks, legs
 
 
 def _budget_risks(md: ModeDiff, report: Report, spec: str) -> list[Risk]:

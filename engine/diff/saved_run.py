@@ -45,7 +45,7 @@ def replan_quietly(spec: Any, ev: Mapping[str, Any], memo: dict | None = None) -
     try:
         # No environment: a secret the reviewer's shell holds must not reach a diff or a PR comment.
         plan = replan(spec, ev, environ={})
-    except Exception:  # noqa: BLE001 - mode missing on this side, an override it lacks: no plan
+    except Exception:  # mode missing on this side, an override it lacks: no plan
         plan = None
     if memo is not None:
         memo[key] = plan
@@ -185,6 +185,61 @@ def _touched(changes: list[Change]) -> dict[str, str]:
     return out
 
 
+@dataclass
+class _Legs:
+    """The new plan's legs against the saved run: which of them stand between a check and an answer."""
+
+    order: list[str]  # the new plan's steps, in order
+    changing: set[str]  # steps that change what runs after them (run, remove)
+    moved: set[str]  # legs the two spec sides define differently in this mode
+    states: StepStates
+
+    @classmethod
+    def of(cls, old_plan: Any, new_plan: Any, states: StepStates) -> _Legs:
+        order = [s["name"] for s in new_plan.steps]
+        old_fp = old_plan.fingerprints if old_plan else {}
+        return cls(
+            order,
+            {s["name"] for s in new_plan.steps if s["kind"] in ("run", "remove")},
+            {n for n in order if old_fp.get(n) != new_plan.fingerprints.get(n)},
+            states,
+        )
+
+    def _last_read(self, read_steps: list[str]) -> int:
+        return max((self.order.index(s) for s in read_steps if s in self.order), default=-1)
+
+    def blockers(self, check: Mapping[str, Any]) -> list[str]:
+        """Why the run cannot answer for `check`: a changed leg it reads or reads after, stale harvest."""
+        harvest, blocking = self.states.harvest, self.states.blocking
+        paths = reads(check)
+        read_steps = [p[1] for p in paths if p[0] in ("steps", "state") and len(p) > 1]
+        out = [
+            harvest[p[1]]
+            for p in paths
+            if p[0] == "steps" and len(p) > 1 and p[1] in harvest and (len(p) < 3 or p[2] in _HARVESTED)
+        ]
+        # A leg's results depend on every run/remove step before it (leg 2 resumes from leg 1's store).
+        # Said once: a changed leg the check reads makes an upstream change beside the point.
+        before = self.order[: self._last_read(read_steps) + 1]
+        direct = [blocking[s] for s in before if s in blocking and s in read_steps]
+        upstream = [
+            f"{blocking[s]}{UPSTREAM}" for s in before if s in blocking and s not in read_steps and s in self.changing
+        ]
+        gone = [
+            f"leg `{r}` ran before what this check reads and is gone from the new spec"
+            for r, after in self.states.removed.items()
+            if any(s in after for s in read_steps)
+        ]
+        return list(dict.fromkeys(out + (direct or upstream) + gone))
+
+    def reads_moved(self, check: Mapping[str, Any]) -> bool:
+        """The check reads (or reads after) a leg the two sides define differently: the spec on both sides
+        judges it, not how the old check fares on a run of the new legs."""
+        read_steps = [p[1] for p in reads(check) if p[0] in ("steps", "state") and len(p) > 1]
+        before = self.order[: self._last_read(read_steps) + 1]
+        return any(s in self.moved and (s in read_steps or s in self.changing) for s in before)
+
+
 def review_evidence(
     report: Report, old: Side, new: Side, run_dir: str, ev: Mapping[str, Any], memo: dict | None = None
 ) -> EvidenceReview:
@@ -196,10 +251,9 @@ def review_evidence(
     spec_name = (ev.get("spec") or {}).get("name")
     if spec_name and spec_name != report.name:
         notes.append(f"the run is of spec `{spec_name}`, not `{report.name}`")
-    checks: list[CheckReview] = []
     if mode not in new.plans:
         notes.append(f"the run's mode `{mode}` is not in the new spec: nothing to compare")
-        return EvidenceReview(run_dir, run_label(ev), mode, notes, checks)
+        return EvidenceReview(run_dir, run_label(ev), mode, notes, [])
     old_plan, new_plan = old.plans.get(mode), new.plans[mode]
     memo = {} if memo is None else memo
     old_run, new_run = replan_quietly(old.spec, ev, memo), replan_quietly(new.spec, ev, memo)
@@ -209,67 +263,18 @@ def review_evidence(
             "legs and values are compared between the two spec sides instead"
         )
     states = _step_states(old_run, new_run, ev, old_plan, new_plan)
-    blocking, harvest = states.blocking, states.harvest
     notes += states.notes
+    legs = _Legs.of(old_plan, new_plan, states)
     # Each side judged with its own values: a threshold that lives in `values:` moves the bound, not
     # the run, so the run answers for both.
-    values_old = _ran_values(ev, old_run or old_plan) if (old_run or old_plan) else {}
-    values_new = _ran_values(ev, new_run or new_plan)
-    doc_old, doc_new = {**ev, "values": values_old}, {**ev, "values": values_new}
-    order = [s["name"] for s in new_plan.steps]
-    changing_kinds = {s["name"] for s in new_plan.steps if s["kind"] in ("run", "remove")}
-
-    def blockers_of(check: Mapping[str, Any]) -> list[str]:
-        out: list[str] = []
-        read_steps: list[str] = []
-        for path in reads(check):
-            if path[0] in ("steps", "state") and len(path) > 1:
-                read_steps.append(path[1])
-                if path[0] == "steps" and path[1] in harvest and (len(path) < 3 or path[2] in _HARVESTED):
-                    out.append(harvest[path[1]])
-        # A leg's results depend on every run/remove step before it (leg 2 resumes from leg 1's store).
-        # Said once: a changed leg the check reads makes an upstream change beside the point.
-        last = max((order.index(s) for s in read_steps if s in order), default=-1)
-        direct = [blocking[s] for s in order[: last + 1] if s in blocking and s in read_steps]
-        upstream = [
-            f"{blocking[s]}{UPSTREAM}"
-            for s in order[: last + 1]
-            if s in blocking and s not in read_steps and s in changing_kinds
-        ]
-        gone = [
-            f"leg `{r}` ran before what this check reads and is gone from the new spec"
-            for r, after in states.removed.items()
-            if any(s in after for s in read_steps)
-        ]
-        return list(dict.fromkeys(out + (direct or upstream) + gone))
-
-    # Legs the two sides define differently in this mode: a check reading one (or reading after one)
-    # is judged by the spec on both sides, not by how the old check fares on a run of the new legs.
-    old_fp = old_plan.fingerprints if old_plan else {}
-    moved_legs = {n for n in order if old_fp.get(n) != new_plan.fingerprints.get(n)}
-
-    def reads_moved_legs(check: Mapping[str, Any]) -> bool:
-        read_steps = [p[1] for p in reads(check) if p[0] in ("steps", "state") and len(p) > 1]
-        last = max((order.index(s) for s in read_steps if s in order), default=-1)
-        return any(s in moved_legs and (s in read_steps or s in changing_kinds) for s in order[: last + 1])
-
+    values = (
+        _ran_values(ev, old_run or old_plan) if (old_run or old_plan) else {},
+        _ran_values(ev, new_run or new_plan),
+    )
     by_old = {c["name"]: c for c in (old_plan.checks if old_plan else [])}
     by_new = {c["name"]: c for c in new_plan.checks}
     touched = _touched(report.raw_modes.get(mode, []))
-    # Unchanged checks that read a value the change moved: their bound moved though they did not.
-    moved_values = {
-        k
-        for k in set(values_old) | set(values_new)
-        if k not in PER_RUN_BUILTINS and values_old.get(k, ABSENT) != values_new.get(k, ABSENT)
-    }
-    for name, check in by_new.items():
-        if (
-            name in by_old
-            and name not in touched
-            and any(p[0] == "values" and len(p) > 1 and p[1] in moved_values for p in reads(check))
-        ):
-            touched[name] = "moved"
-    static = next((md.shifts for md in report.modes if md.mode == mode), {})
+    touched.update(_moved_by_values(by_old, by_new, values, touched))
     reviews: list[CheckReview] = []
     for name, status in touched.items():
         before, now = by_old.get(name), by_new.get(name)
@@ -278,28 +283,63 @@ def review_evidence(
             CheckReview(
                 name,
                 status,
-                blockers_of(now or before),
+                legs.blockers(now or before),
                 where=side.shown(_where(shown)),
                 why=" ".join(str(shown.get("why") or "").split()),
             )
         )
-    # Each side's checks in one evaluation (the document is indexed once per side). A check the run
-    # cannot answer for is evaluated too: its outcome means nothing, but the run's numbers place its
-    # bounds (`mul(final_loss, 0.25)` -> `mul(final_loss, 0.5)` is a loosening only given a loss).
+    static = next((md.shifts for md in report.modes if md.mode == mode), {})
+    _judge(reviews, ev, (by_old, by_new), values, legs, static)
+    # Unchanged checks whose legs this change touches: the run cannot vouch for them either.
+    for name, check in by_new.items():
+        if name in touched:
+            continue
+        reasons = legs.blockers(check)
+        if reasons:
+            reviews.append(CheckReview(name, "affected", reasons, where=new.shown(_where(check))))
+    return EvidenceReview(run_dir, run_label(ev), mode, notes, reviews)
+
+
+def _moved_by_values(by_old: dict, by_new: dict, values: tuple[dict, dict], touched: dict[str, str]) -> dict[str, str]:
+    """Unchanged checks that read a value the change moved: their bound moved though they did not."""
+    values_old, values_new = values
+    moved_values = {
+        k
+        for k in set(values_old) | set(values_new)
+        if k not in PER_RUN_BUILTINS and values_old.get(k, ABSENT) != values_new.get(k, ABSENT)
+    }
+    return {
+        name: "moved"
+        for name, check in by_new.items()
+        if name in by_old
+        and name not in touched
+        and any(p[0] == "values" and len(p) > 1 and p[1] in moved_values for p in reads(check))
+    }
+
+
+def _judge(
+    reviews: list[CheckReview],
+    ev: Mapping[str, Any],
+    checks: tuple[dict, dict],
+    values: tuple[dict, dict],
+    legs: _Legs,
+    static: Mapping[str, Any],
+) -> None:
+    """Evaluate each side's checks on the run with that side's values, and say how each moved.
+
+    One evaluation per side (the document is indexed once). A check the run cannot answer for is
+    evaluated too: its outcome means nothing, but the run's numbers place its bounds
+    (`mul(final_loss, 0.25)` -> `mul(final_loss, 0.5)` is a loosening only given a loss)."""
+    (by_old, by_new), (values_old, values_new) = checks, values
     bounds_only = {r.name for r in reviews if r.blockers and r.status in ("changed", "moved")}
-    olds = [r for r in reviews if r.status != "added" and (not r.blockers or r.name in bounds_only)]
-    news = [r for r in reviews if r.status != "removed" and (not r.blockers or r.name in bounds_only)]
-    old_results = dict(
-        zip((r.name for r in olds), evaluate([by_old[r.name] for r in olds], doc_old, functions.OPTIONS))
-    )
-    new_results = dict(
-        zip((r.name for r in news), evaluate([by_new[r.name] for r in news], doc_new, functions.OPTIONS))
-    )
+    olds = [r.name for r in reviews if r.status != "added" and (not r.blockers or r.name in bounds_only)]
+    news = [r.name for r in reviews if r.status != "removed" and (not r.blockers or r.name in bounds_only)]
+    old_results, new_results = _evaluated(olds, by_old, ev, values_old), _evaluated(news, by_new, ev, values_new)
     for r in reviews:
         if not r.blockers:
             r.old, r.new = old_results.get(r.name), new_results.get(r.name)
         if r.status in ("changed", "moved") and r.name in old_results and r.name in new_results:
-            settle = not r.blockers and not reads_moved_legs(by_new[r.name])
+            settle = not r.blockers and not legs.reads_moved(by_new[r.name])
             r.shift = shift(
                 by_old[r.name],
                 by_new[r.name],
@@ -311,15 +351,10 @@ def review_evidence(
             )
         elif r.blockers and r.name in static:
             r.shift = static[r.name]  # what the spec's own values say, with no run to confirm it
-    checks += reviews
-    # Unchanged checks whose legs this change touches: the run cannot vouch for them either.
-    for name, check in by_new.items():
-        if name in touched:
-            continue
-        reasons = blockers_of(check)
-        if reasons:
-            checks.append(CheckReview(name, "affected", reasons, where=new.shown(_where(check))))
-    return EvidenceReview(run_dir, run_label(ev), mode, notes, checks)
+
+
+def _evaluated(names: list[str], checks: dict, ev: Mapping[str, Any], values: dict) -> dict[str, Any]:
+    return dict(zip(names, evaluate([checks[n] for n in names], {**ev, "values": values}, functions.OPTIONS)))
 
 
 def _where(check: Mapping[str, Any] | None) -> str:

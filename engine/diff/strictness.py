@@ -127,7 +127,7 @@ class Shift:
 def _parsed(text: str) -> dict | None:
     try:
         return jmespath.compile(text).parsed
-    except Exception:  # noqa: BLE001 - validate refused it already; nothing to line up
+    except Exception:  # validate refused it already; nothing to line up
         return None
 
 
@@ -269,7 +269,7 @@ def _static(node: dict, values: Mapping[str, Any]) -> Any:
         return node["value"]
     try:
         value, missing, _ = trace(unparse(node), {"values": dict(values)}, functions.OPTIONS, explain=False)
-    except Exception:  # noqa: BLE001 - it needs the run (a function of missing data): unknown
+    except Exception:  # it needs the run (a function of missing data): unknown
         return ABSENT
     return ABSENT if missing else value
 
@@ -375,6 +375,12 @@ def _move(
         direction, why = _direction(op_a, vals_a[bound], vals_b[bound], op_b, texts_a[bound], texts_b[bound])
         if why == RETARGET:
             return Move(old, new, UNKNOWN, why, retarget=True)
+    return _polarised(old, new, direction, why, polarity)
+
+
+def _polarised(old: Bound, new: Bound, direction: str, why: str, polarity: int) -> Move:
+    """The comparison's move as its check sees it: reversed under a `!` (polarity -1), unknown inside a
+    function, a projection or a pipe (0)."""
     if direction in (TIGHTENED, LOOSENED) and polarity != 1:
         if polarity == 0:
             return Move(
@@ -398,7 +404,7 @@ def reads(check: Mapping[str, Any]) -> list[tuple[str, ...]]:
         if isinstance(text, str):
             try:
                 out += functions.root_paths(functions.compile_expr(text))
-            except Exception:  # noqa: BLE001 - validate already refused bad expressions
+            except Exception:  # validate already refused bad expressions
                 pass
     return out
 

@@ -76,7 +76,7 @@ def _as_int(x: Any, fname: str) -> int:
 class Functions(jfn.Functions):
     """JMESPath's built-ins plus specprobe's. Names are `_func_<name>`; see `functions_markdown()`."""
 
-    def _validate_arguments(self, args, sig, function_name):  # noqa: D401 - jmespath hook
+    def _validate_arguments(self, args, sig, function_name):  # jmespath's hook: its name and signature are jmespath's
         required = sum(1 for s in sig if not s.get("optional"))
         if any(s.get("optional") for s in sig):
             if not required <= len(args) <= len(sig):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jmespath
 from jmespath.visitor import TreeInterpreter
@@ -112,63 +112,78 @@ def _literal(value: Any) -> str:
     return "`" + json.dumps(value, separators=(",", ":")) + "`"
 
 
+def _subexpression(node: dict) -> str:
+    # A projection after a dot (`a.b[*].c`) swallows the rest of the chain, so one that
+    # the AST ends early must close a parenthesised group: `(a.b[*].c).d`.
+    kids = node["children"]
+    text = _wrap(kids[0], 10)
+    for i, kid in enumerate(kids[1:], start=1):
+        text += "." + unparse(kid)
+        if i < len(kids) - 1 and _prec(kid) < 10:
+            text = f"({text})"
+    return text
+
+
+def _projection(node: dict) -> str:
+    left, right = node["children"]
+    if left["type"] == "flatten" or (left["type"] == "index_expression" and left["children"][-1]["type"] == "slice"):
+        head = unparse(left)  # `a[]` and `a[1:2]` are projections by themselves
+    else:
+        head = _left(left) + "[*]"
+    return head + _suffix(right)
+
+
+def _value_projection(node: dict) -> str:
+    left = _left(node["children"][0])
+    return (left + ".*" if left else "*") + _suffix(node["children"][1])
+
+
+def _filter_projection(node: dict) -> str:
+    left, right, condition = node["children"]
+    return _left(left) + "[?" + unparse(condition) + "]" + _suffix(right)
+
+
+def _infix(node: dict, op: str, left: int, right: int) -> str:
+    """``a <op> b``, each side parenthesised when it binds looser than its minimum."""
+    kids = node["children"]
+    return f"{_wrap(kids[0], left)} {op} {_wrap(kids[1], right)}"
+
+
+def _listed(node: dict) -> str:
+    return ", ".join(unparse(k) for k in node.get("children", []))
+
+
+# One renderer per jmespath node type: the minimums passed to _wrap/_infix are _PREC's levels.
+_RENDER: dict[str, Callable[[dict], str]] = {
+    "field": lambda n: _key_text(n["value"]),
+    "current": lambda n: "@",
+    "identity": lambda n: "@",
+    "literal": lambda n: _literal(n["value"]),
+    "subexpression": _subexpression,
+    "index_expression": lambda n: _left(n["children"][0]) + "".join(_bracket(k) for k in n["children"][1:]),
+    "projection": _projection,
+    "value_projection": _value_projection,
+    "filter_projection": _filter_projection,
+    "flatten": lambda n: _left(n["children"][0]) + "[]",
+    "comparator": lambda n: _infix(n, _OPS[n["value"]], 6, 6),
+    "or_expression": lambda n: _infix(n, "||", 2, 3),
+    "and_expression": lambda n: _infix(n, "&&", 3, 4),
+    "pipe": lambda n: _infix(n, "|", 1, 2),
+    "not_expression": lambda n: "!" + _wrap(n["children"][0], 6),
+    "expref": lambda n: "&" + _wrap(n["children"][0], 6),
+    "function_expression": lambda n: n["value"] + "(" + _listed(n) + ")",
+    "multi_select_list": lambda n: "[" + _listed(n) + "]",
+    "multi_select_dict": lambda n: "{" + _listed(n) + "}",  # its children are key_val_pairs
+    "key_val_pair": lambda n: f"{_key_text(n['value'])}: {unparse(n['children'][0])}",
+}
+
+
 def unparse(node: dict) -> str:
     """Render a jmespath AST node back to expression text (parenthesised only where needed)."""
-    kind, kids = node["type"], node.get("children", [])
-    if kind == "field":
-        return _key_text(node["value"])
-    if kind in ("current", "identity"):
-        return "@"
-    if kind == "literal":
-        return _literal(node["value"])
-    if kind == "subexpression":
-        # A projection after a dot (`a.b[*].c`) swallows the rest of the chain, so one that
-        # the AST ends early must close a parenthesised group: `(a.b[*].c).d`.
-        text = _wrap(kids[0], 10)
-        for i, kid in enumerate(kids[1:], start=1):
-            text += "." + unparse(kid)
-            if i < len(kids) - 1 and _prec(kid) < 10:
-                text = f"({text})"
-        return text
-    if kind == "index_expression":
-        return _left(kids[0]) + "".join(_bracket(k) for k in kids[1:])
-    if kind == "projection":
-        left = kids[0]
-        if left["type"] == "flatten" or (
-            left["type"] == "index_expression" and left["children"][-1]["type"] == "slice"
-        ):
-            head = unparse(left)  # `a[]` and `a[1:2]` are projections by themselves
-        else:
-            head = _left(left) + "[*]"
-        return head + _suffix(kids[1])
-    if kind == "value_projection":
-        left = _left(kids[0])
-        return (left + ".*" if left else "*") + _suffix(kids[1])
-    if kind == "filter_projection":
-        return _left(kids[0]) + "[?" + unparse(kids[2]) + "]" + _suffix(kids[1])
-    if kind == "flatten":
-        return _left(kids[0]) + "[]"
-    if kind == "comparator":
-        return f"{_wrap(kids[0], 6)} {_OPS[node['value']]} {_wrap(kids[1], 6)}"
-    if kind == "or_expression":
-        return f"{_wrap(kids[0], 2)} || {_wrap(kids[1], 3)}"
-    if kind == "and_expression":
-        return f"{_wrap(kids[0], 3)} && {_wrap(kids[1], 4)}"
-    if kind == "not_expression":
-        return "!" + _wrap(kids[0], 6)
-    if kind == "pipe":
-        return f"{_wrap(kids[0], 1)} | {_wrap(kids[1], 2)}"
-    if kind == "expref":
-        return "&" + _wrap(kids[0], 6)
-    if kind == "function_expression":
-        return node["value"] + "(" + ", ".join(unparse(k) for k in kids) + ")"
-    if kind == "multi_select_list":
-        return "[" + ", ".join(unparse(k) for k in kids) + "]"
-    if kind == "multi_select_dict":
-        return "{" + ", ".join(f"{_key_text(k['value'])}: {unparse(k['children'][0])}" for k in kids) + "}"
-    if kind == "key_val_pair":
-        return f"{_key_text(node['value'])}: {unparse(kids[0])}"
-    raise ValueError(f"unknown jmespath node type {kind!r}")
+    render = _RENDER.get(node["type"])
+    if render is None:
+        raise ValueError(f"unknown jmespath node type {node['type']!r}")
+    return render(node)
 
 
 # ---------------------------------------------------------------- the tracing interpreter

@@ -299,29 +299,7 @@ def recheck(
     def tell(text: str) -> None:
         note(scrubber.scrub(text))
 
-    changes, notes = step_changes(saved, plan)
-    for text in notes:
-        tell(text)
-    values = value_changes(saved, plan)
-    if not changes and not replay:
-        outputs = output_changes(saved, plan)
-        if outputs:
-            raise Refused(
-                f"refusing to re-check {run_dir}: the output rules changed since the run, "
-                "so its harvest is not what they would give (`engine replay` re-harvests "
-                "the saved logs with them).\n" + "\n".join(outputs)
-            )
-    if changes:
-        hint = (
-            " (`engine replay` accepts changed output rules and checks, nothing else)"
-            if replay
-            else " (`engine check` accepts changed checks; `engine replay` also changed output rules)"
-        )
-        why = ["values changed since the run:"] + ["  " + t for t in value_change_lines(values)] if values else []
-        raise Refused(
-            f"refusing to re-check {run_dir}: the spec's steps changed since the run"
-            f"{hint}; run it again instead.\n" + "\n".join(changes + why)
-        )
+    values = _values_if_unchanged(saved, plan, run_dir, replay, tell)
     doc = {k: v for k, v in saved.items() if k not in ("checks", "verdict")}
     if values:
         # No step reads them (the steps are unchanged), so only checks do: re-evaluate with the
@@ -355,6 +333,37 @@ def recheck(
     if store:
         _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, tell, scrubber.scrub_obj)
     return Recheck(doc, results, verdict)
+
+
+def _values_if_unchanged(
+    saved: Mapping[str, Any], plan: Plan, run_dir: Path, replay: bool, tell: Callable[[str], None]
+) -> list[tuple[str, Any, Any]]:
+    """The values that changed since the run (only checks read them); Refused when the steps changed, or
+    their output rules for a check (a replay re-harvests with the new ones)."""
+    changes, notes = step_changes(saved, plan)
+    for text in notes:
+        tell(text)
+    values = value_changes(saved, plan)
+    if not changes and not replay:
+        outputs = output_changes(saved, plan)
+        if outputs:
+            raise Refused(
+                f"refusing to re-check {run_dir}: the output rules changed since the run, "
+                "so its harvest is not what they would give (`engine replay` re-harvests "
+                "the saved logs with them).\n" + "\n".join(outputs)
+            )
+    if changes:
+        hint = (
+            " (`engine replay` accepts changed output rules and checks, nothing else)"
+            if replay
+            else " (`engine check` accepts changed checks; `engine replay` also changed output rules)"
+        )
+        why = ["values changed since the run:"] + ["  " + t for t in value_change_lines(values)] if values else []
+        raise Refused(
+            f"refusing to re-check {run_dir}: the spec's steps changed since the run"
+            f"{hint}; run it again instead.\n" + "\n".join(changes + why)
+        )
+    return values
 
 
 def _store(

@@ -510,114 +510,22 @@ def _supervise(
     notify: Callable[[str], None],
     drain_s: float,
 ) -> ProcessResult:
-    pgid = group  # the leader's session of its own: its pid is the group id
-    # Under a supervisor, the tree is the supervisor's (it adopts every orphan) and the supervisor
-    # itself is never signalled: it takes the rest down when the leader is gone.
-    tree = ProcessTree(proc.pid, marker, group=group, exempt=() if group == proc.pid else (proc.pid,))
-    result = ProcessResult(rc=None, seconds=0.0)
-    lock = threading.Lock()
-    timers: list[threading.Timer] = []
-
-    def send_rule(idx: int, lineno: int) -> None:
-        rule = rules[idx]
-        if proc.poll() is not None:
-            return
-        tree.signal(pgid, rule.signal)
-        with lock:
-            result.signals_sent.append(
-                {"signal": rule.signal.name, "line": lineno, "at_s": round(time.monotonic() - start, 3)}
-            )
-
-    def fire(idx: int, lineno: int) -> None:
-        delay = rules[idx].after_s
-        if delay <= 0:
-            send_rule(idx, lineno)
-            return
-        timer = threading.Timer(delay, send_rule, (idx, lineno))
-        timer.daemon = True
-        timers.append(timer)
-        timer.start()
-
+    watch = _Watch(proc, group, marker, start, rules, grace_s, notify)
     assert proc.stdout is not None
-    reader = _Reader(proc.stdout.fileno(), log, scrub, strip, on_block, rules, fire)
-    deadline = start + timeout_s if timeout_s else None
+    reader = _Reader(proc.stdout.fileno(), log, scrub, strip, on_block, rules, watch.fire)
     interrupted = False
-    next_refresh = start + TREE_REFRESH_S
     try:
         try:
             # Set up inside the try: a Ctrl-C or SIGTERM that lands while the watch is being set up
             # still ends the leg before the engine answers, as one during the leg does.
-            tree.refresh()
-            _enlarge_pipe(proc.stdout.fileno())
-            reader.thread.start()
-            while True:
-                try:
-                    proc.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                now = time.monotonic()
-                if now >= next_refresh:
-                    tree.refresh()
-                    next_refresh = now + TREE_REFRESH_S
-                if on_tick is not None:
-                    on_tick(now - start)
-                if deadline is not None and now >= deadline:
-                    result.timed_out, result.terminated_by = True, "timeout"
-                    notify(
-                        f"timeout after {timeout_s:g} s: SIGTERM to the process group, "
-                        f"SIGKILL in {grace_s:g} s if it is still there"
-                    )
-                    _terminate(proc, tree, grace_s, notify)
-                    break
-                if log is not None and log.error is not None:
-                    # Its output can no longer be kept: the run stops, its verdict is ERROR.
-                    result.terminated_by = "record_error"
-                    notify(
-                        f"{RecordError(log.path, log.error)}: stopping the leg: SIGTERM to the process "
-                        f"group, SIGKILL in {grace_s:g} s if it is still there"
-                    )
-                    _terminate(proc, tree, grace_s, notify)
-                    break
+            watch.begin(reader)
+            watch.wait(log, timeout_s, on_tick)
         except KeyboardInterrupt:
             interrupted = True
-            result.terminated_by = "interrupt"
-            try:
-                notify(
-                    f"interrupted: SIGTERM to the process group, SIGKILL in {grace_s:g} s (Ctrl-C again to kill it now)"
-                )
-                _terminate(proc, tree, grace_s, notify)
-            except KeyboardInterrupt:
-                # A second Ctrl-C while waiting out the grace period: no more patience.
-                tree.signal(pgid, signal.SIGKILL)
-                proc.wait()
+            watch.interrupt()
     finally:
-        for timer in timers:
-            timer.cancel()
-        # The leader is gone; whatever it left behind, in its group, its tree or carrying its
-        # marker, goes with it.
-        tree.kill_all(pgid)
-        if proc.returncode is None:
-            proc.wait()
-        subreaper.finished(proc)
-        if not await_gone(pgid, tree, GROUP_GONE_S):
-            left = sorted(p.pid for p in tree.alive())
-            result.problems.append(
-                f"processes of the leg were still there {GROUP_GONE_S:g} s after SIGKILL "
-                f"(group {pgid}{f', pids {left}' if left else ''}): they may outlive the run"
-            )
-        if reader.thread.ident is not None:
-            reader.thread.join(drain_s)
-        reader.stop.set()
-        if reader.thread.ident is not None:
-            reader.thread.join(READER_JOIN_S)
-        if reader.thread.is_alive():
-            result.problems.append(
-                f"the output reader was still busy {drain_s + READER_JOIN_S:g} s "
-                f"after the leg ended; the log and the harvest may be incomplete"
-            )
-        else:
-            proc.stdout.close()
+        watch.end(reader, drain_s)
+    result = watch.result
     result.rc = proc.returncode
     result.seconds = time.monotonic() - start
     result.lines = reader.lines
@@ -629,6 +537,132 @@ def _supervise(
     if interrupted:
         raise Interrupted(result)
     return result
+
+
+class _Watch:
+    """One started leg under watch: its process tree, its signal rules' timers, and the result so far."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        group: int,
+        marker: tuple[str, str],
+        start: float,
+        rules: list[SignalRule],
+        grace_s: float,
+        notify: Callable[[str], None],
+    ) -> None:
+        self.proc, self.start, self.rules = proc, start, rules
+        self.pgid = group  # the leader's session of its own: its pid is the group id
+        self.grace_s, self.notify = grace_s, notify
+        # Under a supervisor, the tree is the supervisor's (it adopts every orphan) and the supervisor
+        # itself is never signalled: it takes the rest down when the leader is gone.
+        self.tree = ProcessTree(proc.pid, marker, group=group, exempt=() if group == proc.pid else (proc.pid,))
+        self.result = ProcessResult(rc=None, seconds=0.0)
+        self.lock = threading.Lock()
+        self.timers: list[threading.Timer] = []
+
+    def begin(self, reader: _Reader) -> None:
+        """The first look at the leg's processes, and its output read from now on."""
+        self.tree.refresh()
+        assert self.proc.stdout is not None
+        _enlarge_pipe(self.proc.stdout.fileno())
+        reader.thread.start()
+
+    def fire(self, idx: int, lineno: int) -> None:
+        """A signal rule matched line `lineno` (the reader's thread): signal now, or after its delay."""
+        delay = self.rules[idx].after_s
+        if delay <= 0:
+            self._send_rule(idx, lineno)
+            return
+        timer = threading.Timer(delay, self._send_rule, (idx, lineno))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+
+    def _send_rule(self, idx: int, lineno: int) -> None:
+        rule = self.rules[idx]
+        if self.proc.poll() is not None:
+            return
+        self.tree.signal(self.pgid, rule.signal)
+        with self.lock:
+            self.result.signals_sent.append(
+                {"signal": rule.signal.name, "line": lineno, "at_s": round(time.monotonic() - self.start, 3)}
+            )
+
+    def wait(self, log: CappedLog | None, timeout_s: float | None, on_tick: Callable[[float], None] | None) -> None:
+        """Until the leader exits, or the leg is stopped: its timeout passed, or its log failed."""
+        deadline = self.start + timeout_s if timeout_s else None
+        next_refresh = self.start + TREE_REFRESH_S
+        while True:
+            try:
+                self.proc.wait(timeout=POLL_S)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now >= next_refresh:
+                self.tree.refresh()
+                next_refresh = now + TREE_REFRESH_S
+            if on_tick is not None:
+                on_tick(now - self.start)
+            if deadline is not None and now >= deadline:
+                self.result.timed_out = True
+                self._stop("timeout", f"timeout after {timeout_s:g} s")
+                return
+            if log is not None and log.error is not None:
+                # Its output can no longer be kept: the run stops, its verdict is ERROR.
+                self._stop("record_error", f"{RecordError(log.path, log.error)}: stopping the leg")
+                return
+
+    def _stop(self, why: str, what: str) -> None:
+        self.result.terminated_by = why
+        self.notify(f"{what}: SIGTERM to the process group, SIGKILL in {self.grace_s:g} s if it is still there")
+        _terminate(self.proc, self.tree, self.grace_s, self.notify)
+
+    def interrupt(self) -> None:
+        """Ctrl-C (or SIGTERM to the engine): end the leg as a timeout would, a second one kills it now."""
+        self.result.terminated_by = "interrupt"
+        try:
+            self.notify(
+                f"interrupted: SIGTERM to the process group, SIGKILL in {self.grace_s:g} s "
+                "(Ctrl-C again to kill it now)"
+            )
+            _terminate(self.proc, self.tree, self.grace_s, self.notify)
+        except KeyboardInterrupt:
+            # A second Ctrl-C while waiting out the grace period: no more patience.
+            self.tree.signal(self.pgid, signal.SIGKILL)
+            self.proc.wait()
+
+    def end(self, reader: _Reader, drain_s: float) -> None:
+        """However the watch ended: every process of the leg killed and reaped, the reader drained; what
+        outlived that is a problem the result says."""
+        for timer in self.timers:
+            timer.cancel()
+        # The leader is gone; whatever it left behind, in its group, its tree or carrying its
+        # marker, goes with it.
+        self.tree.kill_all(self.pgid)
+        if self.proc.returncode is None:
+            self.proc.wait()
+        subreaper.finished(self.proc)
+        if not await_gone(self.pgid, self.tree, GROUP_GONE_S):
+            left = sorted(p.pid for p in self.tree.alive())
+            self.result.problems.append(
+                f"processes of the leg were still there {GROUP_GONE_S:g} s after SIGKILL "
+                f"(group {self.pgid}{f', pids {left}' if left else ''}): they may outlive the run"
+            )
+        if reader.thread.ident is not None:
+            reader.thread.join(drain_s)
+        reader.stop.set()
+        if reader.thread.ident is not None:
+            reader.thread.join(READER_JOIN_S)
+        if reader.thread.is_alive():
+            self.result.problems.append(
+                f"the output reader was still busy {drain_s + READER_JOIN_S:g} s "
+                f"after the leg ended; the log and the harvest may be incomplete"
+            )
+        else:
+            self.proc.stdout.close()
 
 
 def _enlarge_pipe(fd: int) -> None:

@@ -24,7 +24,7 @@ from engine import defaults, limits, version
 from engine.run import collectors, evidence, subreaper
 from engine.run.console import Console, ProgressDisplay
 from engine.run.output import Capture, child_exit_text, compile_rules, harvest_problems
-from engine.run.process import Interrupted, compile_signal_rules, run_command
+from engine.run.process import Interrupted, ProcessResult, compile_signal_rules, run_command
 from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
 from engine.spec.plan import step_kind
@@ -385,15 +385,7 @@ class Runner:
         )
         log_rel = f"logs/{_safe_name(name)}.log"
         record.update(
-            {
-                "log": log_rel,
-                "harvest": {},
-                "harvest_errors": [],
-                "failure_lines": [],
-                "diagnostics": None,
-                "progress": None,
-                "error": None,
-            }
+            log=log_rel, harvest={}, harvest_errors=[], failure_lines=[], diagnostics=None, progress=None, error=None
         )
         try:
             result = run_command(
@@ -423,8 +415,16 @@ class Runner:
             record["error"] = str(exc)
             raise
         display.close()
+        self._judge_leg(step, record, result, capture, display.warning)
+        return result.rc
+
+    def _judge_leg(
+        self, step: Mapping[str, Any], record: dict, result: ProcessResult, capture: Capture, warning: dict | None
+    ) -> None:
+        """What a leg that ran to its end did: ok or failed, recorded and said, diagnostics when failed."""
+        name, run = step["name"], step["run"]
         # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.
-        problems = result.problems + rules.pattern_errors()
+        problems = result.problems + capture.rules.pattern_errors()
         ok = (
             result.rc in run.get("ok_exit_codes", [0])
             and not result.timed_out
@@ -434,7 +434,7 @@ class Runner:
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
         record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
-        self._record_capture(record, capture, failed=not ok, warning=display.warning)
+        self._record_capture(record, capture, failed=not ok, warning=warning)
         for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
             self.say(
                 f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
@@ -451,7 +451,6 @@ class Runner:
             diag = (run.get("on_failure") or {}).get("diagnostics")
             if diag:
                 record["diagnostics"] = self._diagnostics(diag)
-        return result.rc
 
     def _record_capture(
         self, record: dict[str, Any], capture: Capture, failed: bool, warning: dict[str, Any] | None = None

@@ -85,6 +85,30 @@ def render(
     figures: Sequence[Figure] = (),
 ) -> str:
     """The whole page as text (UTF-8 when written)."""
+    out = _head(evidence, verdict)
+    out += _failures(results)
+    if figures:
+        out += ['<section id="plots">', "<h2>Plots</h2>"] + [_figure(f) for f in figures] + ["</section>"]
+    out += (
+        [
+            '<section id="checks">',
+            "<h2>Checks</h2>",
+            "<table>",
+            "<thead><tr><th>check</th><th>outcome</th><th>value / reason</th><th>written at</th></tr></thead>",
+            "<tbody>",
+        ]
+        + [_check_row(r) for r in results]
+        + ["</tbody>", "</table>", "</section>"]
+    )
+    out += _steps(evidence)
+    out += _values(evidence)
+    out += ["</body>", "</html>"]
+    # A browser acts on bidirectional and control characters; escaped, the page shows what is there.
+    return printable("\n".join(out) + "\n")
+
+
+def _head(evidence: Mapping[str, Any], verdict: Mapping[str, Any]) -> list[str]:
+    """The document's head and the page's header: the spec, its verdict, what the run was."""
     spec = evidence.get("spec") or {}
     name = spec.get("name") or "spec"
     mode = evidence.get("mode") or "?"
@@ -124,33 +148,27 @@ def render(
     if reused:
         out.append(f'<p class="meta">{escape(reused)}</p>')
     out.append("</header>")
+    return out
 
+
+def _failures(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why each failing check failed, open at the top of the page; nothing when none failed."""
     failing = [r for r in results if r["outcome"] in _FAILING]
-    if failing:
-        out += ['<section id="failures">', "<h2>Why the failing checks failed</h2>"]
-        for r in failing:
-            out.append(
-                f"<details open><summary><code>{escape(r['name'])}</code> {_badge(r['outcome'])}"
-                f"</summary><pre>{escape(chr(10).join(explain_lines(r, verbose=True)))}</pre></details>"
-            )
-        out.append("</section>")
+    if not failing:
+        return []
+    out = ['<section id="failures">', "<h2>Why the failing checks failed</h2>"]
+    for r in failing:
+        out.append(
+            f"<details open><summary><code>{escape(r['name'])}</code> {_badge(r['outcome'])}"
+            f"</summary><pre>{escape(chr(10).join(explain_lines(r, verbose=True)))}</pre></details>"
+        )
+    out.append("</section>")
+    return out
 
-    if figures:
-        out += ['<section id="plots">', "<h2>Plots</h2>"] + [_figure(f) for f in figures] + ["</section>"]
 
-    out += (
-        [
-            '<section id="checks">',
-            "<h2>Checks</h2>",
-            "<table>",
-            "<thead><tr><th>check</th><th>outcome</th><th>value / reason</th><th>written at</th></tr></thead>",
-            "<tbody>",
-        ]
-        + [_check_row(r) for r in results]
-        + ["</tbody>", "</table>", "</section>"]
-    )
-
-    out += [
+def _steps(evidence: Mapping[str, Any]) -> list[str]:
+    """The steps section: each step's status, then each failed one's failure lines and log tail."""
+    out = [
         '<section id="steps">',
         "<h2>Steps</h2>",
         "<table>",
@@ -175,10 +193,7 @@ def render(
             f"<pre>{escape(chr(10).join(str(x) for x in lines))}</pre>"
         )
     out += ["</section>"]
-    out += _values(evidence)
-    out += ["</body>", "</html>"]
-    # A browser acts on bidirectional and control characters; escaped, the page shows what is there.
-    return printable("\n".join(out) + "\n")
+    return out
 
 
 def _values(evidence: Mapping[str, Any]) -> list[str]:

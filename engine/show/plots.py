@@ -120,7 +120,7 @@ def _evaluate(expr: str, document: Any, paths: dict[int, tuple]) -> tuple[Any, s
     """(value, why there is none, missing paths) of one expression over the document."""
     try:
         value, missing, _ = trace(expr, document, OPTIONS, explain=False, paths=paths)
-    except Exception as exc:  # noqa: BLE001 - a plugin function may raise anything; a plot never crashes a report
+    except Exception as exc:  # a plugin function may raise anything; a plot never crashes a report
         missing = getattr(exc, "missing", [])
         if missing:
             return None, f"no data: {missing[0]} is missing", missing

@@ -8,6 +8,7 @@ read them back. A gap in a series ends its polyline; the next drawn point starts
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from html import escape
 from typing import Sequence
 
@@ -93,6 +94,26 @@ def _legend_rows(entries: list[tuple[str, str, bool, bool]], width: float) -> li
     return [r for r in rows if r]
 
 
+@dataclass
+class _Frame:
+    """The plot area in pixels and the data range it shows: data -> pixel coordinates."""
+
+    left: int
+    right: int
+    top: int
+    bottom: int
+    x0: float
+    y0: float
+    sx: float
+    sy: float
+
+    def px(self, x: float) -> float:
+        return self.left + (x - self.x0) * self.sx
+
+    def py(self, y: float) -> float:
+        return self.bottom - (y - self.y0) * self.sy
+
+
 def render(figure: Figure, element_id: str | None = None) -> str:
     """The figure as an <svg> element (valid inline in HTML5 and as a standalone .svg file)."""
     ident = element_id or f"plot-{figure.name}"
@@ -106,13 +127,7 @@ def render(figure: Figure, element_id: str | None = None) -> str:
     integer_x = all(isinstance(x, int) or float(x).is_integer() for x in xs)
     x0, x1, xticks, xdec = axis(xs, integer=integer_x, pad_few=True)
     y0, y1, yticks, ydec = axis(ys, integer=False)
-    sx, sy = (right - left) / (x1 - x0), (bottom - top) / (y1 - y0)
-
-    def px(x: float) -> float:
-        return left + (x - x0) * sx
-
-    def py(y: float) -> float:
-        return bottom - (y - y0) * sy
+    frame = _Frame(left, right, top, bottom, x0, y0, (right - left) / (x1 - x0), (bottom - top) / (y1 - y0))
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" id="{escape(ident)}" width="{WIDTH}" '
@@ -121,18 +136,34 @@ def render(figure: Figure, element_id: str | None = None) -> str:
         f'<title id="{escape(ident)}-title">{escape(figure.title)}</title>',
         f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
     ]
-    # Grid and tick labels.
-    out.append(f'<g class="grid" stroke="{GRID_COLOUR}" stroke-width="1">')
-    out += [f'<line x1="{_fmt(px(t))}" y1="{top}" x2="{_fmt(px(t))}" y2="{bottom}"/>' for t in xticks]
-    out += [f'<line x1="{left}" y1="{_fmt(py(t))}" x2="{right}" y2="{_fmt(py(t))}"/>' for t in yticks]
+    out += _axes(figure, frame, (xticks, xdec), (yticks, ydec))
+    out += _series(figure, frame)
+    out += _markers(figure, frame)
+    if not figure.has_data():
+        out.append(
+            f'<text class="no-data" x="{_fmt((left + right) / 2)}" y="{_fmt((top + bottom) / 2)}" '
+            f'text-anchor="middle" font-size="16" fill="#888888">no data (see the notes)</text>'
+        )
+    out += _legend_lines(entries, rows)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _axes(figure: Figure, fr: _Frame, x: tuple[list[float], int], y: tuple[list[float], int]) -> list[str]:
+    """Grid, frame, tick labels and axis labels; `x` and `y` are each axis's (ticks, decimals)."""
+    (xticks, xdec), (yticks, ydec) = x, y
+    left, right, top, bottom = fr.left, fr.right, fr.top, fr.bottom
+    out = [f'<g class="grid" stroke="{GRID_COLOUR}" stroke-width="1">']
+    out += [f'<line x1="{_fmt(fr.px(t))}" y1="{top}" x2="{_fmt(fr.px(t))}" y2="{bottom}"/>' for t in xticks]
+    out += [f'<line x1="{left}" y1="{_fmt(fr.py(t))}" x2="{right}" y2="{_fmt(fr.py(t))}"/>' for t in yticks]
     out.append("</g>")
     out.append(
         f'<rect class="frame" x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
         f'fill="none" stroke="#999999"/>'
     )
     out.append('<g class="ticks" fill="#333333">')
-    out += [f'<text x="{_fmt(px(t))}" y="{bottom + 16}" text-anchor="middle">{t:.{xdec}f}</text>' for t in xticks]
-    out += [f'<text x="{left - 6}" y="{_fmt(py(t) + 4)}" text-anchor="end">{t:.{ydec}f}</text>' for t in yticks]
+    out += [f'<text x="{_fmt(fr.px(t))}" y="{bottom + 16}" text-anchor="middle">{t:.{xdec}f}</text>' for t in xticks]
+    out += [f'<text x="{left - 6}" y="{_fmt(fr.py(t) + 4)}" text-anchor="end">{t:.{ydec}f}</text>' for t in yticks]
     out.append("</g>")
     out.append(
         f'<text class="x-label" x="{_fmt((left + right) / 2)}" y="{HEIGHT - 12}" text-anchor="middle" '
@@ -142,11 +173,14 @@ def render(figure: Figure, element_id: str | None = None) -> str:
         f'<text class="y-label" x="16" y="{_fmt((top + bottom) / 2)}" text-anchor="middle" fill="#111111" '
         f'transform="rotate(-90 16 {_fmt((top + bottom) / 2)})">{escape(figure.y_label)}</text>'
     )
+    return out
 
-    # The data, in data coordinates: polyline points are the evidence's numbers.
-    a, e = sx, left - x0 * sx
-    d, f = -sy, bottom + y0 * sy
-    out.append(f'<g class="data" transform="matrix({_fmt(a)} 0 0 {_fmt(d)} {_fmt(e)} {_fmt(f)})">')
+
+def _series(figure: Figure, fr: _Frame) -> list[str]:
+    """Each series' lines, in data coordinates (polyline points are the evidence's numbers), and its dots."""
+    a, e = fr.sx, fr.left - fr.x0 * fr.sx
+    d, f = -fr.sy, fr.bottom + fr.y0 * fr.sy
+    out = [f'<g class="data" transform="matrix({_fmt(a)} 0 0 {_fmt(d)} {_fmt(e)} {_fmt(f)})">']
     for i, s in enumerate(figure.series):
         colour = PALETTE[i % len(PALETTE)]
         for run in s.runs():
@@ -167,39 +201,43 @@ def render(figure: Figure, element_id: str | None = None) -> str:
         for run in runs:
             if few or len(run) == 1:
                 out += [
-                    f'<circle cx="{_fmt(px(x))}" cy="{_fmt(py(y))}" r="{3 if len(run) > 1 else 3.5}" fill="{colour}"/>'
+                    f'<circle cx="{_fmt(fr.px(x))}" cy="{_fmt(fr.py(y))}" r="{3 if len(run) > 1 else 3.5}" fill="{colour}"/>'
                     for x, y in run
                 ]
     out.append("</g>")
-    out.append(
+    return out
+
+
+def _markers(figure: Figure, fr: _Frame) -> list[str]:
+    """Each marker's dashed line across the plot, with its label."""
+    out = [
         f'<g class="markers" stroke="{MARKER_COLOUR}" stroke-width="1.2" stroke-dasharray="6 4" fill="{MARKER_COLOUR}">'
-    )
+    ]
     for m in figure.markers:
         for v in m.at:
             label = escape(m.label)
             if m.axis == "x":
                 out.append(
-                    f'<line class="marker" data-axis="x" data-at="{number_text(v)}" x1="{_fmt(px(v))}" '
-                    f'y1="{top}" x2="{_fmt(px(v))}" y2="{bottom}"/>'
+                    f'<line class="marker" data-axis="x" data-at="{number_text(v)}" x1="{_fmt(fr.px(v))}" '
+                    f'y1="{fr.top}" x2="{_fmt(fr.px(v))}" y2="{fr.bottom}"/>'
                 )
-                out.append(f'<text x="{_fmt(px(v) + 4)}" y="{top + 14}" stroke="none">{label}</text>')
+                out.append(f'<text x="{_fmt(fr.px(v) + 4)}" y="{fr.top + 14}" stroke="none">{label}</text>')
             else:
                 out.append(
-                    f'<line class="marker" data-axis="y" data-at="{number_text(v)}" x1="{left}" '
-                    f'y1="{_fmt(py(v))}" x2="{right}" y2="{_fmt(py(v))}"/>'
+                    f'<line class="marker" data-axis="y" data-at="{number_text(v)}" x1="{fr.left}" '
+                    f'y1="{_fmt(fr.py(v))}" x2="{fr.right}" y2="{_fmt(fr.py(v))}"/>'
                 )
                 out.append(
-                    f'<text x="{right - 4}" y="{_fmt(py(v) - 5)}" text-anchor="end" stroke="none">{label}</text>'
+                    f'<text x="{fr.right - 4}" y="{_fmt(fr.py(v) - 5)}" text-anchor="end" stroke="none">{label}</text>'
                 )
     out.append("</g>")
-    if not figure.has_data():
-        out.append(
-            f'<text class="no-data" x="{_fmt((left + right) / 2)}" y="{_fmt((top + bottom) / 2)}" '
-            f'text-anchor="middle" font-size="16" fill="#888888">no data (see the notes)</text>'
-        )
-    out.append('<g class="legend">')
+    return out
+
+
+def _legend_lines(entries: list[tuple[str, str, bool, bool]], rows: list[list[int]]) -> list[str]:
+    out = ['<g class="legend">']
     for r, row in enumerate(rows):
-        x, y = float(left), 12 + r * LEGEND_ROW + 2
+        x, y = float(LEFT), 12 + r * LEGEND_ROW + 2
         for i in row:
             text, colour, dashed, has = entries[i]
             dash = ' stroke-dasharray="6 4"' if dashed else ""
@@ -211,5 +249,4 @@ def render(figure: Figure, element_id: str | None = None) -> str:
             )
             x += 28 + len(text) * CHAR_PX + 16
     out.append("</g>")
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return out

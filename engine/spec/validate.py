@@ -155,7 +155,7 @@ def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = No
     for path, text in _expressions(spec) if texts is None else texts:
         try:
             chains = _roots(text)
-        except Exception:  # noqa: BLE001 - a parse error, already reported by _compile_errors
+        except Exception:  # a parse error, already reported by _compile_errors
             continue
         for chain in chains:
             msg = None
@@ -328,7 +328,7 @@ def boolean_findings(
     for name, text in (check.get("let") or {}).items():
         try:  # a text still templated could not be spliced (said already): it is no JMESPath yet
             lets[name] = None if _templated(text) else _types(functions.compile_expr(text).parsed, values, lets)
-        except Exception:  # noqa: BLE001 - a parse error is reported on its own
+        except Exception:  # a parse error is reported on its own
             lets[name] = None
     errors, warnings = [], []
     for key in ("expr", "when"):
@@ -337,7 +337,7 @@ def boolean_findings(
             continue
         try:
             node = functions.compile_expr(text).parsed
-        except Exception:  # noqa: BLE001
+        except Exception:  # a parse error is reported on its own
             continue
         types = _types(node, values, lets)
         role = "a check passes only on exactly true" if key == "expr" else "a condition must be exactly true or false"
@@ -368,7 +368,7 @@ def _unused_lets(check: Mapping[str, Any]) -> list[tuple[tuple, str]]:
     for sub, text in _check_texts(check):
         try:
             chains = _roots(text)
-        except Exception:  # noqa: BLE001
+        except Exception:  # a parse error, already reported by _compile_errors
             continue
         read |= {c[1] for c in chains if len(c) >= 2 and c[0] == "let" and not (sub[0] == "let" and sub[1] == c[1])}
     return [(("let", n), f"let.{n} is never read (by expr, when or another let)") for n in lets if n not in read]

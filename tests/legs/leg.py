@@ -32,77 +32,85 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 
 def main(actions: list[str]) -> int:
     for action in actions:
-        if action.startswith("@sleep:"):
-            time.sleep(float(action[7:]))
-        elif action.startswith("@rc:"):
-            return int(action[4:])
-        elif action.startswith("@env:"):
-            print(f"{action[5:]}={os.environ.get(action[5:], '')}", flush=True)
-        elif action.startswith("@repeat:"):
-            count, text = action[8:].split(":", 1)
-            write = sys.stdout.write
-            for i in range(int(count)):
-                write(text.replace("{i}", str(i)) + "\n")
-            sys.stdout.flush()
-        elif action.startswith("@pidfile:"):
-            with open(action[9:], "w") as fh:
-                fh.write(str(os.getpid()))
-        elif action.startswith("@spawn:"):
-            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-            with open(action[7:], "w") as fh:
-                fh.write(str(child.pid))
-        elif action == "@ignore_term":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        elif action.startswith("@stderr:"):
-            print(action[8:], file=sys.stderr, flush=True)
-        elif action.startswith("@raw:"):
-            sys.stdout.flush()
-            sys.stdout.buffer.write(bytes.fromhex(action[5:]))
-            sys.stdout.buffer.flush()
-        elif action.startswith("@daemon:"):
-            daemon(action[8:])
-        elif action.startswith("@daemon_noenv:"):
-            daemon(action[14:], clear_env=True)
-        elif action.startswith("@environ_of:"):
-            pid = _wait_for_pid(action[12:])
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                print(f"ENVIRON_BYTES={len(fh.read())}", flush=True)
-        elif action.startswith("@on_term:"):
-            then = action[9:]
-            signal.signal(signal.SIGTERM, lambda signum, frame, then=then: main([then]))
-        elif action.startswith("@pid_and_sleep:"):
-            _write_pid_and_sleep(action[15:])
-        elif action.startswith("@orphan:"):
-            subprocess.run([sys.executable, __file__, "@fork_and_exit:" + action[8:]], check=True)
-            # The orphan's pid is on disk before the leg goes on (or ends and takes it along): a test
-            # always has a pid to look for, however loaded the machine.
-            _wait_for_pid(action[8:])
-        elif action.startswith("@fork_and_exit:"):
-            if os.fork() == 0:
-                os.setsid()  # out of the group too: only the marker still says whose it is
-                _write_pid_and_sleep(action[15:])
-            os._exit(0)
-        elif action.startswith("@line:"):
-            size, at, text = action[6:].split(":", 2)
-            rest = int(size) - int(at) - len(text)
-            sys.stdout.write("x" * int(at) + text + "x" * rest + "\n")
-            sys.stdout.flush()
-        elif action.startswith("@append:"):
-            path, text = action[8:].split(":", 1)
-            with open(path, "a") as fh:
-                fh.write(text + "\n")
-        elif action.startswith("@tee_split:"):
-            tee_split(*action[11:].split(":", 2))
-        elif action == "@forever":
-            while True:
-                time.sleep(1)
-        else:
+        name, colon, arg = action.partition(":")
+        do = ACTIONS.get(name + colon)  # `@sleep:` takes an argument, `@forever` none
+        if do is None:
             print(action, flush=True)
+            continue
+        rc = do(arg)
+        if rc is not None:
+            return rc
     return 0
+
+
+def _repeat(arg: str) -> None:
+    count, text = arg.split(":", 1)
+    write = sys.stdout.write
+    for i in range(int(count)):
+        write(text.replace("{i}", str(i)) + "\n")
+    sys.stdout.flush()
+
+
+def _write(path: str, text: str, mode: str = "w") -> None:
+    with open(path, mode) as fh:
+        fh.write(text)
+
+
+def _spawn(path: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    _write(path, str(child.pid))
+
+
+def _raw(hex_text: str) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(bytes.fromhex(hex_text))
+    sys.stdout.buffer.flush()
+
+
+def _environ_of(path: str) -> None:
+    pid = _wait_for_pid(path)
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        print(f"ENVIRON_BYTES={len(fh.read())}", flush=True)
+
+
+def _orphan(path: str) -> None:
+    subprocess.run([sys.executable, __file__, "@fork_and_exit:" + path], check=True)
+    # The orphan's pid is on disk before the leg goes on (or ends and takes it along): a test
+    # always has a pid to look for, however loaded the machine.
+    _wait_for_pid(path)
+
+
+def _fork_and_exit(path: str) -> None:
+    if os.fork() == 0:
+        os.setsid()  # out of the group too: only the marker still says whose it is
+        _write_pid_and_sleep(path)
+    os._exit(0)
+
+
+def _line(arg: str) -> None:
+    size, at, text = arg.split(":", 2)
+    rest = int(size) - int(at) - len(text)
+    sys.stdout.write("x" * int(at) + text + "x" * rest + "\n")
+    sys.stdout.flush()
+
+
+def _append(arg: str) -> None:
+    path, text = arg.split(":", 1)
+    _write(path, text + "\n", "a")
+
+
+def _on_sigterm(handler: Any) -> None:
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _forever(_: str) -> None:
+    while True:
+        time.sleep(1)
 
 
 def _wait_for_pid(path: str) -> int:
@@ -146,6 +154,32 @@ def daemon(path: str, clear_env: bool = False) -> None:
             _write_pid_and_sleep(path)
         os._exit(0)
     os.waitpid(first, 0)
+
+
+# Each action, by its name (with the colon when it takes an argument): what it does with the argument.
+# A handler that returns an int ends the leg with that rc.
+ACTIONS: dict[str, Callable[[str], int | None]] = {
+    "@sleep:": lambda arg: time.sleep(float(arg)),
+    "@rc:": int,
+    "@env:": lambda name: print(f"{name}={os.environ.get(name, '')}", flush=True),
+    "@repeat:": _repeat,
+    "@pidfile:": lambda path: _write(path, str(os.getpid())),
+    "@spawn:": _spawn,
+    "@ignore_term": lambda _: _on_sigterm(signal.SIG_IGN),
+    "@stderr:": lambda text: print(text, file=sys.stderr, flush=True),
+    "@raw:": _raw,
+    "@daemon:": daemon,
+    "@daemon_noenv:": lambda path: daemon(path, clear_env=True),
+    "@environ_of:": _environ_of,
+    "@on_term:": lambda then: _on_sigterm(lambda signum, frame: main([then])),
+    "@pid_and_sleep:": _write_pid_and_sleep,
+    "@orphan:": _orphan,
+    "@fork_and_exit:": _fork_and_exit,
+    "@line:": _line,
+    "@append:": _append,
+    "@tee_split:": lambda arg: tee_split(*arg.split(":", 2)),
+    "@forever": _forever,
+}
 
 
 if __name__ == "__main__":
