@@ -17,7 +17,8 @@ checkpoint (the new files are orphans that the next push of that step overwrites
 Before the very first pointer there is none to name, and resume recovers (trainer/resume_scan.py).
 
 Every write goes through the store's lease (trainer/store/lease.py): one writer per store, claimed by
-compare-and-swap, renewed while training, released by ``close()``. A second trainer is refused, naming the holder.
+compare-and-swap, renewed while training, released by ``close()`` (once, on every exit path of a session:
+trainer/resume.py and trainer/checkpoint_session.py call it). A second trainer is refused, naming the holder.
 
 The checkpoint records itself. ``trainer_state.json`` is written last and carries ``files`` (the sha256 of
 the other four files) and ``manifest_sha256`` (the sha256 of its own canonical JSON without that field), so a
@@ -58,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from trainer import sigterm
 from trainer.store import EntryMissing, Store, StoreError, redact_url, sha256_file
 from trainer.store.lease import Lease
 
@@ -312,6 +314,7 @@ class Checkpointer:
         self.lease = Lease(store, ttl_s=lease_ttl_s, log=self.say)
         self._pointer: Pointer | None = None  # the store's pointer as this writer last read or wrote it
         self._pointer_known = False
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -323,12 +326,17 @@ class Checkpointer:
         sys.stdout.flush()  # a kill right after this line must not lose it
 
     def close(self) -> None:
-        """Release the lease (the end of a session, finished or failed). A failure is reported, not raised:
-        the next writer then waits for the lease to expire."""
-        try:
-            self.lease.release()
-        except (StoreError, OSError) as e:
-            self.say(f"lease: release FAILED ({type(e).__name__}: {e}); the next writer waits until it expires")
+        """Release the lease (the end of a session, finished or failed), once: a second call does nothing. A
+        failure is reported, not raised: the next writer then waits for the lease to expire. A SIGTERM that
+        lands meanwhile does not cut the release short (trainer/sigterm.py)."""
+        if self._closed:
+            return
+        self._closed = True
+        with sigterm.shielded():
+            try:
+                self.lease.release()
+            except (StoreError, OSError) as e:
+                self.say(f"lease: release FAILED ({type(e).__name__}: {e}); the next writer waits until it expires")
 
     def know_pointer(self, pointer: Pointer | None) -> None:
         """The store's pointer as the resume scan read it: the next push's backward check and its

@@ -2,6 +2,10 @@
 start, or a refusal) and broadcasts the decision; each host's local rank 0 downloads and verifies the
 pointer's files; every rank then loads the checkpoint, which must have been written under this run's
 configuration (its config_hash), and all ranks agree on any error so that they exit together.
+
+The decision takes the store's lease (rank 0's checkpointer). ``resume`` hands that checkpointer to the
+caller in :class:`Start` when it returns; when it raises instead (a refusal, a crash, a SIGTERM), it has
+released the lease first, so a failed start never leaves the store locked for the next machine.
 """
 
 from __future__ import annotations
@@ -49,7 +53,29 @@ def resume(
 ) -> Start:
     """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
     token = os.environ.get("HF_TOKEN") or None
-    pointer, checkpointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token)
+    held: list[Checkpointer] = []  # rank 0's checkpointer (and its lease) from the moment it exists
+    try:
+        pointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token, held=held)
+        return _start(dist, args, plan, model, pointer, held[0] if held else None, run_config, config_hash, log, token)
+    except BaseException:
+        for checkpointer in held:
+            checkpointer.close()  # the caller never gets it: the lease goes with the failed start
+        raise
+
+
+def _start(
+    dist: Dist,
+    args: argparse.Namespace,
+    plan: RunPlan,
+    model: torch.nn.Module,
+    pointer: Pointer | None,
+    checkpointer: Checkpointer | None,
+    run_config: dict,
+    config_hash: str,
+    log: Callable[[str], None],
+    token: str | None,
+) -> Start:
+    """Fetch and load what ``_decide`` chose; the weights go into `model`."""
     ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, token=token)
     start, loaded = 0, None
     if ckpt_dir is not None:
@@ -82,12 +108,12 @@ def _decide(
     run_config: dict,
     config_hash: str,
     token: str | None,
-) -> tuple[Pointer | None, Checkpointer | None]:
-    """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it:
-    (pointer, rank 0's checkpointer; None elsewhere). Refused on every rank."""
+    held: list[Checkpointer],
+) -> Pointer | None:
+    """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it. Rank 0's
+    checkpointer goes into ``held`` as soon as it exists. Refused on every rank."""
     url = redact_url(args.hub_repo)
     decision: dict[str, Any] = {"error": None, "pointer": None}
-    checkpointer = None
     if dist.master:
         try:
             store = open_store(args.hub_repo, token=token)
@@ -98,6 +124,7 @@ def _decide(
                 keep_optimizer_states=args.keep_optimizer_states,
                 allow_rollback=args.allow_pointer_rollback,
             )
+            held.append(checkpointer)
             if plan.resume_mode == "auto":
                 scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
                 decision["pointer"] = scan.decide(
@@ -108,10 +135,12 @@ def _decide(
         except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
             # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
             decision["error"] = str(e)
+            for checkpointer in held:
+                checkpointer.close()  # before the other ranks hear of the refusal and exit
     decision = dist.from_master(decision)
     if decision["error"]:
         raise Refused(decision["error"])
-    return decision["pointer"], checkpointer
+    return decision["pointer"]
 
 
 def _fetch(

@@ -412,7 +412,7 @@ class Lease:
         Lease writes nothing: no write claims it again, not even a push thread still running."""
         self._released = True
         self._stop.set()
-        if self._beat is not None:
+        if self._beat is not None and self._beat.is_alive():  # not started: an interrupt landed in its start
             self._beat.join(timeout=60)
         with self._lock:
             if self._doc is None:
