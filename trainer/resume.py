@@ -11,7 +11,6 @@ released the lease first, so a failed start never leaves the store locked for th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,12 @@ from typing import Any, Callable
 import torch
 
 from trainer.checkpoint import Checkpointer, Pointer, read_pointer
+from trainer.checkpoint_load import load_checkpoint
 from trainer.cli import RunPlan
 from trainer.dist import Dist
-from trainer.hf import load_hf_state_dict
 from trainer.log import emit
 from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
-from trainer.runconfig import judge_config_change, show_value
+from trainer.runconfig import show_value
 from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
 
 
@@ -166,13 +165,21 @@ def _fetch(
 def _load(
     dist: Dist, ckpt_dir: Path, model: torch.nn.Module, plan: RunPlan, *, run_config: dict, config_hash: str
 ) -> dict[str, Any]:
-    """Every rank loads the checkpoint (load_checkpoint); Refused on every rank when any rank cannot."""
+    """Every rank loads the checkpoint, each file checked (trainer/checkpoint_load.py); Refused on every rank
+    when any rank cannot."""
     err, loaded = None, None
     try:
         loaded = load_checkpoint(
-            ckpt_dir, model, dist, run_config=run_config, config_hash=config_hash, allowed=plan.allowed_changes
+            ckpt_dir,
+            model,
+            dist,
+            run_config=run_config,
+            config_hash=config_hash,
+            tokens_per_step=plan.tokens_per_step,
+            total_steps=plan.total_steps,
+            allowed=plan.allowed_changes,
         )
-    except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError) as e:  # Unloadable and a refused config change are ValueErrors
         err = f"resume from {ckpt_dir}: {e}"
     if err := dist.agree(err):
         raise Refused(err)
@@ -195,42 +202,3 @@ def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
             f"--resume never but {url} already has a pointer at step {ptr.step} "
             f"({ptr.path_in_repo}); use --resume auto or a fresh repo"
         )
-
-
-def load_checkpoint(
-    ckpt_dir: Path,
-    model: torch.nn.Module,
-    dist: Dist,
-    *,
-    run_config: dict,
-    config_hash: str,
-    allowed: frozenset[str] = frozenset(),
-) -> dict[str, Any]:
-    """Weights into `model`; the optimizer/scheduler/scaler state and this rank's RNG state read."""
-    from safetensors.torch import load_file
-
-    state_path = ckpt_dir / "trainer_state.json"
-    if not state_path.is_file():
-        raise Refused(f"{state_path} is missing")
-    state = json.loads(state_path.read_text())
-    changes: list[dict[str, Any]] = []
-    if state.get("config_hash") != config_hash:
-        try:
-            changes = judge_config_change(state.get("run_config"), run_config, allowed, str(ckpt_dir))
-        except ValueError as e:
-            raise Refused(str(e)) from None
-    for name in ("model.safetensors", "optimizer.pt", "rng.pt"):
-        if not (ckpt_dir / name).is_file():
-            raise Refused(f"{ckpt_dir / name} is missing")
-    load_hf_state_dict(model, load_file(str(ckpt_dir / "model.safetensors")))
-    opt_state = torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True)
-    rngs = torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True)
-    if len(rngs) != dist.world_size:
-        raise Refused(f"rng.pt holds {len(rngs)} ranks, this run has {dist.world_size}")
-    return {
-        "step": int(state["step"]),
-        "tokens": int(state["tokens_consumed"]),
-        "opt": opt_state,
-        "rng": rngs[dist.rank],
-        "config_changes": changes,
-    }

@@ -17,7 +17,6 @@ hands the pointer it found to the checkpointer, whose next push replaces it.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from trainer.checkpoint import (
     POINTER_PATH,
     PRUNABLE_FILES,
     STATE_FILE,
+    STATE_MAX_BYTES,
     Checkpointer,
     Pointer,
     checkpoint_path,
@@ -36,6 +36,7 @@ from trainer.checkpoint import (
 )
 from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
 from trainer.store import EntryMissing, FileInfo, RepoMissing, Store, StoreError, redact_url, sha256_file
+from trainer.store.fields import load_doc
 
 __all__ = ["ResumeRefused", "ResumeScan", "fetch"]
 
@@ -265,11 +266,9 @@ class ResumeScan:
         says, so a pointer naming another step, token count or configuration would silently change the run."""
         raw = self.store.read_bytes(f"{p.path_in_repo}/{STATE_FILE}")
         try:
-            state = json.loads(raw)
-            if not isinstance(state, dict):
-                raise ValueError("not a JSON object")
+            state = load_doc(raw, f"{p.path_in_repo}/{STATE_FILE} in {self.url}", max_bytes=STATE_MAX_BYTES)
         except ValueError as e:
-            raise ResumeRefused(f"{p.path_in_repo}/{STATE_FILE} in {self.url} is unreadable ({e})") from None
+            raise ResumeRefused(f"{e}; the checkpoint's record is unreadable") from None
         if "manifest_sha256" in state:
             try:
                 state = unseal_trainer_state(raw, f"{p.path_in_repo}/{STATE_FILE}")
@@ -284,9 +283,10 @@ class ResumeScan:
             )
             if mine != theirs
         ]
+        recorded = state.get("files") if isinstance(state.get("files"), dict) else {}
         differ += [
-            f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h}"
-            for n, h in sorted(state.get("files", {}).items())
+            f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h!r:.80}"
+            for n, h in sorted(recorded.items())
             if p.files.get(n) != h
         ]
         if differ:
@@ -298,10 +298,11 @@ class ResumeScan:
     def _stored_run_config(self, p: Pointer) -> dict | None:
         """The run config in the pointer's trainer_state.json; None where that file cannot be read."""
         try:
-            state = json.loads(self.store.read_bytes(f"{p.path_in_repo}/trainer_state.json"))
-        except (StoreError, ValueError, UnicodeDecodeError):
+            raw = self.store.read_bytes(f"{p.path_in_repo}/{STATE_FILE}")
+            state = load_doc(raw, STATE_FILE, max_bytes=STATE_MAX_BYTES)
+        except (StoreError, ValueError):
             return None
-        stored = state.get("run_config") if isinstance(state, dict) else None
+        stored = state.get("run_config")
         return stored if isinstance(stored, dict) else None
 
 

@@ -54,7 +54,7 @@ from trainer.data import DataError, load_mix, train_batch, val_batches
 from trainer.dist import Dist, GradientSync
 from trainer.heap import FullCollections, freeze_heap
 from trainer.log import emit, setup_logging
-from trainer.model import GEOMETRIES, Llama, count_params
+from trainer.model import GEOMETRIES, Llama, count_params, decay_groups
 from trainer.resume import Refused, resume
 from trainer.rng import set_rng_state
 from trainer.runconfig import config_hash
@@ -242,11 +242,8 @@ class Trainer:
         if rt.cuda_graphs and self.grads is None:
             keep_grads_allocated(raw)
         # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
-        params = [p for p in raw.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        matrices, rest = decay_groups(raw)
+        groups = [{"params": matrices, "weight_decay": args.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=rt.device_type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt,
