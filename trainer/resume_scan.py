@@ -177,13 +177,27 @@ class ResumeScan:
         return state, {**state["files"], STATE_FILE: hashlib.sha256(raw).hexdigest()}
 
     def _note_newer(self, pointer: Pointer, listing: dict[str, FileInfo]) -> None:
+        """Name the checkpoints newer than the pointer, verify the newest, and say why the resume still starts
+        from the pointer's: only the pointer says which checkpoint is the run's. Its history cannot say why a
+        newer one exists (a pointer moved back with its ``previous`` removed reads like a session stopped
+        between push and pointer), so the note names both and claims neither."""
         newer = sorted({s for p in listing if (m := CKPT_DIR.match(p)) and (s := int(m.group(1))) > pointer.step})
-        if newer:
-            self._say(
-                f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
-                f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "
-                "pointer); the next push of that step replaces it"
-            )
+        if not newer:
+            return
+        newest = checkpoint_path(newer[-1])
+        try:
+            _state, files = self._verify_checkpoint(newest, listing)
+            found = f"verifies ({len(files)} files re-hashed from the stored bytes match what it recorded)"
+        except _Unverified as e:
+            found = f"does not verify ({e})"
+        self._say(
+            f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
+            f"(step {pointer.step}); {newest} {found}. Resuming from {POINTER_PATH}'s {pointer.path_in_repo}: "
+            f"a checkpoint is the run's only once {POINTER_PATH} names it, and it does not name {newest} (its "
+            f"session stopped, or its pointer commit failed, between push and pointer; or {POINTER_PATH} was "
+            f"moved back from it). Steps {pointer.step + 1}..{newer[-1]} are trained again, from the same "
+            f"batches, and the push of step {newer[-1]} replaces it."
+        )
 
     def _check_pointer(
         self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int, run_config: dict | None = None

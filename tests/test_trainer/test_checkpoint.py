@@ -769,6 +769,31 @@ def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path)
     )
 
 
+@pytest.mark.parametrize("allow_rollback", [False, True])
+def test_a_pointer_moved_back_with_its_history_removed_resumes_from_it_saying_only_what_is_known(
+    store, tmp_path, allow_rollback
+):
+    """latest.json rewritten to step 10 with its `previous` (the step-20 pointer it replaced) removed: nothing
+    in the store tells this from a session that pushed step 20 and stopped before its pointer. The note says
+    both, claims neither, and says which checkpoint the resume uses and why; --allow-pointer-rollback changes
+    nothing (no recorded move back to allow)."""
+    ck = Checkpointer(store, log=Recorder(), prune=False)
+    ten = push(ck, tmp_path, 10)
+    push(ck, tmp_path, 20)
+    commit_pointer(store, tmp_path, {**ten.to_json(), "previous": None})
+    log = Recorder()
+    scan = ResumeScan(Checkpointer(store, log=log, allow_rollback=allow_rollback))
+    assert scan.decide(config_hash=CH, horizon_step=30).step == 10
+    note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
+    assert note.startswith(
+        "auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10); ckpt/checkpoint-20 verifies (5 files "
+        "re-hashed from the stored bytes match what it recorded). Resuming from latest.json's ckpt/checkpoint-10"
+    ), note
+    assert "or latest.json was moved back from it" in note and "pushed but never pointed at" not in note
+    assert "Steps 11..20 are trained again, from the same batches, and the push of step 20 replaces it" in note
+    assert not any("moved back from step" in line for line in log.lines)  # no recorded move to allow
+
+
 # ------------------------------------------------------------------------------------------ repair
 
 
