@@ -393,8 +393,11 @@ class Lease:
             raise self._lost
 
     def renew(self) -> None:
-        """Push the expiry out by a TTL (the heartbeat calls this; LeaseLost when it is no longer ours)."""
+        """Push the expiry out by a TTL (the heartbeat calls this; LeaseLost when it is no longer ours). After
+        release() it does nothing: a heartbeat that woke as the session ended has nothing left to keep."""
         with self._lock:
+            if self._released:
+                return
             if self._lost is not None:
                 raise self._lost
             for _ in range(_CAS_TRIES):
