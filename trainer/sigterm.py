@@ -6,6 +6,10 @@ rank 0's lease then blocks every other machine until it expires. :class:`SigTerm
 into :class:`Terminated` on the main thread (``install``), so the session's cleanup runs; a SIGTERM that lands
 while a cleanup that must finish runs (``shielded``: the lease's release) is only recorded. When the session is over the process ends by SIGTERM all
 the same (``end_by_signal``): the launcher sees -15, never a success.
+
+Python runs a signal handler on the main thread between bytecodes: a SIGTERM that lands while that thread is
+blocked inside one C call (a collective waiting for a peer that hangs) takes effect when the call returns. A
+launcher's SIGKILL after its grace (torchrun: 30 s) ends such a process regardless, leaving the lease to expire.
 """
 
 from __future__ import annotations
