@@ -17,7 +17,8 @@ checkpoint (the new files are orphans that the next push of that step overwrites
 Before the very first pointer there is none to name, and resume recovers (trainer/resume_scan.py).
 
 Every write goes through the store's lease (trainer/store/lease.py): one writer per store, claimed by
-compare-and-swap, renewed while training, released by ``close()``. A second trainer is refused, naming the holder.
+compare-and-swap, renewed while training, released by ``close()`` (once, on every exit path of a session:
+trainer/resume.py and trainer/checkpoint_session.py call it). A second trainer is refused, naming the holder.
 
 The checkpoint records itself. ``trainer_state.json`` is written last and carries ``files`` (the sha256 of
 the other four files) and ``manifest_sha256`` (the sha256 of its own canonical JSON without that field), so a
@@ -58,8 +59,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from trainer import sigterm
 from trainer.store import EntryMissing, Store, StoreError, redact_url, sha256_file
+from trainer.store.fields import SHA256, FieldError, Fields, load_doc
 from trainer.store.lease import Lease
+from trainer.store.protocol import repo_path_problem
 
 __all__ = [
     "POINTER_PATH",
@@ -67,6 +71,7 @@ __all__ = [
     "CHECKPOINT_FILES",
     "PRUNABLE_FILES",
     "STATE_FILE",
+    "STATE_MAX_BYTES",
     "CKPT_DIR",
     "Pointer",
     "parse_pointer",
@@ -87,7 +92,11 @@ CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.json", "o
 STATE_FILE = "trainer_state.json"  # the checkpoint's own record: its step, tokens and the other files' hashes
 PRUNABLE_FILES = ("optimizer.pt", "rng.pt")
 CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")  # a path inside a checkpoint folder; group 1: its step
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_CKPT_FOLDER = re.compile(r"^(final|ckpt/checkpoint-\d{1,16})$")
+_HASH_MAX = 128  # a config hash is only ever compared with this run's: any short printable string is safe
+_REVISION_OR_NONE = re.compile(r"^([0-9a-f]{40})?$")
+_POINTER_MAX_BYTES = 1 << 20
+STATE_MAX_BYTES = 16 << 20  # a trainer_state.json is a few kilobytes: past this it is not one
 
 
 @dataclass
@@ -120,62 +129,48 @@ def utc_now() -> str:
 
 
 def parse_pointer(text: str | bytes, where: str) -> Pointer:
-    """Parse latest.json content; ValueError naming ``where`` and the offending field."""
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{where} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{where} must be a JSON object, got {type(doc).__name__}")
+    """Parse latest.json content, every field typed and bounded; ValueError (FieldError) naming ``where`` and
+    the offending field."""
+    doc = load_doc(text, where, max_bytes=_POINTER_MAX_BYTES)
     if doc.get("format") != POINTER_FORMAT:
-        raise ValueError(f"{where} has format {doc.get('format')!r}, expected {POINTER_FORMAT!r}")
-
-    def field(name: str, kind: type | tuple[type, ...]) -> Any:
-        if name not in doc:
-            raise ValueError(f"{where} lacks the field {name!r}")
-        value = doc[name]
-        # bool is an int in Python; a pointer with step=true is malformed, not step 1.
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(f"{where}: field {name!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
-        return value
-
-    step, tokens = field("step", int), field("tokens", int)
-    if step < 0 or tokens < 0:
-        raise ValueError(f"{where}: step and tokens must be >= 0, got step={step} tokens={tokens}")
-    files = field("files", dict)
-    for name, digest in files.items():
-        if not isinstance(digest, str) or not _SHA.match(digest) or "/" in name or not name:
-            raise ValueError(f"{where}: files[{name!r}] must map a file name to a sha256 hex digest, got {digest!r}")
-    path = field("path_in_repo", str)
-    if not path or path.startswith("/") or ".." in path.split("/"):
-        raise ValueError(f"{where}: path_in_repo {path!r} is not a repo-relative folder")
+        raise FieldError(f"{where} has format {doc.get('format')!r:.80}, expected {POINTER_FORMAT!r}")
+    f = Fields(doc, where)
+    step, tokens = f.int("step"), f.int("tokens")
+    files = f.obj("files")
+    for name, digest in files.doc.items():
+        # A file name in the folder (fetch writes it under its own folder): one path part, no '..'.
+        if "/" in name or repo_path_problem(name) or not isinstance(digest, str) or not SHA256.match(digest):
+            raise files.fail(name, f"must map a file name in the folder to a sha256 hex digest, got {digest!r:.80}")
     # History fields came later: a pointer without them is read as having none.
-    revision = doc.get("revision", "")
-    previous = doc.get("previous")
-    backward = doc.get("backward", False)
-    if not isinstance(revision, str) or not isinstance(backward, bool):
-        raise ValueError(f"{where}: 'revision' must be a string and 'backward' a bool, got {revision!r}, {backward!r}")
-    if previous is not None and not (
-        isinstance(previous, dict)
-        and isinstance(previous.get("step"), int)
-        and not isinstance(previous.get("step"), bool)
-        and isinstance(previous.get("path_in_repo"), str)
-    ):
-        raise ValueError(
-            f"{where}: 'previous' must be null or an object with an int 'step' and a 'path_in_repo', got {previous!r}"
-        )
+    prev = f.obj("previous", default=None)
+    previous = None
+    if prev is not None:
+        previous = {
+            "step": prev.int("step"),
+            "path_in_repo": _folder(prev, "path_in_repo"),
+            "revision": prev.str("revision", _REVISION_OR_NONE, default=""),
+            "time": prev.str("time", max_len=64, default=""),
+        }
     return Pointer(
         step=step,
-        path_in_repo=path.rstrip("/"),
-        files=dict(files),
+        path_in_repo=_folder(f, "path_in_repo"),
+        files=dict(files.doc),
         tokens=tokens,
-        time=field("time", str),
-        config_hash=field("config_hash", str),
-        terminal=field("terminal", bool),
-        revision=revision,
+        time=f.str("time", max_len=64),
+        config_hash=f.str("config_hash", max_len=_HASH_MAX),
+        terminal=f.bool("terminal"),
+        revision=f.str("revision", _REVISION_OR_NONE, default=""),
         previous=previous,
-        backward=backward,
+        backward=f.bool("backward", default=False),
     )
+
+
+def _folder(f: Fields, name: str) -> str:
+    """A checkpoint folder named in a pointer: ``final`` or ``ckpt/checkpoint-<step>``, nothing else."""
+    path = f.str(name).rstrip("/")
+    if not _CKPT_FOLDER.match(path):
+        raise f.fail(name, f"{path!r:.200} is not a checkpoint folder (final or ckpt/checkpoint-<step>)")
+    return path
 
 
 def read_pointer(store: Store) -> Pointer | None:
@@ -201,13 +196,9 @@ def seal_trainer_state(state: dict, files: dict[str, str]) -> dict:
 
 
 def unseal_trainer_state(raw: bytes | str, where: str) -> dict:
-    """The parsed trainer_state.json, its seal checked; ValueError naming ``where`` and what is wrong."""
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{where} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{where} must be a JSON object")
+    """The parsed trainer_state.json, its seal checked and its fields typed and bounded; ValueError naming
+    ``where`` and what is wrong."""
+    doc = load_doc(raw, where, max_bytes=STATE_MAX_BYTES)
     seal = doc.pop("manifest_sha256", None)
     if seal is None or not isinstance(doc.get("files"), dict):
         raise ValueError(
@@ -217,11 +208,12 @@ def unseal_trainer_state(raw: bytes | str, where: str) -> dict:
     if _canonical_sha(doc) != seal:
         raise ValueError(f"{where} does not match its own manifest_sha256: it changed after it was written")
     want = sorted(n for n in CHECKPOINT_FILES if n != STATE_FILE)
-    if sorted(doc["files"]) != want or not all(isinstance(h, str) and _SHA.match(h) for h in doc["files"].values()):
+    if sorted(doc["files"]) != want or not all(isinstance(h, str) and SHA256.match(h) for h in doc["files"].values()):
         raise ValueError(f"{where}: 'files' must give the sha256 of exactly {want}")
-    for key in ("step", "tokens_consumed"):
-        if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool):
-            raise ValueError(f"{where}: {key!r} must be an int, got {doc.get(key)!r}")
+    f = Fields(doc, where)
+    f.int("step")
+    f.int("tokens_consumed")
+    f.str("config_hash", max_len=_HASH_MAX, default="")
     return doc
 
 
@@ -312,6 +304,7 @@ class Checkpointer:
         self.lease = Lease(store, ttl_s=lease_ttl_s, log=self.say)
         self._pointer: Pointer | None = None  # the store's pointer as this writer last read or wrote it
         self._pointer_known = False
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -323,12 +316,17 @@ class Checkpointer:
         sys.stdout.flush()  # a kill right after this line must not lose it
 
     def close(self) -> None:
-        """Release the lease (the end of a session, finished or failed). A failure is reported, not raised:
-        the next writer then waits for the lease to expire."""
-        try:
-            self.lease.release()
-        except (StoreError, OSError) as e:
-            self.say(f"lease: release FAILED ({type(e).__name__}: {e}); the next writer waits until it expires")
+        """Release the lease (the end of a session, finished or failed), once: a second call does nothing. A
+        failure is reported, not raised: the next writer then waits for the lease to expire. A SIGTERM that
+        lands meanwhile does not cut the release short (trainer/sigterm.py)."""
+        if self._closed:
+            return
+        self._closed = True
+        with sigterm.shielded():
+            try:
+                self.lease.release()
+            except (StoreError, OSError) as e:
+                self.say(f"lease: release FAILED ({type(e).__name__}: {e}); the next writer waits until it expires")
 
     def know_pointer(self, pointer: Pointer | None) -> None:
         """The store's pointer as the resume scan read it: the next push's backward check and its

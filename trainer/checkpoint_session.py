@@ -120,11 +120,13 @@ class CheckpointSession:
         """Every rank: the running push finished (rank 0 waits for it); PushFailed on every rank if it failed."""
         self._wait(announce_step=None)
 
-    def close(self) -> None:
+    def close(self, *, abandon_push: bool = False) -> None:
         """The session's end, on every path and once: a running push finishes, then rank 0 releases the
-        store's lease (a killed session's expires)."""
+        store's lease (a killed session's expires). ``abandon_push`` (a SIGTERM): the push is not waited for;
+        the release waits for its commit in flight, and its next write finds the lease released and stops,
+        leaving the store as a kill between two commits would (the pointer names the last verified step)."""
         if self._pusher is not None:
-            self._pusher.shutdown(wait=True)
+            self._pusher.shutdown(wait=not abandon_push, cancel_futures=abandon_push)
             self._pusher = None
         checkpointer, self.checkpointer = self.checkpointer, None
         if checkpointer is not None:

@@ -86,15 +86,24 @@ def hf_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 
 def load_hf_state_dict(model: nn.Module, sd: dict[str, Tensor]) -> None:
-    """Load HF-named weights; any missing or unexpected name is an error that lists them."""
+    """Load HF-named weights; any missing or unexpected name is an error that lists them, and so is a tensor
+    of another dtype or shape than the model's (loading would convert a dtype silently)."""
     sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # tied: a stored copy of the embedding
     inner = unwrap(model)
-    want = set(inner.state_dict())
+    mine = inner.state_dict()
     got = {k.removeprefix("model."): v for k, v in sd.items() if k.startswith("model.")}
-    stray = sorted(k for k in sd if not k.startswith("model.")) + sorted("model." + k for k in set(got) - want)
-    missing = sorted("model." + k for k in want - set(got))
+    stray = sorted(k for k in sd if not k.startswith("model.")) + sorted("model." + k for k in set(got) - set(mine))
+    missing = sorted("model." + k for k in set(mine) - set(got))
     if missing or stray:
         raise KeyError(f"state dict does not match the model: missing {missing[:8]}, unexpected {stray[:8]}")
+    unlike = [
+        f"model.{k}: {str(v.dtype).removeprefix('torch.')}{list(v.shape)}, the model's "
+        f"{str(mine[k].dtype).removeprefix('torch.')}{list(mine[k].shape)}"
+        for k, v in sorted(got.items())
+        if v.dtype != mine[k].dtype or v.shape != mine[k].shape
+    ]
+    if unlike:
+        raise ValueError(f"state dict does not match the model's tensors: {'; '.join(unlike[:8])}")
     inner.load_state_dict(got, strict=True)
 
 

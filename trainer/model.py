@@ -248,6 +248,13 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def decay_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The trainable parameters as AdamW's two groups, nanoGPT-style: the matrices (weight decay) and the rest
+    (norms: none). A checkpoint's optimizer state numbers the parameters in this order."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+
+
 def count_params(model: nn.Module) -> int:
     """Unique parameters: `parameters()` yields a shared (tied) tensor once."""
     return sum(p.numel() for p in unwrap(model).parameters())

@@ -2,12 +2,15 @@
 start, or a refusal) and broadcasts the decision; each host's local rank 0 downloads and verifies the
 pointer's files; every rank then loads the checkpoint, which must have been written under this run's
 configuration (its config_hash), and all ranks agree on any error so that they exit together.
+
+The decision takes the store's lease (rank 0's checkpointer). ``resume`` hands that checkpointer to the
+caller in :class:`Start` when it returns; when it raises instead (a refusal, a crash, a SIGTERM), it has
+released the lease first, so a failed start never leaves the store locked for the next machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +19,12 @@ from typing import Any, Callable
 import torch
 
 from trainer.checkpoint import Checkpointer, Pointer, read_pointer
+from trainer.checkpoint_load import load_checkpoint
 from trainer.cli import RunPlan
 from trainer.dist import Dist
-from trainer.hf import load_hf_state_dict
 from trainer.log import emit
 from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
-from trainer.runconfig import judge_config_change, show_value
+from trainer.runconfig import show_value
 from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
 
 
@@ -49,7 +52,29 @@ def resume(
 ) -> Start:
     """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
     token = os.environ.get("HF_TOKEN") or None
-    pointer, checkpointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token)
+    held: list[Checkpointer] = []  # rank 0's checkpointer (and its lease) from the moment it exists
+    try:
+        pointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token, held=held)
+        return _start(dist, args, plan, model, pointer, held[0] if held else None, run_config, config_hash, log, token)
+    except BaseException:
+        for checkpointer in held:
+            checkpointer.close()  # the caller never gets it: the lease goes with the failed start
+        raise
+
+
+def _start(
+    dist: Dist,
+    args: argparse.Namespace,
+    plan: RunPlan,
+    model: torch.nn.Module,
+    pointer: Pointer | None,
+    checkpointer: Checkpointer | None,
+    run_config: dict,
+    config_hash: str,
+    log: Callable[[str], None],
+    token: str | None,
+) -> Start:
+    """Fetch and load what ``_decide`` chose; the weights go into `model`."""
     ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, token=token)
     start, loaded = 0, None
     if ckpt_dir is not None:
@@ -82,12 +107,12 @@ def _decide(
     run_config: dict,
     config_hash: str,
     token: str | None,
-) -> tuple[Pointer | None, Checkpointer | None]:
-    """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it:
-    (pointer, rank 0's checkpointer; None elsewhere). Refused on every rank."""
+    held: list[Checkpointer],
+) -> Pointer | None:
+    """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it. Rank 0's
+    checkpointer goes into ``held`` as soon as it exists. Refused on every rank."""
     url = redact_url(args.hub_repo)
     decision: dict[str, Any] = {"error": None, "pointer": None}
-    checkpointer = None
     if dist.master:
         try:
             store = open_store(args.hub_repo, token=token)
@@ -98,6 +123,7 @@ def _decide(
                 keep_optimizer_states=args.keep_optimizer_states,
                 allow_rollback=args.allow_pointer_rollback,
             )
+            held.append(checkpointer)
             if plan.resume_mode == "auto":
                 scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
                 decision["pointer"] = scan.decide(
@@ -108,10 +134,12 @@ def _decide(
         except (ResumeRefused, StoreError, Refused, ValueError, OSError) as e:
             # ValueError: a malformed latest.json or store URL; OSError: an unusable local store.
             decision["error"] = str(e)
+            for checkpointer in held:
+                checkpointer.close()  # before the other ranks hear of the refusal and exit
     decision = dist.from_master(decision)
     if decision["error"]:
         raise Refused(decision["error"])
-    return decision["pointer"], checkpointer
+    return decision["pointer"]
 
 
 def _fetch(
@@ -137,13 +165,21 @@ def _fetch(
 def _load(
     dist: Dist, ckpt_dir: Path, model: torch.nn.Module, plan: RunPlan, *, run_config: dict, config_hash: str
 ) -> dict[str, Any]:
-    """Every rank loads the checkpoint (load_checkpoint); Refused on every rank when any rank cannot."""
+    """Every rank loads the checkpoint, each file checked (trainer/checkpoint_load.py); Refused on every rank
+    when any rank cannot."""
     err, loaded = None, None
     try:
         loaded = load_checkpoint(
-            ckpt_dir, model, dist, run_config=run_config, config_hash=config_hash, allowed=plan.allowed_changes
+            ckpt_dir,
+            model,
+            dist,
+            run_config=run_config,
+            config_hash=config_hash,
+            tokens_per_step=plan.tokens_per_step,
+            total_steps=plan.total_steps,
+            allowed=plan.allowed_changes,
         )
-    except (Refused, OSError, KeyError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError) as e:  # Unloadable and a refused config change are ValueErrors
         err = f"resume from {ckpt_dir}: {e}"
     if err := dist.agree(err):
         raise Refused(err)
@@ -166,42 +202,3 @@ def _check_store(store: Store, url: str, *, refuse_a_run: bool) -> None:
             f"--resume never but {url} already has a pointer at step {ptr.step} "
             f"({ptr.path_in_repo}); use --resume auto or a fresh repo"
         )
-
-
-def load_checkpoint(
-    ckpt_dir: Path,
-    model: torch.nn.Module,
-    dist: Dist,
-    *,
-    run_config: dict,
-    config_hash: str,
-    allowed: frozenset[str] = frozenset(),
-) -> dict[str, Any]:
-    """Weights into `model`; the optimizer/scheduler/scaler state and this rank's RNG state read."""
-    from safetensors.torch import load_file
-
-    state_path = ckpt_dir / "trainer_state.json"
-    if not state_path.is_file():
-        raise Refused(f"{state_path} is missing")
-    state = json.loads(state_path.read_text())
-    changes: list[dict[str, Any]] = []
-    if state.get("config_hash") != config_hash:
-        try:
-            changes = judge_config_change(state.get("run_config"), run_config, allowed, str(ckpt_dir))
-        except ValueError as e:
-            raise Refused(str(e)) from None
-    for name in ("model.safetensors", "optimizer.pt", "rng.pt"):
-        if not (ckpt_dir / name).is_file():
-            raise Refused(f"{ckpt_dir / name} is missing")
-    load_hf_state_dict(model, load_file(str(ckpt_dir / "model.safetensors")))
-    opt_state = torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True)
-    rngs = torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True)
-    if len(rngs) != dist.world_size:
-        raise Refused(f"rng.pt holds {len(rngs)} ranks, this run has {dist.world_size}")
-    return {
-        "step": int(state["step"]),
-        "tokens": int(state["tokens_consumed"]),
-        "opt": opt_state,
-        "rng": rngs[dist.rank],
-        "config_changes": changes,
-    }

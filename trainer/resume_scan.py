@@ -17,7 +17,6 @@ hands the pointer it found to the checkpointer, whose next push replaces it.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from trainer.checkpoint import (
     POINTER_PATH,
     PRUNABLE_FILES,
     STATE_FILE,
+    STATE_MAX_BYTES,
     Checkpointer,
     Pointer,
     checkpoint_path,
@@ -36,6 +36,7 @@ from trainer.checkpoint import (
 )
 from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
 from trainer.store import EntryMissing, FileInfo, RepoMissing, Store, StoreError, redact_url, sha256_file
+from trainer.store.fields import load_doc
 
 __all__ = ["ResumeRefused", "ResumeScan", "fetch"]
 
@@ -176,13 +177,27 @@ class ResumeScan:
         return state, {**state["files"], STATE_FILE: hashlib.sha256(raw).hexdigest()}
 
     def _note_newer(self, pointer: Pointer, listing: dict[str, FileInfo]) -> None:
+        """Name the checkpoints newer than the pointer, verify the newest, and say why the resume still starts
+        from the pointer's: only the pointer says which checkpoint is the run's. Its history cannot say why a
+        newer one exists (a pointer moved back with its ``previous`` removed reads like a session stopped
+        between push and pointer), so the note names both and claims neither."""
         newer = sorted({s for p in listing if (m := CKPT_DIR.match(p)) and (s := int(m.group(1))) > pointer.step})
-        if newer:
-            self._say(
-                f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
-                f"(step {pointer.step}): pushed but never pointed at (a session stopped between push and "
-                "pointer); the next push of that step replaces it"
-            )
+        if not newer:
+            return
+        newest = checkpoint_path(newer[-1])
+        try:
+            _state, files = self._verify_checkpoint(newest, listing)
+            found = f"verifies ({len(files)} files re-hashed from the stored bytes match what it recorded)"
+        except _Unverified as e:
+            found = f"does not verify ({e})"
+        self._say(
+            f"auto-resume: note: {', '.join(checkpoint_path(s) for s in newer)} newer than {POINTER_PATH} "
+            f"(step {pointer.step}); {newest} {found}. Resuming from {POINTER_PATH}'s {pointer.path_in_repo}: "
+            f"a checkpoint is the run's only once {POINTER_PATH} names it, and it does not name {newest} (its "
+            f"session stopped, or its pointer commit failed, between push and pointer; or {POINTER_PATH} was "
+            f"moved back from it). Steps {pointer.step + 1}..{newer[-1]} are trained again, from the same "
+            f"batches, and the push of step {newer[-1]} replaces it."
+        )
 
     def _check_pointer(
         self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int, run_config: dict | None = None
@@ -265,11 +280,9 @@ class ResumeScan:
         says, so a pointer naming another step, token count or configuration would silently change the run."""
         raw = self.store.read_bytes(f"{p.path_in_repo}/{STATE_FILE}")
         try:
-            state = json.loads(raw)
-            if not isinstance(state, dict):
-                raise ValueError("not a JSON object")
+            state = load_doc(raw, f"{p.path_in_repo}/{STATE_FILE} in {self.url}", max_bytes=STATE_MAX_BYTES)
         except ValueError as e:
-            raise ResumeRefused(f"{p.path_in_repo}/{STATE_FILE} in {self.url} is unreadable ({e})") from None
+            raise ResumeRefused(f"{e}; the checkpoint's record is unreadable") from None
         if "manifest_sha256" in state:
             try:
                 state = unseal_trainer_state(raw, f"{p.path_in_repo}/{STATE_FILE}")
@@ -284,9 +297,10 @@ class ResumeScan:
             )
             if mine != theirs
         ]
+        recorded = state.get("files") if isinstance(state.get("files"), dict) else {}
         differ += [
-            f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h}"
-            for n, h in sorted(state.get("files", {}).items())
+            f"{n}: pointer {p.files.get(n)}, {STATE_FILE} {h!r:.80}"
+            for n, h in sorted(recorded.items())
             if p.files.get(n) != h
         ]
         if differ:
@@ -298,10 +312,11 @@ class ResumeScan:
     def _stored_run_config(self, p: Pointer) -> dict | None:
         """The run config in the pointer's trainer_state.json; None where that file cannot be read."""
         try:
-            state = json.loads(self.store.read_bytes(f"{p.path_in_repo}/trainer_state.json"))
-        except (StoreError, ValueError, UnicodeDecodeError):
+            raw = self.store.read_bytes(f"{p.path_in_repo}/{STATE_FILE}")
+            state = load_doc(raw, STATE_FILE, max_bytes=STATE_MAX_BYTES)
+        except (StoreError, ValueError):
             return None
-        stored = state.get("run_config") if isinstance(state, dict) else None
+        stored = state.get("run_config")
         return stored if isinstance(stored, dict) else None
 
 

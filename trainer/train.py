@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from trainer import sigterm
 from trainer.checkpoint_session import CheckpointSession, PushFailed
 from trainer.cli import (
     RunPlan,
@@ -53,7 +54,7 @@ from trainer.data import DataError, load_mix, train_batch, val_batches
 from trainer.dist import Dist, GradientSync
 from trainer.heap import FullCollections, freeze_heap
 from trainer.log import emit, setup_logging
-from trainer.model import GEOMETRIES, Llama, count_params
+from trainer.model import GEOMETRIES, Llama, count_params, decay_groups
 from trainer.resume import Refused, resume
 from trainer.rng import set_rng_state
 from trainer.runconfig import config_hash
@@ -82,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     trainer = Trainer(args, plan, runtime)
     _SESSIONS.append(trainer)  # never garbage-collected mid-exit: see __main__
-    return trainer.run()
+    code = trainer.run()
+    if sigterm.received() and (trainer.terminated or code == EXIT_OK):
+        sigterm.end_by_signal()  # the launcher sees a SIGTERM, never a success
+    return code
 
 
 _SESSIONS: list["Trainer"] = []
@@ -111,6 +115,7 @@ class Trainer:
         self.losses: dict[str, float] = {}
         self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
         self.step_seconds: list[float] = []  # host time of each step (the first is left out of tok_per_s)
+        self.terminated = False  # a SIGTERM cut the session short (trainer/sigterm.py)
 
     def log(self, msg: str) -> None:
         if self.dist.master:
@@ -118,6 +123,7 @@ class Trainer:
 
     def run(self) -> int:
         self.dist = Dist(self.rt.device_type, os.environ)
+        sigterm.install()  # from here on the session holds things a SIGTERM must not leave held
         code = EXIT_ERROR
         try:
             self.setup()
@@ -157,9 +163,24 @@ class Trainer:
             if self.dist.master:
                 emit(f"CKPT FAILED: {e}", sys.stderr)
             code = EXIT_PUSH_FAILED
+        except sigterm.Terminated:
+            self.terminated = True  # resume() released the lease already if it held it
         finally:
             if self.saves is not None:
-                self.saves.close()  # the running push finishes, then the store's lease is released
+                # The running push finishes (a SIGTERM abandons it), then the store's lease is released.
+                try:
+                    self.saves.close(abandon_push=sigterm.received())
+                except sigterm.Terminated:  # it came while the push was being waited for
+                    self.terminated = True
+                    self.saves.close(abandon_push=True)
+            if sigterm.received():
+                cut = self.terminated or code == EXIT_OK
+                emit(
+                    f"terminated: SIGTERM {'stopped the session' if self.terminated else 'arrived as it ended'} "
+                    f"(rank {self.dist.rank}); "
+                    + ("ending by SIGTERM" if cut else f"exiting with its own code {code}"),
+                    sys.stderr,
+                )
             # No destroy_process_group(): tearing gloo down from Python can deadlock (its worker thread
             # waits for the GIL that the destructor holds while joining it). __main__ exits without
             # running destructors instead; every push has finished and every collective has completed.
@@ -221,11 +242,8 @@ class Trainer:
         if rt.cuda_graphs and self.grads is None:
             keep_grads_allocated(raw)
         # nanoGPT-style AdamW: decay only matrices (not norms); fused kernels on cuda.
-        params = [p for p in raw.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        matrices, rest = decay_groups(raw)
+        groups = [{"params": matrices, "weight_decay": args.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=rt.device_type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt,

@@ -434,7 +434,7 @@ def _write(p: Path, data: bytes) -> Path:
         (b"not json", "not valid JSON"),
         (b"[1]", "must be a JSON object"),
         (b'{"format": "other/9"}', "format 'other/9'"),
-        (b'{"format": "specprobe-pointer/1", "step": true}', "'step' must be int"),
+        (b'{"format": "specprobe-pointer/1", "step": true}', "field 'step': must be an integer, got True"),
     ],
 )
 def test_read_pointer_rejects_malformed_content_naming_latest_json(store, tmp_path, content, needle):
@@ -442,6 +442,55 @@ def test_read_pointer_rejects_malformed_content_naming_latest_json(store, tmp_pa
     with pytest.raises(ValueError, match="latest.json in file://") as e:
         read_pointer(store)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d.update(step=2**60), "field 'step': 1152921504606846976 is out of range [0, 9007199254740992]"),
+        (lambda d: d.update(tokens=2**70), "an integer of 22 digits"),
+        (lambda d: d.update(tokens=-1), "field 'tokens': -1 is out of range"),
+        (lambda d: d.update(path_in_repo="../../elsewhere"), "'../../elsewhere' is not a checkpoint folder"),
+        (lambda d: d.update(path_in_repo=".specprobe"), "'.specprobe' is not a checkpoint folder"),
+        (lambda d: d["files"].update({"..": "0" * 64}), "field 'files...': must map a file name in the folder"),
+        (lambda d: d.update(time="now\nrefused: forged"), "field 'time': holds a control character"),
+        (lambda d: d.update(config_hash="x" * 10_000), "field 'config_hash': is 10,000 characters long, more than 128"),
+        (lambda d: d.update(revision="HEAD~1"), "field 'revision': 'HEAD~1' does not have the form"),
+        (lambda d: d.update(terminal="yes"), "field 'terminal': must be true or false, got 'yes'"),
+        (lambda d: d.update(previous={"step": 4, "path_in_repo": "/etc"}), "'previous.path_in_repo': '/etc' is not"),
+        (lambda d: d.update(previous={"step": float("nan"), "path_in_repo": "final"}), "NaN is not a JSON number"),
+    ],
+)
+def test_a_pointer_field_of_the_wrong_type_or_range_is_refused_naming_it(store, tmp_path, change, needle):
+    doc = push(Checkpointer(store, log=Recorder()), tmp_path, 10).to_json()
+    change(doc)
+    commit_pointer(store, tmp_path, doc)
+    with pytest.raises(ValueError) as e:
+        read_pointer(store)
+    assert f"latest.json in {store.url}" in str(e.value) and needle in str(e.value), str(e.value)
+    assert "refusing to guess" in refused(store)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d.update(step=2**60), "field 'step': 1152921504606846976 is out of range"),
+        (lambda d: d.update(tokens_consumed="1280"), "field 'tokens_consumed': must be an integer, got '1280'"),
+        (lambda d: d.update(config_hash=["a"]), "field 'config_hash': must be a string"),
+    ],
+)
+def test_a_checkpoint_record_with_a_field_out_of_range_never_verifies(store, tmp_path, change, needle):
+    """Sealed again after the change: the seal holds, the fields do not."""
+    push(Checkpointer(store, log=Recorder()), tmp_path, 10)
+    store.commit({}, delete=["latest.json"])
+    state = json.loads(store.read_bytes("ckpt/checkpoint-10/trainer_state.json"))
+    files = state.pop("files")
+    state.pop("manifest_sha256")
+    change(state)
+    raw = json.dumps(seal_trainer_state(state, files)).encode()
+    replace_in_store(store, "ckpt/checkpoint-10/trainer_state.json", raw, tmp_path)
+    msg = refused(store)
+    assert "ckpt/checkpoint-10: trainer_state.json" in msg and needle in msg, msg
 
 
 def test_read_pointer_is_none_when_absent(store):
@@ -718,6 +767,31 @@ def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path)
     assert any(
         line.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)") for line in log.lines
     )
+
+
+@pytest.mark.parametrize("allow_rollback", [False, True])
+def test_a_pointer_moved_back_with_its_history_removed_resumes_from_it_saying_only_what_is_known(
+    store, tmp_path, allow_rollback
+):
+    """latest.json rewritten to step 10 with its `previous` (the step-20 pointer it replaced) removed: nothing
+    in the store tells this from a session that pushed step 20 and stopped before its pointer. The note says
+    both, claims neither, and says which checkpoint the resume uses and why; --allow-pointer-rollback changes
+    nothing (no recorded move back to allow)."""
+    ck = Checkpointer(store, log=Recorder(), prune=False)
+    ten = push(ck, tmp_path, 10)
+    push(ck, tmp_path, 20)
+    commit_pointer(store, tmp_path, {**ten.to_json(), "previous": None})
+    log = Recorder()
+    scan = ResumeScan(Checkpointer(store, log=log, allow_rollback=allow_rollback))
+    assert scan.decide(config_hash=CH, horizon_step=30).step == 10
+    note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
+    assert note.startswith(
+        "auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10); ckpt/checkpoint-20 verifies (5 files "
+        "re-hashed from the stored bytes match what it recorded). Resuming from latest.json's ckpt/checkpoint-10"
+    ), note
+    assert "or latest.json was moved back from it" in note and "pushed but never pointed at" not in note
+    assert "Steps 11..20 are trained again, from the same batches, and the push of step 20 replaces it" in note
+    assert not any("moved back from step" in line for line in log.lines)  # no recorded move to allow
 
 
 # ------------------------------------------------------------------------------------------ repair

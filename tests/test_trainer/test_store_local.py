@@ -436,3 +436,109 @@ def test_link_rate_makes_a_commit_last_as_long_as_its_upload(tmp_path: Path) -> 
     assert store.list_files()["a/payload.bin"].size == 1_000_000
     with pytest.raises(ValueError, match="link_mb_s"):
         open_store(f"file://{tmp_path}/root/me/repo?link_mb_s=0")
+
+
+# ------------------------------------------------------------------- the store's own metadata, checked
+
+
+def edit_manifest(store: LocalStore, change) -> None:
+    """Rewrite .specprobe/manifest.json by hand, as a person or a damaged disk would."""
+    path = store.dir / ".specprobe/manifest.json"
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("entry", ["../../../x", "ckpt/../../../../x", "/tmp/x", ".specprobe/objects/x", "a//b"])
+def test_a_manifest_entry_reaching_outside_the_repo_is_refused_naming_it(store, tmp_path, entry):
+    store.commit({"a.bin": write(tmp_path / "a", b"a")})
+    obj = sha(b"a")
+    edit_manifest(store, lambda d: d["files"].__setitem__(entry, {"size": 1, "sha256": obj}))
+    for call in (store.list_files, lambda: store.commit({"b.bin": write(tmp_path / "b", b"b")})):
+        with pytest.raises(StoreError) as e:
+            call()
+        assert f"the entry {entry!r} is not a path inside the repo" in str(e.value)
+        assert "manifest.json of file://" in str(e.value)
+    assert not (tmp_path / "x").exists() and not (store.dir / "b.bin").exists()
+
+
+def test_an_object_name_that_is_a_path_is_refused_never_read(store, tmp_path):
+    secret = write(tmp_path / "secret.txt", b"not the store's")
+    store.commit({"a.bin": write(tmp_path / "a", b"a")})
+    # objects/ is <tmp>/store/probe/ckpt-a/.specprobe/objects: five levels below the secret.
+    edit_manifest(store, lambda d: d["files"]["a.bin"].__setitem__("sha256", "../../../../../secret.txt"))
+    with pytest.raises(StoreError, match=r"field \"files\['a.bin'\].sha256\": '../../../../../secret.txt' does"):
+        store.read_bytes("a.bin")
+    assert secret.read_bytes() == b"not the store's"
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d["files"]["a.bin"].__setitem__("size", "1"), "size\": must be an integer, got '1'"),
+        (lambda d: d["files"]["a.bin"].__setitem__("size", True), 'size": must be an integer, got True'),
+        (lambda d: d["files"]["a.bin"].__setitem__("size", -1), 'size": -1 is out of range'),
+        (lambda d: d.__setitem__("revision", 1.5), "field 'revision': must be an integer, got 1.5"),
+        (lambda d: d.__setitem__("files", []), "field 'files': must be a JSON object"),
+        (lambda d: d.__setitem__("log", {"a": 1}), "field 'log': must be a list"),
+        (lambda d: d["log"].append({"added": "a.bin"}), "field 'log[2].added': must be a list"),
+        (lambda d: d["files"].__setitem__("a.bin/c", d["files"]["a.bin"]), "'a.bin' is both a file and a folder"),
+    ],
+)
+def test_a_manifest_field_of_the_wrong_type_or_range_is_refused_naming_it(store, tmp_path, change, needle):
+    store.commit({"a.bin": write(tmp_path / "a", b"a")})
+    edit_manifest(store, change)
+    with pytest.raises(StoreError) as e:
+        store.list_files()
+    assert needle in str(e.value) and "Restore .specprobe/ from a copy" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"format": "specprobe-local-store/1", "revision": NaN, "files": {}}', b"[" * 100_000]
+)
+def test_a_manifest_json_cannot_parse_to_nan_or_crash_the_parser(store, raw):
+    (store.dir / ".specprobe/manifest.json").write_bytes(raw)
+    with pytest.raises(StoreError, match="manifest.json of file://.* (is not valid JSON: NaN|is nested deeper)"):
+        store.list_files()
+
+
+def test_a_symlinked_objects_folder_is_refused_and_nothing_in_it_deleted(store, tmp_path):
+    # The repo moved to a bigger disk: its objects went to a shared folder, linked back into .specprobe/.
+    store.commit({"a.bin": write(tmp_path / "a", b"version one")})
+    shared = tmp_path / "shared"
+    shutil.move(store.dir / ".specprobe/objects", shared)
+    (store.dir / ".specprobe/objects").symlink_to(shared)
+    theirs = {write(shared / sha(b"another repo's"), b"another repo's"), write(shared / "README", b"shared")}
+    with pytest.raises(StoreError, match=r"\.specprobe/objects is a symbolic link \(to .*shared\)"):
+        store.commit({"a.bin": write(tmp_path / "a2", b"version two")})
+    assert all(p.exists() for p in theirs) and (shared / sha(b"version one")).exists()
+    assert store.read_bytes("a.bin") == b"version one"  # reading through it is still possible
+
+
+def test_the_collection_deletes_only_objects_the_store_wrote(store, tmp_path):
+    store.commit({"a.bin": write(tmp_path / "a", b"version one")})
+    objects = store.dir / ".specprobe/objects"
+    foreign = [write(objects / sha(b"put here by hand"), b"put here by hand"), write(objects / "notes.txt", b"n")]
+    store.commit({"a.bin": write(tmp_path / "a2", b"version two")})
+    assert not (objects / sha(b"version one")).exists()  # its own, replaced: collected
+    assert all(p.read_bytes() for p in foreign)  # never recorded by the store: kept
+    assert (objects / sha(b"version two")).exists()
+
+
+def test_a_folder_linked_out_of_the_repo_is_never_written_through(store, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (store.dir / "ckpt").symlink_to(outside)
+    with pytest.raises(StoreError, match=r"ckpt is a symbolic link .*placing ckpt/checkpoint-2/m.bin there"):
+        store.commit({"ckpt/checkpoint-2/m.bin": write(tmp_path / "m", b"m")})
+    assert list(outside.iterdir()) == [] and "ckpt/checkpoint-2/m.bin" not in store.list_files()
+
+
+def test_a_stored_object_that_is_a_symlink_is_not_read_through(store, tmp_path):
+    write(tmp_path / "secret.txt", b"not the store's")
+    store.commit({"a.bin": write(tmp_path / "a", b"a")})
+    obj = store.dir / ".specprobe/objects" / sha(b"a")
+    obj.unlink()
+    obj.symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(StoreError, match="its stored object .* is a symbolic link"):
+        store.read_bytes("a.bin")

@@ -17,18 +17,26 @@ pushes and move the pointer backwards. So every write of the checkpoint protocol
 - ``release()`` deletes ``lease.json`` (a finished or failed session); a killed one leaves it behind.
 
 A lease is stale when it expired (``expires`` is the holder's wall clock plus its TTL; clocks of different
-machines are trusted to within the TTL) or, at once, when its holder ran on this machine (same host name and
-kernel boot id) and that process is gone: a killed leg resumed on the same machine does not wait for expiry.
-A malformed ``lease.json`` is refused, never taken over: deleting it is a human's call.
+machines are trusted to within the TTL) or, at once, when its holder provably ran where this process can see
+its processes and that process is gone: the same host name, kernel boot id and PID namespace (containers on
+one host share the first two and number their processes apart), and this process's ``/proc`` showing its own
+namespace. A killed leg resumed on the same machine does not wait for expiry; a holder in another container,
+or one whose lease predates the namespace field, is taken over only after expiry.
 
-The TTL is ``SPECPROBE_LEASE_TTL_S`` (default 900 s). The writer id is per process: two Lease objects in one
-process are the same writer.
+A malformed ``lease.json`` is refused, never taken over: deleting it is a human's call. Malformed includes
+every field of the wrong type or out of range (times outside 1970..9999, a TTL outside (0, 7 days], an expiry
+further than its TTL past its renewal, a pid past the kernel's limit, a name with a control character).
+
+The TTL is ``SPECPROBE_LEASE_TTL_S`` (default 900 s, at most 7 days). The writer id is per process: two Lease
+objects in one process are the same writer. ``release()`` ends the lease for good: a write after it raises
+:class:`LeaseLost` instead of claiming the lease again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tempfile
 import threading
@@ -38,6 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from trainer.store.fields import TIME_MAX, FieldError, Fields, load_doc
 from trainer.store.protocol import Conflict, EntryMissing, Store, StoreError, redact_url
 
 __all__ = [
@@ -55,6 +64,11 @@ __all__ = [
 LEASE_PATH = "lease.json"
 LEASE_FORMAT = "specprobe-lease/1"
 DEFAULT_TTL_S = 900.0
+MAX_TTL_S = 7 * 24 * 3600.0  # a lease nobody renews for a week is stale by any measure
+_PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT
+_LEASE_MAX_BYTES = 64 << 10
+_PID_NS = re.compile(r"^(pid:\[\d{1,20}\])?$")
+_DIGITS = re.compile(r"^\d{0,20}$")
 _CAS_TRIES = 8  # compare-and-swap rounds before giving up (each lost round means another commit landed)
 
 
@@ -73,11 +87,15 @@ class Writer:
     boot_id: str  # the kernel's boot id: with the host name, "the same machine, the same boot"
     pid: int
     pid_start: str  # the process's start time in clock ticks (/proc/<pid>/stat): a reused pid differs
+    pid_ns: str = ""  # its PID namespace ("pid:[4026531836]"): containers on one host number pids apart
 
     @property
     def here(self) -> bool:
+        """Whether this process can see the writer's process in /proc: the same machine and boot, the same
+        PID namespace, and a /proc that shows this namespace (not one mounted from another)."""
         me = this_writer()
-        return bool(self.boot_id) and (self.host, self.boot_id) == (me.host, me.boot_id)
+        same = (self.host, self.boot_id, self.pid_ns) == (me.host, me.boot_id, me.pid_ns)
+        return bool(self.boot_id) and bool(self.pid_ns) and same and _proc_shows_own_namespace()
 
 
 _WRITER: dict[int, Writer] = {}
@@ -90,6 +108,23 @@ def _proc_stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[1].split()
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace as the kernel names it (``pid:[inode]``); "" where it cannot be read."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _proc_shows_own_namespace() -> bool:
+    """/proc is mounted for this process's PID namespace: /proc/self names this process by its own pid (after
+    ``unshare --pid`` without a new /proc it names the pid the parent namespace sees)."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
 
 
 def this_writer() -> Writer:
@@ -108,6 +143,7 @@ def this_writer() -> Writer:
             boot_id=boot,
             pid=pid,
             pid_start=stat[19] if stat else "",
+            pid_ns=_pid_namespace(),
         )
     return _WRITER[pid]
 
@@ -133,32 +169,49 @@ class LeaseDoc:
 
 
 def parse_lease(raw: bytes, where: str) -> LeaseDoc:
-    """Parse lease.json; ValueError naming ``where`` and what is wrong."""
+    """Parse lease.json, every field typed and bounded; ValueError naming ``where`` and the field."""
     try:
-        doc = json.loads(raw)
-        if not isinstance(doc, dict) or doc.get("format") != LEASE_FORMAT:
-            raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}, expected {LEASE_FORMAT}")
-        w = doc["writer"]
+        doc = load_doc(raw, where, max_bytes=_LEASE_MAX_BYTES)
+        if doc.get("format") != LEASE_FORMAT:
+            raise FieldError(f"format {doc.get('format')!r:.80}, expected {LEASE_FORMAT}")
+        f = Fields(doc, where)
+        w = f.obj("writer")
         writer = Writer(
-            id=str(w["id"]),
-            host=str(w["host"]),
-            boot_id=str(w["boot_id"]),
-            pid=int(w["pid"]),
-            pid_start=str(w["pid_start"]),
+            id=w.str("id", max_len=256),
+            host=w.str("host", max_len=256),
+            boot_id=w.str("boot_id", max_len=64),
+            pid=w.int("pid", 1, _PID_MAX),
+            pid_start=w.str("pid_start", _DIGITS),
+            pid_ns=w.str("pid_ns", _PID_NS, default=""),
         )
-        return LeaseDoc(
+        lease = LeaseDoc(
             writer=writer,
-            acquired=float(doc["acquired"]),
-            renewed=float(doc["renewed"]),
-            expires=float(doc["expires"]),
-            ttl_s=float(doc["ttl_s"]),
+            acquired=f.number("acquired", 0, TIME_MAX),
+            renewed=f.number("renewed", 0, TIME_MAX),
+            expires=f.number("expires", 0, TIME_MAX),
+            ttl_s=f.number("ttl_s", 0, MAX_TTL_S),
         )
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{where} is not a valid lease ({type(e).__name__}: {e})") from None
+        if not lease.ttl_s > 0:
+            raise f.fail("ttl_s", f"{lease.ttl_s!r} is out of range (0, {MAX_TTL_S:.0f}]")
+        if lease.expires > lease.renewed + lease.ttl_s + 1:  # a writer renews to now + its TTL, never further
+            raise f.fail(
+                "expires", f"{lease.expires:.0f} is more than ttl_s {lease.ttl_s:g} past renewed {lease.renewed:.0f}"
+            )
+        return lease
+    except FieldError as e:
+        raise ValueError(f"{where} is not a valid lease ({str(e).removeprefix(where).lstrip(': ')})") from None
 
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def checked_ttl(ttl: float, what: str, shown: str | None = None) -> float:
+    """``ttl`` when it is a number of seconds in (0, MAX_TTL_S] (not NaN, not inf); ValueError naming ``what``
+    and the value (``shown``: as written) otherwise."""
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 < ttl <= MAX_TTL_S:
+        raise ValueError(f"{what} must be a number of seconds in (0, {MAX_TTL_S:.0f}], got {shown or repr(ttl)}")
+    return float(ttl)
 
 
 def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
@@ -170,9 +223,7 @@ def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
         ttl = float(raw)
     except ValueError:
         ttl = -1.0
-    if not ttl > 0:
-        raise ValueError(f"SPECPROBE_LEASE_TTL_S must be a positive number of seconds, got {raw!r}")
-    return ttl
+    return checked_ttl(ttl, "SPECPROBE_LEASE_TTL_S", repr(raw))
 
 
 class Lease:
@@ -187,7 +238,7 @@ class Lease:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        self.ttl_s = ttl_s if ttl_s is not None else ttl_from_env()
+        self.ttl_s = checked_ttl(ttl_s, "the lease TTL") if ttl_s is not None else ttl_from_env()
         self.me = this_writer()
         self._log = log
         self._clock = clock
@@ -196,6 +247,7 @@ class Lease:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._lost: LeaseLost | None = None  # what the heartbeat found, raised by the next write
+        self._released = False  # release() ran: the session is over, nothing claims the lease again
 
     @property
     def url(self) -> str:
@@ -261,6 +313,7 @@ class Lease:
     def acquire(self) -> None:
         """Claim the lease (or confirm it is ours). LeaseHeld when another live writer holds it."""
         with self._lock:
+            self._refuse_after_release()
             for _ in range(_CAS_TRIES):
                 rev, doc = self._read()
                 taken = ""
@@ -300,6 +353,7 @@ class Lease:
     def commit(self, add: Mapping[str, Path], delete: Sequence[str] = (), message: str = "") -> str:
         """One protocol write, landed only while the lease is this writer's (renewing it when due)."""
         with self._lock:
+            self._refuse_after_release()
             if self._lost is not None:
                 raise self._lost
             if self._doc is None:
@@ -324,6 +378,10 @@ class Lease:
                 "kept changing under it (another writer?); nothing of it was committed"
             )
 
+    def _refuse_after_release(self) -> None:
+        if self._released:
+            raise LeaseLost(f"{self.url}: this trainer ({self.me.id}) released its lease; it writes no more")
+
     def _check_mine(self, doc: LeaseDoc | None) -> None:
         if doc is None or doc.writer.id != self.me.id:
             now = "nobody holds it now" if doc is None else f"it is held by {self.describe(doc)}"
@@ -335,8 +393,11 @@ class Lease:
             raise self._lost
 
     def renew(self) -> None:
-        """Push the expiry out by a TTL (the heartbeat calls this; LeaseLost when it is no longer ours)."""
+        """Push the expiry out by a TTL (the heartbeat calls this; LeaseLost when it is no longer ours). After
+        release() it does nothing: a heartbeat that woke as the session ended has nothing left to keep."""
         with self._lock:
+            if self._released:
+                return
             if self._lost is not None:
                 raise self._lost
             for _ in range(_CAS_TRIES):
@@ -350,9 +411,11 @@ class Lease:
             raise StoreError(f"{self.url}: renewing the lease lost {_CAS_TRIES} compare-and-swap rounds in a row")
 
     def release(self) -> None:
-        """Delete lease.json if it is still ours (a no-op when this writer never held it)."""
+        """Delete lease.json if it is still ours (a no-op when this writer never held it). From then on this
+        Lease writes nothing: no write claims it again, not even a push thread still running."""
+        self._released = True
         self._stop.set()
-        if self._beat is not None:
+        if self._beat is not None and self._beat.is_alive():  # not started: an interrupt landed in its start
             self._beat.join(timeout=60)
         with self._lock:
             if self._doc is None:

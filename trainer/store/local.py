@@ -16,6 +16,9 @@ but the truth lives under ``<repo>/.specprobe/``:
   manifest has been replaced: a commit killed at any point leaves the previous commit readable and intact.
 - ``staging/<id>/``   where a commit copies and fsyncs its files before they become objects; a killed
   commit's leftovers are removed by the next commit.
+- ``written.json``    the journal: the objects a commit is about to add, written before they enter objects/.
+  Objects are collected only when the store provably wrote them (the previous manifest or the journal
+  names them) and the new manifest does not name them; a file in objects/ the store never recorded stays.
 - ``lock``            ``fcntl.flock`` held around a whole commit (concurrent writers serialise). A commit
   given ``expect_revision`` checks the manifest's revision under that lock and raises :class:`Conflict` when
   another commit came first: the compare-and-swap a lease (trainer/store/lease.py) is claimed with.
@@ -26,6 +29,13 @@ between the flip and the placement is healed by the next commit. Reads go throug
 objects, never the visible tree: a stray file on disk is not in the repo, and no commit deletes it (the store
 removes only files that are its own objects' links or copies).
 
+Nothing in the manifest is believed unchecked: every path must stay inside the repo and out of
+``.specprobe/`` (the rule a committed path follows), every object name must be a sha256, every size an
+integer; a manifest that breaks this is refused with :class:`StoreError` naming the entry. The store writes
+only a metadata folder that is its own: a ``.specprobe/`` (or its ``objects/``, ``staging/``, manifest or
+journal) that is a symbolic link is refused at the next write, and so is a visible folder that is a link
+out of the repo. Objects are opened without following a symbolic link.
+
 A repo folder that holds files but no ``.specprobe/manifest.json`` (copied with ``cp -r repo/*``, or by an
 rsync that skipped dot-folders) is refused with :class:`MetadataMissing`, never taken for a missing repo: a
 fresh start there would bury a run's history under a new one.
@@ -34,17 +44,20 @@ fresh start there would bury a run's history under a new one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
+from trainer.store.fields import REVISION, SHA256, FieldError, Fields, load_doc
 from trainer.store.protocol import (
     Conflict,
     EntryMissing,
@@ -53,6 +66,7 @@ from trainer.store.protocol import (
     RepoMissing,
     StoreError,
     redact_url,
+    repo_path_problem,
     sha256_file,
 )
 
@@ -61,6 +75,7 @@ __all__ = ["LocalStore", "META_DIR", "MANIFEST_FORMAT"]
 MANIFEST_FORMAT = "specprobe-local-store/1"
 META_DIR = ".specprobe"  # the local store's own folder inside a repo dir
 _LOG_KEEP = 50  # the manifest's commit log is a short history for humans, not an audit trail
+_MANIFEST_MAX_BYTES = 256 << 20  # about a million entries: far past any run's checkpoints
 _CHUNK = 1 << 20
 
 
@@ -77,10 +92,9 @@ def normalize_repo_path(path: str, *, folder: bool = False) -> str:
     raw = path
     if folder:
         path = path.rstrip("/")
-    parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
+    if repo_path_problem(path) is not None:
         raise StoreError(f"invalid path in repo {raw!r}: must be relative, '/'-separated, without '.' or '..'")
-    if parts[0] == META_DIR:
+    if path.split("/")[0] == META_DIR:
         raise StoreError(f"invalid path in repo {raw!r}: {META_DIR}/ is reserved for the local store's metadata")
     return str(PurePosixPath(path)) + ("/" if folder else "")
 
@@ -101,6 +115,7 @@ class LocalStore:
         self._manifest = self._meta / "manifest.json"
         self._objects = self._meta / "objects"
         self._staging = self._meta / "staging"
+        self._journal = self._meta / "written.json"  # objects a commit wrote before its manifest named them
 
     def __repr__(self) -> str:
         return f"LocalStore({redact_url(self.url)!r})"
@@ -133,21 +148,21 @@ class LocalStore:
 
     def _load(self) -> dict:
         try:
-            text = self._manifest.read_text(encoding="utf-8")
+            raw = self._manifest.read_bytes()
         except FileNotFoundError:
             self._refuse_unmanaged()
             raise RepoMissing(f"repo {redact_url(self.url)} does not exist (no {self._manifest})") from None
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{self._manifest} of {redact_url(self.url)} is not valid JSON: {e}") from None
-        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), dict):
-            raise StoreError(f"{self._manifest} of {redact_url(self.url)} is not a {MANIFEST_FORMAT} manifest")
-        return doc
+            return _checked_manifest(raw, f"{self._manifest} of {redact_url(self.url)}")
+        except FieldError as e:
+            raise StoreError(
+                f"{e}. The manifest is the store's record of what the repo holds; refusing to read or write "
+                f"through it. Restore {META_DIR}/ from a copy of the repo, or mend the entry by hand."
+            ) from None
 
     def list_files(self) -> dict[str, FileInfo]:
         files = self._load()["files"]
-        return {p: FileInfo(p, int(m["size"]), m["sha256"]) for p, m in sorted(files.items())}
+        return {p: FileInfo(p, m["size"], m["sha256"]) for p, m in sorted(files.items())}
 
     def revision(self) -> str:
         """The id of the current commit (what the last ``commit`` returned)."""
@@ -166,13 +181,20 @@ class LocalStore:
         for attempt in (0, 1):
             obj = self._objects / self._entry(path)["sha256"]
             try:
-                f = open(obj, "rb")
+                f = os.fdopen(os.open(obj, os.O_RDONLY | os.O_NOFOLLOW), "rb")
             except FileNotFoundError:
                 if attempt:
                     raise StoreError(
                         f"{path} in {redact_url(self.url)}: its stored object {obj} is missing (the store is damaged)"
                     ) from None
                 continue
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise StoreError(
+                    f"{path} in {redact_url(self.url)}: its stored object {obj} is a symbolic link, not bytes the "
+                    "store wrote; refusing to read through it"
+                ) from None
             with f:
                 yield f
             return
@@ -204,6 +226,7 @@ class LocalStore:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         self._meta.mkdir(parents=True, exist_ok=True)
+        self._refuse_linked_metadata()
         with open(self._meta / "lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -211,18 +234,52 @@ class LocalStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _publish(self, doc: dict) -> None:
-        """Atomically replace the manifest: the single step that makes a commit visible."""
-        fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=self._meta)
+    def _refuse_linked_metadata(self) -> None:
+        """StoreError when the metadata folder, or a folder in it, is a symbolic link: a commit deletes objects
+        and staging leftovers there, which it may do only in a folder that is the store's own."""
+        for path in (self._meta, self._objects, self._staging, self._manifest, self._journal):
+            if path.is_symlink():
+                raise StoreError(
+                    f"{redact_url(self.url)}: {path} is a symbolic link (to {os.readlink(path)}); a commit deletes "
+                    f"the objects and leftovers it wrote there, so it writes only into a {META_DIR}/ folder that "
+                    "is the repo's own. Refusing to write. To move the repo to another disk, move (or link) the "
+                    "whole repo folder, not its metadata."
+                )
+
+    def _refuse_linked_parents(self, paths: Iterable[str]) -> None:
+        """StoreError when a folder on the way to a visible file is a symbolic link: placing the file would
+        write outside the repo folder."""
+        seen: set[str] = set()
+        for p in paths:
+            parts = p.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                folder = "/".join(parts[:i])
+                if folder in seen:
+                    continue
+                seen.add(folder)
+                if (self.dir / folder).is_symlink():
+                    raise StoreError(
+                        f"{redact_url(self.url)}: {self.dir / folder} is a symbolic link (to "
+                        f"{os.readlink(self.dir / folder)}); placing {p} there would write outside the repo "
+                        "folder. Nothing was committed. Replace the link with a folder."
+                    )
+
+    def _write_json(self, target: Path, doc: dict) -> None:
+        """Atomically replace ``target`` (in the metadata folder) with ``doc``: temp file, fsync, rename."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=self._meta)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self._manifest)
+            os.replace(tmp, target)
         finally:
             Path(tmp).unlink(missing_ok=True)
         _fsync_dir(self._meta)
+
+    def _publish(self, doc: dict) -> None:
+        """Atomically replace the manifest: the single step that makes a commit visible."""
+        self._write_json(self._manifest, doc)
 
     def create(self) -> None:
         self.exists()  # MetadataMissing, before the lock creates .specprobe/
@@ -263,17 +320,13 @@ class LocalStore:
             shutil.rmtree(self._staging, ignore_errors=True)  # a killed commit's leftovers
             self._objects.mkdir(parents=True, exist_ok=True)
             files = dict(doc["files"])
-            removed = _apply_deletes(files, deletes, self.url)
-            _check_no_file_folder_clash({**files, **dict.fromkeys(adds)}, self.url)
-            stage = self._staging / uuid.uuid4().hex
-            stage.mkdir(parents=True)
-            for i, (p, src) in enumerate(sorted(adds.items())):
-                files[p] = self._stage_object(src, stage / str(i))
-                removed.discard(p)
-            _fsync_dir(self._objects)
-            if self.link_mb_s:
-                time.sleep(sum(files[p]["size"] for p in adds) / (self.link_mb_s * 1e6))
-            revision = int(doc.get("revision", 0)) + 1
+            _apply_deletes(files, deletes, self.url)
+            clash = _file_folder_clash({**files, **dict.fromkeys(adds)})
+            if clash is not None:
+                raise StoreError(f"commit to {redact_url(self.url)} would make {clash} both a file and a folder")
+            self._refuse_linked_parents([*files, *adds])
+            files.update(self._store_objects(adds))
+            revision = doc.get("revision", 0) + 1
             rev_id = _revision_id(revision, files)
             log = list(doc.get("log", []))[-(_LOG_KEEP - 1) :]
             log.append(
@@ -291,12 +344,46 @@ class LocalStore:
             )
             # Published. Everything below only tidies the visible tree and the object pool.
             self._sync_visible(files, known=set(doc["files"]) | {p for e in log for p in e.get("added", ())})
-            self._gc_objects(files)
+            self._gc_objects(files, previous=doc["files"])
             shutil.rmtree(self._staging, ignore_errors=True)
             return rev_id
 
+    def _store_objects(self, adds: Mapping[str, Path]) -> dict[str, dict]:
+        """The added files as objects: each copied into staging (hashed, fsynced), their names written to the
+        journal (so a commit killed from here on leaves objects the next commit knows it wrote), then moved to
+        objects/<sha256>. Returns {path: {size, sha256}}."""
+        stage = self._staging / uuid.uuid4().hex
+        stage.mkdir(parents=True)
+        entries = {p: self._stage_object(src, stage / str(i)) for i, (p, src) in enumerate(sorted(adds.items()))}
+        digests = sorted({e["sha256"] for e in entries.values()})
+        if digests:
+            self._write_json(self._journal, {"objects": sorted(set(self._journaled()) | set(digests))})
+        for i, p in enumerate(sorted(entries)):
+            # Same name = same content, so replacing an existing object cannot change what any commit reads
+            # (and it heals an object that rotted on disk).
+            os.replace(stage / str(i), self._objects / entries[p]["sha256"])
+        _fsync_dir(self._objects)
+        if self.link_mb_s:
+            time.sleep(sum(e["size"] for e in entries.values()) / (self.link_mb_s * 1e6))
+        return entries
+
+    def _journaled(self) -> list[str]:
+        """The objects commits wrote that no manifest may name yet (a killed commit's), from the journal."""
+        try:
+            raw = self._journal.read_bytes()
+        except FileNotFoundError:
+            return []
+        where = f"{self._journal} of {redact_url(self.url)}"
+        try:
+            names = Fields(load_doc(raw, where, max_bytes=_MANIFEST_MAX_BYTES), where).list("objects", 10_000_000)
+        except FieldError as e:
+            raise StoreError(f"{e}; delete it to let the store forget which objects it wrote") from None
+        if not all(isinstance(n, str) and SHA256.match(n) for n in names):
+            raise StoreError(f"{where}: 'objects' must be a list of sha256 names; delete it to reset it")
+        return names
+
     def _stage_object(self, src: Path, staged: Path) -> dict:
-        """Copy ``src`` to ``staged`` (hashing on the way, fsync), then move it to objects/<sha256>."""
+        """Copy ``src`` to ``staged``, hashing on the way, and fsync it; returns its {size, sha256}."""
         h, size = hashlib.sha256(), 0
         with open(src, "rb") as fin, open(staged, "wb") as fout:
             while chunk := fin.read(_CHUNK):
@@ -305,11 +392,7 @@ class LocalStore:
                 fout.write(chunk)
             fout.flush()
             os.fsync(fout.fileno())
-        digest = h.hexdigest()
-        # Same name = same content, so replacing an existing object cannot change what any commit reads
-        # (and it heals an object that rotted on disk).
-        os.replace(staged, self._objects / digest)
-        return {"size": size, "sha256": digest}
+        return {"size": size, "sha256": h.hexdigest()}
 
     def purge_objects(self, sha256s: Sequence[str]) -> None:
         """Nothing to do: every commit re-copies its files into their objects (see _stage_object)."""
@@ -320,7 +403,9 @@ class LocalStore:
         # only when it is the store's own: a link to one of its objects, or, at a path the store wrote
         # (``known``: the previous commit's and the log's), a copy of one (the previous commit's objects are
         # still there, collected after this). Anything else is left where it is.
-        own_inodes = {(st.st_dev, st.st_ino) for st in (o.stat() for o in self._objects.iterdir())}
+        own_inodes = {
+            (st.st_dev, st.st_ino) for st in (o.lstat() for o in self._objects.iterdir()) if stat.S_ISREG(st.st_mode)
+        }
         for dirpath, _dirnames, filenames in os.walk(self.dir, topdown=False):
             d = Path(dirpath)
             if d == self._meta or self._meta in d.parents:
@@ -348,19 +433,27 @@ class LocalStore:
         if path.name.startswith(".") and path.name.endswith(".specprobe-tmp"):
             return True  # a placement this store started and a kill interrupted
         try:
-            st = path.stat()
+            st = path.lstat()  # a symbolic link is never the store's: it places links to objects, not symlinks
         except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
             return False
         if (st.st_dev, st.st_ino) in own_inodes:
             return True
         # A copy placed where the filesystem refused a hard link.
-        return known_path and path.is_file() and (self._objects / sha256_file(path)).is_file()
+        return known_path and (self._objects / sha256_file(path)).is_file()
 
-    def _gc_objects(self, files: dict[str, dict]) -> None:
+    def _gc_objects(self, files: dict[str, dict], previous: dict[str, dict]) -> None:
+        """Delete the objects this store provably wrote that the new manifest no longer names: those the
+        previous manifest named and those in the journal. Anything else in objects/ (a file the store never
+        recorded) is left where it is."""
         live = {e["sha256"] for e in files.values()}
-        for obj in self._objects.iterdir():
-            if obj.name not in live:
-                obj.unlink(missing_ok=True)
+        for name in ({e["sha256"] for e in previous.values()} | set(self._journaled())) - live:
+            obj = self._objects / name
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG(obj.lstat().st_mode):
+                    obj.unlink()
+        self._journal.unlink(missing_ok=True)
 
     def delete_repo(self) -> None:
         if not self.dir.is_dir():
@@ -398,12 +491,42 @@ def _apply_deletes(files: dict[str, dict], deletes: Sequence[str], url: str) -> 
     return removed
 
 
-def _check_no_file_folder_clash(paths: Mapping[str, object], url: str) -> None:
-    """A path cannot be a file and a folder at once (checked before publishing, like the Hub does)."""
+def _file_folder_clash(paths: Mapping[str, object]) -> str | None:
+    """A path that is a file and a folder at once (refused before publishing, like the Hub does)."""
     folders = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
     clash = sorted(folders & set(paths))
-    if clash:
-        raise StoreError(f"commit to {redact_url(url)} would make {clash[0]} both a file and a folder")
+    return clash[0] if clash else None
+
+
+def _checked_manifest(raw: bytes, where: str) -> dict:
+    """The manifest with every field checked (FieldError naming the entry otherwise): its paths and object
+    names reach the filesystem, so a path must stay inside the repo and out of its metadata, and an object
+    name must be a sha256."""
+    doc = load_doc(raw, where, max_bytes=_MANIFEST_MAX_BYTES)
+    if doc.get("format") != MANIFEST_FORMAT:
+        raise FieldError(f"{where} is not a {MANIFEST_FORMAT} manifest (format {doc.get('format')!r:.80})")
+    f = Fields(doc, where)
+    f.int("revision", default=0)
+    f.str("revision_id", REVISION, default="")
+    files = f.obj("files")
+    for path, entry in files.doc.items():
+        problem = repo_path_problem(path)
+        if problem is None and path.split("/")[0] == META_DIR:
+            problem = f"is inside {META_DIR}/, the store's own folder"
+        if problem is not None:
+            raise FieldError(f"{where}: the entry {path!r:.200} is not a path inside the repo: it {problem}")
+        e = Fields(entry, where, f"files[{path!r}].")
+        e.int("size")
+        e.str("sha256", SHA256)
+    clash = _file_folder_clash(files.doc)
+    if clash is not None:
+        raise FieldError(f"{where}: the entry {clash!r:.200} is both a file and a folder")
+    for i, entry in enumerate(f.list("log", 10 * _LOG_KEEP, default=[])):
+        e = Fields(entry, where, f"log[{i}].")
+        for key in ("added", "deleted"):
+            if not all(isinstance(x, str) for x in e.list(key, 1_000_000, default=[])):
+                raise e.fail(key, "must be a list of paths")
+    return doc
 
 
 def _revision_id(revision: int, files: dict[str, dict]) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "Store",
     "redact_url",
     "sha256_file",
+    "repo_path_problem",
 ]
 
 _CHUNK = 1 << 20
@@ -113,6 +114,25 @@ def redact_url(url: object) -> str:
     if token and len(token) >= 4:
         text = text.replace(token, "<redacted>")
     return _HF_TOKEN_SHAPE.sub("<redacted>", text)
+
+
+_PATH_MAX = 1024
+_PATH_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def repo_path_problem(path: object) -> str | None:
+    """Why ``path`` is not a repo-relative POSIX file path (None when it is one): the one rule for paths a
+    caller commits and for paths read back from the store (a manifest entry, a pointer's folder), so no
+    path read from a store can reach outside the repo."""
+    if not isinstance(path, str):
+        return f"must be a string, got {type(path).__name__}"
+    if not path or len(path) > _PATH_MAX:
+        return f"must be 1 to {_PATH_MAX} characters long"
+    if path.startswith("/") or "\\" in path or _PATH_CONTROL.search(path):
+        return "must be relative and '/'-separated, without a backslash or a control character"
+    if any(p in ("", ".", "..") for p in path.split("/")):
+        return "must not hold '.', '..' or an empty part"
+    return None
 
 
 def sha256_file(path: Path) -> str:
