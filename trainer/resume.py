@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ from trainer.log import emit
 from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
 from trainer.runconfig import judge_config_change, show_value
 from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
+from trainer.store.hub_settings import HubSettings
 
 
 class Refused(Exception):
@@ -46,11 +48,13 @@ def resume(
     run_config: dict,
     config_hash: str,
     log: Callable[[str], None],
+    hub: HubSettings | None = None,
 ) -> Start:
-    """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
-    token = os.environ.get("HF_TOKEN") or None
-    pointer, checkpointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token)
-    ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, token=token)
+    """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank. ``hub``:
+    the Hub client's settings main read (trainer/store/hub_settings.py)."""
+    opener = partial(open_store, args.hub_repo, token=os.environ.get("HF_TOKEN") or None, hub=hub)
+    pointer, checkpointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, opener=opener)
+    ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, opener=opener)
     start, loaded = 0, None
     if ckpt_dir is not None:
         loaded = _load(dist, Path(ckpt_dir), model, plan, run_config=run_config, config_hash=config_hash)
@@ -81,7 +85,7 @@ def _decide(
     *,
     run_config: dict,
     config_hash: str,
-    token: str | None,
+    opener: Callable[[], Store],
 ) -> tuple[Pointer | None, Checkpointer | None]:
     """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it:
     (pointer, rank 0's checkpointer; None elsewhere). Refused on every rank."""
@@ -90,7 +94,7 @@ def _decide(
     checkpointer = None
     if dist.master:
         try:
-            store = open_store(args.hub_repo, token=token)
+            store = opener()
             checkpointer = Checkpointer(
                 store,
                 log=emit,
@@ -98,10 +102,13 @@ def _decide(
                 keep_optimizer_states=args.keep_optimizer_states,
                 allow_rollback=args.allow_pointer_rollback,
             )
-            if plan.resume_mode == "auto":
+            if plan.resume_mode in ("auto", "must"):
                 scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
                 decision["pointer"] = scan.decide(
-                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config
+                    config_hash=config_hash,
+                    horizon_step=plan.total_steps,
+                    run_config=run_config,
+                    require_run=plan.resume_mode == "must",
                 )
             else:
                 _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
@@ -115,7 +122,12 @@ def _decide(
 
 
 def _fetch(
-    dist: Dist, args: argparse.Namespace, pointer: Pointer, checkpointer: Checkpointer | None, *, token: str | None
+    dist: Dist,
+    args: argparse.Namespace,
+    pointer: Pointer,
+    checkpointer: Checkpointer | None,
+    *,
+    opener: Callable[[], Store],
 ) -> Path:
     """Each host's local rank 0 downloads the pointer's files; every rank returns the directory its host
     fetched into. Refused on every rank."""
@@ -123,7 +135,7 @@ def _fetch(
     err = None
     if dist.local_rank == 0:
         try:
-            store = checkpointer.store if checkpointer is not None else open_store(args.hub_repo, token=token)
+            store = checkpointer.store if checkpointer is not None else opener()
             ckpt_dir = fetch(store, pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
         except (StoreError, OSError) as e:
             err = f"fetching {pointer.path_in_repo} from {redact_url(args.hub_repo)}: {e}"
