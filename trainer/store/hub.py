@@ -18,27 +18,27 @@ Client calls used (kept small on purpose; ``tests/test_hub/test_hub_store.py`` d
 
 Version notes: 0.26 .. 0.x run on ``requests``, 1.x on ``httpx``, 2.x on ``httpx2``; transport errors of all
 three are recognised; every request is bounded in time (:class:`Timeouts`, installed into whichever HTTP
-client the release uses: trainer/store/hub_http.py). ``LocalEntryNotFoundError`` is a subclass of ``EntryNotFoundError`` in every release and
-means "the Hub could not be reached", so it is checked first. ``delete_repo(missing_ok=)`` is avoided (absent
-in older releases).
+client the release uses: trainer/store/hub_http.py). ``LocalEntryNotFoundError`` is a subclass of
+``EntryNotFoundError`` in every release and means "the Hub could not be reached", so it is checked first.
+``delete_repo(missing_ok=)`` is avoided (absent in older releases).
 
 Failure handling. Transient failures (HTTP 408/429/500/502/503/504, connection resets, timeouts) are retried
 with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``; the
 jitter draws from the policy's own ``random.Random``, never the global one that training state saves). In
 the upload phase of a commit (preupload, LFS batch, the storage PUT, Xet), before anything is committed, a
 400 (storage rejecting a cut body), 409, 422 and a 403 from storage (an expired presigned URL) are retried
-too; 401, 404 and any other 4xx from the commit endpoint itself are final. An HTTP status carried in the text of a
-transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
+too; 401, 404 and any other 4xx from the commit endpoint itself are final. An HTTP status carried in the text
+of a transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
 classified like the status itself. Messages keep every cause in the exception chain (the server's message
 included), and a 401 names HF_TOKEN and ``hf auth login``. A commit's failure after the request may have
 reached the Hub is ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing
 again the history is read back; a commit that landed is returned, not pushed twice. A request whose answer
 never comes ends at the read timeout and takes the same path. A 409 from the commit endpoint (a concurrent
 commit) and a 412 (the head moved under ``parent_commit``) re-read the history and the head, and retry; a 412
-on a compare-and-swap (``expect_revision``) raises ``Conflict`` instead, for the caller to re-read. Downloads compare the bytes with the hash the Hub
-recorded at upload (sha256 for LFS files, the git blob id for regular ones) and re-download on a mismatch,
-which catches truncated transfers; a mismatch that persists
-is silent corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
+on a compare-and-swap (``expect_revision``) raises ``Conflict`` instead, for the caller to re-read. Downloads
+compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id for regular
+ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists is silent
+corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
 
 The token is ``token=`` or else ``huggingface_hub.get_token()`` (HF_TOKEN, or the token ``hf auth login``
 saved). It is never logged, put in a message or a repr: messages pass through :meth:`HubStore._safe`.
