@@ -11,12 +11,17 @@ Prints one table row per measurement (best and median wall seconds of --repeat r
   * `engine review --base REV` on this repository, and on a copy of its specs and saved runs whose
     working tree loosens two gates, drops one and changes a leg (every spec loaded on both sides);
   * a leg printing N lines through `engine run` vs the same command piped to /dev/null; the
-    difference is what streaming, scanning and logging every line costs.
+    difference is what streaming, scanning and logging every line costs; and the same run with
+    three secrets in the engine's environment (what the secret filter adds);
+  * the secret filter itself, in this process, in CPU seconds (`--no-secrets` skips it): a 1 MiB
+    block of short lines and one 3 MiB line, with 3 and with 2,000 secrets, and the run-dir
+    scrubber on a 64 MiB file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import statistics
@@ -24,8 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPECS = ("specs/p4_smoke.yaml", "specs/p4_soak.yaml")
@@ -67,25 +73,29 @@ def engine_argv() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
 
 
-def timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[float, float, int]:
-    """(best, median, last exit code) of `repeat` runs."""
+def timed(argv: Sequence[str], cwd: Path, repeat: int, env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    """(best, median, last exit code) of `repeat` runs (with `env` added to the environment)."""
     times, rc = [], 0
+    full_env = {**os.environ, **(env or {})}
     for _ in range(repeat):
         t0 = time.perf_counter()
-        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=full_env)
         times.append(time.perf_counter() - t0)
         rc = proc.returncode
     return min(times), statistics.median(times), rc
 
 
-def cpu_timed(argv: Sequence[str], cwd: Path, repeat: int) -> tuple[tuple[float, float, int], tuple[float, float, int]]:
+def cpu_timed(
+    argv: Sequence[str], cwd: Path, repeat: int, env: dict[str, str] | None = None
+) -> tuple[tuple[float, float, int], tuple[float, float, int]]:
     """`timed`'s (best, median, rc) of wall seconds, and the same of CPU seconds (user + system of the
     command): on a machine shared with other work the CPU figure is the steadier one."""
     walls, cpus, rc = [], [], 0
+    full_env = {**os.environ, **(env or {})}
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=full_env)
         walls.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -106,12 +116,22 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         piped = timed(["bash", "-c", f'"{sys.executable}" "{printer}" {lines} | cat > /dev/null'], work, repeat)
         # The engine's own stdout goes to /dev/null too, so both sides pay the same terminal cost.
         through = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run"), "--force"], work, repeat)
+        # With and without the secrets, one after the other: the CPU seconds of the run (leg and
+        # engine; the leg is the same) tell the filter's cost apart from the load of the machine.
+        plain_cpu, secret_cpu, secret = [], [], []
+        for _ in range(repeat):
+            run = engine_argv() + ["run", str(spec), "--run-dir", str(work / "run-s"), "--force"]
+            plain_cpu.append(cpu_timed(run, work, 1)[1])
+            wall, cpu = cpu_timed(run, work, 1, SECRETS)
+            secret_cpu.append(cpu)
+            secret.append(wall)
         # The same run with a 1-line leg: the engine's fixed cost (imports, validation, evidence),
         # paid once per run whatever the leg prints; what is left is the per-line cost.
         spec.write_text(STREAM_SPEC.format(lines=1, printer=printer))
         fixed = timed(engine_argv() + ["run", str(spec), "--run-dir", str(work / "run1"), "--force"], work, repeat)
         tiny = timed([sys.executable, str(printer), "1"], work, repeat)
     fixed_cost = (fixed[0] - tiny[0], fixed[1] - tiny[1])
+    filter_cpu = [(a[0] - b[0], 0.0, a[2] or b[2]) for a, b in zip(secret_cpu, plain_cpu)]
     per_line = (through[0] - plain[0] - fixed_cost[0], through[1] - plain[1] - fixed_cost[1])
     return [
         (f"{lines:,} lines redirected to /dev/null", *plain),
@@ -121,6 +141,11 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
         ("  of which fixed per run (1-line leg)", *fixed_cost, fixed[2]),
         ("  streaming overhead (the rest)", *per_line, through[2]),
         ("  streaming overhead, % of the leg", 100 * per_line[0] / plain[0], 100 * per_line[1] / plain[1], through[2]),
+        (f"{lines:,} lines through engine run, 3 secrets in its environment", *_spread(secret)),
+        ("  CPU seconds of that run (leg + engine)", *_spread(secret_cpu)),
+        ("  CPU seconds of the same run without a secret", *_spread(plain_cpu)),
+        ("  the secret filter's CPU seconds (each pair: with - without)", *_spread(filter_cpu)),
+        ("  the same per line, microseconds", *(1e6 * x / lines for x in _spread(filter_cpu)[:2]), 0),
         (
             "  engine vs the piped leg, % (fixed cost excluded)",
             100 * (through[0] - fixed_cost[0] - piped[0]) / piped[0],
@@ -128,6 +153,73 @@ def stream_rows(lines: int, repeat: int) -> list[tuple[str, float, float, int]]:
             through[2],
         ),
     ]
+
+
+# Three credentials of the usual shapes: a Hugging Face token, a GitHub token, an AWS secret key.
+SECRETS = {
+    "HF_TOKEN": "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+    "GITHUB_TOKEN": "ghs_" + "0123456789abcdefghijABCDEFGHIJ012345",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+}
+
+
+def _spread(figures: list[tuple[float, float, int]]) -> tuple[float, float, int]:
+    """(best, median, last rc) of single-run figures."""
+    return min(f[0] for f in figures), statistics.median(f[0] for f in figures), figures[-1][2]
+
+
+def _best_median(func: Callable[[], object], repeat: int) -> tuple[float, float, int]:
+    """CPU seconds of this process: steadier than wall seconds on a shared machine."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        func()
+        times.append(time.process_time() - t0)
+    return min(times), statistics.median(times), 0
+
+
+def secret_rows(repeat: int) -> list[tuple[str, float, float, int]]:
+    """The secret filter (engine/secret_forms.py) on the shapes that matter: many short lines, one
+    3 MiB line (torchrun's tee of a rank's long line), many secrets, a big file in the run dir."""
+    from engine.secrets import Scrubber, TreeScrubber
+
+    three = list(SECRETS.values())
+    many = three + [f"tok_{i:05d}_{i * 7919:010d}" for i in range(1997)]
+    block = "".join("step %d/200000 loss 1.2345 lr 3.0e-04 tok/s 1234\n" % i for i in range(23000))
+    long_line = "x" * (3 << 20) + "\n"
+    rows = []
+    for label, secrets in (("3 secrets", three), ("2,000 secrets", many)):
+        t0 = time.process_time()
+        scrubber = Scrubber(secrets)
+        built = time.process_time() - t0
+        rows.append((f"secret filter, {label}: built (CPU s)", built, built, 0))
+        rows.append(
+            (
+                f"  a 1 MiB block of {block.count(chr(10)):,} lines",
+                *_best_median(partial(scrubber.scrub, block), repeat),
+            )
+        )
+        rows.append(("  one 3 MiB line", *_best_median(partial(scrubber.scrub, long_line), repeat)))
+    # An 'x' in a secret makes the whole 3 MiB line one run of bytes a fragment could be in.
+    with_x = Scrubber(three + ["hf_xXxXxXxXxXxX0123456789abcdef"])
+    rows.append(
+        (
+            "  one 3 MiB line of a letter a secret holds (4 secrets)",
+            *_best_median(lambda: with_x.scrub(long_line), repeat),
+        )
+    )
+    with tempfile.TemporaryDirectory(prefix="engine-bench-scrub-") as tmp:
+        (Path(tmp) / "blob.bin").write_bytes(os.urandom(64 << 20))
+        rows.append(
+            (
+                "run-dir scrubber, one 64 MiB binary file, 3 secrets: searched",
+                *_best_median(lambda: TreeScrubber(tmp, three).scrub(), repeat),
+            )
+        )
+        files = TreeScrubber(tmp, three)
+        files.scrub()
+        rows.append(("  again, unchanged (its SHA-256 only)", *_best_median(files.scrub, repeat)))
+    return rows
 
 
 def _drop_last_check(text: str) -> str:
@@ -188,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=1_000_000, help="lines the streaming leg prints")
     parser.add_argument("--review", metavar="REV", help="time engine review --base REV (and on a risky copy)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--secrets", action=argparse.BooleanOptionalAction, default=True, help="time the secret filter (in-process)"
+    )
     args = parser.parse_args(argv)
 
     rows: list[tuple[str, float, float, int]] = []
@@ -209,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.extend(review_rows(args.review, args.repeat))
     if args.lines > 0:
         rows.extend(stream_rows(args.lines, args.repeat))
+    if args.secrets:
+        rows.extend(secret_rows(args.repeat))
 
     width = max(len(r[0]) for r in rows)
     print(f"{'measurement'.ljust(width)}  {'best s':>8}  {'median s':>8}  rc")

@@ -6,6 +6,7 @@ Usage (results go to stdout, diagnostics to stderr):
     engine plan specs/p4_smoke.yaml --mode smoke --set steps=30
     engine run specs/p4_smoke.yaml --mode smoke --junit out/junit.xml --markdown out/summary.md
     engine run specs/p4_smoke.yaml --set repo=file:///tmp/store/probe/ckpt-1 --run-dir runs/try1
+    engine run specs/p4_smoke.yaml --run-dir runs/try1 --from wipe_before_leg2
     engine check specs/p4_smoke.yaml --evidence runs/try1 --junit out/junit.xml
     engine replay specs/p4_smoke.yaml --evidence runs/try1 --html out/report.html
     engine schema > spec.schema.json
@@ -14,13 +15,17 @@ Usage (results go to stdout, diagnostics to stderr):
     engine --version
 
 `run` loads and validates the spec, resolves it for one mode (--mode, else the spec's mode_env
-variable, else modes.default), prints the run directory and every value with where it came
-from (secrets shown as <redacted>), runs the steps, evaluates the checks, stores checks and
-verdict in <run dir>/evidence.json and ends with one line:
+variable, else modes.default), prints the run directory and one line saying how many values there
+are and which were overridden, and where (-v: every value with where it came from; secrets shown as
+<redacted>), runs the steps, evaluates the checks, stores checks and verdict in
+<run dir>/evidence.json and ends with one line:
 
     VERDICT <spec> PASS|FAIL|PRECONDITION|INTERRUPTED|ERROR [<failed names>] seconds <N>
 
 The default run directory is runs/<name>-<mode>-<UTC stamp> under the current directory.
+`--from STEP` resumes the run in --run-dir at STEP: that run's mode, values and run id, the steps
+before STEP keep its evidence (refused when the spec changed them, or they did not pass), STEP and
+every step after it run again.
 
 `check` re-evaluates the spec's CURRENT checks, with its current values, against a saved run
 without running anything (results go to <run dir>/check-<stamp>.json; evidence.json is left as it
@@ -46,6 +51,7 @@ exit code: the output is dropped and the VERDICT line goes to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -76,13 +82,13 @@ class _Refused(Exception):
 
 
 def _err(text: str) -> None:
-    from engine.run.console import printable  # a spec's or a leg's text must not drive the terminal
+    from engine.text import printable  # a spec's or a leg's text must not drive the terminal
 
     print(printable(text), file=sys.stderr, flush=True)
 
 
 def _out(text: str, end: str = "\n") -> None:
-    from engine.run.console import printable
+    from engine.text import printable
 
     print(printable(text), end=end, flush=True)
 
@@ -106,7 +112,7 @@ def _refusals() -> tuple[type[Exception], ...]:
     imported only once something is raised."""
     from engine.judge.recheck import Refused
     from engine.run.evidence import EvidenceError
-    from engine.spec.load import SpecErrors
+    from engine.spec.located import SpecErrors
     from engine.spec.values import UsageError
 
     return _Refused, SpecErrors, UsageError, EvidenceError, Refused
@@ -129,8 +135,8 @@ def _emit(
 ) -> int | None:
     """Write the report files, then print the report; Exit.USAGE when a file could not be
     written (said before the verdict is printed), else None."""
-    from engine.run.console import printable
     from engine.show import report
+    from engine.text import printable
 
     figures: list = []
     if (args.markdown or args.html) and spec is not None:
@@ -208,34 +214,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.judge.verdict import judge
     from engine.run import evidence
     from engine.run.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
-    from engine.spec.load import SpecErrors
-    from engine.spec.plan import build_plan, pick_mode, run_stamp, values_lines
+    from engine.spec.located import SpecErrors
+    from engine.spec.plan import values_lines, values_summary
     from engine.spec.validate import budget_error
 
     spec = _valid_spec(args.spec)
-    mode = pick_mode(spec.data, args.mode, os.environ)
-    run_id = run_stamp()
-    name = spec.data.get("name", "spec")
-    run_dir = Path(args.run_dir).absolute() if args.run_dir else _fresh_run_dir(name, mode, run_id)
-    plan = build_plan(
-        spec, mode=mode, sets=args.set, environ=os.environ, builtins={"run_dir": str(run_dir), "run_id": run_id}
-    )
+    if args.from_step:
+        plan, run_dir, resumed = _resumed_plan(args, spec)
+    else:
+        (plan, run_dir), resumed = _fresh_plan(args, spec), None
     # validate checked the budget with the spec's own values; a --set can still push it over.
     over = budget_error(spec, plan.mode, plan.contributions())
     if over:
         raise SpecErrors([over])
     _check_reports(args)
+    reuse = None
+    if resumed is not None:
+        from engine.judge.resume import set_aside
+
+        try:
+            reuse = dataclasses.replace(resumed.reuse, set_aside=set_aside(run_dir, resumed))
+        except OSError as exc:
+            raise _Refused(f"--run-dir {run_dir}: cannot set the earlier run's files aside: {exc}") from None
     try:
-        prepare_run_dir(run_dir, force=args.force)
+        prepare_run_dir(run_dir, force=args.force or resumed is not None)
     except RunDirError as exc:
         raise _Refused(str(exc)) from None
     _out(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}")
-    _out("\n".join(values_lines(plan.values, plan.sources)))
+    if reuse is not None:
+        _out(_resuming_line(reuse))
+    env_vars = {name: var for var, name in (spec.data.get("env") or {}).items() if var in os.environ}
+    _out(
+        "\n".join(values_lines(plan.values, plan.sources, plan.secret_names))
+        if args.verbose
+        else values_summary(plan.values, plan.sources, plan.mode, env_vars, plan.secret_names)
+    )
     # Held until the report is out: a Ctrl-C after the first must not cut the evidence, the
     # verdict or its exit code short.
     with StopSignals(linger=True) as stops:
         try:
-            doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev), stops=stops)
+            doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev), stops=stops, reuse=reuse)
         except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
             doc = exc.doc
         except KeyboardInterrupt:
@@ -252,6 +270,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = doc["verdict"]["exit_code"]
     # A full disk fails the reports too; what the run could not record is the news, not them.
     return code if code == Exit.ERROR else failed or code
+
+
+def _fresh_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path]:
+    """The plan of a new run and its run directory (--run-dir, else a fresh one under runs/)."""
+    from engine.spec.plan import build_plan, pick_mode, run_stamp
+
+    mode = pick_mode(spec.data, args.mode, os.environ)
+    run_id = run_stamp()
+    name = spec.data.get("name", "spec")
+    run_dir = Path(args.run_dir).absolute() if args.run_dir else _fresh_run_dir(name, mode, run_id)
+    plan = build_plan(
+        spec, mode=mode, sets=args.set, environ=os.environ, builtins={"run_dir": str(run_dir), "run_id": run_id}
+    )
+    return plan, run_dir
+
+
+def _resumed_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path, Any]:
+    """`--from STEP`: the plan of the run in --run-dir resumed at STEP, and what it reuses."""
+    from engine.judge.resume import plan_resume
+
+    if not args.run_dir:
+        raise _Refused(f"--from {args.from_step}: needs --run-dir DIR, the directory of the run to resume")
+    if args.force:
+        raise _Refused("--from resumes the run in --run-dir; --force (run over it) contradicts it")
+    run_dir = Path(args.run_dir).absolute()
+    resumed = plan_resume(spec, run_dir, args.from_step, sets=args.set, mode=args.mode, spec_label=str(args.spec))
+    return resumed.plan, run_dir, resumed
+
+
+def _resuming_line(reuse: Any) -> str:
+    """What `--from` keeps of the earlier run, said before anything runs."""
+    from engine.text import utc_second
+
+    kept = ", ".join(reuse.records) or "nothing"
+    aside = (
+        f"; its evidence and the logs of the steps that run again are in {reuse.set_aside}/" if reuse.set_aside else ""
+    )
+    return f"resuming at {reuse.from_step}: reusing {kept} from the run of {utc_second(reuse.run_started_at)}{aside}"
 
 
 def _fresh_run_dir(name: str, mode: str, run_id: str) -> Path:
@@ -333,7 +389,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
         p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
         p.add_argument("--html", metavar="FILE", help=HTML_HELP)
-        p.add_argument("-v", "--verbose", action="store_true", help="full explain trees")
+        p.add_argument(
+            "-v", "--verbose", action="store_true", help="full explain trees (`run`: also every value, with its source)"
+        )
 
     p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
     planning(p)
@@ -342,6 +400,13 @@ def _parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="run into an existing, non-empty --run-dir (its evidence and logs are replaced)",
+    )
+    p.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        help="resume the run in --run-dir at STEP: the steps before it keep that run's evidence (refused "
+        "when the spec changed them, or they did not pass); STEP and the steps after it run again",
     )
     reports(p)
 

@@ -25,6 +25,9 @@ FAILURE_PATTERNS = (
 FAILURE_LINES = 45
 TAIL_LINES = 40
 PROGRESS_EVERY_S = 30.0
+# In a log the first progress line comes this soon (if `every_s` is longer): early word that the leg
+# is watched and how long it may still run, even for a leg shorter than `every_s`.
+PROGRESS_FIRST_S = 10.0
 HARVEST_PICK = "last"
 # Marker lines that disagree, or whose JSON does not parse, fail the verdict unless a rule opts in.
 HARVEST_ON_CONFLICT = "fail"

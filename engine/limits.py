@@ -49,11 +49,22 @@ class LimitError(ValueError):
     """An input is over one of the limits above, or not what it must be (a FIFO for a file)."""
 
 
-def read_regular_file(path: str | os.PathLike[str], max_bytes: int, what: str = "file") -> bytes:
+def read_regular_file(
+    path: str | os.PathLike[str], max_bytes: int, what: str = "file", inside: str | os.PathLike[str] | None = None
+) -> bytes:
     """The bytes of a REGULAR file of at most `max_bytes`: a FIFO would block the engine forever
-    and /dev/zero never ends, so neither is opened for reading. OSError for an unreadable file."""
+    and /dev/zero never ends, so neither is opened for reading. With `inside` (a saved run's
+    folder), the file must also be inside that folder once every symlink is resolved: a bundle's
+    `logs/leg.log` that links to /proc/self/environ would hand the engine's environment to whatever
+    it writes next. OSError for an unreadable file."""
     # O_NONBLOCK: opening a FIFO with no writer must not block before fstat can refuse it.
-    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    target = os.fspath(path)
+    if inside is not None:
+        target = inside_path(path, inside, what)
+        # What was resolved is opened without following a link, should one appear there meanwhile.
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(target, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -72,6 +83,15 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int, what: str = 
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def inside_path(path: str | os.PathLike[str], root: str | os.PathLike[str], what: str = "file") -> str:
+    """`path` with every symlink resolved; LimitError when that is not inside `root` (itself
+    resolved: the folder the user named may be a link)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if not under(Path(real), Path(top)):
+        raise LimitError(f"{path}: resolves to {real}, outside {root}; a {what} must be a file inside it")
+    return real
 
 
 def is_regular_file(path: str | os.PathLike[str]) -> bool:

@@ -8,21 +8,22 @@ wherever it occurs, not only where the name is.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.secret_forms import FRAGMENT_MIN, Finder, char_spans, forms, merge
+
 REDACTED = "<redacted>"
-# Up to this many secrets, one C-speed `in` per secret finds them; past it, one trie-shaped regex
-# does (5,000 secret values scrubbed one by one over every stored string took half a minute).
-FEW_SECRETS = 16
 FILE_CHUNK = 1 << 20
 # Inside the files legs wrote (checkpoints among them), a "secret" this short would match random
 # bytes of a 1 GB safetensors file often enough to corrupt it; a real credential is far longer.
-FILE_MIN_SECRET_LEN = 8
+FILE_MIN_SECRET_LEN = FRAGMENT_MIN
 # Shorter "secrets" (a token set to "1" in a test) would shred ordinary output if scrubbed; a real
 # credential is never that short.
 MIN_SECRET_LEN = 4
@@ -54,48 +55,34 @@ class PlanSecrets(Protocol):
     steps: Iterable[Mapping[str, Any]]
 
 
-def _trie_regex(words: Iterable[str]) -> re.Pattern[str]:
-    """A regex matching any of `words`, shaped as their trie (one branch per character, longest
-    first), wrapped in a lookahead so that overlapping occurrences are all found."""
-    trie: dict[str, Any] = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def pattern(node: dict[str, Any]) -> str:
-        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
-        if not branches:
-            return ""
-        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-        return f"(?:{body})?" if "" in node else body
-
-    return re.compile(f"(?=({pattern(trie)}))")
+def _secret_set(secrets: Iterable[Any]) -> list[str]:
+    """The texts long enough to be secrets, longest first."""
+    return sorted({s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LEN}, key=len, reverse=True)
 
 
-def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a lone surrogate (from a JSON `\ud800`) must not make scrubbing fail.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def finder_for(secrets: Iterable[str], whole_min: int = MIN_SECRET_LEN) -> Finder:
+    """The Finder of every form of every secret (engine/secret_forms.py)."""
+    return Finder([[_utf8(f) for f in forms(s)] for s in _secret_set(secrets)], whole_min)
 
 
 class Scrubber:
-    """Replaces every literal secret text with `<redacted>` in text and in JSON-like objects.
-
-    Every occurrence of every secret is found (overlapping ones too) and the union of their spans
-    is replaced, so two secrets sharing characters cannot leave a piece of either behind."""
+    """Replaces every secret with `<redacted>` in text and in JSON-like objects: each secret in
+    every form a leg may write it (JSON, repr, URL), and every piece of at least 8 bytes of one of
+    those (a secret split by torchrun's tee header, a chunk or a line cut), as
+    engine/secret_forms.py says. Overlapping occurrences are replaced as one span, so two secrets
+    sharing characters cannot leave a piece of either behind."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        unique = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LEN}
-        # Longest first, so a secret that contains another is replaced whole.
-        self.secrets = sorted(unique, key=len, reverse=True)
+        self.secrets = _secret_set(secrets)
         self.longest = len(self.secrets[0]) if self.secrets else 0
-        self._many = _trie_regex(self.secrets) if len(self.secrets) > FEW_SECRETS else None
+        by_secret = [forms(s) for s in self.secrets]
+        self.forms = sorted(set().union(*by_secret), key=len, reverse=True)
+        self.finder = Finder([[_utf8(f) for f in group] for group in by_secret], MIN_SECRET_LEN)
 
     @classmethod
     def for_plan(cls, plan: PlanSecrets, environ: Mapping[str, str]) -> "Scrubber":
@@ -107,46 +94,40 @@ class Scrubber:
             found += secret_texts((step.get("run") or {}).get("env") or {})
         return cls(found)
 
-    def _spans(self, text: str) -> list[tuple[int, int]]:
-        spans: list[tuple[int, int]] = []
-        if self._many is not None:
-            for m in self._many.finditer(text):
-                spans.append((m.start(), m.start() + len(m.group(1))))
-            return spans
-        for secret in self.secrets:
-            pos = text.find(secret)
-            while pos >= 0:
-                spans.append((pos, pos + len(secret)))
-                pos = text.find(secret, pos + 1)
-        return spans
-
     def _replace(self, text: str, spans: list[tuple[int, int]]) -> str:
-        if not spans:
-            return text
+        """`text` with each (character) span replaced by REDACTED."""
         parts, last = [], 0
-        for start, end in _merge(spans):
+        for start, end in merge(spans):
             parts += [text[last:start], REDACTED]
             last = end
         parts.append(text[last:])
         return "".join(parts)
 
+    def _char_spans(self, text: str) -> list[tuple[int, int]]:
+        if text.isascii():  # searched as it is: a character is a byte
+            return self.finder.ascii_text().spans(text)
+        data = _utf8(text)
+        spans = self.finder.spans(data)
+        return char_spans(data, merge(spans)) if spans else spans
+
     def scrub(self, text: str) -> str:
-        if not self.secrets:
+        if not self.finder:
             return text
-        if self._many is None and not any(secret in text for secret in self.secrets):
-            return text  # the common case, at C speed
-        return self._replace(text, self._spans(text))
+        spans = self._char_spans(text)
+        return self._replace(text, spans) if spans else text
 
     def scrub_cut(self, text: str) -> str:
         """Scrub a head cut from a longer text (a line over the line limit): a secret straddling
-        the cut leaves a PREFIX of itself at the end, and that prefix is redacted too."""
-        spans = self._spans(text) if self.secrets else []
-        for secret in self.secrets:
-            for k in range(min(len(secret) - 1, len(text)), 0, -1):
-                if text.endswith(secret[:k]):
+        the cut leaves a PREFIX of itself at the end, and that prefix is redacted too, however short."""
+        if not self.finder:
+            return text
+        spans = self._char_spans(text)
+        for form in self.forms:
+            for k in range(min(len(form) - 1, len(text)), 0, -1):
+                if text.endswith(form[:k]):
                     spans.append((len(text) - k, len(text)))
                     break
-        return self._replace(text, spans)
+        return self._replace(text, spans) if spans else text
 
     def scrub_obj(self, obj: Any) -> Any:
         """A copy with every string (keys included) scrubbed; numbers and booleans as they are."""
@@ -161,94 +142,138 @@ class Scrubber:
         return obj
 
 
-def mask(secret: bytes) -> bytes:
-    """What replaces a secret inside a file: as long as the secret, so the file keeps its size
-    and every offset in it (a binary file stays a file of the same layout)."""
-    n = len(secret)
-    return (REDACTED.encode() + b"*" * n)[:n] if n >= len(REDACTED) else b"*" * n
+def mask(length: int) -> bytes:
+    """What replaces `length` bytes of a secret inside a file: as many bytes, so the file keeps its
+    size and every offset in it (a binary file stays a file of the same layout)."""
+    return (REDACTED.encode() + b"*" * length)[:length] if length >= len(REDACTED) else b"*" * length
 
 
-def mask_file(path: str | os.PathLike[str], secrets: Iterable[bytes]) -> int:
-    """Overwrite every occurrence of every secret in a regular file with `mask()`, in place;
-    the number of occurrences masked. The file is read in chunks that overlap by the longest
-    secret, so an occurrence across a chunk boundary is found too, and never read whole."""
-    wanted = sorted({s for s in secrets if len(s) >= FILE_MIN_SECRET_LEN}, key=len, reverse=True)
-    if not wanted:
-        return 0
-    overlap = len(wanted[0]) - 1
-    hits: list[tuple[int, bytes]] = []
-    # O_NOFOLLOW: a leg's symlink in the run dir must not make the engine write outside it.
+def _digest(fd: int) -> bytes:
+    """The SHA-256 of the open file's bytes from where it stands."""
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, FILE_CHUNK):
+        digest.update(chunk)
+    return digest.digest()
+
+
+def _file_spans(fd: int, finder: Finder) -> tuple[list[tuple[int, int]], bytes]:
+    """Every span of a secret in the open file, and the SHA-256 of its bytes: read in chunks that
+    overlap by the longest form (an occurrence across a chunk boundary is found whole), never whole."""
+    overlap = finder.longest - 1
+    spans: list[tuple[int, int]] = []
+    digest = hashlib.sha256()
+    offset, tail = 0, b""
+    while chunk := os.read(fd, FILE_CHUNK):
+        digest.update(chunk)
+        buf = tail + chunk
+        base = offset - len(tail)
+        spans += [(base + start, base + end) for start, end in finder.spans(buf)]
+        offset += len(chunk)
+        tail = buf[-overlap:] if overlap > 0 else b""
+    return merge(spans), digest.digest()
+
+
+def _replace_masked(path: str, fd: int, mode: int, spans: list[tuple[int, int]]) -> bytes:
+    """Write the file's bytes, masked, to a new file beside it and rename that over it (writing in
+    place would write through a hard link into a file outside the run dir); the SHA-256 of what
+    it holds now."""
+    directory, name = os.path.split(path)
+    tmp_fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".masking", dir=directory or ".")
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(tmp_fd, "wb") as out:
+            os.lseek(fd, 0, os.SEEK_SET)
+            offset, first = 0, 0
+            while chunk := bytearray(os.read(fd, FILE_CHUNK)):
+                while first < len(spans) and spans[first][1] <= offset:
+                    first += 1  # spans are sorted: the ones before this chunk are done
+                at = first
+                while at < len(spans) and spans[at][0] < offset + len(chunk):
+                    start, end = spans[at]
+                    lo, hi = max(start, offset), min(end, offset + len(chunk))
+                    chunk[lo - offset : hi - offset] = mask(end - start)[lo - start : hi - start]
+                    at += 1
+                out.write(chunk)
+                digest.update(chunk)
+                offset += len(chunk)
+            out.flush()
+            os.fchmod(out.fileno(), mode)
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return digest.digest()
+
+
+def mask_file(path: str | os.PathLike[str], finder: Finder, clean: bytes | None = None) -> tuple[int, bytes | None]:
+    """Mask every secret `finder` finds in a regular file (a symlink is never followed) by
+    replacing the file with a masked copy of the same size: (spans masked, the SHA-256 of the file
+    as it is left; None for what is not a regular file). The decision is made on the file's bytes:
+    a file whose bytes hash to `clean` (what it held when last found clean) is not searched again."""
+    # O_NOFOLLOW: a leg's symlink in the run dir must not make the engine read outside it.
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(os.fspath(path), flags)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return 0
-        offset, tail = 0, b""
-        while True:
-            chunk = os.read(fd, FILE_CHUNK)
-            if not chunk:
-                break
-            buf = tail + chunk
-            base = offset - len(tail)
-            for secret in wanted:
-                pos = buf.find(secret)
-                while pos >= 0:
-                    # An occurrence inside the overlap was already found in the previous chunk.
-                    if pos + len(secret) > len(tail):
-                        hits.append((base + pos, secret))
-                    pos = buf.find(secret, pos + 1)
-            offset += len(chunk)
-            tail = buf[-overlap:] if overlap else b""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return 0, None
+        if clean is not None:
+            if _digest(fd) == clean:
+                return 0, clean
+            os.lseek(fd, 0, os.SEEK_SET)
+        spans, digest = _file_spans(fd, finder)
+        if spans:
+            digest = _replace_masked(os.fspath(path), fd, stat.S_IMODE(st.st_mode), spans)
+        return len(spans), digest
     finally:
         os.close(fd)
-    if not hits:
-        return 0
-    fd = os.open(os.fspath(path), os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        for at, secret in hits:
-            os.pwrite(fd, mask(secret), at)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return len(hits)
 
 
 class TreeScrubber:
     """Masks secrets in every regular file under a directory (what legs wrote into the run dir:
-    torchrun's per-rank logs keep the environment and the exception message). A file unchanged
-    since it was last found clean is not read again."""
+    torchrun's per-rank logs keep the environment and the exception message). Every file is read
+    on every call, and searched unless its bytes hash to what they were when it was last found
+    clean: a leg can rewrite a file and put its size and times back, never its SHA-256."""
 
     def __init__(self, root: str | os.PathLike[str], secrets: Iterable[str]) -> None:
         self.root = Path(root)
-        self.secrets = [s.encode("utf-8") for s in Scrubber(secrets).secrets]
-        self.clean: dict[str, tuple[int, int, int]] = {}
+        self.finder = finder_for(secrets, FILE_MIN_SECRET_LEN)
+        self.clean: dict[str, bytes] = {}
+        # "<path>: <why>" for each file that could not be checked (unreadable, or its folder
+        # not writable for the masked copy); the caller says so.
+        self.problems: list[str] = []
+
+    def vouch(self, path: str | os.PathLike[str], sha256: bytes) -> None:
+        """The engine wrote `path` itself, through a Scrubber: it is clean while its bytes hash
+        to `sha256` (a leg that rewrites it changes that, and it is searched again)."""
+        self.clean[os.fspath(path)] = sha256
 
     def scrub(self) -> list[str]:
         """Mask what is there now; the paths (relative to the root) of the files that held a
-        secret. A file that cannot be read is skipped (it cannot be shown either)."""
-        if not self.secrets:
+        secret. A file that cannot be checked is listed in `problems`."""
+        if not self.finder:
             return []
         found = []
         for dirpath, _dirnames, filenames in os.walk(self.root):  # never follows symlinks
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 try:
-                    st = os.lstat(path)
-                except OSError:
+                    if not stat.S_ISREG(os.lstat(path).st_mode):
+                        continue
+                    masked, digest = mask_file(path, self.finder, self.clean.get(path))
+                except FileNotFoundError:
                     continue
-                if not stat.S_ISREG(st.st_mode):
+                except OSError as exc:
+                    self.problems.append(f"{os.path.relpath(path, self.root)}: {exc.strerror or exc}")
                     continue
-                key = (st.st_size, st.st_mtime_ns, st.st_ino)
-                if self.clean.get(path) == key:
-                    continue
-                try:
-                    if mask_file(path, self.secrets):
-                        found.append(os.path.relpath(path, self.root))
-                        st = os.lstat(path)
-                        key = (st.st_size, st.st_mtime_ns, st.st_ino)
-                except OSError:
-                    continue
-                self.clean[path] = key
+                if digest is not None:
+                    self.clean[path] = digest
+                if masked:
+                    found.append(os.path.relpath(path, self.root))
         return found
 
 
@@ -259,6 +284,6 @@ def redact(values: Mapping[str, Any], secret_names: Iterable[str] = ()) -> dict[
     return {k: REDACTED if (k in names or is_secret(str(k))) else scrubber.scrub_obj(v) for k, v in values.items()}
 
 
-def redact_text(text: str, values: Mapping[str, Any]) -> str:
+def redact_text(text: str, values: Mapping[str, Any], secret_names: Iterable[str] = ()) -> str:
     """`text` with every secret value's text replaced by <redacted>."""
-    return Scrubber(secret_texts(values)).scrub(text)
+    return Scrubber(secret_texts(values, secret_names)).scrub(text)

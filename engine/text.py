@@ -10,6 +10,28 @@ from typing import Any, Callable, Sequence
 
 VALUE_CUT = 240
 
+# What a spec's or a leg's text must not do to the person reading it. Bidirectional controls
+# (embeddings, overrides, isolates and marks) reorder what follows, so a reviewer reads other text
+# than the file holds; C1 controls are invisible, or a terminal's CSI. XML, HTML and Markdown carry
+# both, so every report escapes them.
+_HIDING = {c: f"\\x{c:02x}" for c in range(0x80, 0xA0)}
+_HIDING.update({c: f"\\u{c:04x}" for c in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+# On a terminal, escape sequences also clear the screen, set the window title or write the
+# clipboard, and other control bytes move the cursor.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]} | _HIDING
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (newline and tab excepted) and every bidirectional
+    control shown as an escape (`\\x1b`, `\\u202e`)."""
+    return text.translate(_CONTROLS)
+
+
+def unhidden(text: str) -> str:
+    """`text` with the characters that make it read otherwise (bidirectional and C1 controls)
+    shown as escapes; for XML, which cannot carry the other control characters at all."""
+    return text.translate(_HIDING)
+
 
 def compact(value: Any, limit: int = VALUE_CUT) -> str:
     """Compact JSON for a value, cut at ``limit`` characters."""
@@ -71,3 +93,11 @@ def argv_delta(old: Sequence[Any], new: Sequence[Any], code: Callable[[Any], str
             after = f" after {code(a[i1 - 1])}" if i1 > 0 else " at the start"
             parts.append(f"added {code(' '.join(b[j1:j2]))}{after}")
     return "; ".join(parts)
+
+
+def utc_second(at: Any) -> str:
+    """A stored UTC time (`2026-12-01T02:27:13.123456Z`) to the second, as reports show it; one
+    that was not recorded says so."""
+    if not isinstance(at, str) or not at:
+        return "an unrecorded time"
+    return re.sub(r"\.\d+Z$", "Z", at)

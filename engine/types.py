@@ -95,3 +95,4 @@ class Verdict(TypedDict, total=False):
     seconds: float
     message: str
     harvest: list[HarvestProblem]
+    reused: list[dict[str, Any]]  # {step, from}: steps an earlier run ran (`engine run --from`), only then

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -129,3 +131,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         reporter.write_line(f"tests left files in the checkout: {new}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One Inductor cache for the whole session, its own: the compiling tests (and the trainer runs they start,
+    which inherit the variable, as xdist's workers do) reuse each other's kernels, and no other process on the
+    machine can change or delete that cache under a test."""
+    if hasattr(config, "workerinput") or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specprobe-inductor-")
+    config._specprobe_inductor = os.environ["TORCHINDUCTOR_CACHE_DIR"]  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache = getattr(config, "_specprobe_inductor", None)
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+# The rooms whose files run longest go first, so that xdist (which hands out files in collection order, each
+# to the next free worker) starts the long ones early and the engine's many short files fill in at the end.
+_ROOM_ORDER = {"test_e2e": 0, "test_trainer": 1, "test_hub": 2, "test_engine": 3}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    def room(item: pytest.Item) -> int:
+        parts = Path(str(item.fspath)).parts
+        return min((_ROOM_ORDER[p] for p in parts if p in _ROOM_ORDER), default=len(_ROOM_ORDER))
+
+    items.sort(key=room)  # stable: the order inside a room, and inside a file, stays

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -20,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
+from filelock import FileLock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -328,10 +331,26 @@ _SHARED: dict[str, object] = {}
 
 
 def shared(key: str, tmp_path_factory, build):
-    """Build an expensive artifact once per pytest session, whichever test module asks first."""
-    if key not in _SHARED:
-        _SHARED[key] = build(tmp_path_factory.mktemp(key))
-    return _SHARED[key]
+    """Build an expensive artifact once per pytest session, whichever test (and whichever xdist worker)
+    asks first: built under a file lock in the directory every worker's temp dir lives in, pickled there,
+    and loaded by the others (pytest-xdist's recipe). Callers read the artifact and copy what they change."""
+    if key in _SHARED:
+        return _SHARED[key]
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above each worker's own
+    done = root / f"shared-{key}.pickle"
+    with FileLock(str(root / f"shared-{key}.lock")):
+        if done.exists():
+            value = pickle.loads(done.read_bytes())
+        else:
+            where = root / f"shared-{key}"
+            shutil.rmtree(where, ignore_errors=True)  # what a builder that failed left behind
+            where.mkdir()
+            value = build(where)
+            done.write_bytes(pickle.dumps(value))
+    _SHARED[key] = value
+    return value
 
 
 def tiny_mix(tmp_path_factory) -> Path:

@@ -441,6 +441,7 @@ class Trainer:
         if self.args.val_tokens == 0:
             self.log("validation skipped (--val-tokens 0)")
             return {**out, "val_skipped": True}
+        self.log(f"validation start tokens={self.args.val_tokens}")  # a watcher's cue: this takes a while
         # No collective inside the try: a rank that fails must still reach the reduction below.
         total = torch.zeros(2, dtype=torch.float64, device=self.dist.device)
         err = None

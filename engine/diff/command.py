@@ -15,7 +15,8 @@ from engine.diff.saved_run import review_evidence
 from engine.diff.sides import Revision, load_side, materialise, repo_root
 from engine.run import evidence as evmod
 from engine.show.report import write_file
-from engine.spec.load import display_path
+from engine.spec.located import display_path
+from engine.text import printable
 
 # As `git diff --exit-code`; 2 is also `engine`'s usage code (verdict.Exit.USAGE).
 EXIT_SAME, EXIT_CHANGED, EXIT_INVALID = 0, 1, 2
@@ -30,7 +31,7 @@ def diff_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: Te
     try:
         report = build_report(args.old, args.new, args.base, args.evidence, args.mode)
     except DiffError as exc:
-        print(str(exc), file=stderr, flush=True)
+        print(printable(str(exc)), file=stderr, flush=True)
         return EXIT_INVALID
     stdout.write(render(report, markdown=args.markdown == "-"))
     stdout.flush()
@@ -71,7 +72,8 @@ def load_at_base(spec: Path, base: str, tmp: Path, revision: Revision | None = N
     where = materialise(spec, base, tmp, revision)
     shown = _shown(spec)
     rel = _repo_rel(spec)
-    right = load_side(spec, shown) if spec.exists() else Side(f"{shown} (deleted)", None)
+    # The working tree's side is a PR's files: it reads nothing outside the repository.
+    right = load_side(spec, shown, root=revision.root) if spec.exists() else Side(f"{shown} (deleted)", None)
     if where is not None and right.spec is not None and _same_files(tmp, right, revision.root):
         # Every file the spec reads is byte for byte the base's: one load serves both sides.
         left = Side(f"{base}:{rel}", right.spec, right.plans, str(tmp), f"{base}:")

@@ -11,7 +11,7 @@ from engine.diff.phrases import display_field, expr_delta, fmt, prose_delta
 from engine.diff.saved_run import UPSTREAM
 from engine.diff.strictness import NUMBERS, RUN, SPEC, UNCHANGED, UNKNOWN, Move, Shift, num
 from engine.expr.trace import MISSING, NOT_EVALUATED
-from engine.text import argv_delta, code, scalar_list, words
+from engine.text import argv_delta, code, printable, scalar_list, words
 
 # A plain path (`steps.leg2.harvest.run_json.final_step`): the explain entries worth quoting.
 _PATH = re.compile(r'[A-Za-z_]\w*(\.(?:[A-Za-z_]\w*|"[^"]*")|\[\d+\])*')
@@ -309,7 +309,8 @@ def render(report: Report, markdown: bool = False) -> str:
     """The whole diff as text (terminal) or Markdown (PR comment / job summary)."""
     out = Out(markdown)
     lines_of(out, report)
-    return "\n".join(out.lines).rstrip() + "\n"
+    # A spec's text with a bidirectional override would read otherwise to the reviewer: escaped.
+    return printable("\n".join(out.lines).rstrip() + "\n")
 
 
 def lines_of(out: Out, report: Report, level: int = 2) -> None:

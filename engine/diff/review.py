@@ -31,7 +31,7 @@ from engine.diff.strictness import reads
 from engine.judge.recheck import Refused, recheck
 from engine.run import evidence as evmod
 from engine.show.report import write_file
-from engine.text import code
+from engine.text import code, printable
 
 EXIT_SAFE, EXIT_RISKY, EXIT_INVALID = 0, 1, 2
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -123,6 +123,9 @@ def _saved_run(revision: Revision, rel_dir: str, tmp: Path) -> tuple[dict | None
     """(saved run now, saved run at the base, whether it changed): evidence documents, None when absent."""
     doc_path = f"{rel_dir}/evidence.json"
     now_file = revision.root / doc_path
+    if now_file.exists() and not now_file.resolve().is_relative_to(revision.root.resolve()):
+        # A PR's saved run is its files: a link that leads out of the repository is not one of them.
+        raise evmod.EvidenceError(f"{doc_path} leads outside the repository ({now_file.resolve()}): refused")
     now = evmod.load(now_file.parent) if now_file.is_file() else None
     blob = revision.blob(doc_path)
     if blob is None:
@@ -409,7 +412,7 @@ def render_review(review: Review, markdown: bool = False) -> str:
                 out.lines.append(mermaid.section(s.figures).rstrip("\n"))
                 out.blank()
                 out.lines.append("</details>")
-    return "\n".join(out.lines).rstrip() + "\n"
+    return printable("\n".join(out.lines).rstrip() + "\n")
 
 
 def grouped(risks: Sequence[Risk]) -> list[list[Risk]]:
@@ -445,7 +448,7 @@ def review_main(args: argparse.Namespace, stdout: TextIO | None = None, stderr: 
     try:
         review = build_review(args.base, args.specs, args.spec_dir, args.evidence_dir, args.accept_risk)
     except DiffError as exc:
-        print(str(exc), file=stderr, flush=True)
+        print(printable(str(exc)), file=stderr, flush=True)
         return EXIT_INVALID
     stdout.write(render_review(review, markdown=args.markdown == "-"))
     stdout.flush()

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 from engine.diff.model import ABSENT, Change, ModeDiff, Report
 from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import LOOSENED, NUMBERS, RUN, SPEC, UNKNOWN, Shift
+from engine.spec.plan import PROGRESS_DISPLAY
 from engine.text import argv_delta, code, scalar_list
 
 # kind -> why a change of that kind needs a human's approval.
@@ -226,10 +227,15 @@ def _step_risks(mode: str, changes: Iterable[Change], spec: str) -> tuple[list[R
                         [mode],
                     )
                 )
-        # What a leg does, not how long it may take (the budget's) or which exits pass (said above).
-        if not (c.op == "changed" and c.field in (*_TIME_FIELDS, "run.ok_exit_codes")):
+        # What a leg does, not how long it may take (the budget's), which exits pass (said above)
+        # or how its progress line reads (not in its fingerprint either).
+        if not (c.op == "changed" and (c.field in (*_TIME_FIELDS, "run.ok_exit_codes") or _display(c.field))):
             legs.append(c)
     return out, legs
+
+
+def _display(field: str) -> bool:
+    return any(field == f"run.progress.{k}" or field.startswith(f"run.progress.{k}.") for k in PROGRESS_DISPLAY)
 
 
 def _leg_phrase(c: Change) -> str:

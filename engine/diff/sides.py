@@ -12,7 +12,8 @@ from typing import Sequence
 import yaml
 
 from engine.diff.model import FIXED_BUILTINS, DiffError, Side
-from engine.spec.load import SpecErrors, load_spec
+from engine.spec.load import load_spec
+from engine.spec.located import SpecErrors
 from engine.spec.plan import build_plan, mode_names
 from engine.spec.validate import validate
 from engine.spec.values import UsageError
@@ -133,12 +134,13 @@ def materialise(spec: Path, rev: str, dest: Path, revision: Revision | None = No
     return dest / rel
 
 
-def load_side(path: Path, label: str, tmp: Path | None = None, rev_prefix: str = "") -> Side:
+def load_side(path: Path, label: str, tmp: Path | None = None, rev_prefix: str = "", root: Path | None = None) -> Side:
     """Load + validate + plan every mode; DiffError (exit 2) listing every problem when invalid. A
-    side written out from a git revision under `tmp` names its files `rev_prefix` + path."""
+    side written out from a git revision under `tmp` names its files `rev_prefix` + path and reads only
+    files under `tmp`; a working-tree side reads only files under `root` (its repository), when given."""
     side = Side(label, None, tmp=None if tmp is None else str(tmp), rev_prefix=rev_prefix)
     try:
-        spec = load_spec(path)
+        spec = load_spec(path, root=tmp if tmp is not None else root)
         errors = [str(e) for e in validate(spec, environ={})]
         if errors:
             raise DiffError("\n".join(errors))

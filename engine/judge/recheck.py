@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +21,8 @@ from engine.judge.verdict import derive_statuses, judge
 from engine.run import evidence
 from engine.run.output import reharvest
 from engine.secrets import REDACTED, Scrubber, redact
-from engine.spec.load import Spec, display_path
+from engine.spec.load import Spec
+from engine.spec.located import display_path
 from engine.spec.plan import Plan, build_plan, run_stamp, step_definition
 from engine.spec.values import PER_RUN_BUILTINS
 from engine.text import argv_delta, compact_pair, scalar_list
@@ -104,9 +105,12 @@ def value_change_lines(changes: list[tuple[str, Any, Any]]) -> list[str]:
     return lines
 
 
-def spec_mismatch(spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir: Path) -> str | None:
+def spec_mismatch(
+    spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir: Path, action: str = "re-check"
+) -> str | None:
     """Why the saved run is not evidence of `spec` (another spec's run), or None. The spec's name
-    is its identity: a file can move, but p4_smoke's run never vouches for p4_soak."""
+    is its identity: a file can move, but p4_smoke's run never vouches for p4_soak. `action` is
+    what is refused (`re-check`, `resume`)."""
     ran = saved.get("spec") if isinstance(saved.get("spec"), Mapping) else {}
     ran_name, name = ran.get("name"), spec.data.get("name")
     if ran_name == name and isinstance(name, str):
@@ -116,7 +120,7 @@ def spec_mismatch(spec: Spec, saved: Mapping[str, Any], spec_label: str, run_dir
         if ran_name
         else "no spec name (not an engine run's evidence?)"
     )
-    return f"refusing to re-check {run_dir}: it is evidence of {ran_text}, not of spec {name!r} ({spec_label})"
+    return f"refusing to {action} {run_dir}: it is evidence of {ran_text}, not of spec {name!r} ({spec_label})"
 
 
 def step_changes(
@@ -209,15 +213,18 @@ def output_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str
     return lines
 
 
-def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Plan:
+def replan(
+    spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None, sets: Sequence[str] = ()
+) -> Plan:
     """The plan the saved run would have had with the CURRENT spec: same mode, same --set and
-    env overrides, same builtins (run_dir, run_id, ... differ per run by design). SpecErrors or
-    UsageError when the current spec cannot be planned that way."""
+    env overrides, same builtins (run_dir, run_id, ... differ per run by design), then `sets` (a
+    resumed run's own --set) over them. SpecErrors or UsageError when the current spec cannot be
+    planned that way."""
     environ = os.environ if environ is None else environ
     values: Mapping[str, Any] = evidence.get("values") or {}
     sources: Mapping[str, str] = evidence.get("sources") or {}
     env_names = {name: var for var, name in (spec.data.get("env") or {}).items()}
-    sets, overrides = [], {}
+    saved_sets, overrides = [], {}
     for name, source in sources.items():
         if source not in ("--set", "env") or name not in values:
             continue
@@ -226,10 +233,10 @@ def replan(spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] |
             # Secrets are not stored; the caller's environment is the only place they live.
             overrides[env_names[name]] = environ[env_names[name]]
         else:
-            sets.append(f"{name}={_yaml_scalar(value)}")
+            saved_sets.append(f"{name}={_yaml_scalar(value)}")
     # Builtins differ per run by design; the re-check reuses the run's own.
     builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
-    return build_plan(spec, mode=evidence.get("mode"), sets=sets, environ=overrides, builtins=builtins)
+    return build_plan(spec, mode=evidence.get("mode"), sets=[*saved_sets, *sets], environ=overrides, builtins=builtins)
 
 
 def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list[str]:
@@ -241,10 +248,10 @@ def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list
         if step.get("kind") != "run" or not step.get("log") or name not in by_name:
             continue
         log = run_dir / step["log"]
-        if not log.is_file():
+        if not os.path.lexists(log):
             notes.append(f"step {name}: raw log {log} is missing; kept the saved harvest")
             continue
-        fresh = reharvest(by_name[name], log)
+        fresh = reharvest(by_name[name], log, run_dir)
         step["harvest"], step["harvest_errors"] = fresh["harvest"], fresh["harvest_errors"]
         step["lines"], step["progress"] = fresh["lines"], fresh["progress"]
         if step.get("status") == "failed":  # the runner keeps these for failed legs only
@@ -263,10 +270,7 @@ def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
     while path.exists():
         n += 1
         path = run_dir / f"{kind}-{stamp}-{n}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(evidence.dumps(record) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return evidence.write_document(path, evidence.dumps(record) + "\n")
 
 
 def recheck(
@@ -288,9 +292,16 @@ def recheck(
     if mismatch:
         raise Refused(mismatch)
     plan = replan(spec, saved)
+    # Whatever a saved run holds (a raw log may hold anything) is shown and stored through the
+    # secret filter of this spec and this machine's environment, as a live run's output is.
+    scrubber = Scrubber.for_plan(plan, os.environ)
+
+    def tell(text: str) -> None:
+        note(scrubber.scrub(text))
+
     changes, notes = step_changes(saved, plan)
     for text in notes:
-        note(text)
+        tell(text)
     values = value_changes(saved, plan)
     if not changes and not replay:
         outputs = output_changes(saved, plan)
@@ -315,18 +326,19 @@ def recheck(
     if values:
         # No step reads them (the steps are unchanged), so only checks do: re-evaluate with the
         # spec's values, and say so, value by value.
-        note("checks read the spec's current values, not the run's:")
+        tell("checks read the spec's current values, not the run's:")
         for text in value_change_lines(values):
-            note("  " + text)
+            tell("  " + text)
         doc["values"] = redact(plan.values, plan.secret_names)
         doc["sources"] = dict(plan.sources)
     if replay:
         for text in reharvest_steps(doc, plan, run_dir):
-            note(text)
+            tell(text)
     doc, corrected = derive_statuses(plan.steps, doc)
     for text in corrected:
-        note(text)
+        tell(text)
     results, verdict = judge(plan, doc)
+    doc, results, verdict = scrubber.scrub_obj(doc), scrubber.scrub_obj(results), scrubber.scrub_obj(verdict)
     kind = "replay" if replay else "check"
     # What every report says first: this is a re-check, when, of which spec, with which values moved
     # (set here whatever the saved document holds under that name).
@@ -341,7 +353,7 @@ def recheck(
         ],
     }
     if store:
-        _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, note)
+        _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, tell, scrubber.scrub_obj)
     return Recheck(doc, results, verdict)
 
 
@@ -355,9 +367,10 @@ def _store(
     values: list[tuple[str, Any, Any]],
     corrected: list[str],
     note: Callable[[str], None],
+    scrub: Callable[[Any], Any],
 ) -> None:
-    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence; a run dir that cannot be
-    written to costs a note, never the answer."""
+    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence, through the secret
+    filter; a run dir that cannot be written to costs a note, never the answer."""
     record = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
     record["spec_revision"] = doc["rechecked"]["revision"]
     if values:
@@ -367,9 +380,9 @@ def _store(
     if kind == "replay":
         record["steps"] = doc.get("steps")
     try:
-        write_record(run_dir, kind, record)
-    except OSError as exc:
-        note(f"could not write the {kind} record in {run_dir}: {exc.strerror or exc}")
+        write_record(run_dir, kind, scrub(record))
+    except (OSError, evidence.RecordError) as exc:
+        note(f"could not write the {kind} record in {run_dir}: {getattr(exc, 'strerror', None) or exc}")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

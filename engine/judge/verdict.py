@@ -145,7 +145,8 @@ def verdict(
     """The run's verdict: outcome PASS|FAIL|PRECONDITION|INTERRUPTED|ERROR, failed names (gate checks
     that FAIL/NO_DATA/ERROR, ``step:<name>`` for failed steps of any kind, ``harvest:<step>.<rule>`` for
     harvest problems no rule opted into), warnings, exit code, seconds; `harvest` lists every
-    harvest problem (failing or opted into) when there is one.
+    harvest problem (failing or opted into) when there is one; `reused` the steps whose evidence
+    an earlier run made (`engine run --from`), when there are some.
 
     ``preconditions`` maps a step name to its precondition message (from the plan); a step's own
     ``precondition`` field in the evidence is used when the plan is not at hand.
@@ -172,6 +173,10 @@ def verdict(
     }
     if disabled:
         out["disabled"] = disabled
+    # `engine run --from`: the steps whose evidence an earlier run made, and when that run started.
+    reused = [{"step": n, "from": s.get("reused_from")} for n, s in steps.items() if s.get("reused") is True]
+    if reused:
+        out["reused"] = reused
     if harvest:
         out["harvest"] = [dict(p) for p in harvest]
     precondition = _precondition_failure(evidence, preconditions or {})

@@ -12,13 +12,14 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine import limits
 from engine.secrets import redact
-from engine.spec.load import display_path
+from engine.spec.located import display_path
 from engine.spec.plan import step_definition
 
 EVIDENCE_VERSION = 1
@@ -92,6 +93,33 @@ def new_document(plan: PlanLike, run_dir: str | os.PathLike[str], engine_version
     }
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """The steps a run takes over from the earlier run in its run dir (`engine run --from STEP`):
+    their records and collected state as that run stored them."""
+
+    from_step: str
+    run_started_at: str | None  # when the earlier run started
+    records: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
+    set_aside: str | None = None  # where that run's evidence went, relative to the run dir
+
+
+def carry_over(doc: dict[str, Any], reuse: Reuse) -> None:
+    """Put the reused steps into a new document: each record marked `reused` with the start of the
+    run that really ran it (a step reused twice keeps its first run's), and `resumed` saying how."""
+    for name, record in reuse.records.items():
+        ran = record.get("reused_from") if record.get("reused") is True else None
+        doc["steps"][name] = {**record, "reused": True, "reused_from": ran or reuse.run_started_at}
+    doc["state"].update(reuse.state)
+    doc["resumed"] = {
+        "from_step": reuse.from_step,
+        "reused": list(reuse.records),
+        "run_started_at": reuse.run_started_at,
+        "set_aside": reuse.set_aside,
+    }
+
+
 def _nonfinite_name(x: float) -> str:
     return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
 
@@ -144,7 +172,17 @@ def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
     text = dumps(doc) + "\n"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".evidence.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise RecordError(target, exc) from None
+    return write_document(target, text)
+
+
+def write_document(target: Path, text: str) -> Path:
+    """`text` at `target`, atomically, through a fresh temporary file beside it (created with
+    O_EXCL: never a name that could already be a symlink to elsewhere) renamed over it; RecordError
+    naming `target` when it cannot be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise RecordError(target, exc) from None
     try:
@@ -165,7 +203,7 @@ def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
 
 
 # The fields a re-check reads, and the JSON type each must have (None: absent is fine).
-_OBJECTS = ("values", "sources", "fingerprints", "definitions", "steps", "state", "spec")
+_OBJECTS = ("values", "sources", "fingerprints", "definitions", "steps", "state", "spec", "resumed")
 _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "kind": (str,),
     "status": (str,),
@@ -177,6 +215,9 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "lines": (int,),
     "progress": (dict, type(None)),
     "precondition": (str, type(None)),
+    "progress_warning": (dict,),
+    "reused": (bool,),
+    "reused_from": (str, type(None)),
 }
 _JSON_TYPE = {
     dict: "an object",
@@ -233,11 +274,11 @@ def shape_problems(doc: Mapping[str, Any]) -> list[str]:
 
 def load(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The evidence document of a saved run; EvidenceError (naming the file and what is wrong)
-    when it is missing, not a regular file, too big, not UTF-8 JSON, nested too deeply, of the
+    when it is missing, not a regular file inside `run_dir` (a symlink out of it), too big, not UTF-8 JSON, nested too deeply, of the
     wrong shape, or newer than this engine."""
     target = path_of(run_dir)
     try:
-        raw = limits.read_regular_file(target, limits.EVIDENCE_MAX_BYTES, "evidence file")
+        raw = limits.read_regular_file(target, limits.EVIDENCE_MAX_BYTES, "evidence file", inside=run_dir)
     except FileNotFoundError:
         raise EvidenceError(f"{target}: no evidence document (was a run started in this directory?)") from None
     except limits.LimitError as exc:

@@ -137,14 +137,16 @@ class Block:
             end = text.find("\n", start)
             yield self.first_lineno + index, self.stripped(text[start : end if end >= 0 else None])
 
-    def find_last_line(self, literal: str) -> Iterator[str]:
-        """Stripped lines containing `literal`, last first (the latest progress line is wanted)."""
+    def find_last_line(self, literal: str) -> Iterator[tuple[int, str]]:
+        """(line number, stripped line) of the lines containing `literal`, last first (the latest
+        progress line is wanted). A line's number is counted from the end: only the text after it."""
         text = self.text
         pos = text.rfind(literal)
         while pos >= 0:
             start = text.rfind("\n", 0, pos) + 1
             end = text.find("\n", pos)
-            yield self.stripped(text[start : end if end >= 0 else None])
+            after = text.count("\n", end) if end >= 0 else 0
+            yield self.first_lineno + self.count - 1 - after, self.stripped(text[start : end if end >= 0 else None])
             if start == 0:
                 return
             pos = text.rfind(literal, 0, start - 1)
@@ -170,14 +172,17 @@ class LineMatcher:
                 return lineno, line
         return None
 
-    def last(self, block: Block) -> Any:
-        """The match on the last line of the block that the pattern matches."""
+    def last(self, block: Block) -> tuple[int, Any] | None:
+        """(line number, match) of the last line of the block that the pattern matches."""
         search = self.pattern.search
-        lines = block.find_last_line(self.literal) if self.literal is not None else reversed(block.lines)
-        for line in lines:
+        if self.literal is not None:
+            lines: Iterator[tuple[int, str]] = block.find_last_line(self.literal)
+        else:
+            lines = ((block.first_lineno + i, line) for i, line in reversed(list(enumerate(block.lines))))
+        for lineno, line in lines:
             found = search(line)
             if found is not None:
-                return found
+                return lineno, found
         return None
 
 

@@ -57,6 +57,10 @@ class ChildExitRule:
 class ProgressRule:
     pattern: Pattern
     every_s: float
+    # The leg's own last step (`progress.total`): a segment leg stops before the horizon its lines print.
+    total: int | None = None
+    # (name, pattern) of the lines that start a phase after the last step (`progress.phases`).
+    phases: tuple[tuple[str, Pattern], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class OutputRules:
         patterns = [
             self.strip_prefix,
             self.progress.pattern if self.progress else None,
+            *(pattern for _, pattern in (self.progress.phases if self.progress else ())),
             *(rule.pattern for rule in self.harvest),
             *((child.code, *child.messages) if child else ()),
         ]
@@ -111,13 +116,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
             harvest.append(HarvestRule(name, None, pick, on_conflict, on_malformed, pattern))
         else:
             harvest.append(HarvestRule(name, str(rule["marker"]), pick, on_conflict, on_malformed))
-    progress = None
-    if run.get("progress"):
-        pattern = _regex(run["progress"]["match"], "progress.match")
-        missing = {"step", "total"} - set(pattern.groupindex)
-        if missing:
-            raise ValueError(f"progress.match {pattern.pattern!r} lacks named group(s) {sorted(missing)}")
-        progress = ProgressRule(pattern, float(run["progress"].get("every_s", defaults.PROGRESS_EVERY_S)))
+    progress = _progress_rule(run["progress"]) if run.get("progress") else None
     patterns = output.get("failure_patterns")
     child = output.get("child_exit")
     return OutputRules(
@@ -162,6 +161,21 @@ def child_exit_text(child: Mapping[str, Any]) -> str:
         how = "failed"
     message = child.get("message")
     return f"{who} {how}" + (f": {message}" if isinstance(message, str) and message else "")
+
+
+def _progress_rule(spec: Mapping[str, Any]) -> ProgressRule:
+    """A resolved `progress:` section -> ProgressRule. The total is the spec's `total`, else the
+    line's `total` group, else unknown (step and rate only)."""
+    pattern = _regex(spec["match"], "progress.match")
+    if "step" not in pattern.groupindex:
+        raise ValueError(f"progress.match {pattern.pattern!r} lacks the named group 'step'")
+    total = spec.get("total")
+    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 1):
+        raise ValueError(f"progress.total must be a positive integer, got {total!r}")
+    phases = tuple(
+        (str(name), _regex(text, f"progress.phases.{name}")) for name, text in (spec.get("phases") or {}).items()
+    )
+    return ProgressRule(pattern, float(spec.get("every_s", defaults.PROGRESS_EVERY_S)), total, phases)
 
 
 def _json_after(line: str, marker: str) -> Any:
@@ -210,6 +224,8 @@ class Capture:
             )
         )
         self._progress = LineMatcher(rules.progress.pattern) if rules.progress else None
+        self._phases = [(name, LineMatcher(p)) for name, p in (rules.progress.phases if rules.progress else ())]
+        self._total = rules.progress.total if rules.progress else None
         self._matched = [(rule, LineMatcher(rule.pattern)) for rule in rules.harvest if rule.pattern is not None]
         child = rules.child_exit
         self._child_code = LineMatcher(child.code) if child else None
@@ -230,7 +246,9 @@ class Capture:
             if self._progress is not None:
                 found = self._progress.last(block)
                 if found is not None:
-                    self._observe(found)
+                    self._observe(*found)
+                if self._phases and self.progress.done_lineno is not None:
+                    self._enter_phase(block)
             if self._child_code is not None:
                 self._watch_child(block)
 
@@ -239,7 +257,7 @@ class Capture:
         found = self._child_code.last(block)
         if found is not None:
             try:
-                self.child_code = int(found.group("code"))
+                self.child_code = int(found[1].group("code"))
             except (TypeError, ValueError):
                 pass  # a code that is not a number says nothing
         if self.child_message is None:
@@ -337,12 +355,27 @@ class Capture:
             self.harvested[rule.name] = value
             seen.picked = lineno
 
-    def _observe(self, found: Any) -> None:
+    def _observe(self, lineno: int, found: Any) -> None:
+        printed = found.groupdict().get("total")
         try:
-            step, total = int(found["step"]), int(found["total"])
+            step = int(found["step"])
+            total = self._total or (int(printed) if printed is not None else None)
         except (TypeError, ValueError):
             return  # a progress line whose numbers do not parse is not progress
-        self.progress.observe(step, total, time.monotonic())
+        self.progress.observe(step, total, time.monotonic(), lineno)
+
+    def _enter_phase(self, block: Block) -> None:
+        """The furthest phase a line of the block starts after the last step. Phases are declared in
+        the order a leg goes through them and never go back: a push and the validation overlap, and
+        a push's line printed after `validation start` must not hide that the leg now validates."""
+        done = self.progress.done_lineno or 0
+        furthest = None
+        for rank, (name, matcher) in enumerate(self._phases):
+            found = matcher.last(block)
+            if found is not None and found[0] > done:
+                furthest = (rank, name)
+        if furthest is not None:
+            self.progress.enter(furthest[1], time.monotonic(), furthest[0])
 
     def harvest_result(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Harvest values (absent when never found) and errors, including `missing` markers."""
@@ -472,11 +505,25 @@ class ProgressState:
     first_step: int | None = None
     first_at: float | None = None
     last_at: float | None = None
+    # When (and on which line) the leg printed its last step, and the phase it is in since.
+    done_at: float | None = None
+    done_lineno: int | None = None
+    phase: str | None = None
+    phase_at: float | None = None
+    phase_rank: int = -1
 
-    def observe(self, step: int, total: int, at: float) -> None:
+    def observe(self, step: int, total: int | None, at: float, lineno: int = 0) -> None:
         if self.first_step is None:
             self.first_step, self.first_at = step, at
         self.step, self.total, self.last_at = step, total, at
+        if self.done_at is None and total is not None and step >= total:
+            self.done_at, self.done_lineno = at, lineno
+
+    def enter(self, phase: str, at: float, rank: int = 0) -> None:
+        """A line that starts `phase`, the `rank`-th the spec declares: a later one than the
+        current phase moves on, the same one goes on from its start, an earlier one is past."""
+        if self.phase is None or rank > self.phase_rank:
+            self.phase, self.phase_at, self.phase_rank = phase, at, rank
 
     def rate(self) -> float | None:
         """Steps per second between the first and the latest progress line (startup excluded)."""
@@ -499,21 +546,23 @@ class ProgressState:
         return {"step": self.step, "total": self.total, "steps_per_s": round(rate, 4) if rate is not None else None}
 
 
-def reharvest(step: Mapping[str, Any], log_path: str | Path) -> dict[str, Any]:
-    """Recompute harvest, harvest_errors, failure_lines, child_exit and tail from a saved RAW log,
-    with the step's CURRENT output rules (`engine replay`). failure_lines and child_exit are computed
-    whatever the step's status was; the caller keeps them only for a failed step."""
+def reharvest(step: Mapping[str, Any], log_path: str | Path, run_dir: str | Path) -> dict[str, Any]:
+    """Recompute harvest, harvest_errors, failure_lines, child_exit and tail from a saved RAW log (a
+    file inside `run_dir`), with the step's CURRENT output rules (`engine replay`). failure_lines and
+    child_exit are computed whatever the step's status was; the caller keeps them only for a failed step."""
     rules = compile_rules(step.get("run") or {})
     capture = Capture(rules)
     # A log the engine wrote is never bigger (limits.LOG_HEAD_BYTES + LOG_TAIL_BYTES); a bigger
-    # one, or a FIFO, is not one of them.
+    # one, a FIFO, or a link out of the run dir, is not one of them.
     try:
-        raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log").decode(
+        raw = limits.read_regular_file(log_path, limits.REPLAY_LOG_MAX_BYTES, "raw log", inside=run_dir).decode(
             "utf-8", errors="replace"
         )
     except (OSError, ValueError) as exc:
         from engine.run.evidence import EvidenceError
 
+        if isinstance(exc, limits.LimitError):  # it names the file
+            raise EvidenceError(f"raw log {exc}") from None
         raise EvidenceError(f"raw log {log_path}: {getattr(exc, 'strerror', None) or exc}") from None
     lines = raw.split("\n")
     if lines and lines[-1] == "":

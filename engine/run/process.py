@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import codecs
 import fcntl
+import hashlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import threading
@@ -127,6 +127,18 @@ def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[Sign
     return out
 
 
+def _new_file(path: Path) -> BinaryIO:
+    """A new, empty file at `path`, created, never opened through what is there: an earlier leg
+    may have left a symlink at a later step's log name, which `open(path, "wb")` would follow
+    and truncate."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "wb")
+
+
 class CappedLog:
     """A leg's raw log on disk, bounded: its first `head` bytes, then, once those are written, its
     most recent output in rotating segment files beside it (`<log>.tail-NNNN`, at most `tail`
@@ -138,7 +150,7 @@ class CappedLog:
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh: BinaryIO = open(self.path, "wb")
+        self.fh: BinaryIO = _new_file(self.path)
         self.head, self.tail = head, tail
         self.segment_max = max(tail // LOG_TAIL_SEGMENTS, 1)
         self.size = 0
@@ -146,17 +158,25 @@ class CappedLog:
         self.serial = 0
         self.dropped_bytes = self.dropped_lines = 0
         self.error: OSError | None = None  # the first write that failed (a full disk): nothing after it
+        # The SHA-256 of the file as closed, handed to `on_close`: the run-dir scrubber then need
+        # not search what the engine wrote through the secret filter, while it still holds that.
+        self.digest, self.on_close = hashlib.sha256(), None
+
+    def _put(self, data: bytes) -> None:
+        self.fh.write(data)
+        if self.on_close is not None:  # set before the leg's first line, or never
+            self.digest.update(data)
 
     def write(self, data: bytes) -> None:
         """Append whole lines."""
         if not self.segments:
             if self.size + len(data) <= self.head:
-                self.fh.write(data)
+                self._put(data)
                 self.fh.flush()
                 self.size += len(data)
                 return
             cut = data.rfind(b"\n", 0, self.head - self.size) + 1  # whole lines only
-            self.fh.write(data[:cut])
+            self._put(data[:cut])
             self.fh.flush()
             self.size += cut
             data = data[cut:]
@@ -185,7 +205,7 @@ class CappedLog:
             self.dropped_lines += lines
         self.serial += 1
         path = self.path.with_name(f"{self.path.name}.tail-{self.serial:04d}")
-        self.segments.append([path, open(path, "wb"), 0, 0])
+        self.segments.append([path, _new_file(path), 0, 0])
         return self.segments[-1]
 
     def close(self) -> None:
@@ -203,7 +223,7 @@ class CappedLog:
 
     def _close(self) -> None:
         if self.dropped_bytes:
-            self.fh.write(
+            self._put(
                 f"[specprobe: {self.dropped_lines:,} lines ({self.dropped_bytes:,} bytes) of this "
                 f"log dropped here; a log keeps its first {self.head:,} bytes and its last "
                 f"{self.tail:,} at most]\n".encode()
@@ -211,10 +231,13 @@ class CappedLog:
         for path, fh, _, _ in self.segments:
             fh.close()
             with open(path, "rb") as src:
-                shutil.copyfileobj(src, self.fh)
+                while chunk := src.read(1 << 20):
+                    self._put(chunk)
             path.unlink(missing_ok=True)
         self.segments.clear()
         self.fh.close()
+        if self.on_close is not None:
+            self.on_close(self.path, self.digest.digest())
 
     def write_text(self, text: str) -> None:
         """Append whole lines; after a write that failed (a full disk, a file-size limit) the log
@@ -380,6 +403,7 @@ def run_command(
     notify: Callable[[str], None] | None = None,
     drain_s: float = DRAIN_S,
     log_limits: tuple[int, int] = (limits.LOG_HEAD_BYTES, limits.LOG_TAIL_BYTES),
+    log_written: Callable[[Path, bytes], None] | None = None,
 ) -> ProcessResult:
     """Run `argv` to completion (or timeout / signal rule / Ctrl-C) and return what happened.
 
@@ -387,7 +411,8 @@ def run_command(
     function applied to every line before it is logged or seen. `on_tick(elapsed_s)` is called from
     the calling thread about every POLL_S seconds (progress display); `notify(text)` hears about
     kills as they happen (a 90 s grace period must not look like a hang). `log_limits` is the
-    log's (head, tail) in bytes. On KeyboardInterrupt the leg's processes are terminated like on a
+    log's (head, tail) in bytes; `log_written(path, sha256)` hears of the log once it is closed
+    after the leg ran, whole. On KeyboardInterrupt the leg's processes are terminated like on a
     timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised. When the log
     cannot be written (a full disk), the leg is stopped the same way and `RecordError` (carrying
     the result) is raised.
@@ -408,6 +433,8 @@ def run_command(
             result = started
         else:
             proc, group, marker = started
+            if log is not None:
+                log.on_close = log_written
             result = _supervise(
                 proc,
                 group,

@@ -28,6 +28,7 @@ from engine.run.process import Interrupted, compile_signal_rules, run_command
 from engine.run.reaper import Reaper
 from engine.secrets import Scrubber, TreeScrubber
 from engine.spec.plan import step_kind
+from engine.text import utc_second
 from engine.types import CheckResult, Verdict
 
 DIAG_READ_BYTES = 1 << 18  # enough for 70 long lines; a multi-GB rank log is never read whole
@@ -210,7 +211,9 @@ def kill_children() -> list[int]:
 
 
 class Runner:
-    def __init__(self, plan: evidence.PlanLike, run_dir: Path, console: Console) -> None:
+    def __init__(
+        self, plan: evidence.PlanLike, run_dir: Path, console: Console, reuse: evidence.Reuse | None = None
+    ) -> None:
         self.plan, self.run_dir, self.console = plan, run_dir, console
         self.t0 = time.monotonic()
         self.scrubber = Scrubber.for_plan(plan, os.environ)
@@ -220,6 +223,8 @@ class Runner:
         self.doc = evidence.new_document(plan, run_dir, version())
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
+        if reuse is not None:
+            evidence.carry_over(self.doc, reuse)
 
     def save(self) -> None:
         self.doc["finished_at"] = evidence.now_iso()
@@ -279,6 +284,8 @@ class Runner:
             self._judge(judge)
         self.scrub_files()
         self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
+        # What the caller renders (the terminal table, JUnit, Markdown, HTML) is what was stored.
+        self.doc = self.scrubber.scrub_obj(self.doc)
 
     def _judge(self, judge: Judge) -> None:
         while True:
@@ -309,14 +316,22 @@ class Runner:
         found = self.files.scrub()
         for path in found:
             self.say(f"   masked a secret in {path}")
+        for problem in self.files.problems:
+            self.say(f"   WARNING: could not check for secrets (it may hold one): {problem}")
+        self.files.problems.clear()
         if record is not None and found:
             record["secrets_masked_in"] = found
 
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
         name, kind = step["name"], step_kind(step)
-        self.say(f"=== {name}")
         record = self.doc["steps"][name]
+        if record.get("reused"):  # `--from` a later step: this one's evidence is the earlier run's
+            self.say(
+                f"=== {name}: reused ({record.get('status')}) from the run of {utc_second(record.get('reused_from'))}"
+            )
+            return True
+        self.say(f"=== {name}")
         if not step.get("enabled", True):
             record["status"] = "skipped"
             self.say(f"{name} skipped (when: {step.get('when')})")
@@ -362,7 +377,11 @@ class Runner:
             return None
         capture = Capture(rules, self.console)
         display = ProgressDisplay(
-            name, capture.progress, rules.progress.every_s if rules.progress else None, self.console
+            name,
+            capture.progress,
+            rules.progress.every_s if rules.progress else None,
+            self.console,
+            run.get("timeout_s"),
         )
         log_rel = f"logs/{_safe_name(name)}.log"
         record.update(
@@ -390,10 +409,11 @@ class Runner:
                 strip_prefix=rules.strip_prefix,
                 scrub=self.scrubber,
                 notify=lambda text: self.say("   " + text),
+                log_written=self.files.vouch if self.files.finder else None,
             )
         except Interrupted as exc:
             display.close()
-            self._record_capture(record, capture, failed=True)
+            self._record_capture(record, capture, failed=True, warning=display.warning)
             record.update(exc.result.as_dict())
             raise
         except evidence.RecordError as exc:
@@ -414,7 +434,7 @@ class Runner:
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
         record["error"] = "; ".join(([result.error] if result.error else []) + problems) or None
-        self._record_capture(record, capture, failed=not ok)
+        self._record_capture(record, capture, failed=not ok, warning=display.warning)
         for problem in harvest_problems(name, record, (run.get("output") or {}).get("harvest") or {}):
             self.say(
                 f"   HARVEST {'FAILED' if problem['fails'] else 'note'} {problem['harvest']} "
@@ -433,7 +453,9 @@ class Runner:
                 record["diagnostics"] = self._diagnostics(diag)
         return result.rc
 
-    def _record_capture(self, record: dict[str, Any], capture: Capture, failed: bool) -> None:
+    def _record_capture(
+        self, record: dict[str, Any], capture: Capture, failed: bool, warning: dict[str, Any] | None = None
+    ) -> None:
         harvest, errors = capture.harvest_result()
         record.update(
             {
@@ -443,6 +465,8 @@ class Runner:
                 "progress": capture.progress.as_dict(),
             }
         )
+        if warning is not None:  # the ETA passed the time left before the timeout
+            record["progress_warning"] = warning
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -471,6 +495,7 @@ class Runner:
             int(diag.get("list_max", defaults.DIAGNOSTICS_LIST_MAX)),
             int(diag.get("max_files", defaults.DIAGNOSTICS_MAX_FILES)),
             int(diag.get("tail_lines", defaults.DIAGNOSTICS_TAIL_LINES)),
+            self.scrubber.scrub,
         )
         report = self.scrubber.scrub_obj(report)
         self.say(f"   DIAGNOSTICS {report['dir']}:")
@@ -589,9 +614,12 @@ def remove_path(target: Path) -> bool:
     return False
 
 
-def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: int) -> dict[str, Any]:
+def collect_diagnostics(
+    root: Path, list_max: int, max_files: int, tail_lines: int, scrub: Callable[[str], str] = lambda line: line
+) -> dict[str, Any]:
     """List a directory tree and tail its files, everything shown unfiltered: the failing rank's
-    traceback may use words no failure pattern anticipated."""
+    traceback may use words no failure pattern anticipated. Each tail line is scrubbed before it
+    is cut to the evidence's line limit: cut first, a secret across the cut would leave a piece."""
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
         return {
@@ -613,7 +641,7 @@ def collect_diagnostics(root: Path, list_max: int, max_files: int, tail_lines: i
             entries.append(str((base / f).relative_to(root)))
             files.append(base / f)
     tails = [
-        {"path": str(f), "tail": [limits.cut_text(line) for line in tail_file(f, tail_lines)]}
+        {"path": str(f), "tail": [limits.cut_text(scrub(line)) for line in tail_file(f, tail_lines)]}
         for f in files[:max_files]
     ]
     return {
@@ -651,15 +679,19 @@ def execute(
     is_tty: bool | None = None,
     judge: Judge | None = None,
     stops: StopSignals | None = None,
+    err: TextIO | None = None,
+    reuse: evidence.Reuse | None = None,
 ) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
     RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
     interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
-    installed and keeps past the run; by default the run installs its own for its duration."""
+    installed and keeps past the run; by default the run installs its own for its duration. `err`:
+    where warnings go (stderr). `reuse`: the steps taken over from the earlier run in `run_dir`
+    (`engine run --from`), which do not run again."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(plan, run_path, Console(out, is_tty))
+    runner = Runner(plan, run_path, Console(out, is_tty, err), reuse)
     if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
         return runner.execute(judge, stops)
     with StopSignals() as own:

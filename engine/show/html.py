@@ -22,9 +22,11 @@ from engine.show.report import (
     child_exits,
     explain_lines,
     recheck_header,
+    reused_line,
     value_change,
     verdict_line,
 )
+from engine.text import printable
 
 _FAILING = ("FAIL", "NO_DATA", "ERROR")
 _STYLE = """
@@ -118,6 +120,9 @@ def render(
     if verdict.get("message"):
         out.append(f"<p><strong>{escape(verdict['message'])}</strong></p>")
     out += [f'<p class="child"><strong>{escape(text)}</strong></p>' for text in child_exits(evidence)]
+    reused = reused_line(evidence, verdict)
+    if reused:
+        out.append(f'<p class="meta">{escape(reused)}</p>')
     out.append("</header>")
 
     failing = [r for r in results if r["outcome"] in _FAILING]
@@ -172,7 +177,8 @@ def render(
     out += ["</section>"]
     out += _values(evidence)
     out += ["</body>", "</html>"]
-    return "\n".join(out) + "\n"
+    # A browser acts on bidirectional and control characters; escaped, the page shows what is there.
+    return printable("\n".join(out) + "\n")
 
 
 def _values(evidence: Mapping[str, Any]) -> list[str]:

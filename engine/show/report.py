@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from engine.run.output import child_exit_text
-from engine.text import compact_pair
+from engine.text import compact_pair, printable, unhidden, utc_second
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
 # would make the whole JUnit file unparsable.
@@ -115,10 +115,33 @@ def verdict_line(name: str, verdict: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+def reused_line(evidence: Mapping[str, Any], verdict: Mapping[str, Any]) -> str | None:
+    """`resumed at leg2: fetch_mix, leg1, hub_after_leg1 reused from the run of 2026-...Z`, or None
+    for a run that reused nothing (`engine run --from`)."""
+    by_run: dict[str, list[str]] = {}
+    for entry in verdict.get("reused") or []:
+        by_run.setdefault(utc_second(entry.get("from")), []).append(str(entry.get("step")))
+    if not by_run:
+        return None
+    resumed = evidence.get("resumed") if isinstance(evidence.get("resumed"), Mapping) else {}
+    head = f"resumed at {resumed['from_step']}: " if isinstance(resumed.get("from_step"), str) else ""
+    return head + "; ".join(f"{', '.join(names)} reused from the run of {when}" for when, names in by_run.items())
+
+
+def _step_notes(step: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """What a step row says before and after its outcome: that it was reused, and the progress
+    warning of a leg whose ETA passed its timeout."""
+    before = [f"reused from the run of {utc_second(step.get('reused_from'))}"] if step.get("reused") is True else []
+    warning = step.get("progress_warning")
+    after = [f"WARNING the ETA passed the timeout: {warning.get('message')}"] if isinstance(warning, Mapping) else []
+    return before, after
+
+
 def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
     for name, step in (evidence.get("steps") or {}).items():
-        detail = []
+        before, after = _step_notes(step)
+        detail = list(before)
         if step.get("rc") is not None:
             detail.append(f"rc {step['rc']}")
         if step.get("timed_out"):
@@ -127,6 +150,7 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             detail.append(str(step["error"]))
         if step.get("seconds") is not None:
             detail.append(f"{step['seconds']} s")
+        detail += after
         rows.append((f"step:{name}", str(step.get("status", "?")), ", ".join(detail)))
     return rows
 
@@ -180,6 +204,9 @@ def table(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
         result = by_name.get(name)
         if result and result["outcome"] in ("FAIL", "NO_DATA", "ERROR"):
             lines.extend(explain_lines(result, verbose))
+    reused = reused_line(evidence, verdict)
+    if reused:
+        lines.append(reused)
     lines.append(verdict_line(_spec_name(evidence), verdict))
     return "\n".join(lines)
 
@@ -232,6 +259,9 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
         elif status in ("skipped", "not_run"):
             counts["skipped"] += 1
             ET.SubElement(el, "skipped", message=status)
+        before, after = _step_notes(step)
+        if before or after:
+            ET.SubElement(el, "system-out").text = "\n".join(before + after)
 
     for problem in (verdict or {}).get("harvest") or []:
         el = case(f"{name}.harvest", f"{problem['step']}.{problem['harvest']} ({problem.get('kind')})", 0)
@@ -270,7 +300,7 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
     suite.set("time", str((verdict or {}).get("seconds", evidence.get("seconds") or 0)))
     ET.indent(suite)
     text = ET.tostring(suite, encoding="unicode")
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("", text) + "\n"
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + unhidden(_NOT_XML.sub("", text)) + "\n"
 
 
 def _recheck_properties(suite: ET.Element, evidence: Mapping[str, Any]) -> None:
@@ -323,6 +353,9 @@ def markdown(
     said = child_exits(evidence)
     if said:
         lines += [f"- {_cell(text)}" for text in said] + [""]
+    reused = reused_line(evidence, verdict)
+    if reused:
+        lines += [f"> {_cell(reused)}", ""]
     if verdict.get("failed"):
         lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]
@@ -344,7 +377,8 @@ def markdown(
         from engine.show import mermaid
 
         lines += ["", mermaid.section(list(figures)).rstrip("\n")]
-    return "\n".join(lines) + "\n"
+    # A PR comment shows bidirectional controls as they act: escaped, a reviewer reads what is there.
+    return printable("\n".join(lines) + "\n")
 
 
 def write_file(path: str | Path, text: str) -> None:

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jsonschema
 from jmespath import exceptions as jexc
@@ -25,7 +25,8 @@ from engine.expr import functions
 from engine.expr.trace import trace
 from engine.secrets import REDACTED, is_secret, redact, redact_text
 from engine.spec import expand, plotdefs
-from engine.spec.load import Spec, SpecError, SpecErrors, best_error, family_of, validator
+from engine.spec.load import Spec, best_error, family_of, validator
+from engine.spec.located import SpecError, SpecErrors
 from engine.spec.values import (
     UsageError,
     layer,
@@ -37,7 +38,7 @@ from engine.spec.values import (
 from engine.text import compact
 from engine.types import Check, Step
 
-__all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names"]
+__all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names", "values_summary"]
 
 KINDS = ("run", "remove", "collect")
 # Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
@@ -152,12 +153,21 @@ def step_cost(step: Mapping[str, Any]) -> float:
     return 0.0
 
 
+# The keys of `progress:` that only shape what its line says (the leg's own total, its phases).
+PROGRESS_DISPLAY = ("total", "phases")
+
+
 def step_definition(step: Mapping[str, Any]) -> dict[str, Any]:
-    """What a resolved step does: everything but its location and its output rules. Output rules
-    are left out so `engine replay` with new harvest rules still matches the same leg."""
+    """What a resolved step does: everything but its location, its output rules and how its
+    progress line reads (`PROGRESS_DISPLAY`). Output rules are left out so `engine replay` with new
+    harvest rules still matches the same leg; the progress display, so that a better-worded line
+    does not void the saved runs of a leg that runs exactly as it did."""
     out = {k: v for k, v in step.items() if k not in ("file", "line")}
     if "run" in out:
         out["run"] = {k: v for k, v in out["run"].items() if k != "output"}
+        progress = out["run"].get("progress")
+        if isinstance(progress, Mapping):
+            out["run"]["progress"] = {k: v for k, v in progress.items() if k not in PROGRESS_DISPLAY}
     return out
 
 
@@ -167,14 +177,42 @@ def fingerprint(step: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def values_lines(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+def secret_value_names(data: Mapping[str, Any], values: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """The values that hold a secret: a secret-looking name, or a value the spec's `env:` fed from
+    a secret-named variable (`env: {GITHUB_TOKEN: repo}` makes `repo` the token)."""
+    from_secret_env = {name for var, name in (data.get("env") or {}).items() if is_secret(str(var))}
+    return sorted(k for k in values if is_secret(k) or (k in from_secret_env and sources.get(k) == "env"))
+
+
+def values_lines(values: Mapping[str, Any], sources: Mapping[str, str], secret_names: Iterable[str] = ()) -> list[str]:
     """The `values:` block of `engine plan` and `engine run`: each value (secrets redacted) and
     the layer it came from."""
-    shown = redact(values)
+    shown = redact(values, secret_names)
     width = max((len(k) for k in shown), default=0)
     return ["values:"] + [
         f"  {k:<{width}} = {json.dumps(v, default=str)}  [{sources.get(k, '?')}]" for k, v in shown.items()
     ]
+
+
+def values_summary(
+    values: Mapping[str, Any],
+    sources: Mapping[str, str],
+    mode: str,
+    env_vars: Mapping[str, str] | None = None,
+    secret_names: Iterable[str] = (),
+) -> str:
+    """The one line `engine run` prints instead of the `values:` block (`-v` prints the block): how
+    many values, and each one overridden with where (`--set`, or the environment variable of
+    `env_vars`, value name -> variable), secrets redacted."""
+    shown, env_vars = redact(values, secret_names), env_vars or {}
+    overridden = [
+        f"{k}={compact(shown[k], 60)} ({'--set' if src == '--set' else f'env {env_vars.get(k, src)}'})"
+        for k, src in sources.items()
+        if src in ("--set", "env") and k in shown
+    ]
+    return f"{len(values)} values (mode {mode}); " + (
+        f"overridden: {', '.join(overridden)}" if overridden else "none overridden"
+    )
 
 
 @dataclass
@@ -204,7 +242,7 @@ class Plan:
         headroom = "" if self.budget_s is None else f", headroom {self.budget_s - self.worst_case_s:g} s"
         lines.append(f"budget {budget}, worst case {self.worst_case_s:g} s{headroom}")
         lines.append("")
-        lines += values_lines(self.values, self.sources)
+        lines += values_lines(self.values, self.sources, self.secret_names)
         lines.append("")
         lines.append("steps:")
         for i, s in enumerate(self.steps, 1):
@@ -218,7 +256,7 @@ class Plan:
             disabled = f"  (DISABLED: {c['disabled']})" if c.get("disabled") else ""
             lines.append(f"  - {c['name']} [{c['severity']}] {c['expr']}{when}{disabled}")
             lines.extend(f"      let {k} = {t}" for k, t in (c.get("let") or {}).items())
-        return redact_text("\n".join(lines), self.values) + "\n"
+        return redact_text("\n".join(lines), self.values, self.secret_names) + "\n"
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
         if s["kind"] == "remove":
@@ -531,7 +569,7 @@ def build_plan(
         mode=chosen,
         values=values,
         sources=resolved.sources,
-        secret_names=sorted(k for k in values if is_secret(k)),
+        secret_names=secret_value_names(data, values, resolved.sources),
         steps=steps,
         checks=checks,
         budget_s=data.get("budget_s"),

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from engine.expr import functions
 from engine.spec import expand, plotdefs
-from engine.spec.load import Spec, SpecError, family_of
+from engine.spec.load import Spec, family_of
+from engine.spec.located import SpecError
 from engine.spec.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
 from engine.spec.values import iter_refs, layer, resolve, unknown_message
 from engine.types import Check
@@ -439,6 +440,9 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
     found += [(("signals", j, "match"), s.get("match"), False) for j, s in enumerate(run.get("signals") or [])]
     if run.get("progress"):
         found.append((("progress", "match"), run["progress"].get("match"), True))
+        phases = run["progress"].get("phases")
+        if isinstance(phases, dict):
+            found += [(("progress", "phases", name), text, False) for name, text in phases.items()]
     harvest = (run.get("output") or {}).get("harvest")
     if isinstance(harvest, dict):
         found += [

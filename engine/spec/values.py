@@ -17,7 +17,7 @@ from jmespath import exceptions as jexc
 from engine import limits
 from engine.expr import functions
 from engine.secrets import is_secret
-from engine.spec.load import SpecError, json_path
+from engine.spec.located import SpecError, json_path
 
 # Values every run has (source `builtin`); all but `mode` differ from one run to the next.
 BUILTINS = ("python", "work_dir", "spec_dir", "run_dir", "run_id", "mode")

@@ -20,6 +20,11 @@ text            print the text
                 300 s, its pid in PATH) is an orphan in a session of its own before anyone can
                 see it as ours; the leg goes on once PATH is written
 @line:N:AT:TEXT print one line of N characters: TEXT at offset AT, 'x' around it
+@append:PATH:TEXT append TEXT and a newline to the file PATH (how often a leg ran, a document it wrote)
+@tee_split:NAME:AT[:PATH]  print env var NAME's value in one line the way torchrun's --tee copies a
+                line the rank is still writing: the first AT characters with a "[default0]:" header,
+                flushed, then the rest with a header of its own (in the middle of the value); with
+                PATH, the same text is also appended to that file
 """
 
 import os
@@ -86,6 +91,12 @@ def main(actions: list[str]) -> int:
             rest = int(size) - int(at) - len(text)
             sys.stdout.write("x" * int(at) + text + "x" * rest + "\n")
             sys.stdout.flush()
+        elif action.startswith("@append:"):
+            path, text = action[8:].split(":", 1)
+            with open(path, "a") as fh:
+                fh.write(text + "\n")
+        elif action.startswith("@tee_split:"):
+            tee_split(*action[11:].split(":", 2))
         elif action == "@forever":
             while True:
                 time.sleep(1)
@@ -107,6 +118,17 @@ def _write_pid_and_sleep(path: str) -> None:
     os.replace(path + ".tmp", path)
     time.sleep(300)
     os._exit(0)
+
+
+def tee_split(name: str, at: str, path: str | None = None) -> None:
+    value, cut = os.environ[name], int(at)
+    pieces = [f"[default0]:logging in with {value[:cut]}", f"[default0]:{value[cut:]} as the rank\n"]
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()  # two writes, as tail_log makes them
+        if path:
+            with open(path, "a") as fh:
+                fh.write(piece)
 
 
 def daemon(path: str, clear_env: bool = False) -> None:

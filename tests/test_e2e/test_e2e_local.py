@@ -122,13 +122,15 @@ def run_engine(
     timeout: float = 400,
     watch: bool = False,
     probes: dict[str, str] | None = None,
+    options: tuple[str, ...] = (),
 ) -> EngineRun:
-    """`engine run SPEC --set ...` in `cwd`; stdout streamed. With `watch`, at each step header the live
+    """`engine run SPEC --set ... OPTIONS` in `cwd`; stdout streamed. With `watch`, at each step header the live
     processes whose command line names the run dir are recorded (who is still running between legs), and
     also at the first stdout line matching each of `probes` (label -> regex), recorded under its label."""
     argv = [str(ENGINE), "run", spec]
     for s in sets:
         argv += ["--set", s]
+    argv += options
     t0 = time.monotonic()
     proc = subprocess.Popen(
         argv,
@@ -313,3 +315,33 @@ def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) ->
     # And nothing of either leg is left running now that the engine has exited.
     left = processes_naming(run_dir)
     assert left == {}, left
+
+
+def test_a_failed_leg2_is_resumed_at_its_wipe_without_rerunning_leg1(workdir: Path) -> None:
+    # The outage: leg 2 gets one second, and times out.
+    first = run_engine(workdir, "specs/p4_smoke.yaml", "t_leg2=1")
+    assert first.rc == 5 and first.evidence["steps"]["leg2"]["timed_out"] is True, first.explain()
+    leg1_log = (first.run_dir / "logs" / "leg1.log").read_bytes()
+    resumed = run_engine(
+        workdir,
+        "specs/p4_smoke.yaml",
+        "t_leg2=900",
+        options=("--run-dir", str(first.run_dir), "--from", "wipe_before_leg2"),
+    )
+    assert_every_check_passed(resumed, "p4_smoke", min_checks=27)
+    ev = resumed.evidence
+    reused = ["preflight", "fetch_mix", "wipe_before_leg1", "leg1", "hub_after_leg1"]
+    assert [n for n, s in ev["steps"].items() if s.get("reused")] == reused
+    assert {ev["steps"][n]["reused_from"] for n in reused} == {first.evidence["started_at"]}
+    assert ev["steps"]["leg1"]["harvest"] == first.evidence["steps"]["leg1"]["harvest"]
+    assert (resumed.run_dir / "logs" / "leg1.log").read_bytes() == leg1_log  # leg 1 did not run again
+    assert "=== leg1\n" not in resumed.stdout and "=== leg2\n" in resumed.stdout
+    # Same run id, same scratch repo: leg 2 resumed from what leg 1 pushed, after the wipe ran again.
+    assert ev["values"]["repo"] == first.evidence["values"]["repo"]
+    assert ev["steps"]["wipe_before_leg2"]["status"] == "ok" and "reused" not in ev["steps"]["wipe_before_leg2"]
+    leg2 = resumed.run_json("leg2")
+    assert leg2["resumed_from_step"] == 10 and leg2["first_step"] == 11 and leg2["final_step"] == 20
+    # The progress lines: leg 1 counts to its stop (10), not the horizon it prints; the horizon leg
+    # announces its validation pass, the phase its progress line names after the last step.
+    assert ev["steps"]["leg1"]["progress"]["total"] == 10 and ev["steps"]["leg2"]["progress"]["total"] == 20
+    assert "validation start tokens=8192" in (resumed.run_dir / "logs" / "leg2.log").read_text()

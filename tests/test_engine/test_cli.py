@@ -77,8 +77,8 @@ def test_run_pass_writes_evidence_junit_markdown(tmp_path):
     assert r.returncode == Exit.PASS, r.stdout + r.stderr
     assert last_line(r.stdout).startswith("VERDICT demo PASS [] seconds ")
     assert f"run dir: {tmp_path / 'r1'}" in r.stdout
-    assert "want" in r.stdout and "[default]" in r.stdout
-    assert "s3cr3t-value" not in r.stdout and "<redacted>" in r.stdout
+    assert "\n8 values (mode quick); none overridden\n" in r.stdout
+    assert "s3cr3t-value" not in r.stdout
     doc = json.loads((tmp_path / "r1" / "evidence.json").read_text())
     assert [c["outcome"] for c in doc["checks"]] == ["PASS", "PASS"]
     assert doc["verdict"]["outcome"] == "PASS" and doc["verdict"]["exit_code"] == 0
@@ -102,9 +102,23 @@ def test_env_override_and_set(tmp_path):
     r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"DEMO_WANT": "11"})
     assert r.returncode == Exit.FAILED
     assert last_line(r.stdout).startswith('VERDICT demo FAIL ["leg1_final_step"]')
-    assert "[env]" in r.stdout
+    assert "\n8 values (mode quick); overridden: want=11 (env DEMO_WANT)\n" in r.stdout
     r = engine("run", str(spec), "--run-dir", "r2", "--set", "want=10", cwd=tmp_path, env={"DEMO_WANT": "11"})
-    assert r.returncode == Exit.PASS and "[--set]" in r.stdout
+    assert r.returncode == Exit.PASS and "\n8 values (mode quick); overridden: want=10 (--set)\n" in r.stdout
+
+
+def test_run_says_the_values_in_one_line_and_lists_them_with_v(tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
+    sets = ["--set", "api_token=t0k3n-from-set", "--set", "want=10"]
+    r = engine("run", str(spec), "--run-dir", "r", *sets, cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stdout + r.stderr
+    head = r.stdout.split("=== leg1")[0].splitlines()
+    assert head[2:] == ['8 values (mode quick); overridden: want=10 (--set), api_token="<redacted>" (--set)']
+    r = engine("run", str(spec), "--run-dir", "r2", *sets, "-v", cwd=tmp_path)
+    head = r.stdout.split("=== leg1")[0].splitlines()
+    assert head[2] == "values:" and len(head) == 3 + 8
+    assert "  want      = 10  [--set]" in head and '  api_token = "<redacted>"  [--set]' in head
+    assert "t0k3n-from-set" not in r.stdout + r.stderr
 
 
 def test_failed_leg_fails_the_verdict(tmp_path):

@@ -17,7 +17,8 @@ import pytest
 
 from engine.cli import main
 from engine.judge.verdict import Exit
-from engine.spec.load import SpecErrors, load_spec
+from engine.spec.load import load_spec
+from engine.spec.located import SpecErrors
 from engine.spec.plan import build_plan
 from engine.spec.validate import findings
 

@@ -259,6 +259,45 @@ def test_any_leg_output_goes_through_the_pipeline_without_a_secret_or_an_excepti
     assert log.stat().st_size <= (2 << 20) + limits.LINE_MAX_CHARS + 200
 
 
+SPLIT_CHUNKS = st.one_of(
+    CHUNKS,
+    st.sampled_from(
+        [
+            # torchrun's tee: a header inside the secret, or another rank's line between its pieces
+            SECRET[:10].encode() + b"[default0]:" + SECRET[10:].encode(),
+            SECRET[:16].encode(),
+            SECRET[16:].encode(),
+            SECRET[3:20].encode(),
+            b"[default1]:rank 1 says hi\n[default0]:",
+            json.dumps({"t": SECRET}).encode(),
+        ]
+    ),
+)
+
+
+@settings(SETTINGS, max_examples=40)
+@given(st.lists(SPLIT_CHUNKS, max_size=8))
+def test_any_leg_output_leaves_no_eight_character_piece_of_a_secret(tmp_path_factory, chunks):
+    folder = tmp_path_factory.mktemp("leg")
+    data = folder / "out.bin"
+    data.write_bytes(b"".join(chunks))
+    rules = OutputRules(strip_prefix=None, echo_prefixes=(), harvest=(), progress=None)
+    capture = Capture(rules)
+    log = folder / "leg.log"
+    result = run_command(
+        ["cat", str(data)],
+        log_path=log,
+        on_block=capture.feed,
+        scrub=Scrubber([SECRET]),
+        timeout_s=60,
+        log_limits=(1 << 20, 1 << 20),
+    )
+    assert result.rc == 0 and result.error is None
+    stored = json.dumps({"t": capture.tail_lines(), "f": capture.failure_lines()}).encode() + log.read_bytes()
+    pieces = [SECRET[i : i + 8].encode() for i in range(len(SECRET) - 7)]
+    assert [p for p in pieces if p in stored] == []
+
+
 # ------------------------------------------------------------------ evidence files
 
 JSONISH = st.recursive(

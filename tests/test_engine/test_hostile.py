@@ -110,6 +110,11 @@ def all_gone(pids: list[int], timeout: float) -> list[int]:
     return [p for p in pids if not gone(p)]
 
 
+def mask(n: int) -> str:
+    """What a run-dir file holds where n bytes of a secret were."""
+    return ("<redacted>" + "*" * n)[:n] if n >= 10 else "*" * n
+
+
 def files_holding(root: Path, needle: bytes) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
 
@@ -237,6 +242,98 @@ def test_replay_reads_no_raw_log_outside_the_run_dir(tmp_path):
     proc = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)
     no_traceback(proc)
     assert proc.returncode == 2 and "is not a path inside the run directory" in proc.stderr
+
+
+def failed_run(tmp_path: Path) -> Path:
+    """A saved run of a failed leg (its failure lines are re-harvested by a replay)."""
+    spec = write_spec(tmp_path / "s.yaml", [leg("Error: the leg failed", "@rc:1")])
+    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 5
+    return tmp_path / "r"
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda log: log.symlink_to("/proc/self/environ"), "outside"),
+        (lambda log: log.symlink_to("/dev/zero"), "outside"),
+        (lambda log: os.mkfifo(log), "not a regular file (a FIFO)"),
+        (lambda log: log.symlink_to(log.parent.parent.parent / "elsewhere.log"), "outside"),
+    ],
+    ids=["environ", "device", "fifo", "file-outside"],
+)
+def test_replay_refuses_a_bundle_log_that_is_not_a_regular_file_inside_it(tmp_path, make, says):
+    run = failed_run(tmp_path)
+    (tmp_path / "elsewhere.log").write_text(f"Error HF_TOKEN={TOKEN}\n")
+    log = run / "logs" / "leg.log"
+    log.unlink()
+    make(log)
+    proc = engine("replay", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 2 and proc.stderr.startswith("raw log r/logs/leg.log: ") and says in proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert not list(run.glob("replay-*")) and files_holding(run, TOKEN.encode()) == []
+
+
+def test_replay_reads_a_log_linked_inside_its_bundle(tmp_path):
+    run = failed_run(tmp_path)
+    (run / "logs" / "leg.log").rename(run / "logs" / "kept.log")
+    (run / "logs" / "leg.log").symlink_to("kept.log")
+    proc = engine("replay", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 5 and len(list(run.glob("replay-*.json"))) == 1
+
+
+def test_check_refuses_an_evidence_file_that_links_out_of_its_bundle(tmp_path):
+    run = failed_run(tmp_path)
+    (run / "evidence.json").rename(tmp_path / "evidence.json")
+    (run / "evidence.json").symlink_to(tmp_path / "evidence.json")
+    proc = engine("check", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 2 and f"resolves to {tmp_path / 'evidence.json'}, outside r" in proc.stderr
+
+
+def test_what_a_replay_writes_from_a_bundle_passes_the_secret_filter(tmp_path):
+    # The bundle's own log holds this machine's token (a bundle may hold anything): the replay's
+    # record, its reports and its terminal output show it redacted.
+    run = failed_run(tmp_path)
+    (run / "logs" / "leg.log").write_text(f"Error: login {TOKEN} refused\n", encoding="utf-8")
+    proc = engine(
+        "replay",
+        str(tmp_path / "s.yaml"),
+        "--evidence",
+        "r",
+        "--junit",
+        "j.xml",
+        "--markdown",
+        "m.md",
+        cwd=tmp_path,
+        env={"HF_TOKEN": TOKEN},
+    )
+    no_traceback(proc)
+    assert proc.returncode == 5
+    (record,) = run.glob("replay-*.json")
+    assert json.loads(record.read_text())["steps"]["leg"]["failure_lines"] == ["Error: login <redacted> refused"]
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert files_holding(tmp_path, TOKEN.encode()) == [str(run / "logs" / "leg.log")]
+
+
+def test_a_re_check_record_is_never_written_through_a_link_the_bundle_planted(tmp_path):
+    # The record's temporary name is predictable (the second it is written in): a bundle could hold
+    # a link there to any file of the reviewer's; the record goes through a file of its own.
+    from datetime import datetime, timedelta, timezone
+
+    run = failed_run(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    now = datetime.now(timezone.utc)
+    for second in range(30):
+        stamp = (now + timedelta(seconds=second)).strftime("%Y%m%dT%H%M%SZ")
+        (run / f"check-{stamp}.json.tmp").symlink_to(victim)
+    proc = engine("check", str(tmp_path / "s.yaml"), "--evidence", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 5 and victim.read_text() == "keep me\n"
+    (record,) = run.glob("check-*.json")
+    assert json.loads(record.read_text())["kind"] == "check"
 
 
 def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
@@ -473,6 +570,118 @@ def test_a_secret_straddling_the_line_cut_leaks_no_piece(tmp_path):
     assert seen[1] == "after <redacted>"
 
 
+@pytest.mark.parametrize("at", [8, len(TOKEN) // 2, len(TOKEN) - 8])
+def test_a_secret_split_by_a_tee_header_leaks_no_piece_of_eight_characters(tmp_path, at):
+    # torchrun's --tee copies a line the rank is still writing: the part written so far, then the
+    # rest, each with its own "[default0]:" header, so the header lands inside the token.
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [leg(f"@tee_split:HF_TOKEN:{at}:${{run_dir}}/rank0.log", "@rc:1", output={"strip_prefix": r"^\[default\d\]:"})],
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", "--junit", "j.xml", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 5
+    shown = proc.stdout + proc.stderr
+    for needle in (TOKEN[:at], TOKEN[at:]):
+        assert files_holding(tmp_path, needle.encode()) == [], needle
+        assert needle not in shown
+    log = (tmp_path / "r" / "logs" / "leg.log").read_text()
+    assert log == "[default0]:logging in with <redacted>[default0]:<redacted> as the rank\n"
+    masked = (tmp_path / "r" / "rank0.log").read_text()
+    assert masked == f"[default0]:logging in with {mask(at)}[default0]:{mask(len(TOKEN) - at)} as the rank\n"
+
+
+ODD_SECRET = 'Pa"ss\\wörd'
+
+
+def test_a_secret_with_a_quote_a_backslash_and_an_umlaut_leaks_in_no_encoded_form(tmp_path):
+    code = (
+        "import json, os, sys\n"
+        "s = os.environ['DB_PASSWORD']\n"
+        "print('Error json', json.dumps({'p': s}), json.dumps({'p': s}, ensure_ascii=False))\n"
+        "print('Error repr', {'p': s}, ascii(s), s.encode())\n"
+        "print('Error env', dict(os.environ))\n"
+        "print('Error url', 'https://u:' + __import__('urllib.parse').parse.quote(s, safe='') + '@host')\n"
+        "with open(os.path.join(sys.argv[1], 'error.json'), 'w') as fh:\n"
+        "    json.dump({'message': repr(s), 'raw': s}, fh)\n"
+        "sys.exit(1)\n"
+    )
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "leg", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}}],
+    )
+    proc = engine(
+        "run",
+        str(spec),
+        "--run-dir",
+        "r",
+        "--junit",
+        "j.xml",
+        "--markdown",
+        "m.md",
+        "--html",
+        "h.html",
+        cwd=tmp_path,
+        env={"DB_PASSWORD": ODD_SECRET},
+    )
+    no_traceback(proc)
+    assert proc.returncode == 5
+    s = ODD_SECRET
+    written = {
+        "raw": s,
+        "json": json.dumps(s)[1:-1],
+        "json utf-8": json.dumps(s, ensure_ascii=False)[1:-1],
+        "repr": repr(s)[1:-1],
+        "ascii": ascii(s)[1:-1],
+        "bytes": repr(s.encode())[2:-1],
+        "url": "Pa%22ss%5Cw%C3%B6rd",
+        "json of repr": json.dumps(repr(s))[1:-1],
+        "json of json": json.dumps(json.dumps(s))[1:-1],
+    }
+    assert len(set(written.values())) == len(written)
+    for how, form in written.items():
+        assert files_holding(tmp_path, form.encode()) == [], how
+        assert form not in proc.stdout + proc.stderr, how
+    failure_lines = evidence(tmp_path / "r")["steps"]["leg"]["failure_lines"]
+    assert failure_lines[0] == 'Error json {"p": "<redacted>"} {"p": "<redacted>"}'
+    assert evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"] == ["error.json"]
+
+
+def test_a_value_the_spec_feeds_from_a_secret_variable_is_shown_redacted(tmp_path):
+    # `env: {GITHUB_TOKEN: repo}`: the value's name does not look secret, its text is the token.
+    spec = write_spec(tmp_path / "s.yaml", [leg("${repo}")], values={"repo": "none"}, env={"GITHUB_TOKEN": "repo"})
+    plan = engine("plan", str(spec), cwd=tmp_path, env={"GITHUB_TOKEN": TOKEN})
+    run = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"GITHUB_TOKEN": TOKEN})
+    verbose = engine("run", str(spec), "--run-dir", "r2", "-v", cwd=tmp_path, env={"GITHUB_TOKEN": TOKEN})
+    assert (plan.returncode, run.returncode, verbose.returncode) == (0, 0, 0)
+    for shown in (plan.stdout, verbose.stdout):
+        assert TOKEN not in shown and 'repo = "<redacted>" [env]' in " ".join(shown.split())
+    assert TOKEN not in run.stdout and 'repo="<redacted>" (env GITHUB_TOKEN)' in run.stdout
+    assert evidence(tmp_path / "r")["values"]["repo"] == "<redacted>"
+
+
+def test_the_reports_of_a_run_show_a_secret_in_a_step_error_redacted(tmp_path):
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "wipe", "remove": ["/etc/${api_token}"]}],
+        checks=[{"name": "c", "why": "w", "expr": "steps.wipe.status == 'ok'"}],
+        values={"api_token": TOKEN},
+    )
+    proc = engine(
+        "run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html", cwd=tmp_path
+    )
+    no_traceback(proc)
+    assert proc.returncode == 5 and "refusing to remove /etc/<redacted>" in proc.stdout
+    assert TOKEN not in proc.stdout + proc.stderr
+    for report, shown in (
+        ("j.xml", "/etc/&lt;redacted&gt;"),
+        ("m.md", "/etc/<redacted>"),
+        ("h.html", "/etc/&lt;redacted&gt;"),
+    ):
+        text = (tmp_path / report).read_text(encoding="utf-8")
+        assert TOKEN not in text and shown in text, report
+
+
 def test_a_secret_given_with_set_is_taken_as_written():
     # (A non-secret `0123` is refused: YAML 1.1 would read it as 83, tests/engine/test_read_as_written.py.)
     sets = parse_sets(["api_token=0123", "hub_password=yes", "n=0x1F", "flag=yes"])
@@ -509,6 +718,104 @@ def test_no_file_under_the_run_dir_holds_a_secret_after_a_passing_or_failing_run
     blob = (tmp_path / "r" / "tlogs" / "attempt_0" / "blob.bin").read_bytes()
     assert len(blob) == 5000 + len(TOKEN) + 1  # masked in place: the file keeps its layout
     assert "tlogs/attempt_0/env.log" in evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"]
+
+
+def test_masking_a_hard_linked_file_leaves_the_file_outside_the_run_dir_as_it_was(tmp_path):
+    outside = tmp_path / "credentials.txt"
+    outside.write_text(f"token = {TOKEN}\n")
+    code = f"import os, sys; os.link({str(outside)!r}, os.path.join(sys.argv[1], 'linked.txt'))"
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        [{"name": "leg", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}}],
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert outside.read_text() == f"token = {TOKEN}\n"  # not the engine's to change
+    linked = tmp_path / "r" / "linked.txt"
+    assert linked.read_text() == f"token = {mask(len(TOKEN))}\n" and linked.stat().st_nlink == 1
+    assert evidence(tmp_path / "r")["steps"]["leg"]["secrets_masked_in"] == ["linked.txt"]
+
+
+def test_a_file_rewritten_with_a_secret_and_its_times_put_back_is_masked(tmp_path):
+    # Leg 1 leaves a clean file; leg 2 writes the token over it in place, same size, same inode,
+    # and puts its modification time back: only its bytes tell.
+    code = (
+        "import os, sys\n"
+        "path = os.path.join(sys.argv[1], 'rank.log')\n"
+        "if sys.argv[2] == 'clean':\n"
+        "    open(path, 'w').write('x' * 100)\n"
+        "else:\n"
+        "    st = os.stat(path)\n"
+        "    with open(path, 'r+') as fh:\n"
+        "        fh.write(os.environ['HF_TOKEN'])\n"
+        "    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+    )
+    steps = [
+        {"name": name, "run": {"argv": ["${python}", "-c", code, "${run_dir}", name], "timeout_s": 60}}
+        for name in ("clean", "dirty")
+    ]
+    spec = write_spec(tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.dirty.rc == `0`"}])
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert (tmp_path / "r" / "rank.log").read_text() == mask(len(TOKEN)) + "x" * (100 - len(TOKEN))
+    assert evidence(tmp_path / "r")["steps"]["dirty"]["secrets_masked_in"] == ["rank.log"]
+
+
+def test_a_symlink_a_leg_left_at_a_later_steps_log_name_is_replaced_not_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    code = f"import os, sys; os.symlink({str(victim)!r}, os.path.join(sys.argv[1], 'logs', 'second.log'))"
+    steps = [
+        {"name": "first", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}},
+        {"name": "second", "run": {"argv": ["${python}", LEG, "the second leg's output"], "timeout_s": 60}},
+    ]
+    spec = write_spec(
+        tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.second.rc == `0`"}]
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert victim.read_text() == "keep me\n"
+    log = tmp_path / "r" / "logs" / "second.log"
+    assert not log.is_symlink() and log.read_text() == "the second leg's output\n"
+
+
+def test_a_secret_across_the_diagnostics_line_cut_leaves_no_piece(tmp_path):
+    at = limits.EVIDENCE_LINE_MAX_CHARS - 5  # 5 characters of the token before the cut
+    code = (
+        "import os, sys\n"
+        "os.makedirs(sys.argv[1])\n"
+        f"line = 'x' * {at} + os.environ['HF_TOKEN'] + 'y' * 100\n"
+        "open(os.path.join(sys.argv[1], 'rank0.log'), 'w').write(line + '\\n')\n"
+        "sys.exit(1)\n"
+    )
+    run = {"argv": ["${python}", "-c", code, "${run_dir}/tlogs"], "timeout_s": 60}
+    run["on_failure"] = {"diagnostics": {"dir": "${run_dir}/tlogs"}}
+    spec = write_spec(tmp_path / "s.yaml", [{"name": "leg", "run": run}])
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    (tail,) = evidence(tmp_path / "r")["steps"]["leg"]["diagnostics"]["files"][0]["tail"]
+    assert tail.startswith("x" * at + "<reda") and TOKEN[:5] not in tail
+    assert TOKEN[:5] not in proc.stdout
+
+
+def test_a_secret_a_later_leg_writes_into_an_earlier_steps_log_is_masked(tmp_path):
+    # The engine vouches for the logs it wrote through the filter by their SHA-256, not by name.
+    code = "import os, sys; open(os.path.join(sys.argv[1], 'logs', 'first.log'), 'a').write(os.environ['HF_TOKEN'])"
+    steps = [
+        {"name": "first", "run": {"argv": ["${python}", LEG, "the first leg"], "timeout_s": 60}},
+        {"name": "second", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}},
+    ]
+    spec = write_spec(
+        tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.second.rc == `0`"}]
+    )
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
+    no_traceback(proc)
+    assert proc.returncode == 0
+    assert (tmp_path / "r" / "logs" / "first.log").read_text() == "the first leg\n" + mask(len(TOKEN))
+    assert evidence(tmp_path / "r")["steps"]["second"]["secrets_masked_in"] == ["logs/first.log"]
 
 
 # ------------------------------------------------------------------ orphans
@@ -588,6 +895,33 @@ def test_control_characters_from_a_leg_reach_neither_the_terminal_nor_the_junit(
     assert not any(c in proc.stdout + proc.stderr for c in "\x1b\x07\x00\x08\x9b")
     failure = ET.parse(tmp_path / "j.xml").getroot().find("testcase/failure")
     assert failure is not None and "Error ]0;pwned" in failure.text
+
+
+BIDI = "\u202e\u2066\u200f\u061c"  # right-to-left override, left-to-right isolate, RTL mark, Arabic mark
+
+
+def test_bidirectional_controls_from_a_spec_or_a_leg_reach_every_report_escaped(tmp_path):
+    code = f"import sys; print('Error ' + {BIDI!r} + 'yrros'); sys.exit(1)"
+    check = {"name": "ok", "why": f"passes {BIDI}", "expr": f"steps.leg.rc == `0` && 'a{BIDI}b' != ''"}
+    steps = [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
+    old = write_spec(tmp_path / "old.yaml", steps)
+    new = write_spec(tmp_path / "new.yaml", steps, checks=[check])
+    reports = ("--junit", "j.xml", "--markdown", "m.md", "--html", "h.html")
+    run = engine("run", str(new), "--run-dir", "r", *reports, cwd=tmp_path)
+    check_md = engine("check", str(new), "--evidence", "r", "--markdown", "-", cwd=tmp_path)
+    diff = engine("diff", str(old), str(new), "--markdown", "d.md", cwd=tmp_path)
+    assert (run.returncode, check_md.returncode, diff.returncode) == (5, 5, 1)
+    shown = {
+        "terminal": run.stdout + run.stderr,
+        "check --markdown -": check_md.stdout,
+        "diff": diff.stdout,
+        **{name: (tmp_path / name).read_text(encoding="utf-8") for name in ("j.xml", "m.md", "h.html", "d.md")},
+    }
+    for where, text in shown.items():
+        assert not any(c in text for c in BIDI), where
+        assert "\\u202e\\u2066\\u200f\\u061c" in text, where
+    failure = ET.parse(tmp_path / "j.xml").getroot().find("testcase/failure")
+    assert failure is not None and "Error \\u202e\\u2066\\u200f\\u061cyrros" in failure.text
 
 
 def test_an_existing_non_empty_run_dir_is_refused_without_force(tmp_path):

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 700
 
 # The stages from the ground up; a module may import its own stage and the ones below it, never above.
-# `engine` itself and its top-level modules (types, defaults, limits, secrets, text) are the ground floor.
+# `engine` itself and its top-level modules (types, defaults, limits, secrets, secret_forms, text) are the ground floor.
 STAGES = ("ground", "expr", "spec", "run", "judge", "show", "diff", "cli")
 
 

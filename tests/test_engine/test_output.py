@@ -175,8 +175,10 @@ def test_bad_rules_name_the_field() -> None:
         compile_rules({"output": {"strip_prefix": "("}})
     with pytest.raises(ValueError, match="pick"):
         compile_rules({"output": {"harvest": {"x": {"marker": "X", "pick": "middle"}}}})
-    with pytest.raises(ValueError, match="total"):
-        compile_rules({"progress": {"match": r"(?P<step>\d+)"}})
+    with pytest.raises(ValueError, match="lacks the named group 'step'"):
+        compile_rules({"progress": {"match": r"(?P<total>\d+)"}})
+    with pytest.raises(ValueError, match="progress.phases.pushing"):
+        compile_rules({"progress": {"match": r"(?P<step>\d+)", "phases": {"pushing": "("}}})
 
 
 def test_reharvest_uses_current_rules_on_the_raw_log(tmp_path: Path) -> None:
@@ -199,7 +201,7 @@ def test_reharvest_uses_current_rules_on_the_raw_log(tmp_path: Path) -> None:
             }
         },
     }
-    again = reharvest(step, log)
+    again = reharvest(step, log, tmp_path)
     assert again["harvest"] == {"rj": {"final_step": 20}}
     assert again["harvest_errors"] == []
     assert again["failure_lines"] == ["Traceback: x"]
@@ -276,4 +278,4 @@ def test_replay_harvests_a_match_rule_from_the_raw_log(tmp_path: Path) -> None:
             }
         },
     }
-    assert reharvest(step, log)["harvest"] == {"rates": [{"step": 1, "rate": 10}, {"step": 2, "rate": 12}]}
+    assert reharvest(step, log, tmp_path)["harvest"] == {"rates": [{"step": 1, "rate": 10}, {"step": 2, "rate": 12}]}

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.spec.load import SpecErrors, load_spec
+from engine.spec.load import load_spec
+from engine.spec.located import SpecErrors
 from engine.spec.plan import UsageError, build_plan, fingerprint
 from engine.spec.validate import validate
 

@@ -182,7 +182,7 @@ def test_schema_refuses_malformed_plots_with_a_located_message(tmp_path, monkeyp
         "plots": {"bad": plot},
     }
     (tmp_path / "p.yaml").write_text(json.dumps(spec, indent=1))
-    from engine.spec.load import SpecErrors
+    from engine.spec.located import SpecErrors
 
     with pytest.raises(SpecErrors) as info:
         load_spec("p.yaml")

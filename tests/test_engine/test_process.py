@@ -288,7 +288,7 @@ def test_block_finds_lines_after_the_prefix_is_stripped() -> None:
         (13, "x CKPT b"),
         (14, "CKPT c"),
     ]
-    assert list(block.find_last_line("CKPT")) == ["CKPT c", "x CKPT b", "CKPT a"]
+    assert list(block.find_last_line("CKPT")) == [(14, "CKPT c"), (13, "x CKPT b"), (11, "CKPT a")]
     assert block.tail(2) == ["x CKPT b", "CKPT c"]
     assert block.lines == ["CKPT a", "plain", "x CKPT b", "CKPT c"]
 
@@ -314,7 +314,7 @@ def test_line_matcher_agrees_with_a_plain_per_line_scan(lines: list[str], regex:
     matcher = LineMatcher(pattern)
     assert matcher.first(block) == (naive[0] if naive else None)
     last = matcher.last(block)
-    assert (last.string if last else None) == (naive[-1][1] if naive else None)
+    assert ((last[0], last[1].string) if last else None) == (naive[-1] if naive else None)
 
 
 def test_engine_cpu_per_line_stays_well_below_the_legs_own(tmp_path: Path) -> None:

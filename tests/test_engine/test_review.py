@@ -304,6 +304,10 @@ SAFE: dict[str, Callable[[Path], None]] = {
         run_probe(r),
     ),
     "a_longer_timeout": lambda r: edit(r, LIB, "timeout_s: 60", "timeout_s: 90"),
+    # What the progress line says after its total and phases: display, not what the leg does.
+    "a_progress_line_that_reads_better": lambda r: edit(
+        r, LIB, "every_s: 30}", "every_s: 30, total: \"${stop1}\", phases: {pushing: '^CKPT save '}}"
+    ),
 }
 
 
@@ -355,6 +359,43 @@ def test_an_uncommitted_change_in_the_working_tree_is_reviewed_too(repo: Path) -
     edit(repo, LIB, "loss_max: 3.0", "loss_max: 4.5")  # not committed: the working tree is the new side
     rc, text, _ = review()
     assert rc == EXIT_RISKY and "  ! gate loosened in specs/probe.yaml" in text
+
+
+def test_a_bidirectional_override_in_a_spec_reaches_the_review_escaped(repo: Path) -> None:
+    # U+202E makes "...exits 0 <RLO>!trats" read backwards: the reviewer must see the character.
+    edit(repo, LIB, "why: Leg 2 exits 0.", "why: Leg 2 exits 0. \u202eevitisop eslaf\u202c")
+    rc, text, _ = review("--markdown", "review.md")
+    markdown = (repo / "review.md").read_text(encoding="utf-8")
+    assert rc == EXIT_SAFE
+    for shown in (text, markdown):
+        assert "\u202e" not in shown and "\u202c" not in shown
+        assert "\\u202eevitisop eslaf\\u202c" in shown
+
+
+def test_a_pr_spec_that_includes_a_file_outside_the_repository_is_refused_not_read(repo: Path, tmp_path: Path) -> None:
+    """A PR's spec is untrusted: `include:` or `extends:` may name only files of the repository, on either
+    side of the review; reading a file of the CI machine (its contents surface as key names in errors) is
+    refused, naming the file and the line."""
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("values: {host_secret: s3cr3t}\n")
+    spec = repo / "specs" / "probe.yaml"
+    spec.write_text(
+        spec.read_text().replace("extends: lib/common.yaml", f"extends: lib/common.yaml\ninclude: [{outside}]")
+    )
+    rc, text, _ = review()
+    assert rc == EXIT_INVALID, text
+    assert f"{outside} is outside {repo.resolve()}" in text and "specs/probe.yaml:" in text, text
+    assert "s3cr3t" not in text and "host_secret" not in text
+
+
+def test_a_saved_run_linked_out_of_the_repository_is_refused(repo: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(repo / "evidence" / "probe", elsewhere)
+    shutil.rmtree(repo / "evidence" / "probe")
+    (repo / "evidence" / "probe").symlink_to(elsewhere)
+    rc, text, _ = review()
+    assert rc == EXIT_INVALID, text
+    assert "evidence/probe/evidence.json leads outside the repository" in text, text
 
 
 # ---------------------------------------------------------------- exit 2
@@ -496,7 +537,7 @@ def test_a_let_pinned_to_a_constant_names_what_it_read_before(repo: Path) -> Non
     assert risky == [
         "  ! gate pinned to a constant in specs/probe.yaml [mode smoke, soak]: gate `loss_below_max`: `loss` is "
         "now ``sub(values.loss_max, `1`)``, the spec's 2.0 on every run (it was "
-        "`steps.leg2.harvest.run_json.final_loss`)  (specs/lib/common.yaml:40)"
+        "`steps.leg2.harvest.run_json.final_loss`)  (specs/lib/common.yaml:41)"
     ], text
 
 

@@ -9,7 +9,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.spec.load import SpecError, SpecErrors, load_spec
+from engine.spec.load import load_spec
+from engine.spec.located import SpecError, SpecErrors
 from engine.spec.plan import build_plan, mode_names
 from engine.spec.validate import validate
 

@@ -14,7 +14,8 @@ from engine.cli import main
 from engine.expr.functions import RETURNS, known_functions
 from engine.judge.verdict import Exit
 from engine.show import report
-from engine.spec.load import SpecErrors, load_spec
+from engine.spec.load import load_spec
+from engine.spec.located import SpecErrors
 from engine.spec.plan import build_plan
 from engine.spec.validate import findings
 

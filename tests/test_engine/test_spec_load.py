@@ -6,7 +6,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from engine.spec.load import SpecError, SpecErrors, json_path, load_spec, schema, schema_text
+from engine.spec.load import load_spec, schema, schema_text
+from engine.spec.located import SpecError, SpecErrors, json_path
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD = ROOT / "tests" / "specs" / "load"

@@ -123,7 +123,24 @@ def test_harvest_regex_must_compile_and_name_what_it_harvests(tmp_path):
         r"harvest regex '^step \\d+' has no named group (?P<name>...) to harvest"
     ]
     assert messages(tmp_path, with_harvest({"match": "("}))[0].startswith("bad regex '(':")
-    from engine.spec.load import SpecErrors
+    from engine.spec.located import SpecErrors
 
     with pytest.raises(SpecErrors, match="a harvest rule needs exactly one of marker, match"):
         spec_of(tmp_path, with_harvest({"match": "(?P<a>x)", "marker": "M "}))
+
+
+def test_progress_total_is_a_value_and_each_phase_regex_must_compile(tmp_path):
+    def with_progress(progress):
+        step = {"name": "leg", "run": {"argv": ["true"], "timeout_s": 10, "progress": progress}}
+        return dict(BASE, steps=[step])
+
+    good = {"match": r"^step (?P<step>\d+)/\d+", "total": "${n}", "phases": {"pushing": "^CKPT save "}}
+    assert messages(tmp_path, with_progress(good)) == []
+    bad = dict(good, phases={"pushing": "^CKPT (save"})
+    (error,) = validate(spec_of(tmp_path, with_progress(bad)), environ={})
+    assert error.message.startswith("bad regex '^CKPT (save':")
+    assert ".progress.phases.pushing" in str(error) and str(error).startswith(f"{tmp_path / 's.yaml'}:")
+    from engine.spec.located import SpecErrors
+
+    with pytest.raises(SpecErrors, match=r"progress.total: 0 is less than the minimum of 1"):
+        spec_of(tmp_path, with_progress(dict(good, total=0)))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.spec.load import SpecErrors, load_spec
+from engine.spec.load import load_spec
+from engine.spec.located import SpecErrors
 from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]

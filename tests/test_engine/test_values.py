@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.spec.load import SpecError
+from engine.spec.located import SpecError
 from engine.spec.values import UsageError, layer, parse_scalar, parse_sets, refs, resolve, template
 
 BUILTINS = {

@@ -1,0 +1,165 @@
+"""`engine run SPEC --run-dir DIR --from STEP`: a run that starts at STEP and keeps the evidence of
+the steps before it from the run already in DIR, while the spec still defines them as they ran.
+
+A resumed run is the same run: the earlier run's mode, overrides and builtins (run id, run dir: the
+store a later leg resumes from is named after them), with the user's own `--set` over them. It is
+refused, before anything moves, for another spec's run, a directory without a run, an unknown
+step, an earlier step whose definition changed (the saved fingerprints say so, `step_changes` says
+how), failed or never ran, and for a STEP that a `remove` step prepares (resume at the wipe: the
+failed attempt left its files where the wipe would have removed them). The earlier run's evidence
+and the logs of the steps that run again are set aside in `previous-<stamp>/`, so nothing in the
+run dir describes a step that did not run this time; the reused steps' logs stay where they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.judge.recheck import Refused, replan, spec_mismatch, step_changes
+from engine.judge.verdict import derive_statuses
+from engine.run import evidence
+from engine.spec.load import Spec
+from engine.spec.plan import Plan
+
+# What an earlier step may have ended as to be reused: anything else cannot stand for a pass.
+REUSABLE = ("ok", "skipped")
+
+
+@dataclass
+class Resumed:
+    plan: Plan
+    reuse: evidence.Reuse
+    saved: dict[str, Any]  # the earlier run's evidence, as it was before anything was set aside
+
+
+def plan_resume(
+    spec: Spec,
+    run_dir: Path,
+    from_step: str,
+    *,
+    sets: Sequence[str] = (),
+    mode: str | None = None,
+    spec_label: str = "",
+) -> Resumed:
+    """The plan of a run resumed at `from_step` in `run_dir` and the steps it reuses; Refused (why,
+    each changed step named) when the earlier run cannot vouch for the steps before it."""
+    flag = f"--from {from_step}"
+    try:
+        saved = evidence.load(run_dir)
+    except evidence.EvidenceError as exc:
+        raise Refused(f"{flag}: {run_dir} holds no run to resume: {exc}") from None
+    mismatch = spec_mismatch(spec, saved, spec_label, run_dir, action="resume")
+    if mismatch:
+        raise Refused(mismatch)
+    if mode is not None and mode != saved.get("mode"):
+        raise Refused(f"{flag}: the run in {run_dir} ran in mode {saved.get('mode')!r}, not {mode!r}")
+    _same_dir(saved, run_dir, flag)
+    plan = replan(spec, saved, sets=sets)
+    names = [s["name"] for s in plan.steps]
+    if from_step not in names:
+        raise Refused(f"{flag}: spec {plan.name!r} has no step {from_step!r}; its steps: {', '.join(names)}")
+    earlier = names[: names.index(from_step)]
+    _refuse_changed(saved, plan, from_step, earlier, flag)
+    _refuse_unfinished(saved, plan, earlier, flag)
+    _refuse_a_wipe_before(plan, from_step, flag)
+    state = saved.get("state") or {}
+    reuse = evidence.Reuse(
+        from_step=from_step,
+        run_started_at=saved.get("started_at") if isinstance(saved.get("started_at"), str) else None,
+        records={n: saved["steps"][n] for n in earlier},
+        state={n: state[n] for n in earlier if n in state},
+    )
+    return Resumed(plan, reuse, saved)
+
+
+def _same_dir(saved: Mapping[str, Any], run_dir: Path, flag: str) -> None:
+    """The run's paths (its legs' files, the builtin `run_dir` in every step) are those of the
+    directory it ran in; a copy elsewhere would run the later legs against the old one."""
+    ran_in = (saved.get("values") or {}).get("run_dir")
+    if isinstance(ran_in, str) and os.path.realpath(ran_in) != os.path.realpath(run_dir):
+        raise Refused(f"{flag}: the run in {run_dir} was made in {ran_in}; resume it there")
+
+
+def _refuse_changed(saved: Mapping[str, Any], plan: Plan, from_step: str, earlier: list[str], flag: str) -> None:
+    ran = list(saved.get("steps") or {})
+    ran_before = ran[: ran.index(from_step)] if from_step in ran else ran
+    problems = []
+    if ran_before != earlier:
+        problems.append(
+            f"the steps before {from_step} were {', '.join(ran_before) or 'none'} in that run, "
+            f"and are {', '.join(earlier) or 'none'} now"
+        )
+    changes, _ = step_changes(saved, plan)
+    changed = [c for c in changes if _step_named(c) in earlier]
+    if problems or changed:
+        first = min((earlier.index(_step_named(c)) for c in changed), default=0)
+        target = earlier[first] if earlier else from_step
+        raise Refused(
+            f"refusing {flag}: steps before it changed since the run, so its evidence of them no longer "
+            f"describes the spec; resume at {target} (--from {target}) or run it whole.\n"
+            + "\n".join(problems + changed)
+        )
+
+
+def _step_named(change: str) -> str:
+    """The step a `step_changes` line is about (`step leg1: definition changed (...)`)."""
+    return change.split(":", 1)[0].removeprefix("step ")
+
+
+def _refuse_unfinished(saved: Mapping[str, Any], plan: Plan, earlier: list[str], flag: str) -> None:
+    doc, _ = derive_statuses(plan.steps, saved)  # from the exit codes, not the stored strings
+    bad = [(n, (doc["steps"].get(n) or {}).get("status", "absent")) for n in earlier]
+    bad = [(n, status) for n, status in bad if status not in REUSABLE]
+    if bad:
+        shown = ", ".join(f"{n} ({status})" for n, status in bad)
+        raise Refused(
+            f"refusing {flag}: {shown} did not finish well in that run, and a reused step must have; "
+            f"resume at {bad[0][0]} (--from {bad[0][0]}) or earlier"
+        )
+
+
+def _refuse_a_wipe_before(plan: Plan, from_step: str, flag: str) -> None:
+    """A `remove` step after the last reused leg prepares what comes next: the failed attempt wrote
+    there since, so reusing the wipe would hand the step a warm disk instead of a cold one."""
+    steps = plan.steps[: [s["name"] for s in plan.steps].index(from_step)]
+    last_leg = max((i for i, s in enumerate(steps) if s["kind"] == "run"), default=-1)
+    wipes = [s for s in steps[last_leg + 1 :] if s["kind"] == "remove" and s.get("enabled", True)]
+    if wipes:
+        first = wipes[0]["name"]
+        raise Refused(
+            f"refusing {flag}: the remove step {first} ({', '.join(map(str, wipes[0]['remove']))}) "
+            f"prepares it after the last reused leg, and what the failed attempt wrote there since "
+            f"would stay; resume at the wipe: --from {first}"
+        )
+
+
+def set_aside(run_dir: Path, resumed: Resumed) -> str | None:
+    """Move the earlier run's evidence (and its re-check records) and the logs of the steps that
+    run again into `previous-<stamp>/`; its path relative to the run dir, None when nothing moved."""
+    saved = resumed.saved
+    stamp = re.sub(r"[^0-9A-Za-z]", "", str(saved.get("started_at") or ""))[:15] or "run"
+    dest, n = run_dir / f"previous-{stamp}", 1
+    while os.path.lexists(dest):
+        n += 1
+        dest = run_dir / f"previous-{stamp}-{n}"
+    rerun = [s["name"] for s in resumed.plan.steps if s["name"] not in resumed.reuse.records]
+    records = saved.get("steps") or {}
+    moving = [evidence.FILENAME] + sorted(p.name for p in run_dir.glob("check-*.json"))
+    moving += sorted(p.name for p in run_dir.glob("replay-*.json"))
+    for name in rerun:
+        logs = {f"logs/{name}.log", (records.get(name) or {}).get("log")}
+        moving += sorted(str(p) for p in logs if isinstance(p, str) and (run_dir / p).is_file())
+    moved = False
+    for rel in dict.fromkeys(moving):
+        source = run_dir / rel
+        if not source.is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, dest / rel)
+        moved = True
+    return dest.name if moved else None
