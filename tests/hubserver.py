@@ -34,9 +34,12 @@ download is cut mid-file: ``mode="close"`` keeps the full Content-Length and clo
 declares and sends a shortened body), ``truncate_upload`` (storage receives only the first half of an LFS
 upload's body, as behind a proxy that cut it, and rejects it with its own 400) and ``corrupt`` (after a commit
 lands, the stored bytes of the added files matching ``file_pattern`` are changed while every piece of metadata
-keeps the uploaded hash). LFS objects are content-addressed and never replaced by an upload of the same oid,
-like the Hub's: a corrupt object stays until it is permanently deleted. A fault
-fires on the ``nth`` matching request and the ``times - 1`` matching requests after it.
+keeps the uploaded hash; bytes that are corrupt already stay as they are), ``stall`` (the request is fully
+processed, e.g. a commit lands, and the answer is held back ``delay_s`` seconds, or until the server stops: an
+answer that never comes) and ``stale_listing`` (a tree listing leaves out the files matching ``file_pattern``,
+as a listing served from a replica that lags behind the last commit). LFS objects are content-addressed and
+never replaced by an upload of the same oid, like the Hub's: a corrupt object stays until it is permanently
+deleted. A fault fires on the ``nth`` matching request and the ``times - 1`` matching requests after it.
 :meth:`HubServer.corrupt` changes a stored file directly.
 """
 
@@ -82,7 +85,17 @@ DEFAULT_LFS_PATTERNS = (
     "*.arrow",
 )
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in DEFAULT_LFS_PATTERNS).encode()
-FAULT_KINDS = ("status", "conflict", "reset", "lost_response", "truncate", "truncate_upload", "corrupt")
+FAULT_KINDS = (
+    "status",
+    "conflict",
+    "reset",
+    "lost_response",
+    "stall",
+    "truncate",
+    "truncate_upload",
+    "corrupt",
+    "stale_listing",
+)
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -148,6 +161,7 @@ class Fault:
     retry_after: float | None = None
     mode: str = "close"
     file_pattern: str = ".*"
+    delay_s: float | None = None  # stall: seconds the answer is held back (None: until the server stops)
     seen: int = 0
     fired: int = 0
 
@@ -177,6 +191,7 @@ class Fault:
                 "retry_after",
                 "mode",
                 "file_pattern",
+                "delay_s",
                 "seen",
                 "fired",
             )
@@ -223,6 +238,7 @@ class HubServer:
         self._httpd = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()  # wakes every stalled answer
 
     # ----------------------------------------------------------------------------------- lifecycle
     @property
@@ -241,6 +257,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
@@ -274,6 +291,7 @@ class HubServer:
         retry_after: float | None = None,
         mode: str = "close",
         file_pattern: str = ".*",
+        delay_s: float | None = None,
     ) -> Fault:
         """Arm a fault on requests whose path (with query) matches ``path_pattern`` (``re.search``)."""
         if kind not in FAULT_KINDS:
@@ -291,6 +309,7 @@ class HubServer:
             retry_after=retry_after,
             mode=mode,
             file_pattern=file_pattern,
+            delay_s=None if delay_s is None else float(delay_s),
         )
         with self._lock:
             self.faults.append(fault)
@@ -323,15 +342,23 @@ class HubServer:
             entry = repo.head.tree.get(path)
             if entry is None:
                 raise KeyError(f"{repo_type} repo {repo_id!r} has no file {path!r}")
-            self._flip(repo.blobs[entry.key])
+            self._spoil(repo.blobs[entry.key], entry)
 
     @staticmethod
-    def _flip(data: bytearray) -> None:
+    def _spoil(data: bytearray, entry: Entry) -> None:
+        """Change one byte of intact stored bytes. Bytes that are corrupt already stay corrupt: changing the
+        same byte again would silently repair them (a re-upload deduplicated onto a bad object)."""
+        intact = (
+            hashlib.sha256(data).hexdigest() == entry.lfs_sha256
+            if entry.lfs_sha256 is not None
+            else git_blob_sha1(bytes(data)) == entry.oid
+        )
+        if not intact:
+            return
         if not data:
             data.extend(b"\x00")
             return
-        mid = len(data) // 2
-        data[mid] ^= 0xFF
+        data[len(data) // 2] ^= 0xFF
 
     def requests(self, method: str | None = None, pattern: str = ".*") -> list[dict[str, Any]]:
         with self._lock:
@@ -512,6 +539,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         self._read_body()  # keep-alive needs the request fully consumed
         if self._fault is not None and self._fault.kind == "lost_response":
             raise _Drop()  # the work is done (a commit landed); the answer never arrives
+        if self._fault is not None and self._fault.kind == "stall":
+            # The work is done; the answer waits (a client without a read timeout waits with it).
+            if self.hub._stopping.wait(self._fault.delay_s) or self._fault.delay_s is None:
+                raise _Drop()
         self._status = status
         self._record["status"] = status
         self.send_response(status)
@@ -767,7 +798,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         for d in sorted(dirs):
             if d.startswith(base) and (recursive or "/" not in d[len(base) :]):
                 items.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
+        fault = self._fault
         for p in sorted(tree):
+            if fault is not None and fault.kind == "stale_listing" and re.search(fault.file_pattern, p):
+                continue  # a replica that has not caught up with the commit that added it
             if p.startswith(base) and (recursive or "/" not in p[len(base) :]):
                 items.append(self._file_json(p, tree[p]))
         items.sort(key=lambda i: i["path"])
@@ -902,7 +936,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             if fault is not None and fault.kind == "corrupt":
                 for p in added:
                     if re.search(fault.file_pattern, p):
-                        self.hub._flip(repo.blobs[tree[p].key])
+                        self.hub._spoil(repo.blobs[tree[p].key], tree[p])
         self._json(
             {
                 "success": True,

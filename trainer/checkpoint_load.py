@@ -103,7 +103,7 @@ def _load_weights(path: Path, model: torch.nn.Module) -> None:
 
     try:
         tensors = load_file(str(path))
-    except Exception as e:  # noqa: BLE001 - SafetensorError (a lying header) and I/O errors alike
+    except Exception as e:  # SafetensorError (a lying header) and I/O errors alike
         raise Unloadable(f"{path} is not a readable safetensors file: {type(e).__name__}: {e}") from None
     try:
         load_hf_state_dict(model, tensors)
@@ -114,7 +114,7 @@ def _load_weights(path: Path, model: torch.nn.Module) -> None:
 def _torch_file(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - UnpicklingError, a broken zip, I/O: any failure refuses the file
+    except Exception as e:  # UnpicklingError, a broken zip, I/O: any failure refuses the file
         raise Unloadable(
             f"{path} does not load with torch.load(weights_only=True): {type(e).__name__}: {str(e)[:500]}"
         ) from None

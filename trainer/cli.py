@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainer.options import ModelOptions, OptionError
+from trainer.options import ModelOptions
 from trainer.runconfig import CHANGEABLE_FIELDS, CONFIG_HASH_FIELDS
+from trainer.store.hub_settings import HubSettings
 
 # The model options a resume may change one by one (--allow-config-change numerics.NAME).
 NUMERICS_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelOptions) if f.metadata["numerics"])
@@ -94,7 +95,12 @@ def _add_session(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--val-tokens", type=int, default=0, help="0 skips validation")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
-    p.add_argument("--resume", default="auto", help="auto | never | PATH of a local checkpoint dir")
+    p.add_argument(
+        "--resume",
+        default="auto",
+        help="auto (the store's pointer; a missing or empty repo starts fresh) | must (the same, but a missing or "
+        "empty repo is refused: every session after the first) | never | PATH of a local checkpoint dir",
+    )
     p.add_argument(
         "--allow-config-change",
         action="append",
@@ -158,7 +164,7 @@ class RunPlan:
     warmup_steps: int
     min_lr: float
     grad_ckpt: bool
-    resume_mode: str  # "auto" | "never" | "path"
+    resume_mode: str  # "auto" | "must" | "never" | "path"
     resume_path: Path | None
     allowed_changes: frozenset[str] = frozenset()  # --allow-config-change
 
@@ -251,14 +257,15 @@ def _allowed_changes(flags: list[str]) -> frozenset[str]:
 
 
 def _resume_source(resume: str) -> tuple[str, Path | None]:
-    """(mode, path) of --resume: auto, never, or a local checkpoint directory that must exist."""
-    if resume in ("auto", "never"):
+    """(mode, path) of --resume: auto, must, never, or a local checkpoint directory that must exist."""
+    if resume in ("auto", "must", "never"):
         mode, path = resume, None
     else:
         path = Path(resume)
         if not path.is_dir():
             raise UsageError(
-                f"--resume {resume}: no such checkpoint directory (use auto, never or an existing local checkpoint dir)"
+                f"--resume {resume}: no such checkpoint directory (use auto, must, never or an existing local "
+                "checkpoint dir)"
             )
         mode = "path"
     return mode, path
@@ -431,6 +438,7 @@ class Runtime:
     snapshot: str  # "async" | "sync" (snapshot_mode)
     snapshot_check: float | None
     options: ModelOptions  # resolved for this device
+    hub: HubSettings  # the Hub client's retries and timeouts (SPECPROBE_HUB_*), for a Hub store
 
 
 def choose_runtime(args: argparse.Namespace, environ: Mapping[str, str]) -> Runtime:
@@ -450,6 +458,7 @@ def choose_runtime(args: argparse.Namespace, environ: Mapping[str, str]) -> Runt
     snapshot, check = snapshot_mode(device_type, environ)
     try:
         options = ModelOptions.from_env(environ).resolved(device_type, capability)
-    except OptionError as e:
+        hub = HubSettings.from_env(environ)
+    except ValueError as e:  # an OptionError, or a SPECPROBE_HUB_* value out of range
         raise UsageError(str(e)) from None
-    return Runtime(device_type, precision, compile_mode, compile_why, graphs, graphs_why, snapshot, check, options)
+    return Runtime(device_type, precision, compile_mode, compile_why, graphs, graphs_why, snapshot, check, options, hub)

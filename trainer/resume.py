@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +27,7 @@ from trainer.log import emit
 from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
 from trainer.runconfig import show_value
 from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
+from trainer.store.hub_settings import HubSettings
 
 
 class Refused(Exception):
@@ -49,13 +51,15 @@ def resume(
     run_config: dict,
     config_hash: str,
     log: Callable[[str], None],
+    hub: HubSettings | None = None,
 ) -> Start:
-    """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank."""
-    token = os.environ.get("HF_TOKEN") or None
+    """Decide, fetch and load (module docstring); the weights go into `model`. Refused on every rank. ``hub``:
+    the Hub client's settings main read (trainer/store/hub_settings.py)."""
+    opener = partial(open_store, args.hub_repo, token=os.environ.get("HF_TOKEN") or None, hub=hub)
     held: list[Checkpointer] = []  # rank 0's checkpointer (and its lease) from the moment it exists
     try:
-        pointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, token=token, held=held)
-        return _start(dist, args, plan, model, pointer, held[0] if held else None, run_config, config_hash, log, token)
+        pointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, opener=opener, held=held)
+        return _start(dist, args, plan, model, pointer, held[0] if held else None, run_config, config_hash, log, opener)
     except BaseException:
         for checkpointer in held:
             checkpointer.close()  # the caller never gets it: the lease goes with the failed start
@@ -72,10 +76,10 @@ def _start(
     run_config: dict,
     config_hash: str,
     log: Callable[[str], None],
-    token: str | None,
+    opener: Callable[[], Store],
 ) -> Start:
     """Fetch and load what ``_decide`` chose; the weights go into `model`."""
-    ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, token=token)
+    ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, opener=opener)
     start, loaded = 0, None
     if ckpt_dir is not None:
         loaded = _load(dist, Path(ckpt_dir), model, plan, run_config=run_config, config_hash=config_hash)
@@ -106,7 +110,7 @@ def _decide(
     *,
     run_config: dict,
     config_hash: str,
-    token: str | None,
+    opener: Callable[[], Store],
     held: list[Checkpointer],
 ) -> Pointer | None:
     """Rank 0 opens the store and decides (the pointer to resume from, or None), every rank learns it. Rank 0's
@@ -115,7 +119,7 @@ def _decide(
     decision: dict[str, Any] = {"error": None, "pointer": None}
     if dist.master:
         try:
-            store = open_store(args.hub_repo, token=token)
+            store = opener()
             checkpointer = Checkpointer(
                 store,
                 log=emit,
@@ -124,10 +128,13 @@ def _decide(
                 allow_rollback=args.allow_pointer_rollback,
             )
             held.append(checkpointer)
-            if plan.resume_mode == "auto":
+            if plan.resume_mode in ("auto", "must"):
                 scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
                 decision["pointer"] = scan.decide(
-                    config_hash=config_hash, horizon_step=plan.total_steps, run_config=run_config
+                    config_hash=config_hash,
+                    horizon_step=plan.total_steps,
+                    run_config=run_config,
+                    require_run=plan.resume_mode == "must",
                 )
             else:
                 _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
@@ -143,7 +150,12 @@ def _decide(
 
 
 def _fetch(
-    dist: Dist, args: argparse.Namespace, pointer: Pointer, checkpointer: Checkpointer | None, *, token: str | None
+    dist: Dist,
+    args: argparse.Namespace,
+    pointer: Pointer,
+    checkpointer: Checkpointer | None,
+    *,
+    opener: Callable[[], Store],
 ) -> Path:
     """Each host's local rank 0 downloads the pointer's files; every rank returns the directory its host
     fetched into. Refused on every rank."""
@@ -151,7 +163,7 @@ def _fetch(
     err = None
     if dist.local_rank == 0:
         try:
-            store = checkpointer.store if checkpointer is not None else open_store(args.hub_repo, token=token)
+            store = checkpointer.store if checkpointer is not None else opener()
             ckpt_dir = fetch(store, pointer, args.out / "ckpt" / Path(pointer.path_in_repo).name)
         except (StoreError, OSError) as e:
             err = f"fetching {pointer.path_in_repo} from {redact_url(args.hub_repo)}: {e}"

@@ -60,7 +60,7 @@ from trainer.rng import set_rng_state
 from trainer.runconfig import config_hash
 from trainer.snapshot import Snapshotter
 from trainer.steptime import StepTimer
-from trainer.store import redact_url
+from trainer.store import parse_store_url, redact_url
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PUSH_FAILED = 0, 1, 2, 3, 4
 
@@ -90,6 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _SESSIONS: list["Trainer"] = []
+
+
+def _is_hub(url: str) -> bool:
+    """A Hugging Face Hub store URL (an invalid one is refused later, where the store is opened)."""
+    try:
+        return parse_store_url(url).kind == "hf"
+    except ValueError:
+        return False
 
 
 def session_tok_per_s(step_seconds: Sequence[float], tokens_per_step: int) -> float | None:
@@ -135,6 +143,7 @@ class Trainer:
                 run_config=self.run_cfg,
                 config_hash=self.cfg_hash,
                 log=self.log,
+                hub=self.rt.hub,
             )
             self.saves = CheckpointSession(
                 self.dist,
@@ -214,6 +223,8 @@ class Trainer:
         self.params = count_params(self.raw_model)
         self.log(f"params: {self.params} model={args.model}")
         self.log(f"checkpoint hub target: {self.hub_url}")
+        if _is_hub(args.hub_repo):
+            self.log(rt.hub.line())
         self.snapshots = Snapshotter(
             rt.snapshot,
             rt.snapshot_check,

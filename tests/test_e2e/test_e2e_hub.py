@@ -378,3 +378,30 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     assert faulted_titles == clean_titles, (faulted_titles, clean_titles)
     # And the token stayed out of both legs' output.
     assert HUB_TOKEN not in leg1.text + leg2.text + clean.text
+
+
+def test_a_push_whose_answer_never_comes_and_a_409_on_its_pointer_both_settle_with_the_timeout_main_read(
+    hub_server: HubServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    mix = tiny_mix(tmp_path_factory)
+    env = engine_env({**hub_env(hub_server), "SPECPROBE_HUB_READ_TIMEOUT_S": "1"})
+    repo_id = f"probe/{fresh_id('stall')}"
+    commit = rf"^/api/datasets/{re.escape(repo_id)}/commit/main$"
+    # Commits: the lease (1st), checkpoint-2 (2nd: it lands and its answer never comes), the pointer (3rd: 409).
+    stall = hub_server.inject("stall", commit, method="POST", nth=2)
+    conflict = hub_server.inject("status", commit, method="POST", status=409, nth=2)
+    args = trainer_args(root=mix, out=tmp_path / "out", repo=f"hf://{repo_id}", steps=4, push_every=2, stop=2)
+    leg = run_hub_trainer(torchrun_cmd(args, log_dir=tmp_path / "tlogs"), env, cwd=tmp_path)
+    assert leg.rc == 0 and leg.run_json is not None and leg.run_json["final_step"] == 2, leg.explain()
+    # The knob was read once, by main, and said.
+    assert leg.text.count("hub client: 6 tries, backoff 0.05s doubling up to 1.6s, timeouts connect 30s read 1s") == 1
+    assert (stall.fired, conflict.fired) == (1, 1), hub_server.faults
+    assert any("landed although its answer was lost" in line and "ReadTimeout" in line for line in leg.lines)
+    # The checkpoint landed once and got its pointer: the next session resumes at step 2, not 0.
+    t = titles(hub_server, repo_id)
+    assert (
+        t.count("checkpoint step 2 -> ckpt/checkpoint-2") == 1
+        and t.count("latest.json -> step 2 ckpt/checkpoint-2") == 1
+    )
+    pointer = json.loads(hub_server.files(repo_id)["latest.json"])
+    assert (pointer["step"], pointer["path_in_repo"]) == (2, "ckpt/checkpoint-2")

@@ -57,3 +57,37 @@ def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and
     assert markdown.index(f"- {said}") < markdown.index("Failed: ") < markdown.index("| step |")
     page = (tmp_path / "h.html").read_text()
     assert f'<p class="child"><strong>{said}' in page
+
+
+def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started_afresh(tmp_path):
+    """The shipped smoke's leg 2 runs `--resume must`: the store deleted after leg 1 is a refusal (exit 3) that
+    names the repo, never `repo missing, created ..., fresh start` with exit 0."""
+    (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
+    (tmp_path / "deleted.yaml").write_text(
+        "version: 1\n"
+        "extends: specs/p4_smoke.yaml\n"
+        "steps:\n"
+        "  - name: wipe_before_leg2\n"
+        "    override: true\n"
+        '    remove: ["${train_out}", "${tlog}", "${store_root}/probe/ckpt-${run_id}"]\n'
+    )
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "SPECPROBE_STORE", "HF_TOKEN"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [str(VENV_BIN / "engine"), "run", "deleted.yaml", "--run-dir", "r"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    repo = doc["values"]["repo"]
+    assert doc["steps"]["leg1"]["status"] == "ok" and doc["steps"]["wipe_before_leg2"]["status"] == "ok"
+    child = doc["steps"]["leg2"]["child_exit"]
+    assert child["code"] == 3 and child["message"].startswith(f"refused: --resume must: repo {repo} does not exist")
+    assert "fresh start" not in (tmp_path / "r" / doc["steps"]["leg2"]["log"]).read_text()
+    assert doc["state"]["hub_after_leg2"]["exists"] is False  # nothing was created in its place
+    assert f"leg2: the trainer exited 3: refused: --resume must: repo {repo} does not exist" in proc.stdout

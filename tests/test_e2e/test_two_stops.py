@@ -96,6 +96,22 @@ def test_every_stop_and_every_leg_get_the_librarys_checks_and_none_is_disabled(s
         assert steps[leg]["run"]["argv"][-2:] == ["--stop-after-steps", str(stop)]
 
 
+@pytest.mark.parametrize(
+    "spec",
+    ["p4_smoke.yaml", "p4_soak.yaml", "p4_preempt.yaml", "examples/p4_two_stops.yaml", "examples/p4_three_stops.yaml"],
+)
+def test_every_leg_after_the_first_continues_the_run_with_resume_must(spec: str) -> None:
+    """Leg 1 may create the scratch repo; a later leg that finds none (deleted between legs) must fail, not start
+    the run afresh: `--resume must`, in every mode and on every target."""
+    for mode in ("smoke", "soak") if "preempt" not in spec else ("smoke",):
+        for target in ("local", "gpu", "real"):
+            plan = build_plan(load_spec(REPO_ROOT / "specs" / spec), mode=mode, environ={"SPECPROBE_TARGET": target})
+            legs = [s["run"]["argv"] for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+            resumes = [argv[argv.index("--resume") + 1] for argv in legs]
+            assert [argv.count("--resume") for argv in legs] == [1] * len(legs), (spec, mode, target)
+            assert resumes == ["auto"] + ["must"] * (len(legs) - 1), (spec, mode, target, resumes)
+
+
 @pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
 def stops_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, EngineRun]:
     """One real run of each example, shared by the tests below."""

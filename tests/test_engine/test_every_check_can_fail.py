@@ -564,8 +564,8 @@ def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], Non
 LEG2_LOSS_READERS = {"loss_at_horizon_below_step_one": "FAIL"}
 READ_BACK_LEG1 = {"pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
 READ_BACK_LEG2 = {"pointer_target_read_back_intact_after[leg=leg2]": "FAIL"}
-# The horizon's pointer target compared with the listing: two checks read that very fact.
-HORIZON_TARGET = {"pointer_hashes_match_listing": "FAIL", "pointer_target_complete_after[leg=leg2]": "FAIL"}
+# The horizon's pointer target compared with the listing.
+HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
 
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_common (all three specs)
@@ -585,13 +585,6 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("the horizon pointer is one push stale", _horizon_pointer_stale),
         Tamper("the horizon pointer names ckpt/ instead of final/", _horizon_pointer_names_a_ckpt),
     ),
-    "pointer_hashes_match_listing": (
-        Tamper(
-            "the store holds other bytes than the pointer recorded",
-            _horizon_target_torn,
-            also={**HORIZON_TARGET, **READ_BACK_LEG2},
-        ),
-    ),
     "pointer_target_complete_after[leg=leg1]": (
         Tamper(
             "the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target, also=READ_BACK_LEG1
@@ -600,11 +593,25 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("the pointer's target after leg 1 lost its weights", _leg1_target_lost_its_weights),
     ),
     "pointer_target_complete_after[leg=leg2]": (
+        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn, also=READ_BACK_LEG2),
         Tamper("the horizon pointer does not name the weights", _horizon_pointer_names_no_weights),
         Tamper(
             "final/ lost its weights",
             _horizon_target_lost_its_weights,
             also={**HORIZON_TARGET, **READ_BACK_LEG2, "checkpoints_complete_after[leg=leg2]": "FAIL"},
+        ),
+    ),
+    # leg 1's only in p4_soak (the smoke and the preempt read back after the final leg alone)
+    "pointer_target_read_back_intact_after[leg=leg1]": (
+        Tamper(
+            "an object under leg 1's pointer target was damaged after its upload",
+            _stored_object_damaged_after_upload("hub_after_leg1"),
+        ),
+    ),
+    "pointer_target_read_back_intact_after[leg=leg2]": (
+        Tamper(
+            "an object under the horizon pointer's target was damaged after its upload",
+            _stored_object_damaged_after_upload("hub_after_leg2"),
         ),
     ),
     "checkpoints_complete_after[leg=leg1]": (
@@ -720,18 +727,6 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_soak
     "peak_memory_during_training_below_gate": (
         Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),
-    ),
-    "pointer_target_read_back_intact_after[leg=leg1]": (
-        Tamper(
-            "an object under leg 1's pointer target was damaged after its upload",
-            _stored_object_damaged_after_upload("hub_after_leg1"),
-        ),
-    ),
-    "pointer_target_read_back_intact_after[leg=leg2]": (
-        Tamper(
-            "an object under the horizon pointer's target was damaged after its upload",
-            _stored_object_damaged_after_upload("hub_after_leg2"),
-        ),
     ),
     "collector_never_stalled_a_step[leg=leg1]": (
         Tamper("a full garbage collection stopped leg 1 for 0.62 s", _leg1_collector_stalled),

@@ -9,6 +9,8 @@ exits 1 (and 0 with --accept-risk), every safe class exits 0, an invalid spec on
 from __future__ import annotations
 
 import io
+import json
+import math
 import os
 import re
 import shutil
@@ -565,31 +567,42 @@ SEGMENT = "specs/lib/p4_segment.yaml"
 SMOKE_TIMEOUTS = "smoke: {steps: 20, push_every: 10, stop1: 10, val_tokens_real: 200000, t_fetch: 1500, t_leg1: 1200,"
 
 
+def saved_smoke_leg1() -> tuple[float, str]:
+    """(seconds the saved smoke run's leg 1 took, the run as the review names it): the bundle's own numbers."""
+    doc = json.loads((ROOT / "evidence" / "p4_smoke" / "evidence.json").read_text())
+    return doc["steps"]["leg1"]["seconds"], f"run {doc['started_at'][:16]} (smoke), evidence/p4_smoke"
+
+
 def test_a_timeout_cut_below_what_the_saved_run_took_is_risky_with_both_numbers(shipped: Path) -> None:
-    """Smoke's `t_leg1` 1200 -> 3 s: the saved smoke run's leg 1 took 13.3 s, so it could not pass as it ran."""
+    """Smoke's `t_leg1` 1200 -> 3 s: the saved smoke run's leg 1 took longer, so it could not pass as it ran."""
+    took, run = saved_smoke_leg1()
+    assert took > 3
     edit(shipped, SEGMENT, SMOKE_TIMEOUTS, SMOKE_TIMEOUTS.replace("t_leg1: 1200,", "t_leg1: 3,"))
     rc, text, err = review()
     assert (rc, err) == (EXIT_RISKY, ""), text
     risky = [line for line in text.splitlines() if line.startswith("  ! ")]
     assert risky == [
         "  ! time limit under the saved run in specs/p4_smoke.yaml [mode smoke]: leg `leg1`'s timeout 1200 s -> 3 s "
-        "(`t_leg1`), and the saved run's leg1 took 13.3 s (run 2026-12-01T02:27 (smoke), evidence/p4_smoke)  "
+        f"(`t_leg1`), and the saved run's leg1 took {took:.1f} s ({run})  "
         "(specs/lib/p4_segment.yaml:26)"
     ], text
     assert f"      why risky: {WHY_RISKY['time limit under the saved run']}" in text
 
 
 def test_a_timeout_close_above_what_the_saved_run_took_is_a_note_not_a_risk(shipped: Path) -> None:
-    edit(shipped, SEGMENT, SMOKE_TIMEOUTS, SMOKE_TIMEOUTS.replace("t_leg1: 1200,", "t_leg1: 15,"))
+    took, run = saved_smoke_leg1()
+    tight, ample = math.ceil(took) + 1, math.ceil(took * 1.5) + 1  # above it, under 1.5 times it; past that
+    assert tight < took * 1.5
+    edit(shipped, SEGMENT, SMOKE_TIMEOUTS, SMOKE_TIMEOUTS.replace("t_leg1: 1200,", f"t_leg1: {tight},"))
     rc, text, _ = review()
     assert rc == EXIT_SAFE, text
     assert (
-        "note: tight: leg `leg1`'s timeout 1200 s -> 15 s (`t_leg1`), and the saved run's leg1 took 13.3 s "
-        "(run 2026-12-01T02:27 (smoke), evidence/p4_smoke): less than 1.5 times what it took"
+        f"note: tight: leg `leg1`'s timeout 1200 s -> {tight} s (`t_leg1`), and the saved run's leg1 took {took:.1f} s "
+        f"({run}): less than 1.5 times what it took"
     ) in text
     rc, md, _ = review("--markdown", "-")
-    assert "- `specs/p4_smoke.yaml`: tight: leg `leg1`'s timeout 1200 s -> 15 s" in md
-    edit(shipped, SEGMENT, "t_leg1: 15,", "t_leg1: 21,")  # 1.5 times 13.3 s and more: nothing to say
+    assert f"- `specs/p4_smoke.yaml`: tight: leg `leg1`'s timeout 1200 s -> {tight} s" in md
+    edit(shipped, SEGMENT, f"t_leg1: {tight},", f"t_leg1: {ample},")  # 1.5 times what it took and more
     rc, text, _ = review()
     assert rc == EXIT_SAFE and "note:" not in text, text
 

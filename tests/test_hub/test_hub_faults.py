@@ -1,12 +1,16 @@
 """Hub faults injected by tests/hubserver.py, survived by HubStore (and the Checkpointer above it) through the
 real huggingface_hub client: retried with backoff when transient, a landed-but-unacknowledged commit settled
-by reading back (never pushed twice), 412 re-read, truncated downloads re-fetched, corruption caught."""
+by reading back (never pushed twice), an answer that never comes ended by the read timeout and settled the
+same way, 409 and 412 re-read, truncated downloads re-fetched, corruption caught and repaired, a lagging
+listing read again."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -15,10 +19,17 @@ from blobs import sha, write
 from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
 
-from trainer.checkpoint import CHECKPOINT_FILES, POINTER_PATH, Checkpointer, read_pointer
-from trainer.resume_scan import ResumeScan
+from trainer.checkpoint import (
+    CHECKPOINT_FILES,
+    POINTER_PATH,
+    STATE_FILE,
+    Checkpointer,
+    read_pointer,
+    seal_trainer_state,
+)
+from trainer.resume_scan import ResumeRefused, ResumeScan
 from trainer.store import StoreError
-from trainer.store.hub import COMMIT_MARKER, HubStore
+from trainer.store.hub import COMMIT_MARKER, HubStore, Timeouts
 from trainer.store.lease import LEASE_PATH
 
 COMMIT = r"/commit/main$"
@@ -103,6 +114,71 @@ def test_commit_that_lands_but_whose_answer_is_lost_is_not_pushed_twice(
     assert len(commit_posts(hub_server)) == 1
     assert rev == repo.head.oid and COMMIT_MARKER in repo.head.title
     assert hub_server.requests("GET", r"/commits/main")  # settled by reading the history back
+
+
+# A stalled answer is held back this long: far past the read timeouts below, so a client without a bound would
+# sit there (and fail the time limits) instead of settling.
+STALL_S = 30.0
+SHORT = Timeouts(connect_s=5.0, read_s=0.5)
+
+
+def test_a_commit_whose_answer_never_comes_settles_through_the_history_within_the_read_timeout(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
+    store = ready(hub_store, "sstall")
+    store = HubStore("tester/sstall", endpoint=hub_server.url, token=HUB_TOKEN, retry=store.retry, timeouts=SHORT)
+    before = hub_server.commit_count("tester/sstall")
+    hub_server.inject("stall", COMMIT, delay_s=STALL_S)
+    t0 = time.monotonic()
+    rev = store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(2048))}, message="checkpoint")
+    took = time.monotonic() - t0
+    repo = hub_server.repo("tester/sstall")
+    assert took < 10, f"the commit took {took:.1f}s: its lost answer was waited for"
+    assert rev == repo.head.oid and COMMIT_MARKER in repo.head.title
+    assert hub_server.commit_count("tester/sstall") == before + 1 and len(commit_posts(hub_server)) == 1
+    posts = commit_posts(hub_server)
+    assert posts[0]["fault"] == "stall" and hub_server.requests("GET", r"/commits/main")  # settled by reading back
+
+
+def test_a_read_whose_answer_never_comes_is_tried_again_after_the_read_timeout(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder
+) -> None:
+    ready(hub_store, "sstallget")
+    store = HubStore(
+        "tester/sstallget", endpoint=hub_server.url, token=HUB_TOKEN, retry=hub_store().retry, timeouts=SHORT
+    )
+    # repo_info: huggingface_hub 2.x passes timeout=None for it, which a bound must override.
+    hub_server.inject("stall", r"^/api/datasets/tester/sstallget$", method="GET", delay_s=STALL_S)
+    t0 = time.monotonic()
+    assert store.exists() is True
+    assert time.monotonic() - t0 < 10 and len(sleeps.delays) == 1
+    assert [r["fault"] for r in hub_server.requests("GET", r"^/api/datasets/tester/sstallget$")] == ["stall", None]
+
+
+def test_an_lfs_upload_whose_answer_never_comes_is_sent_again(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
+    ready(hub_store, "sstallput")
+    store = HubStore(
+        "tester/sstallput", endpoint=hub_server.url, token=HUB_TOKEN, retry=hub_store().retry, timeouts=SHORT
+    )
+    data = os.urandom(8192)
+    hub_server.inject("stall", LFS_PUT, method="PUT", delay_s=STALL_S)
+    t0 = time.monotonic()
+    store.commit({"m.safetensors": write(tmp_path, "m", data)})
+    assert time.monotonic() - t0 < 15
+    assert hub_server.files("tester/sstallput")["m.safetensors"] == data
+    assert [r["fault"] for r in hub_server.requests("PUT", LFS_PUT)][:2] == ["stall", None]
+
+
+def test_a_409_from_the_commit_endpoint_is_read_back_and_retried(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+) -> None:
+    store = ready(hub_store, "s409")
+    before = hub_server.commit_count("tester/s409")
+    hub_server.inject("status", COMMIT, status=409, times=2)
+    rev = store.commit({"a.json": write(tmp_path, "a", b"1")})
+    assert [r["status"] for r in commit_posts(hub_server)] == [409, 409, 200] and len(sleeps.delays) == 2
+    assert hub_server.commit_count("tester/s409") == before + 1 and rev == hub_server.repo("tester/s409").head.oid
+    assert len(hub_server.requests("GET", r"/commits/main")) >= 2  # the history read before each new try
 
 
 def test_412_conflict_rereads_the_head_and_retries(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
@@ -236,6 +312,98 @@ def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_
     assert read_pointer(store).step == 20
 
 
+def test_a_small_regular_file_corrupted_in_the_store_is_repaired_by_delete_then_upload(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
+    store = hub_store("ckrepreg")
+    run_pushes(store, tmp_path, [10], [])
+    folder, files = make_ckpt(tmp_path, 20)
+    path = "ckpt/checkpoint-20/config.json"  # under the LFS threshold: a regular file, not an LFS object
+    store.commit({f"ckpt/checkpoint-20/{n}": folder / n for n in files}, message="checkpoint step 20")
+    assert store.list_files()[path].sha256 is None
+    hub_server.corrupt("tester/ckrepreg", path)
+    log: list[str] = []
+    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash="cfg")
+    assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
+    assert sha(hub_server.files("tester/ckrepreg")[path]) == files["config.json"] == pointer.files["config.json"]
+    assert read_pointer(store).step == 20
+
+
+def test_a_409_on_the_pointer_commit_is_retried_and_the_verified_checkpoint_gets_its_pointer(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
+    store = hub_store("ck409")
+    run_pushes(store, tmp_path, [10], [])
+    ck = Checkpointer(store, log=[].append)
+    ck.lease.acquire()  # the lease taken before the faults are armed: the next commits are the push's
+    folder, files = make_ckpt(tmp_path, 20)
+    # push(20) commits the checkpoint (1st), then the pointer (2nd): the pointer's commit answers 409 once.
+    fault = hub_server.inject("status", COMMIT, status=409, nth=2)
+    pointer = ck.push(20, folder, files, tokens=2000, config_hash="cfg")
+    assert fault.fired == 1 and pointer.step == 20 and read_pointer(store) == pointer
+    titles = [c.title for c in hub_server.repo("tester/ck409").commits]
+    assert sum(t.startswith("latest.json -> step 20 ") for t in titles) == 1, titles
+
+
+def sealed_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
+    """make_ckpt with a trainer_state.json sealed like the trainer's: what a resume reads and checks."""
+    folder, files = make_ckpt(tmp, step)
+    others = {n: h for n, h in files.items() if n != STATE_FILE}
+    state = seal_trainer_state({"step": step, "tokens_consumed": step * 100, "config_hash": "cfg"}, others)
+    files[STATE_FILE] = sha(write(folder, STATE_FILE, json.dumps(state).encode()).read_bytes())
+    return folder, files
+
+
+def pointed_at_20(store: HubStore, tmp: Path) -> None:
+    """Checkpoints 10 and 20, both whole (two optimizer states kept), the pointer at 20."""
+    ck = Checkpointer(store, log=[].append, keep_optimizer_states=2)
+    assert ResumeScan(ck).decide(config_hash="cfg", horizon_step=30) is None
+    for step in (10, 20):
+        folder, files = sealed_ckpt(tmp, step)
+        ck.push(step, folder, files, tokens=step * 100, config_hash="cfg")
+    ck.close()
+
+
+def test_a_listing_that_lags_is_read_again_and_the_resume_goes_on(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+) -> None:
+    store = hub_store("cklag")
+    pointed_at_20(store, tmp_path)
+    hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"checkpoint-20/optimizer\.pt$", times=2)
+    log: list[str] = []
+    scan = ResumeScan(Checkpointer(store, log=log.append), relist_delays_s=(1.0, 2.0, 4.0), sleep=sleeps)
+    assert scan.decide(config_hash="cfg", horizon_step=30).step == 20
+    said = [line for line in log if "does not show ckpt/checkpoint-20/optimizer.pt" in line]
+    assert len(said) == 2 and said[0].endswith("a listing can lag behind a commit: listing again in 1s"), said
+    assert [f.fired for f in hub_server.faults] == [2]
+    assert sleeps.delays.count(1.0) == 1 and sleeps.delays.count(2.0) == 1 and 4.0 not in sleeps.delays
+
+
+def test_a_file_the_listing_keeps_hiding_is_refused_saying_so_never_advising_deletion(
+    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+) -> None:
+    store = hub_store("cklagged")
+    pointed_at_20(store, tmp_path)
+    hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"checkpoint-20/rng\.pt$", times=100)
+    scan = ResumeScan(Checkpointer(store, log=[].append), relist_delays_s=(1.0, 2.0), sleep=sleeps)
+    with pytest.raises(ResumeRefused) as e:
+        scan.decide(config_hash="cfg", horizon_step=30)
+    msg = str(e.value)
+    assert msg.startswith(
+        "latest.json points at ckpt/checkpoint-20 but the listing of hf://tester/cklagged does not show "
+        "ckpt/checkpoint-20/rng.pt (listed 3 time(s); a Hub listing can lag behind the commit that added a file)."
+    ), msg
+    assert "delete" not in msg.lower() and "run again later" in msg
+    # The way to resume from a chosen checkpoint, naming one whose files are all listed.
+    assert (
+        "resume from a checkpoint you choose (ckpt/checkpoint-10 lists all its files): `hf download tester/cklagged "
+        "--repo-type dataset --include 'ckpt/checkpoint-10/*' --local-dir DIR`, then run with --resume "
+        "DIR/ckpt/checkpoint-10"
+    ) in msg
+    assert msg.endswith("Nothing in hf://tester/cklagged was changed.")
+    assert read_pointer(store).step == 20
+
+
 def test_checkpointer_landed_but_unacknowledged_push_is_not_pushed_twice(
     hub_server: HubServer, hub_store, tmp_path: Path
 ) -> None:
@@ -326,6 +494,17 @@ def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(
     assert len(hub_server.requests("PUT", LFS_PUT)) == 5 and hub_server.commit_count("tester/sup400b") == before
 
 
+def _uploads_through_xet() -> bool:
+    import huggingface_hub.constants as hf_constants
+
+    return hasattr(hf_constants, "HF_HUB_DISABLE_XET") and importlib.util.find_spec("hf_xet") is not None
+
+
+@pytest.mark.skipif(
+    not _uploads_through_xet(),
+    reason="this huggingface_hub uploads through LFS only (no Xet support, or hf_xet not installed): "
+    "no hf_xet error can reach the store",
+)
 def test_a_permanent_4xx_that_hf_xet_raises_as_connection_error_is_not_retried(
     hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ from conftest import HUB_TOKEN
 from hubserver import HubServer
 
 from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError
-from trainer.store.hub import COMMIT_MARKER, HubStore, RetryPolicy
+from trainer.store.hub import COMMIT_MARKER, HubStore, RetryPolicy, Timeouts
 from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -197,3 +197,44 @@ def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, h
     state = hub_state(store)
     assert state["exists"] and state["checkpoints"] == [10, 20] and state["pointer"]["step"] == 20
     assert "ckpt/checkpoint-10/optimizer.pt" not in state["files"]  # pruned
+
+
+def test_the_hub_knobs_are_read_from_their_variables_and_said_in_one_line() -> None:
+    from trainer.store.hub_settings import HubSettings
+
+    default = HubSettings.from_env({})
+    assert (default.retry.attempts, default.retry.base_s, default.retry.max_s) == (6, 1.0, 30.0)
+    assert (default.timeouts.connect_s, default.timeouts.read_s) == (30.0, 300.0)
+    s = HubSettings.from_env(
+        {
+            "SPECPROBE_HUB_RETRIES": "3",
+            "SPECPROBE_HUB_BACKOFF_S": "0.5",
+            "SPECPROBE_HUB_CONNECT_TIMEOUT_S": "7",
+            "SPECPROBE_HUB_READ_TIMEOUT_S": "45.5",
+        }
+    )
+    assert (s.retry.attempts, s.retry.base_s, s.retry.max_s, s.timeouts) == (3, 0.5, 16.0, Timeouts(7.0, 45.5))
+    assert s.line() == (
+        "hub client: 3 tries, backoff 0.5s doubling up to 16s, timeouts connect 7s read 45.5s "
+        "(SPECPROBE_HUB_RETRIES, SPECPROBE_HUB_BACKOFF_S, SPECPROBE_HUB_CONNECT_TIMEOUT_S, SPECPROBE_HUB_READ_TIMEOUT_S)"
+    )
+
+
+@pytest.mark.parametrize(
+    "var, value, says",
+    [
+        ("SPECPROBE_HUB_RETRIES", "0", "a whole number of tries from 1 to 100"),
+        ("SPECPROBE_HUB_RETRIES", "three", "a whole number of tries from 1 to 100"),
+        ("SPECPROBE_HUB_BACKOFF_S", "-1", "a number of seconds >= 0 and at most 86400"),
+        ("SPECPROBE_HUB_CONNECT_TIMEOUT_S", "0", "a number of seconds > 0 and at most 86400"),
+        ("SPECPROBE_HUB_READ_TIMEOUT_S", "inf", "a number of seconds > 0 and at most 86400"),
+        ("SPECPROBE_HUB_READ_TIMEOUT_S", "nan", "a number of seconds > 0 and at most 86400"),
+        ("SPECPROBE_HUB_READ_TIMEOUT_S", "1e20", "a number of seconds > 0 and at most 86400"),
+    ],
+)
+def test_a_hub_knob_out_of_range_is_refused_naming_its_variable(var: str, value: str, says: str) -> None:
+    from trainer.store.hub_settings import HubSettings
+
+    with pytest.raises(ValueError) as e:
+        HubSettings.from_env({var: value})
+    assert str(e.value) == f"{var}={value!r}: must be {says}"

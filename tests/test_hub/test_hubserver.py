@@ -26,6 +26,7 @@ def http(
     token: str | None = HUB_TOKEN,
     headers: dict[str, str] | None = None,
     raw: bytes | None = None,
+    timeout: float = 10,
 ) -> tuple[int, dict[str, str], bytes]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(server.url + path, data=data, method=method)
@@ -36,7 +37,7 @@ def http(
     for k, v in (headers or {}).items():
         req.add_header(k, v)
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
@@ -245,3 +246,59 @@ def test_client_reads_tree_pages_paths_info_and_its_own_exceptions(hub_server: H
             hf_hub_url("tester/r", "nope", repo_type="dataset", endpoint=hub_server.url), token=HUB_TOKEN
         )
     assert api.whoami()["name"] == hub_server.user
+
+
+def test_a_stalled_answer_comes_after_its_delay_with_the_work_done(hub_server: HubServer) -> None:
+    create(hub_server)
+    before = hub_server.commit_count("tester/r")
+    hub_server.inject("stall", r"/commit/main$", delay_s=0.8)
+    t0 = time.monotonic()
+    status, _, _ = commit(hub_server, [{"key": "header", "value": {"summary": "s"}}, file_line("a.txt", b"a")])
+    assert status == 200 and time.monotonic() - t0 >= 0.8
+    assert hub_server.commit_count("tester/r") == before + 1
+
+
+def test_a_stall_without_a_delay_never_answers_and_the_work_is_done(hub_server: HubServer) -> None:
+    create(hub_server)
+    before = hub_server.commit_count("tester/r")
+    hub_server.inject("stall", r"/commit/main$")
+    with pytest.raises(TimeoutError):  # urllib's socket timeout: no answer within it
+        http(
+            hub_server,
+            "POST",
+            "/api/datasets/tester/r/commit/main",
+            timeout=0.5,
+            raw=b"".join(
+                json.dumps(x).encode() + b"\n"
+                for x in [{"key": "header", "value": {"summary": "s"}}, file_line("a", b"a")]
+            ),
+        )
+    assert hub_server.commit_count("tester/r") == before + 1
+
+
+def test_a_stale_listing_leaves_out_the_matching_files_for_its_requests_only(hub_server: HubServer) -> None:
+    create(hub_server)
+    commit(
+        hub_server,
+        [{"key": "header", "value": {"summary": "s"}}, file_line("d/a.json", b"1"), file_line("d/b.json", b"2")],
+    )
+    hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"b\.json$")
+    paths = [
+        [e["path"] for e in json.loads(http(hub_server, "GET", "/api/datasets/tester/r/tree/main?recursive=true")[2])]
+        for _ in range(2)
+    ]
+    assert paths == [[".gitattributes", "d", "d/a.json"], [".gitattributes", "d", "d/a.json", "d/b.json"]]
+
+
+def test_a_corrupt_fault_on_bytes_that_are_corrupt_already_leaves_them_corrupt(hub_server: HubServer) -> None:
+    api = HfApi(endpoint=hub_server.url, token=HUB_TOKEN)
+    api.create_repo("tester/r", repo_type="dataset")
+    data = bytes(range(256)) * 8
+    api.create_commit("tester/r", [CommitOperationAdd("m.safetensors", data)], commit_message="1", repo_type="dataset")
+    hub_server.corrupt("tester/r", "m.safetensors")
+    # The same bytes under another name: the upload deduplicates onto the stored (corrupt) object, and a second
+    # corruption must not change it back.
+    hub_server.inject("corrupt", r"/commit/main$", file_pattern=r"n\.safetensors$")
+    api.create_commit("tester/r", [CommitOperationAdd("n.safetensors", data)], commit_message="2", repo_type="dataset")
+    stored = hub_server.files("tester/r")
+    assert stored["n.safetensors"] == stored["m.safetensors"] != data and hub_server.faults[0].fired == 1

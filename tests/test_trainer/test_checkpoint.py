@@ -287,11 +287,25 @@ def test_resume_creates_a_missing_repo_and_starts_fresh(tmp_path):
     assert log.lines == [f"auto-resume: repo missing, created file://{tmp_path}/o/new-repo, fresh start"]
 
 
-def test_resume_without_create_refuses_a_missing_repo(tmp_path):
+def test_resume_must_refuses_a_missing_repo_and_creates_nothing(tmp_path):
     s = open_store(f"file://{tmp_path}/o/new-repo")
-    with pytest.raises(ResumeRefused, match="does not exist"):
-        ResumeScan(Checkpointer(s, log=Recorder())).decide(config_hash=CH, horizon_step=20, create_if_missing=False)
+    with pytest.raises(ResumeRefused) as e:
+        ResumeScan(Checkpointer(s, log=Recorder())).decide(config_hash=CH, horizon_step=20, require_run=True)
+    assert str(e.value).startswith(f"--resume must: repo file://{tmp_path}/o/new-repo does not exist")
+    assert "Nothing was created" in str(e.value) and "--resume auto" in str(e.value)
     assert not s.exists()
+
+
+def test_resume_must_refuses_a_repo_without_a_run(store):
+    with pytest.raises(ResumeRefused, match=r"--resume must: .* holds no run \(no latest.json, no checkpoint\)"):
+        ResumeScan(Checkpointer(store, log=Recorder())).decide(config_hash=CH, horizon_step=20, require_run=True)
+    assert not any(p.startswith(("ckpt/", "latest.json")) for p in store.list_files())
+
+
+def test_resume_must_resumes_from_the_pointer_like_auto(store, tmp_path):
+    push(Checkpointer(store, log=Recorder()), tmp_path, 10)
+    scan = ResumeScan(Checkpointer(store, log=Recorder()))
+    assert scan.decide(config_hash=CH, horizon_step=20, require_run=True).step == 10
 
 
 def test_resume_from_an_empty_repo_starts_fresh(store):
@@ -357,7 +371,9 @@ def test_history_without_a_pointer_refuses_when_no_checkpoint_verifies_saying_wh
     assert f"{store.url} has no latest.json and none of its checkpoints verifies" in msg
     assert "ckpt/checkpoint-20: model.safetensors stored sha256 " in msg and "trainer_state.json records" in msg
     assert "ckpt/checkpoint-10: optimizer.pt, rng.pt missing (pruned" in msg
-    assert "Delete the repo or resume into a new one" in msg
+    # Nothing of it is advised deleted; a way to resume from a chosen checkpoint is named, with its folder.
+    assert "delete" not in msg.lower() and "Nothing in " in msg
+    assert f"resume from a checkpoint you choose: run with --resume {store.dir}/ckpt/checkpoint-<step>" in msg
     assert read_pointer(store) is None  # nothing written on a refusal
 
 
@@ -381,10 +397,13 @@ def test_a_checkpoint_whose_own_record_was_altered_never_verifies(store, tmp_pat
 def test_resume_refuses_a_pointer_whose_file_is_missing(store, tmp_path):
     push(Checkpointer(store, log=Recorder(), prune=False), tmp_path, 20)
     store.commit({}, delete=["ckpt/checkpoint-20/optimizer.pt"])
-    assert refused(store) == (
-        f"latest.json points at ckpt/checkpoint-20 but ckpt/checkpoint-20/optimizer.pt is missing from "
-        f"{store.url}; refusing to start fresh over a repo with history. Delete the repo or resume into a new one."
+    msg = refused(store)
+    assert msg.startswith(
+        f"latest.json points at ckpt/checkpoint-20 but the listing of {store.url} does not show "
+        "ckpt/checkpoint-20/optimizer.pt (listed 1 time(s); a Hub listing can lag behind the commit that added a "
+        "file). Refusing to start fresh over a repo with history."
     )
+    assert "delete" not in msg.lower() and msg.endswith(f"Nothing in {store.url} was changed.")
 
 
 def test_resume_refuses_a_pointer_whose_file_changed(store, tmp_path):
@@ -757,16 +776,33 @@ def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_pat
     )
 
 
-def test_a_checkpoint_newer_than_the_pointer_is_named_at_resume(store, tmp_path):
+def test_a_newer_checkpoint_that_verifies_is_named_with_the_one_the_resume_uses_and_why(store, tmp_path):
     ck = Checkpointer(store, log=Recorder())
     push(ck, tmp_path, 10)
     d = tmp_path / "orphan"
     store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})  # pushed, never pointed at
     log = Recorder()
     assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30).step == 10
-    assert any(
-        line.startswith("auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10)") for line in log.lines
-    )
+    note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
+    assert note.startswith(
+        "auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10); ckpt/checkpoint-20 verifies (5 files "
+        "re-hashed from the stored bytes match what it recorded). Resuming from latest.json's ckpt/checkpoint-10: a "
+        "checkpoint is the run's only once latest.json names it"
+    ), note
+    assert "Steps 11..20 are trained again, from the same batches" in note
+    assert note.endswith(f"To resume from ckpt/checkpoint-20 instead: run with --resume {store.dir}/ckpt/checkpoint-20")
+
+
+def test_a_newer_checkpoint_that_does_not_verify_is_named_with_why(store, tmp_path):
+    push(Checkpointer(store, log=Recorder()), tmp_path, 10)
+    d = tmp_path / "orphan"
+    store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})
+    replace_in_store(store, "ckpt/checkpoint-20/rng.pt", b"cut", tmp_path)
+    log = Recorder()
+    assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30).step == 10
+    note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
+    assert "ckpt/checkpoint-20 does not verify (rng.pt stored sha256 " in note
+    assert "Resuming from latest.json's ckpt/checkpoint-10" in note
 
 
 @pytest.mark.parametrize("allow_rollback", [False, True])

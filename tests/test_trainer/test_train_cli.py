@@ -97,6 +97,7 @@ def test_grad_ckpt_flags():
 
 def test_resume_modes(tmp_path):
     assert plan_of("--resume", "auto").resume_mode == "auto"
+    assert plan_of("--resume", "must").resume_mode == "must"
     assert plan_of("--resume", "never").resume_mode == "never"
     p = plan_of("--resume", str(tmp_path))
     assert p.resume_mode == "path" and p.resume_path == tmp_path
@@ -134,6 +135,23 @@ def test_cli_rejects_before_any_work_with_exit_2():
         timeout=60,
     )
     assert r.returncode == 2 and "--device cuda: CUDA is not available" in r.stderr
+
+
+def test_a_hub_knob_out_of_range_stops_the_trainer_with_exit_2_before_any_work():
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer.train", *BASE],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "SPECPROBE_HUB_READ_TIMEOUT_S": "inf"},
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "python -m trainer.train: error: SPECPROBE_HUB_READ_TIMEOUT_S='inf': must be a number of seconds > 0 "
+        "and at most 86400"
+    )
+    assert r.stdout == ""
 
 
 @pytest.mark.parametrize("stop, expect", [(0, [2, 4, 6]), (3, [2, 3]), (4, [2, 4]), (5, [2, 4, 5])])

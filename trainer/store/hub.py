@@ -12,30 +12,33 @@ Client calls used (kept small on purpose; ``tests/test_hub/test_hub_store.py`` d
 - ``hf_hub_download``           read_bytes(), download(), sha256() (a fresh cache dir every time: the bytes are
   always read back from the Hub, never from a local cache)
 - ``HfApi.delete_repo``, ``HfApi.whoami``
-- ``HfApi.list_lfs_files`` + ``HfApi.permanently_delete_lfs_files``   purge_objects(): the repair of a corrupt
-  stored object (without it, pushing the same bytes again deduplicates onto the bad object forever)
+- the Hub's LFS-files endpoints (trainer/store/hub_http.py; ``HfApi.list_lfs_files`` and
+  ``permanently_delete_lfs_files`` from 0.30 on)   purge_objects(): the repair of a corrupt stored object
+  (without it, pushing the same bytes again deduplicates onto the bad object forever)
 
 Version notes: 0.26 .. 0.x run on ``requests``, 1.x on ``httpx``, 2.x on ``httpx2``; transport errors of all
-three are recognised. ``LocalEntryNotFoundError`` is a subclass of ``EntryNotFoundError`` in every release and
-means "the Hub could not be reached", so it is checked first. ``delete_repo(missing_ok=)`` is avoided (absent
-in older releases).
+three are recognised; every request is bounded in time (:class:`Timeouts`, installed into whichever HTTP
+client the release uses: trainer/store/hub_http.py). ``LocalEntryNotFoundError`` is a subclass of
+``EntryNotFoundError`` in every release and means "the Hub could not be reached", so it is checked first.
+``delete_repo(missing_ok=)`` is avoided (absent in older releases).
 
 Failure handling. Transient failures (HTTP 408/429/500/502/503/504, connection resets, timeouts) are retried
 with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``; the
 jitter draws from the policy's own ``random.Random``, never the global one that training state saves). In
 the upload phase of a commit (preupload, LFS batch, the storage PUT, Xet), before anything is committed, a
 400 (storage rejecting a cut body), 409, 422 and a 403 from storage (an expired presigned URL) are retried
-too; 401, 404 and any 4xx from the commit endpoint itself are final. An HTTP status carried in the text of a
-transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
+too; 401, 404 and any other 4xx from the commit endpoint itself are final. An HTTP status carried in the text
+of a transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
 classified like the status itself. Messages keep every cause in the exception chain (the server's message
 included), and a 401 names HF_TOKEN and ``hf auth login``. A commit's failure after the request may have
 reached the Hub is ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing
-again the history is read back; a commit that landed is returned, not pushed twice. A 412 (the head moved
-under ``parent_commit``) re-reads the head and retries, unless the caller asked for a compare-and-swap
-(``expect_revision``): then it raises ``Conflict``. Downloads compare the bytes with the hash the Hub
-recorded at upload (sha256 for LFS files, the git blob id for regular ones) and re-download on a mismatch,
-which catches truncated transfers; a mismatch that persists
-is silent corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
+again the history is read back; a commit that landed is returned, not pushed twice. A request whose answer
+never comes ends at the read timeout and takes the same path. A 409 from the commit endpoint (a concurrent
+commit) and a 412 (the head moved under ``parent_commit``) re-read the history and the head, and retry; a 412
+on a compare-and-swap (``expect_revision``) raises ``Conflict`` instead, for the caller to re-read. Downloads
+compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id for regular
+ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists is silent
+corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
 
 The token is ``token=`` or else ``huggingface_hub.get_token()`` (HF_TOKEN, or the token ``hf auth login``
 saved). It is never logged, put in a message or a repr: messages pass through :meth:`HubStore._safe`.
@@ -46,13 +49,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import re
 import shutil
 import tempfile
-import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
@@ -74,9 +75,11 @@ from huggingface_hub.utils import (
     RevisionNotFoundError,
 )
 
+from trainer.store.hub_http import bound_requests, delete_lfs_objects, lfs_file_oids
+from trainer.store.hub_settings import HubSettings, RetryPolicy, Timeouts
 from trainer.store.protocol import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
 
-__all__ = ["HubStore", "RetryPolicy", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
+__all__ = ["HubStore", "RetryPolicy", "Timeouts", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
 log = logging.getLogger("trainer.hub")  # the name its warnings carry in the log lines (readers grep it)
 
@@ -121,42 +124,6 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 
 TRANSPORT_ERRORS = _transport_errors()
-
-
-@dataclass
-class RetryPolicy:
-    """Bounded exponential backoff with jitter. ``sleep`` is injectable so tests can record the delays."""
-
-    attempts: int = 6  # tries per operation, the first included
-    base_s: float = 1.0
-    max_s: float = 30.0
-    jitter: float = 0.25  # each delay is scaled by a factor in [1 - jitter, 1]
-    max_retry_after_s: float = 300.0  # a Retry-After beyond this is capped (never waits forever)
-    verify_attempts: int = 3  # downloads whose bytes do not match the recorded hash
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
-    # Its own generator: the global `random` is training state (saved in rng.pt), which a retry must not move.
-    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RetryPolicy":
-        """``SPECPROBE_HUB_RETRIES`` / ``SPECPROBE_HUB_BACKOFF_S`` override the defaults (tests of the trainer
-        under injected faults use them to stay fast)."""
-        env = os.environ if environ is None else environ
-        policy = cls()
-        if env.get("SPECPROBE_HUB_RETRIES"):
-            policy.attempts = max(1, int(env["SPECPROBE_HUB_RETRIES"]))
-        if env.get("SPECPROBE_HUB_BACKOFF_S"):
-            policy.base_s = max(0.0, float(env["SPECPROBE_HUB_BACKOFF_S"]))
-            policy.max_s = max(policy.base_s, min(policy.max_s, policy.base_s * 32))
-        return policy
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait after failed try number ``attempt`` (1-based)."""
-        d = min(self.max_s, self.base_s * (2 ** (attempt - 1)))
-        d *= 1.0 - self.rng.uniform(0.0, max(0.0, min(1.0, self.jitter)))
-        if retry_after is not None:
-            d = max(d, min(float(retry_after), self.max_retry_after_s))
-        return d
 
 
 class _Transient(Exception):
@@ -301,6 +268,7 @@ class HubStore:
         *,
         private: bool = True,
         retry: RetryPolicy | None = None,
+        timeouts: Timeouts | None = None,
     ):
         if repo_type not in ("dataset", "model"):
             raise ValueError(f"Hub repo type must be 'dataset' or 'model', got {repo_type!r} for {repo_id}")
@@ -312,7 +280,10 @@ class HubStore:
         # get_token(): HF_TOKEN, else the token `hf auth login` saved (what every other Hub tool uses).
         self._token = token if token is not None else (get_token() or None)
         self.private = private
-        self.retry = retry if retry is not None else RetryPolicy.from_env()
+        settings = HubSettings.from_env() if retry is None or timeouts is None else None
+        self.retry = retry if retry is not None else settings.retry
+        self.timeouts = timeouts if timeouts is not None else settings.timeouts
+        bound_requests(self.timeouts)  # a request whose answer is lost ends; the retry loop settles it
         self.url = f"hf://{repo_id}" if repo_type == "dataset" else f"hf://{repo_type}s/{repo_id}"
         self._api = HfApi(endpoint=self.endpoint, token=self._token)
 
@@ -460,27 +431,19 @@ class HubStore:
 
     def purge_objects(self, sha256s: Sequence[str]) -> None:
         """Permanently delete the LFS objects with these sha256 ids, so that the next upload of that content
-        really uploads instead of deduplicating onto a corrupt object. History is not rewritten: commits
-        that referenced the object keep a dangling (already corrupt) file. Non-LFS files need no purge: a
-        commit that deleted the path makes the client send the bytes again."""
+        really uploads instead of deduplicating onto a corrupt object (the Hub's LFS-files endpoints, called on
+        every client release: trainer/store/hub_http.py). History is not rewritten: commits that referenced the
+        object keep a dangling (already corrupt) file. Non-LFS files need no purge: a commit carries their
+        bytes, and one that adds a path deleted before sends them again."""
         wanted = set(sha256s)
         if not wanted:
             return
-        lister = getattr(self._api, "list_lfs_files", None)
-        deleter = getattr(self._api, "permanently_delete_lfs_files", None)
-        if lister is None or deleter is None:
-            log.warning(
-                "hub: %s: this huggingface_hub has no list_lfs_files; cannot purge %s", self.url, sorted(wanted)
-            )
-            return
+        where = (self.endpoint, self.repo_type, self.repo_id, self._token)
         try:
-            listed = self._retrying("list LFS files", lambda: list(lister(self.repo_id, repo_type=self.repo_type)))
-            found = [f for f in listed if getattr(f, "file_oid", None) in wanted]
+            listed = self._retrying("list LFS files", lambda: lfs_file_oids(*where))
+            found = sorted(wanted.intersection(listed))
             if found:
-                self._retrying(
-                    "purge LFS objects",
-                    lambda: deleter(self.repo_id, found, rewrite_history=False, repo_type=self.repo_type),
-                )
+                self._retrying("purge LFS objects", lambda: delete_lfs_objects(*where, found))
         except StoreError as e:  # the re-upload may still dedup onto the bad object: verify will say so
             log.warning("hub: %s: could not purge %s: %s", self.url, sorted(wanted), e)
 
@@ -531,7 +494,8 @@ class HubStore:
     def _judge(self, what: str, e: Exception, *, commit: bool = False) -> _Transient | None:
         """The retry a failure deserves (None: it is final); a definite answer with a store error of its own
         raises that. ``commit``: a commit's upload phase retries more 4xx (see the module docstring), and its
-        412 (the head moved under ``parent_commit``: another writer, or our own earlier try) re-reads the head."""
+        409 / 412 (a concurrent commit; the head moved under ``parent_commit``: another writer, or our own earlier
+        try) re-reads the history and the head, then tries again."""
         if isinstance(e, RepositoryNotFoundError):
             raise RepoMissing(self._missing_message()) from e
         if isinstance(e, LocalEntryNotFoundError):  # checked before its base class EntryNotFoundError
@@ -542,8 +506,10 @@ class HubStore:
             raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
         if _status_anywhere(e, 401):
             raise StoreError(self._auth_message(what, e)) from e
-        if commit and _status(e) == 412:
-            return _Transient("HTTP 412 conflict")
+        if commit and _status(e) in (409, 412):
+            # The commit endpoint's conflicts (the head moved, a concurrent commit): before the next try the
+            # history is read back (settle) and the head re-read, so a try that landed is not pushed twice.
+            return _Transient(f"HTTP {_status(e)} conflict")
         return _transient(e, uploading=commit)
 
     def _backoff(self, what: str, attempt: int, t: _Transient) -> None:

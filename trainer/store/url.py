@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.store.hub_settings import HubSettings
 from trainer.store.local import META_DIR, LocalStore
 from trainer.store.protocol import Store, redact_url
 
@@ -102,8 +103,9 @@ def _parse_link(url: str, query: str) -> float | None:
     return rate
 
 
-def open_store(url: str, token: str | None = None) -> Store:
-    """The store for ``url`` (forms in the module docstring). ValueError naming the URL for a bad one."""
+def open_store(url: str, token: str | None = None, hub: HubSettings | None = None) -> Store:
+    """The store for ``url`` (forms in the module docstring). ValueError naming the URL for a bad one. ``hub``:
+    the Hub client's retries and timeouts as the caller read them once (default: read from the environment now)."""
     parsed = parse_store_url(url)
     if parsed.kind == "file":
         assert parsed.root is not None
@@ -112,4 +114,11 @@ def open_store(url: str, token: str | None = None) -> Store:
     # Not a hidden cycle: trainer.store.hub imports trainer.store.protocol only, never this module.
     from trainer.store.hub import HubStore
 
-    return HubStore(parsed.repo_id, parsed.repo_type, endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)
+    return HubStore(
+        parsed.repo_id,
+        parsed.repo_type,
+        endpoint=os.environ.get("HF_ENDPOINT") or None,
+        token=token,
+        retry=hub.retry if hub is not None else None,
+        timeouts=hub.timeouts if hub is not None else None,
+    )
