@@ -415,7 +415,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         # Without TCP_NODELAY every small response waits ~40 ms on delayed ACKs.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # `format`: the base class's name
         pass  # the structured log below replaces stderr noise (and never holds a token)
 
     # ------------------------------------------------------------------------------- plumbing
@@ -856,19 +856,11 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def _commit(self, repo: Repo, rev: str) -> None:
         self._need_write_auth()
-        raw = self._read_body()
-        try:
-            lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
-        except ValueError:
-            raise _Reply(400, "commit payload is not NDJSON") from None
-        if not lines or lines[0].get("key") != "header":
-            raise _Reply(400, "commit payload must start with a header line")
-        header = lines[0]["value"]
+        header, operations = self._commit_payload()
         summary = header.get("summary") or ""
         if not summary:
             raise _Reply(400, "commit summary is empty")
         description = header.get("description") or ""
-        added: list[str] = []
         with repo.lock:
             if rev != "main":
                 raise _Reply(
@@ -884,43 +876,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                 )
             tree = dict(head.tree)
             new_blobs: dict[str, bytearray] = {}
-            for line in lines[1:]:
-                key, value = line.get("key"), line.get("value") or {}
-                path = (value.get("path") or "").strip("/")
-                if not path:
-                    raise _Reply(400, f"operation {key!r} without a path")
-                if key == "file":
-                    if value.get("encoding") != "base64":
-                        raise _Reply(400, f"unsupported encoding for {path}")
-                    data = base64.b64decode(value.get("content") or "")
-                    blob = git_blob_sha1(data)
-                    new_blobs[blob] = bytearray(data)
-                    tree[path] = Entry(len(data), blob, None, blob)
-                    added.append(path)
-                elif key == "lfsFile":
-                    oid = value.get("oid")
-                    if oid not in repo.blobs:
-                        raise _Reply(422, f"LFS object {oid} for {path} was never uploaded")
-                    size = len(repo.blobs[oid])
-                    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
-                    tree[path] = Entry(size, git_blob_sha1(pointer.encode()), oid, oid)
-                    added.append(path)
-                elif key == "deletedFile":
-                    if path not in tree:
-                        raise _Reply(
-                            404, f"A file with this name doesn't exist: {path}", code="EntryNotFound", repo=repo
-                        )
-                    del tree[path]
-                elif key == "deletedFolder":
-                    gone = [p for p in tree if p.startswith(path + "/")]
-                    if not gone:
-                        raise _Reply(
-                            404, f"A folder with this name doesn't exist: {path}", code="EntryNotFound", repo=repo
-                        )
-                    for p in gone:
-                        del tree[p]
-                else:
-                    raise _Reply(400, f"unknown commit operation {key!r}")
+            added = [p for line in operations if (p := self._apply(repo, tree, new_blobs, line))]
             repo.blobs.update(new_blobs)
             commit = Commit(
                 oid=self.hub._next_oid(repo.repo_id, head.oid, summary),
@@ -946,6 +902,53 @@ class _HubHandler(BaseHTTPRequestHandler):
                 "hookOutput": "",
             }
         )
+
+    def _commit_payload(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The commit's NDJSON body: its header's value and the operation lines after it."""
+        try:
+            lines = [json.loads(line) for line in self._read_body().splitlines() if line.strip()]
+        except ValueError:
+            raise _Reply(400, "commit payload is not NDJSON") from None
+        if not lines or lines[0].get("key") != "header":
+            raise _Reply(400, "commit payload must start with a header line")
+        return lines[0]["value"], lines[1:]
+
+    @staticmethod
+    def _apply(repo: Repo, tree: dict[str, Entry], new_blobs: dict[str, bytearray], line: dict) -> str | None:
+        """One commit operation applied to `tree` (under the repo's lock); returns the path it added, if any."""
+        key, value = line.get("key"), line.get("value") or {}
+        path = (value.get("path") or "").strip("/")
+        if not path:
+            raise _Reply(400, f"operation {key!r} without a path")
+        if key == "file":
+            if value.get("encoding") != "base64":
+                raise _Reply(400, f"unsupported encoding for {path}")
+            data = base64.b64decode(value.get("content") or "")
+            blob = git_blob_sha1(data)
+            new_blobs[blob] = bytearray(data)
+            tree[path] = Entry(len(data), blob, None, blob)
+            return path
+        if key == "lfsFile":
+            oid = value.get("oid")
+            if oid not in repo.blobs:
+                raise _Reply(422, f"LFS object {oid} for {path} was never uploaded")
+            size = len(repo.blobs[oid])
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
+            tree[path] = Entry(size, git_blob_sha1(pointer.encode()), oid, oid)
+            return path
+        if key == "deletedFile":
+            if path not in tree:
+                raise _Reply(404, f"A file with this name doesn't exist: {path}", code="EntryNotFound", repo=repo)
+            del tree[path]
+            return None
+        if key == "deletedFolder":
+            gone = [p for p in tree if p.startswith(path + "/")]
+            if not gone:
+                raise _Reply(404, f"A folder with this name doesn't exist: {path}", code="EntryNotFound", repo=repo)
+            for p in gone:
+                del tree[p]
+            return None
+        raise _Reply(400, f"unknown commit operation {key!r}")
 
     def _commits(self, repo: Repo, rev: str) -> None:
         with repo.lock:

@@ -143,7 +143,7 @@ class CheckpointSession:
                 emit(f"CKPT wait step={announce_step}: push of step={prev_step} still running")
             try:
                 fut.result()
-            except Exception as e:  # noqa: BLE001 - any failure of the push fails the run, with its cause
+            except Exception as e:  # any failure of the push fails the run, with its cause
                 err = f"push of step={prev_step} to {self.hub_url} failed: {type(e).__name__}: {e}"
             self._pending = None
         if err := self.dist.from_master(err):
