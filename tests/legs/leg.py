@@ -44,12 +44,10 @@ def main(actions: list[str]) -> int:
                 write(text.replace("{i}", str(i)) + "\n")
             sys.stdout.flush()
         elif action.startswith("@pidfile:"):
-            with open(action[9:], "w") as fh:
-                fh.write(str(os.getpid()))
+            _write_whole(action[9:], str(os.getpid()))
         elif action.startswith("@spawn:"):
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-            with open(action[7:], "w") as fh:
-                fh.write(str(child.pid))
+            _write_whole(action[7:], str(child.pid))
         elif action == "@ignore_term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         elif action.startswith("@stderr:"):
@@ -101,10 +99,15 @@ def _wait_for_pid(path: str) -> int:
         return int(fh.read())
 
 
-def _write_pid_and_sleep(path: str) -> None:
+def _write_whole(path: str, text: str) -> None:
+    """Write beside PATH, then rename: a test that waits for PATH to exist never reads it empty."""
     with open(path + ".tmp", "w") as fh:
-        fh.write(str(os.getpid()))
+        fh.write(text)
     os.replace(path + ".tmp", path)
+
+
+def _write_pid_and_sleep(path: str) -> None:
+    _write_whole(path, str(os.getpid()))
     time.sleep(300)
     os._exit(0)
 
