@@ -63,7 +63,7 @@ def _write(path: str, text: str, mode: str = "w") -> None:
 
 def _spawn(path: str) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    _write(path, str(child.pid))
+    _write_whole(path, str(child.pid))
 
 
 def _raw(hex_text: str) -> None:
@@ -120,10 +120,15 @@ def _wait_for_pid(path: str) -> int:
         return int(fh.read())
 
 
-def _write_pid_and_sleep(path: str) -> None:
+def _write_whole(path: str, text: str) -> None:
+    """Write beside PATH, then rename: a test that waits for PATH to exist never reads it empty."""
     with open(path + ".tmp", "w") as fh:
-        fh.write(str(os.getpid()))
+        fh.write(text)
     os.replace(path + ".tmp", path)
+
+
+def _write_pid_and_sleep(path: str) -> None:
+    _write_whole(path, str(os.getpid()))
     time.sleep(300)
     os._exit(0)
 
@@ -163,7 +168,7 @@ ACTIONS: dict[str, Callable[[str], int | None]] = {
     "@rc:": int,
     "@env:": lambda name: print(f"{name}={os.environ.get(name, '')}", flush=True),
     "@repeat:": _repeat,
-    "@pidfile:": lambda path: _write(path, str(os.getpid())),
+    "@pidfile:": lambda path: _write_whole(path, str(os.getpid())),
     "@spawn:": _spawn,
     "@ignore_term": lambda _: _on_sigterm(signal.SIG_IGN),
     "@stderr:": lambda text: print(text, file=sys.stderr, flush=True),

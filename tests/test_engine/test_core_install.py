@@ -34,7 +34,7 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("core")
     src = base / "src"
     shutil.copytree(
-        ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "runs", "__pycache__")
+        ROOT, src, ignore=shutil.ignore_patterns(".venv*", ".git", "*.egg-info", "build", "runs", "__pycache__")
     )
     venv.create(base / "venv", with_pip=True)
     py = base / "venv" / "bin" / "python"
@@ -76,7 +76,7 @@ def test_a_core_install_validates_plans_and_checks_the_shipped_specs(core: Path,
 @pytest.mark.slow
 def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_run(core: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "runs", "__pycache__"))
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv*", ".git", "*.egg-info", "runs", "__pycache__"))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
         assert run(git + cmd, cwd=repo).returncode == 0

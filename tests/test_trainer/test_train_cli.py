@@ -428,11 +428,14 @@ def test_schedule_values():
         lr_at(11, schedule="cosine", **kw)
 
 
+# No subnormal fractions: hypothesis refuses to draw them once a library loaded into the worker has set the
+# CPU's flush-to-zero mode (torch 2.5's Inductor kernels, built with -ffast-math, did); a subnormal fraction
+# acts as 0, which is drawn.
 @given(
     total=st.integers(1, 500),
-    warm_frac=st.floats(0, 1),
+    warm_frac=st.floats(0, 1, allow_subnormal=False),
     lr=st.floats(1e-5, 1.0),
-    min_frac=st.floats(0, 1),
+    min_frac=st.floats(0, 1, allow_subnormal=False),
     schedule=st.sampled_from(["cosine", "linear"]),
 )
 def test_schedule_is_bounded_and_monotone_after_warmup(total, warm_frac, lr, min_frac, schedule):
