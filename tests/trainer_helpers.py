@@ -385,6 +385,29 @@ def baseline(tmp_path_factory) -> Baseline:
     return shared("baseline", tmp_path_factory, build)
 
 
+def segment_one_process(tmp_path_factory) -> tuple[Path, str]:
+    """(mix, store URL) of a one-process session stopped at step 4 (pointer ckpt/checkpoint-4, not terminal):
+    where a refusal does not depend on the rank count, one process decides it at half the cost."""
+    base = baseline(tmp_path_factory)
+
+    def build(d: Path) -> tuple[Path, str]:
+        repo = store_url(d / "store")
+        args = trainer_args(
+            root=base.mix,
+            out=d / "out",
+            repo=repo,
+            steps=BASELINE_STEPS,
+            push_every=BASELINE_PUSH_EVERY,
+            stop=4,
+            nproc=1,
+        )
+        r = run_trainer(single_cmd(args))
+        assert r.rc == 0, explain(r)
+        return base.mix, repo
+
+    return shared("segment4-one-process", tmp_path_factory, build)
+
+
 def rank_exit_codes(run: Run) -> dict[int, int]:
     """Each failed worker's exit code from torchrun's failure report (torchrun itself exits 1)."""
     codes: dict[int, int] = {}

@@ -1,9 +1,9 @@
-"""A checkpoint whose files lie is refused on every rank with exit 3, naming the file, never a traceback.
+"""A checkpoint whose files lie is refused naming the file, never a traceback.
 
-Each store is a copy of the uninterrupted run's, without its pointer (the resume recovers ckpt/checkpoint-6,
-the horizon's, and loads it to finish the final push). One file of checkpoint 6 is rewritten to lie, and
-the hashes its trainer_state.json records are updated to match (resealed), so the hash checks pass and the
-loader is reached: what is tested is the loader's own checking. Real torchrun, 2 gloo ranks.
+What each lie meets is the loader's own checking (trainer/checkpoint_load.py): the hash checks in front of it
+are passed on purpose. Every lie is tried on the loader in this process, against checkpoint 4 of a one-process
+session (the checks of a file do not depend on the rank count); one lie goes the whole way, under real torchrun
+with 2 gloo ranks, through a store whose recorded hashes match it (resealed): exit 3 on every rank.
 """
 
 from __future__ import annotations
@@ -20,18 +20,25 @@ import pytest
 import torch
 from blobs import sha
 from trainer_helpers import (
+    ACCUM,
     BASELINE_STEPS,
+    MICRO,
+    SEQ_LEN,
     baseline,
     copy_repo,
     explain,
     open_repo,
     rank_exit_codes,
     run_trainer,
+    segment_one_process,
     torchrun_cmd,
     trainer_args,
 )
 
 from trainer.checkpoint import seal_trainer_state
+from trainer.checkpoint_load import Unloadable, load_checkpoint
+from trainer.dist import Dist
+from trainer.model import GEOMETRIES, Llama
 from trainer.store.lease import LEASE_PATH
 
 pytestmark = pytest.mark.slow
@@ -148,24 +155,51 @@ def tokens_that_are_not_steps(raw: bytes) -> bytes:
     return json.dumps(state).encode()
 
 
-@pytest.mark.parametrize(
-    "name, lie, needle",
-    [
-        ("model.safetensors", offsets_past_the_end, "is not a readable safetensors file: SafetensorError"),
-        ("model.safetensors", header_length_2_62, "is not a readable safetensors file: SafetensorError"),
-        ("model.safetensors", dtype_in_the_header, "is not a readable safetensors file: SafetensorError"),
-        ("model.safetensors", tensor_dropped_from_the_header, "is not a readable safetensors file: SafetensorError"),
-        ("model.safetensors", a_tensor_stored_in_half_precision, "does not match the model's tensors: model."),
-        ("optimizer.pt", a_pickled_object_weights_only_refuses, "does not load with torch.load(weights_only=True)"),
-        ("optimizer.pt", a_moment_of_the_wrong_shape, "its state of parameter 0 must hold exp_avg and exp_avg_sq"),
-        ("optimizer.pt", no_scaler_state, "must be a dict of optimizer, scheduler and scaler states"),
-        ("rng.pt", not_a_torch_file, "does not load with torch.load(weights_only=True)"),
-        ("rng.pt", an_rng_state_without_numpy, "the state of rank 0 must be a dict of torch, cuda, numpy and python"),
-        ("trainer_state.json", tokens_that_are_not_steps, "tokens_consumed 1537 is not step 6 x 256 tokens per step"),
-    ],
-    ids=lambda v: getattr(v, "__name__", None),
-)
-def test_a_checkpoint_file_that_lies_is_refused_on_every_rank_naming_it(tmp_path, tmp_path_factory, name, lie, needle):
+LIES = [
+    ("model.safetensors", offsets_past_the_end, "is not a readable safetensors file: SafetensorError"),
+    ("model.safetensors", header_length_2_62, "is not a readable safetensors file: SafetensorError"),
+    ("model.safetensors", dtype_in_the_header, "is not a readable safetensors file: SafetensorError"),
+    ("model.safetensors", tensor_dropped_from_the_header, "is not a readable safetensors file: SafetensorError"),
+    ("model.safetensors", a_tensor_stored_in_half_precision, "does not match the model's tensors: model."),
+    ("optimizer.pt", a_pickled_object_weights_only_refuses, "does not load with torch.load(weights_only=True)"),
+    ("optimizer.pt", a_moment_of_the_wrong_shape, "its state of parameter 0 must hold exp_avg and exp_avg_sq"),
+    ("optimizer.pt", no_scaler_state, "must be a dict of optimizer, scheduler and scaler states"),
+    ("rng.pt", not_a_torch_file, "does not load with torch.load(weights_only=True)"),
+    ("rng.pt", an_rng_state_without_numpy, "the state of rank 0 must be a dict of torch, cuda, numpy and python"),
+    ("trainer_state.json", tokens_that_are_not_steps, "tokens_consumed 513 is not step 4 x 128 tokens per step"),
+]
+
+
+@pytest.mark.parametrize("name, lie, needle", LIES, ids=lambda v: getattr(v, "__name__", None))
+def test_the_loader_refuses_a_checkpoint_file_that_lies_naming_it(tmp_path, tmp_path_factory, name, lie, needle):
+    """Checkpoint 4 of a one-process session, one file rewritten to lie, loaded as its resume would load it."""
+    _mix, repo = segment_one_process(tmp_path_factory)
+    store = open_repo(repo)
+    ckpt = tmp_path / "checkpoint-4"
+    ckpt.mkdir()
+    for f in ("trainer_state.json", "model.safetensors", "optimizer.pt", "rng.pt"):
+        raw = store.read_bytes(f"ckpt/checkpoint-4/{f}")
+        (ckpt / f).write_bytes(lie(raw) if f == name else raw)
+    state = json.loads(store.read_bytes("ckpt/checkpoint-4/trainer_state.json"))
+    model = Llama(GEOMETRIES["tiny"], attn="eager")
+    with pytest.raises(Unloadable) as refused:
+        load_checkpoint(
+            ckpt,
+            model,
+            Dist("cpu", {}),  # one process, no launcher: rank 0 of 1
+            run_config=state["run_config"],
+            config_hash=state["config_hash"],
+            tokens_per_step=MICRO * ACCUM * SEQ_LEN,
+            total_steps=BASELINE_STEPS,
+        )
+    message = str(refused.value)
+    assert f"checkpoint-4/{name}" in message and needle in message, message
+
+
+def test_a_checkpoint_file_that_lies_is_refused_on_every_rank_naming_it(tmp_path, tmp_path_factory):
+    """The lie that gets furthest (a header safetensors accepts, a tensor of another dtype) through the whole
+    resume: hashes that match, 2 ranks that refuse together, no trainer traceback, nothing pushed."""
+    name, lie, needle = LIES[4]
     mix, repo = lying_store(tmp_path_factory, tmp_path, name, lie)
     args = trainer_args(root=mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=2)
     run = run_trainer(torchrun_cmd(args), timeout=120)

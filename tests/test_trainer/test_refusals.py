@@ -29,7 +29,7 @@ from trainer_helpers import (
     rank_exit_codes,
     repo_dir,
     run_trainer,
-    shared,
+    segment_one_process,
     single_cmd,
     store_url,
     torchrun_cmd,
@@ -38,28 +38,6 @@ from trainer_helpers import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def _segment_repo(tmp_path_factory) -> tuple[Path, str]:
-    """A store left by a one-process session stopped at step 4 (pointer ckpt/checkpoint-4, not terminal)."""
-    base = baseline(tmp_path_factory)
-
-    def build(d: Path) -> tuple[Path, str]:
-        repo = store_url(d / "store")
-        args = trainer_args(
-            root=base.mix,
-            out=d / "out",
-            repo=repo,
-            steps=BASELINE_STEPS,
-            push_every=BASELINE_PUSH_EVERY,
-            stop=4,
-            nproc=1,
-        )
-        r = run_trainer(single_cmd(args))
-        assert r.rc == 0, explain(r)
-        return base.mix, repo
-
-    return shared("segment4-one-process", tmp_path_factory, build)
 
 
 def _refused(run: Run, *fragments: str, code: int = 3) -> None:
@@ -107,7 +85,7 @@ def test_terminal_pointer_single_process_exit_code_is_3(tmp_path, tmp_path_facto
 
 
 def test_missing_checkpoint_file_refuses(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     open_repo(repo).commit({}, delete=["ckpt/checkpoint-4/optimizer.pt"], message="lose a file")
     run = _train(mix, repo, tmp_path)
@@ -116,7 +94,7 @@ def test_missing_checkpoint_file_refuses(tmp_path, tmp_path_factory):
 
 
 def test_stored_bytes_not_matching_their_hash_refuse(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     # Bit rot in the stored weights: the listing still records the old hash, the bytes no longer have it.
     want = pointer(repo)["files"]["model.safetensors"]
@@ -129,7 +107,7 @@ def test_stored_bytes_not_matching_their_hash_refuse(tmp_path, tmp_path_factory)
 
 
 def test_pointer_hash_mismatch_refuses(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     doc = pointer(repo)
     doc["files"]["rng.pt"] = "0" * 64
@@ -140,7 +118,7 @@ def test_pointer_hash_mismatch_refuses(tmp_path, tmp_path_factory):
 
 
 def test_config_change_refuses(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     # --min-lr defaults to lr/10: both change, and both are named.
     _refused(
@@ -161,7 +139,7 @@ def test_config_change_refuses(tmp_path, tmp_path_factory):
     ],
 )
 def test_every_recipe_flag_that_changes_the_weights_refuses_a_silent_change(tmp_path, tmp_path_factory, flags, change):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     _refused(
         _train(mix, repo, tmp_path, extra=flags),
@@ -173,7 +151,7 @@ def test_every_recipe_flag_that_changes_the_weights_refuses_a_silent_change(tmp_
 
 def test_an_allowed_change_is_logged_recorded_and_takes_effect(tmp_path, tmp_path_factory):
     # --weight-decay came back from the optimizer state before: the allowed change must reach the weights.
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     same, changed = copy_repo(seg, tmp_path / "a"), copy_repo(seg, tmp_path / "b")
     kept = _train(mix, same, tmp_path / "a")
     assert kept.rc == 0 and kept.run_json["config_changes"] == [], explain(kept)
@@ -207,7 +185,7 @@ def test_an_allowed_change_is_logged_recorded_and_takes_effect(tmp_path, tmp_pat
 
 
 def test_a_field_that_defines_the_run_cannot_be_allowed_to_change(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     run = _train(mix, repo, tmp_path, extra=["--seed", "7", "--allow-config-change", "seed"])
     assert run.rc == 2, explain(run)
@@ -225,7 +203,7 @@ def test_a_field_that_defines_the_run_cannot_be_allowed_to_change(tmp_path, tmp_
 def test_a_changed_numerics_option_refuses_the_resume_naming_it(tmp_path, tmp_path_factory, var, change):
     """A model option that changes what is computed is part of the run, like the learning rate: resuming
     with it changed would splice two different runs together."""
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     run = _train(mix, repo, tmp_path, env={var: "0"})
     _refused(run, f"(changed: {change})", "--allow-config-change " + change.split(":")[0])
@@ -233,13 +211,13 @@ def test_a_changed_numerics_option_refuses_the_resume_naming_it(tmp_path, tmp_pa
 
 
 def test_resume_never_refuses_an_existing_run(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     _refused(_train(mix, repo, tmp_path, resume="never"), "--resume never", "pointer at step 4")
 
 
 def test_stale_stop_step_refuses(tmp_path, tmp_path_factory):
-    mix, seg = _segment_repo(tmp_path_factory)
+    mix, seg = segment_one_process(tmp_path_factory)
     repo = copy_repo(seg, tmp_path)
     _refused(_train(mix, repo, tmp_path, stop=4), "nothing to train", "resumed at step 4", "stops at step 4")
 
