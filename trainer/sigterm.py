@@ -4,8 +4,9 @@ torchrun's agent SIGTERMs every surviving rank when one rank exits (a refusal, a
 preempts a job the same way. Python's default action ends the process on the spot: no ``finally`` runs, and
 rank 0's lease then blocks every other machine until it expires. :class:`SigTerm` turns the first SIGTERM
 into :class:`Terminated` on the main thread (``install``), so the session's cleanup runs; a SIGTERM that lands
-while a cleanup that must finish runs (``shielded``: the lease's release) is only recorded. When the session is over the process ends by SIGTERM all
-the same (``end_by_signal``): the launcher sees -15, never a success.
+while a cleanup that must finish runs (``shielded``: the lease's release) is only recorded, and a Ctrl-C there
+waits for the cleanup's end. When the session is over the process ends by SIGTERM all the same
+(``end_by_signal``): the launcher sees -15, never a success.
 
 Python runs a signal handler on the main thread between bytecodes: a SIGTERM that lands while that thread is
 blocked inside one C call (a collective waiting for a peer that hangs) takes effect when the call returns. A
@@ -18,6 +19,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from typing import Iterator
 
 __all__ = ["Terminated", "install", "received", "shielded", "end_by_signal"]
@@ -50,12 +52,20 @@ def received() -> bool:
 
 @contextlib.contextmanager
 def shielded() -> Iterator[None]:
-    """Cleanup that must run to its end (releasing the lease): a SIGTERM meanwhile is recorded, not raised."""
+    """Cleanup that must run to its end (releasing the lease): a SIGTERM meanwhile is recorded, not raised; a
+    Ctrl-C (SIGINT) meanwhile is held back and handled as usual (KeyboardInterrupt) once the cleanup is done."""
     _State.shields += 1
+    held: list[object] = []  # the frame of a SIGINT that arrived during the cleanup
+    main = threading.current_thread() is threading.main_thread()  # only the main thread sets handlers
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame)) if main else None
     try:
         yield
     finally:
         _State.shields -= 1
+        if main:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+            if held and callable(previous):
+                previous(signal.SIGINT, held[0])
 
 
 def end_by_signal() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from trainer_helpers import (
     trainer_args,
 )
 
+from trainer import sigterm
 from trainer.store.lease import LEASE_PATH
 
 pytestmark = pytest.mark.slow
@@ -81,19 +84,50 @@ def test_a_refusal_after_the_decision_releases_the_lease(tmp_path, tmp_path_fact
     assert_released_once(run, repo)
 
 
-def test_an_exception_after_the_lease_is_taken_releases_it(tmp_path, tmp_path_factory):
-    """A KeyboardInterrupt (a real SIGINT) inside the resume's pointer commit, after the lease was taken."""
-    mix, repo = unpointed_copy(tmp_path_factory, tmp_path)
-    args = trainer_args(root=mix, out=tmp_path / "out", repo=repo + SLOW_LINK, steps=BASELINE_STEPS, push_every=2)
+def interrupt_after(delay_s: float):
+    """An on_line hook: a real SIGINT to the trainer ``delay_s`` after it says it holds the lease."""
 
-    def interrupt(line: str) -> None:
+    def on_line(line: str) -> None:
         if line.startswith("lease: ") and " holds " in line:
-            os.kill(int(line.split()[1].split(":")[1]), signal.SIGINT)  # the writer id is host:pid:token
+            pid = int(line.split()[1].split(":")[1])  # the writer id is host:pid:token
+            threading.Timer(delay_s, os.kill, (pid, signal.SIGINT)).start()
 
-    run = run_trainer(single_cmd(args), on_line=interrupt, timeout=120)
+    return on_line
+
+
+def test_an_exception_after_the_lease_is_taken_releases_it(tmp_path, tmp_path_factory):
+    """A KeyboardInterrupt (a real SIGINT) inside the resume's recovery: its checks, or the pointer commit the
+    slow link stretches to seconds; the lease was taken before."""
+    mix, repo = unpointed_copy(tmp_path_factory, tmp_path)
+    args = trainer_args(
+        root=mix, out=tmp_path / "out", repo=repo + SLOW_LINK, steps=BASELINE_STEPS, push_every=2, nproc=1
+    )
+    run = run_trainer(single_cmd(args), on_line=interrupt_after(0.0), timeout=120)
     assert run.rc == -signal.SIGINT and "KeyboardInterrupt" in run.text, explain(run)
     assert not run.starting("latest.json -> "), explain(run)  # it stopped inside the recovery
     assert_released_once(run, repo + SLOW_LINK)
+
+
+def test_a_ctrl_c_during_a_shielded_cleanup_waits_for_its_end():
+    """The lease's release runs shielded: a real SIGINT to this process in the middle of it is held back until
+    the cleanup ends, then raised as a Ctrl-C is (KeyboardInterrupt), and the handler before it is back."""
+    before = signal.getsignal(signal.SIGINT)
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm.shielded():
+            steps.append("started")
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # Python runs the handler here, between bytecodes
+            steps.append("finished")
+    assert steps == ["started", "finished"]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_shielded_cleanup_without_a_ctrl_c_raises_nothing():
+    before = signal.getsignal(signal.SIGINT)
+    with sigterm.shielded():
+        time.sleep(0.01)
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_torchrun_stopping_rank_0_because_rank_1_exited_releases_the_lease(tmp_path, tmp_path_factory):
