@@ -11,6 +11,7 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -92,7 +93,8 @@ def hub_store(hub_server: HubServer, sleeps: SleepRecorder) -> Callable[..., obj
 
 
 # SPECPROBE_TEST_CPU=FILE appends each test's CPU seconds (its own process and the children it waited for) to
-# FILE: where the suite's time goes, readable even on a loaded machine where wall times say little.
+# FILE: where the suite's time goes, readable even on a loaded machine where wall times say little; with the
+# xdist worker and the wall-clock start and end, the schedule too (which worker idles at the end, and why).
 _CPU_LOG = os.environ.get("SPECPROBE_TEST_CPU")
 
 
@@ -102,11 +104,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    start = time.time()
     yield
     after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in zip(after, before)]
     with open(_CPU_LOG, "a", encoding="utf-8") as fh:
-        fh.write(f"{cpu[0] + cpu[1]:.2f}\t{cpu[0]:.2f}\t{cpu[1]:.2f}\t{item.nodeid}\n")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+        fh.write(
+            f"{cpu[0] + cpu[1]:.2f}\t{cpu[0]:.2f}\t{cpu[1]:.2f}\t{item.nodeid}\t{worker}\t{start:.1f}\t{time.time():.1f}\n"
+        )
 
 
 # A test works on copies: one that leaves files in the checkout's specs/ or evidence/ (an `engine check` of a

@@ -20,21 +20,21 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
+def engine_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The installed `engine run` in `cwd`, on the embedded default (no probe or store settings inherited)."""
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "SPECPROBE_STORE", "HF_TOKEN"):
+        env.pop(name, None)
+    return subprocess.run(
+        [str(VENV_BIN / "engine"), "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
 def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and_line(tmp_path):
     (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "HF_TOKEN"):
-        env.pop(name, None)
     # 200,000 steps: far more tokens than the synthetic mix holds, so every rank refuses at setup (exit 3).
     args = ["--set", "steps=200000", "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html"]
-    proc = subprocess.run(
-        [str(VENV_BIN / "engine"), "run", "specs/p4_smoke.yaml", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = engine_run(tmp_path, "specs/p4_smoke.yaml", *args)
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
     said = "leg1: the trainer exited 3: refused: data mix "
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
@@ -71,17 +71,7 @@ def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started
         "    override: true\n"
         '    remove: ["${train_out}", "${tlog}", "${store_root}/probe/ckpt-${run_id}"]\n'
     )
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    for name in ("P4_PROBE_MODE", "P4_PROBE_REPO", "SPECPROBE_TARGET", "SPECPROBE_STORE", "HF_TOKEN"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        [str(VENV_BIN / "engine"), "run", "deleted.yaml", "--run-dir", "r"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = engine_run(tmp_path, "deleted.yaml", "--run-dir", "r")
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     repo = doc["values"]["repo"]
