@@ -143,6 +143,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """One Inductor cache for the whole session, its own: the compiling tests (and the trainer runs they start,
     which inherit the variable, as xdist's workers do) reuse each other's kernels, and no other process on the
     machine can change or delete that cache under a test."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # xdist keeps the collection order (below) as the schedule
     if hasattr(config, "workerinput") or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specprobe-inductor-")
@@ -155,14 +157,33 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-# The rooms whose files run longest go first, so that xdist (which hands out files in collection order, each
-# to the next free worker) starts the long ones early and the engine's many short files fill in at the end.
+# xdist hands out whole files (--dist loadfile), the next one to a worker when its current file has two tests
+# left. By default it first sorts the files by how many tests they hold, which puts the few-but-long end-to-end
+# files last: one worker ran them alone for the last minute while the other idled. The collection order below
+# is the schedule instead: the files that run longest first (their wall time on 2 workers, measured with
+# SPECPROBE_TEST_CPU, in that order), then the rooms in the same spirit; the engine's many short files fill in.
+_LONGEST_FIRST = (
+    "test_kill_anywhere.py",
+    "test_resume_exact.py",
+    "test_bench.py",
+    "test_e2e_local.py",
+    "test_two_stops.py",
+    "test_refusals.py",
+    "test_e2e_hub.py",
+    "test_model.py",
+    "test_lease_release.py",
+    "test_train_cli.py",
+    "test_lease.py",
+    "test_refusal_report.py",
+)
 _ROOM_ORDER = {"test_e2e": 0, "test_trainer": 1, "test_hub": 2, "test_engine": 3}
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    def room(item: pytest.Item) -> int:
-        parts = Path(str(item.fspath)).parts
-        return min((_ROOM_ORDER[p] for p in parts if p in _ROOM_ORDER), default=len(_ROOM_ORDER))
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = Path(str(item.fspath))
+        first = _LONGEST_FIRST.index(path.name) if path.name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+        room = min((_ROOM_ORDER[p] for p in path.parts if p in _ROOM_ORDER), default=len(_ROOM_ORDER))
+        return first, room
 
-    items.sort(key=room)  # stable: the order inside a room, and inside a file, stays
+    items.sort(key=rank)  # stable: the order inside a room, and inside a file, stays
