@@ -12,6 +12,7 @@ import resource
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -158,32 +159,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # xdist hands out whole files (--dist loadfile), the next one to a worker when its current file has two tests
-# left. By default it first sorts the files by how many tests they hold, which puts the few-but-long end-to-end
-# files last: one worker ran them alone for the last minute while the other idled. The collection order below
-# is the schedule instead: the files that run longest first (their wall time on 2 workers, measured with
-# SPECPROBE_TEST_CPU, in that order), then the rooms in the same spirit; the engine's many short files fill in.
-_LONGEST_FIRST = (
-    "test_kill_anywhere.py",
-    "test_resume_exact.py",
-    "test_bench.py",
-    "test_e2e_local.py",
-    "test_two_stops.py",
-    "test_refusals.py",
-    "test_e2e_hub.py",
-    "test_model.py",
-    "test_lease_release.py",
-    "test_train_cli.py",
-    "test_lease.py",
-    "test_refusal_report.py",
-)
-_ROOM_ORDER = {"test_e2e": 0, "test_trainer": 1, "test_hub": 2, "test_engine": 3}
+# left, in the collection order (pytest_configure turns off its own reorder). That order is xdist's default,
+# the files with the most tests first, which keeps the trainer's long 2-rank runs running beside the engine's
+# many short tests (two 2-rank runs side by side on 2 cores cost far more CPU each: gloo's waits spin). Its one
+# flaw is fixed: the few-but-long end-to-end files went last, and one worker ran them alone for a minute while
+# the other idled. They go first.
+_FEW_BUT_LONG = ("test_e2e_local.py", "test_refusal_report.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        path = Path(str(item.fspath))
-        first = _LONGEST_FIRST.index(path.name) if path.name in _LONGEST_FIRST else len(_LONGEST_FIRST)
-        room = min((_ROOM_ORDER[p] for p in path.parts if p in _ROOM_ORDER), default=len(_ROOM_ORDER))
-        return first, room
+    count = Counter(str(item.fspath) for item in items)
 
-    items.sort(key=rank)  # stable: the order inside a room, and inside a file, stays
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        return Path(str(item.fspath)).name not in _FEW_BUT_LONG, -count[str(item.fspath)]
+
+    items.sort(key=rank)  # stable: the order inside a file stays
