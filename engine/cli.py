@@ -368,33 +368,56 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, help_text: str, func: Any, epilog: str = EPILOG) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog)
-        p.set_defaults(func=func)
-        return p
-
-    def planning(p: argparse.ArgumentParser) -> None:
+    _run_command(sub)
+    p = _command(sub, "validate", "check spec files (schema and semantics); nothing runs", cmd_validate)
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    _planning(_command(sub, "plan", "show the resolved plan for one mode; nothing runs", cmd_plan))
+    _command(sub, "schema", "print the spec JSON Schema", cmd_schema)
+    for name, help_text in (
+        ("check", "re-evaluate the spec's current checks against a saved run"),
+        ("replay", "re-harvest a saved run's raw logs with the current output rules, then check"),
+    ):
+        p = _command(sub, name, help_text, functools.partial(_recheck, replay=name == "replay"))
         p.add_argument("spec", metavar="SPEC")
-        p.add_argument("--mode", help="mode to resolve (default: the spec's mode_env, then modes.default)")
-        p.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="NAME=VALUE",
-            help="override a value (parsed as a YAML scalar); repeatable",
-        )
+        p.add_argument("--evidence", required=True, metavar="RUN_DIR", help="the saved run's directory")
+        _reports(p)
+    _diff_command(sub)
+    _review_command(sub)
+    return parser
 
-    def reports(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
-        p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
-        p.add_argument("--html", metavar="FILE", help=HTML_HELP)
-        p.add_argument(
-            "-v", "--verbose", action="store_true", help="full explain trees (`run`: also every value, with its source)"
-        )
 
-    p = command("run", "run the spec's steps, then evaluate its checks", cmd_run)
-    planning(p)
+def _command(sub: Any, name: str, help_text: str, func: Any, epilog: str = EPILOG) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog)
+    p.set_defaults(func=func)
+    return p
+
+
+def _planning(p: argparse.ArgumentParser) -> None:
+    """The arguments that resolve a spec into a plan (run and plan)."""
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--mode", help="mode to resolve (default: the spec's mode_env, then modes.default)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a value (parsed as a YAML scalar); repeatable",
+    )
+
+
+def _reports(p: argparse.ArgumentParser) -> None:
+    """The report files a verdict can also be written to (run, check, replay)."""
+    p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
+    p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
+    p.add_argument("--html", metavar="FILE", help=HTML_HELP)
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="full explain trees (`run`: also every value, with its source)"
+    )
+
+
+def _run_command(sub: Any) -> None:
+    p = _command(sub, "run", "run the spec's steps, then evaluate its checks", cmd_run)
+    _planning(p)
     p.add_argument("--run-dir", metavar="DIR", help="evidence directory (default runs/<name>-<mode>-<stamp>)")
     p.add_argument(
         "--force",
@@ -408,24 +431,12 @@ def _parser() -> argparse.ArgumentParser:
         help="resume the run in --run-dir at STEP: the steps before it keep that run's evidence (refused "
         "when the spec changed them, or they did not pass); STEP and the steps after it run again",
     )
-    reports(p)
+    _reports(p)
 
-    p = command("validate", "check spec files (schema and semantics); nothing runs", cmd_validate)
-    p.add_argument("specs", nargs="+", metavar="SPEC")
 
-    planning(command("plan", "show the resolved plan for one mode; nothing runs", cmd_plan))
-    command("schema", "print the spec JSON Schema", cmd_schema)
-
-    for name, help_text in (
-        ("check", "re-evaluate the spec's current checks against a saved run"),
-        ("replay", "re-harvest a saved run's raw logs with the current output rules, then check"),
-    ):
-        p = command(name, help_text, functools.partial(_recheck, replay=name == "replay"))
-        p.add_argument("spec", metavar="SPEC")
-        p.add_argument("--evidence", required=True, metavar="RUN_DIR", help="the saved run's directory")
-        reports(p)
-
-    p = command(
+def _diff_command(sub: Any) -> None:
+    p = _command(
+        sub,
         "diff",
         "semantic diff of a spec: two files, or a spec at a git revision vs the working tree",
         cmd_diff,
@@ -442,7 +453,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--mode", help="only this mode (default: every mode of either side)")
 
-    p = command(
+
+def _review_command(sub: Any) -> None:
+    p = _command(
+        sub,
         "review",
         "review a change of the specs against a git revision: diff, saved-run re-check and which changes are risky",
         cmd_review,
@@ -461,7 +475,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--evidence-dir", default="evidence", metavar="DIR", help="saved runs, one <spec stem>/ each (default evidence)"
     )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
