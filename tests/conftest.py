@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -144,6 +145,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """One Inductor cache for the whole session, its own: the compiling tests (and the trainer runs they start,
     which inherit the variable, as xdist's workers do) reuse each other's kernels, and no other process on the
     machine can change or delete that cache under a test."""
+    # Every process of the session may write bytecode, so each module is compiled once and read back after:
+    # the install skips pip's up-front compile of all of torch (--no-compile), and a machine that sets
+    # PYTHONDONTWRITEBYTECODE (as this one does) would make every trainer process compile torch from source.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # xdist keeps the collection order (below) as the schedule
     if hasattr(config, "workerinput") or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
