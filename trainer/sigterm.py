@@ -55,17 +55,17 @@ def shielded() -> Iterator[None]:
     """Cleanup that must run to its end (releasing the lease): a SIGTERM meanwhile is recorded, not raised; a
     Ctrl-C (SIGINT) meanwhile is held back and handled as usual (KeyboardInterrupt) once the cleanup is done."""
     _State.shields += 1
-    held: list[object] = []  # the frame of a SIGINT that arrived during the cleanup
+    held: list[int] = []  # a SIGINT that arrived during the cleanup
     main = threading.current_thread() is threading.main_thread()  # only the main thread sets handlers
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame)) if main else None
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) if main else None
     try:
         yield
     finally:
         _State.shields -= 1
         if main:
             signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-            if held and callable(previous):
-                previous(signal.SIGINT, held[0])
+            if held:  # delivered again to the handler in place before (raise, die or ignore, as it would have)
+                signal.raise_signal(signal.SIGINT)
 
 
 def end_by_signal() -> None:

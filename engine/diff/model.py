@@ -108,7 +108,7 @@ class CheckReview:
 @dataclass
 class EvidenceReview:
     run_dir: str
-    label: str  # "run 2026-11-28T21:04 (soak)"
+    label: str  # "run <start, to the minute> (<mode>)"
     mode: str
     notes: list[str]
     checks: list[CheckReview]

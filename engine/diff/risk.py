@@ -79,7 +79,7 @@ class SavedRun:
     failing_at_base: list[str] | None = None  # ... under the base spec on the base's saved run
     # Time limits this change set below, or close to, what the saved run took (saved_run.TimeCut).
     cuts: list[Any] = dc_field(default_factory=list)
-    run_label: str = ""  # `run 2026-12-01T02:27 (smoke)`
+    run_label: str = ""  # `run <start, to the minute> (<mode>)`, as model.py labels a saved run
 
 
 def _gate(check: Any) -> bool:
