@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -84,15 +83,10 @@ def test_a_refusal_after_the_decision_releases_the_lease(tmp_path, tmp_path_fact
     assert_released_once(run, repo)
 
 
-def interrupt_after(delay_s: float):
-    """An on_line hook: a real SIGINT to the trainer ``delay_s`` after it says it holds the lease."""
-
-    def on_line(line: str) -> None:
-        if line.startswith("lease: ") and " holds " in line:
-            pid = int(line.split()[1].split(":")[1])  # the writer id is host:pid:token
-            threading.Timer(delay_s, os.kill, (pid, signal.SIGINT)).start()
-
-    return on_line
+def interrupt(line: str) -> None:
+    """An on_line hook: a real SIGINT to the trainer as soon as it says it holds the lease."""
+    if line.startswith("lease: ") and " holds " in line:
+        os.kill(int(line.split()[1].split(":")[1]), signal.SIGINT)  # the writer id is host:pid:token
 
 
 def test_an_exception_after_the_lease_is_taken_releases_it(tmp_path, tmp_path_factory):
@@ -102,7 +96,7 @@ def test_an_exception_after_the_lease_is_taken_releases_it(tmp_path, tmp_path_fa
     args = trainer_args(
         root=mix, out=tmp_path / "out", repo=repo + SLOW_LINK, steps=BASELINE_STEPS, push_every=2, nproc=1
     )
-    run = run_trainer(single_cmd(args), on_line=interrupt_after(0.0), timeout=120)
+    run = run_trainer(single_cmd(args), on_line=interrupt, timeout=120)
     assert run.rc == -signal.SIGINT and "KeyboardInterrupt" in run.text, explain(run)
     assert not run.starting("latest.json -> "), explain(run)  # it stopped inside the recovery
     assert_released_once(run, repo + SLOW_LINK)
