@@ -240,22 +240,22 @@ def test_html_dash_prints_the_page_instead_of_the_table(tmp_path, monkeypatch, c
     strict_html(out)
 
 
-README_CHART = re.compile(r"(<!-- chart: [^>]*-->\n)(.*?)(<!-- end of chart -->)", re.S)
+DOCS_CHART = re.compile(r"(<!-- chart: [^>]*-->\n)(.*?)(<!-- end of chart -->)", re.S)
 
 
-def test_readme_shows_the_saved_soak_runs_loss_plot(monkeypatch):
-    """The README's Mermaid chart, and the lines under it, are the renderer's output for evidence/p4_soak,
+def test_the_docs_show_the_saved_soak_runs_loss_plot(monkeypatch):
+    """docs/running.md's Mermaid chart, and the lines under it, are the renderer's output for evidence/p4_soak,
     not a drawing (SPECPROBE_UPDATE_GOLDEN=1 writes them there)."""
     monkeypatch.chdir(ROOT)
     evidence = json.loads((ROOT / "evidence" / "p4_soak" / "evidence.json").read_text())
     loss = for_spec(load_spec("specs/p4_soak.yaml"), evidence)[0]
-    readme_path = ROOT / "README.md"
-    readme = readme_path.read_text()
-    found = README_CHART.search(readme)
-    assert found is not None, "README.md lost its chart markers"
+    page_path = ROOT / "docs" / "running.md"
+    page = page_path.read_text()
+    found = DOCS_CHART.search(page)
+    assert found is not None, "docs/running.md lost its chart markers"
     if os.environ.get("SPECPROBE_UPDATE_GOLDEN"):
-        readme = readme[: found.start(2)] + mermaid.chart(loss) + readme[found.end(2) :]
-        readme_path.write_text(readme)
-        found = README_CHART.search(readme)
+        page = page[: found.start(2)] + mermaid.chart(loss) + page[found.end(2) :]
+        page_path.write_text(page)
+        found = DOCS_CHART.search(page)
     assert found.group(2) == mermaid.chart(loss)
     assert "- line 1: leg1 at step 1-120, then leg2 at step 121-180" in found.group(2)

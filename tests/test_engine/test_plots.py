@@ -196,10 +196,10 @@ def test_number_of_gaps_named_is_capped():
     assert not math.isnan(fig.series[0].drawn()[0][1])
 
 
-def test_readme_documents_a_markers_x_and_y_as_jmespath_strings_as_the_schema_has_them():
+def test_the_spec_reference_documents_a_markers_x_and_y_as_jmespath_strings_as_the_schema_has_them():
     schema = json.loads((ROOT / "engine" / "spec" / "spec.schema.json").read_text())
     marker = schema["$defs"]["plot_marker"]["properties"]
     assert marker["x"]["$ref"] == marker["y"]["$ref"] == "#/$defs/jmespath"
-    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `plots` |"))
+    row = next(line for line in (ROOT / "docs" / "specs.md").read_text().splitlines() if line.startswith("| `plots` |"))
     assert "a marker is `{x: JMESPath, label}` (a vertical line) or `{y: JMESPath, label}`" in row
     assert "a string read over the evidence" in row and "a number or a list." not in row
