@@ -6,7 +6,8 @@ silently drop nulls, so a plain ``search`` cannot tell "the run said null" from 
 missing paths) and remembers the values of comparator operands, ``&&``/``||``/``!`` operands and function
 calls, so that a failing check can show *why*. ``unparse`` writes a syntax tree back as text, the way
 those sub-expressions are named. A check's named sub-expressions (``let: {first2: "..."}``) are read as
-``let.first2`` and evaluated on first read.
+``let.first2`` and evaluated on first read. A comparison function's explain text names where it
+differs (engine/expr/series.py), and its operands are shown around that position.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import jmespath
 from jmespath.visitor import TreeInterpreter
 
+from engine.expr import series
 from engine.expr.functions import evaluation
 from engine.text import compact, compact_pair
 
@@ -285,6 +287,9 @@ class _Tracer(TreeInterpreter):
         self._root = root  # the document as evaluated (with `let` added): its path is ()
         self.miss_count = 0
         self.last_miss: tuple | None = None
+        # A comparison call's explain text (its first difference) and its operands cut around it.
+        self.notes: dict[int, str | None] = {}
+        self.cuts: dict[int, str] = {}
         # Path of the value being visited when it is not a container (a scalar or None):
         # set by the constructs that step into a value, restored after.
         self._hint: tuple | None = ()
@@ -398,6 +403,18 @@ class _Tracer(TreeInterpreter):
             return None
         return self._each(node["children"][1], base.items(), self._paths.get(id(base)))
 
+    # -- calls: a comparison says where it differs
+    def visit_function_expression(self, node: dict, value: Any) -> Any:
+        args = [self.visit(child, value) for child in node["children"]]
+        result = self._functions.call_function(node["value"], args)
+        name = node["value"]
+        if name in series.EXPLAINED and id(node) in self._watch and id(node) not in self.notes:
+            self.notes[id(node)] = series.explain(name, args, result)
+            for kid, text in zip(node["children"], series.windows(name, args, result)):
+                if text is not None:
+                    self.cuts.setdefault(id(kid), text)
+        return result
+
 
 # ---------------------------------------------------------------- one expression
 
@@ -457,12 +474,16 @@ def _differences(parsed: dict, seen: dict[int, Any]) -> dict[str, str]:
 def _pairs(
     tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None, parsed: dict | None = None
 ) -> list[list[str]]:
-    cut = _differences(parsed, tracer.seen) if parsed is not None and watch else {}
+    # A comparison call's operands are cut around its first difference, a comparator's around theirs.
+    cut = {unparse(n): tracer.cuts[id(n)] for n in watch if id(n) in tracer.cuts}
+    for text, shown in (_differences(parsed, tracer.seen) if parsed is not None and watch else {}).items():
+        cut.setdefault(text, shown)
     pairs: list[list[str]] = []
     for n in watch:  # a sub-expression written twice has one value: shown once
         text = unparse(n)
         if all(p[0] != text for p in pairs):
-            pairs.append([text, cut.get(text) or _shown(tracer.seen, n, text, missing)])
+            note = tracer.notes.get(id(n)) if id(n) in tracer.seen else None
+            pairs.append([text, cut.get(text) or note or _shown(tracer.seen, n, text, missing)])
     if named is None:
         return pairs
     # Each named value once, first: a reviewer reads the names, then how the expression used them.
