@@ -84,6 +84,64 @@ def test_absent_key_is_no_data_but_explicit_null_is_data():
     assert present_null["outcome"] == "PASS"
 
 
+def _killed_leg(evidence: dict | None = None) -> dict:
+    """Leg 2 killed before it reported: its harvest rule matched no line, and the record says so."""
+    ev = evidence or _evidence()
+    ev["steps"]["leg2"]["harvest"] = {}
+    ev["steps"]["leg2"]["harvest_errors"] = [
+        {"name": "run_json", "marker": "RUN_JSON ", "line": None, "kind": "missing", "error": "missing", "text": None}
+    ]
+    return ev
+
+
+def test_a_harvest_that_matched_no_line_compared_with_null_is_answered():
+    ev = _killed_leg()
+    r = _one("steps.leg2.harvest.run_json == `null`", evidence=ev)
+    assert (r["outcome"], r["missing"], r["reason"]) == ("PASS", [], "true")
+    assert r["explain"] == [["steps.leg2.harvest.run_json", "<absent>"]]
+    r = _one("steps.leg2.harvest.run_json != `null`", evidence=ev)
+    assert (r["outcome"], r["explain"]) == ("FAIL", [["steps.leg2.harvest.run_json", "<absent>"]])
+    # Through a let, and with the literal on the left.
+    r = _one("`null` == let.run", evidence=ev, let={"run": "steps.leg2.harvest.run_json"})
+    assert (r["outcome"], r["explain"][0]) == ("PASS", ["let.run", "<absent>"])
+    # A leg that did report: the comparison is about its value.
+    r = _one("steps.leg1.harvest.run_json == `null`", evidence=ev)
+    assert r["outcome"] == "FAIL" and r["explain"][0][1].startswith('{"final_step":10')
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "steps.leg2.harvest.run_json.final_step == `null`",  # below the recorded absence: not recorded itself
+        "steps.leg2.harvest.other == `null`",  # no rule recorded as matching nothing
+        "steps.leg9.harvest.run_json == `null`",  # a step that has no record at all
+        "steps.leg2.harvest.run_json == `null` && length(steps.leg2.harvest.run_json) == `0`",  # read as data too
+        "steps.leg2.harvest.run_json == steps.leg9.rc",  # compared with another absent path, not with null
+    ],
+)
+def test_an_absence_the_evidence_does_not_record_stays_no_data_even_compared_with_null(expr):
+    r = _one(expr, evidence=_killed_leg())
+    assert r["outcome"] == "NO_DATA", (r["outcome"], r["reason"])
+
+
+def test_a_let_asked_about_its_absence_and_read_as_data_too_is_no_data_whichever_comes_first():
+    lets = {"run": "steps.leg2.harvest.run_json"}
+    for expr in (
+        "let.run == `null` && not_null(let.run, `1`) == `1`",
+        "not_null(let.run, `1`) == `1` && let.run == `null`",
+    ):
+        r = _one(expr, evidence=_killed_leg(), let=lets)
+        assert (r["outcome"], r["missing"]) == ("NO_DATA", ["steps.leg2.harvest.run_json"]), expr
+
+
+def test_a_when_may_ask_whether_a_leg_reported():
+    ev = _killed_leg()
+    r = _one(
+        "steps.leg2.harvest.run_json.final_step == `20`", when="steps.leg2.harvest.run_json != `null`", evidence=ev
+    )
+    assert (r["outcome"], r["reason"]) == ("SKIPPED", "when `steps.leg2.harvest.run_json != `null`` was false")
+
+
 def test_missing_data_never_passes_even_when_the_result_is_true():
     r = _one("steps.leg9.rc == `null`")  # jmespath alone would say true
     assert r["value"] is True
@@ -451,3 +509,11 @@ def test_a_step_logged_twice_with_different_values_is_an_error_naming_both():
         "ERROR",
         "FunctionError: by_step(): step 10 is logged twice with different loss: 4.31 (records[0]) and 4.29 (records[2])",
     )
+
+
+def test_trace_answers_an_absence_only_where_the_container_exists():
+    # `absent` names a.b; with no `a` at all the lookup that failed was on nothing: still missing.
+    value, missing, explain = trace("a.b == `null`", {"a": {}}, OPTIONS, absent={("a", "b")})
+    assert (value, missing, explain) == (True, [], [["a.b", "<absent>"]])
+    value, missing, _ = trace("a.b == `null`", {}, OPTIONS, absent={("a", "b")})
+    assert (value, missing) == (True, ["a.b"])

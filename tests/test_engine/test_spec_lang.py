@@ -418,7 +418,7 @@ def test_absent_data_through_a_let_is_no_data_naming_the_real_path(tmp_path, cap
     result = next(r for r in doc["checks"] if r["name"] == "trajectory")
     assert result["outcome"] == "NO_DATA"
     assert result["missing"] == ["steps.leg1.harvest.run_json.final_loss"]
-    assert ["let.last", "missing"] in result["explain"]
+    assert ["let.last", "<absent>"] in result["explain"]
     assert doc["verdict"]["failed"] == ["trajectory"]
 
 
