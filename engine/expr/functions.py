@@ -19,6 +19,7 @@ import jmespath
 from jmespath import exceptions as jexc
 from jmespath import functions as jfn
 from jmespath.functions import signature
+from jmespath.lexer import Lexer
 
 from engine import limits
 from engine.expr import series
@@ -435,8 +436,45 @@ def _arity_text(lo: int, hi: float) -> str:
     return str(lo) if lo == hi else f"{lo} to {int(hi)}"
 
 
+# What JMESPath writes in backticks and reads, without them, as a field of that name.
+LITERAL_WORDS = ("null", "true", "false")
+
+
+def bare_literals(text: str) -> list[str]:
+    """A message for an expression that writes null, true or false without backticks where a value
+    is read: JMESPath reads each as a field of that name (absent, so null), never as the literal, so
+    `x == true` is false when x is true and `x == null` asks about a field. The message shows the
+    expression as it should be written. A word after a dot (`a.null`), a key of a multi-select
+    (`{null: a}`) and a quoted identifier (`"null"`) are field names on purpose and pass."""
+    try:
+        tokens = list(Lexer().tokenize(text))
+    except jexc.JMESPathError:
+        return []  # the syntax error is reported on its own
+    bare = [
+        t
+        for i, t in enumerate(tokens)
+        if t["type"] == "unquoted_identifier"
+        and t["value"] in LITERAL_WORDS
+        and not (i and tokens[i - 1]["type"] == "dot")
+        and tokens[i + 1]["type"] not in ("colon", "lparen")
+    ]
+    if not bare:
+        return []
+    fixed = text
+    for t in reversed(bare):
+        fixed = fixed[: t["start"]] + f"`{t['value']}`" + fixed[t["end"] :]
+    words = list(dict.fromkeys(t["value"] for t in bare))
+    literals = " and ".join(f"`{w}`" for w in words)
+    if len(words) == 1:
+        what = f"bare {words[0]} is a JMESPath field name (it reads a field called {words[0]}), not the literal"
+    else:
+        what = f"bare {' and '.join(words)} are JMESPath field names, not literals"
+    return [f"{what}: write {literals} in backticks: {fixed}"]
+
+
 def problems(text: str) -> list[str]:
-    """Why an expression would fail before any data is seen: syntax, unknown functions, wrong arity.
+    """Why an expression would fail before any data is seen: syntax, unknown functions, wrong arity,
+    a bare null/true/false.
 
     Empty list means it is fine. Messages are complete sentences ready to follow a location.
     """
@@ -447,7 +485,7 @@ def problems(text: str) -> list[str]:
     levels = depth(parsed)
     if levels > limits.EXPR_MAX_DEPTH:
         return [f"expression {_short(text)} is nested {levels} levels deep (limit {limits.EXPR_MAX_DEPTH})"]
-    out = []
+    out = bare_literals(text)
     for name, n in function_calls(parsed):
         rng = arity(name)
         if rng is None:

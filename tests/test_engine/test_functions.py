@@ -414,3 +414,34 @@ def test_by_step_keeps_a_step_logged_twice_with_the_same_value_once():
 def test_by_step_refuses_a_step_logged_twice_with_different_values_naming_both(records, fragment):
     with pytest.raises(FunctionError, match=re.escape(f"by_step(): {fragment}")):
         ev("by_step(r, 'loss')", {"r": records})
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        (
+            "steps.leg1.harvest.run_json == null",
+            "bare null is a JMESPath field name (it reads a field called null), not the literal: "
+            "write `null` in backticks: steps.leg1.harvest.run_json == `null`",
+        ),
+        (
+            "a == true ||  b[?c ==false]",  # the fix keeps the expression as written, spacing and all
+            "bare true and false are JMESPath field names, not literals: "
+            "write `true` and `false` in backticks: a == `true` ||  b[?c ==`false`]",
+        ),
+        (
+            "null",
+            "bare null is a JMESPath field name (it reads a field called null), not the literal: write `null` in backticks: `null`",
+        ),
+    ],
+)
+def test_a_bare_null_true_or_false_is_a_problem_whose_message_shows_the_fix(expr, want):
+    assert problems(expr) == [want]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["a == `null`", "a.null == `1`", "{null: a}.null == `1`", '"true" == `1`', "a == 'false'", "nullable == `1`"],
+)
+def test_null_true_and_false_as_field_names_on_purpose_are_no_problem(expr):
+    assert problems(expr) == []
