@@ -19,8 +19,10 @@ import jmespath
 from jmespath import exceptions as jexc
 from jmespath import functions as jfn
 from jmespath.functions import signature
+from jmespath.lexer import Lexer
 
 from engine import limits
+from engine.expr import series
 
 # A range() bigger than this is almost certainly a typo (a step count where a stride was meant), and
 # materialising it would eat the machine before any check reports. One evaluation's range() calls
@@ -63,8 +65,16 @@ def _optional(*types: str) -> dict[str, Any]:
     return {"types": list(types), "optional": True}
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+_is_number = series.is_number
+
+
+@contextlib.contextmanager
+def _series_errors(fname: str) -> Iterator[None]:
+    """A series function's refusal, as the evaluation error a check reports (ERROR, with the reason)."""
+    try:
+        yield
+    except series.SeriesError as e:
+        raise FunctionError(f"{fname}(): {e}") from None
 
 
 def _as_int(x: Any, fname: str) -> int:
@@ -253,6 +263,47 @@ class Functions(jfn.Functions):
         gone = {json.dumps(x, sort_keys=True) for x in remove}
         return [x for x in items if json.dumps(x, sort_keys=True) not in gone]
 
+    # Series: numbers, lists and step-keyed objects ({"1": 6.22, "2": 6.13}); engine/expr/series.py.
+    @signature({"types": []}, {"types": []}, {"types": ["number"]}, {"types": ["number"]})
+    def _func_allclose(self, a, b, rtol, atol):
+        """True when a and b (numbers, lists, or step-keyed objects, lined up key by key in step order) have the same positions and each value of a is within atol + rtol x |b| of b's. NaN is close to nothing (not even NaN), an infinity only to the same infinity; a position only one side has, a non-number, a list against an object, or two empty series: false. Example: ``allclose(`{"1": 4.31, "2": 4.2}`, `{"2": 4.2, "1": 4.29}`, `0`, `0.05`)`` -> ``true``."""
+        with _series_errors("allclose"):
+            return series.allclose(a, b, rtol, atol)
+
+    @signature({"types": []}, {"types": []}, _optional("number"), _optional("number"))
+    def _func_first_difference(self, a, b, rtol=0, atol=0):
+        """Where allclose(a, b, rtol, atol) fails first (exact without the tolerances): {at, a, b, why}, with `a` or `b` left out where that side has no value and `at` null for two numbers or two series that do not line up; null when none. Example: ``first_difference(`{"10": 4.3, "11": 4.31}`, `{"10": 4.3, "11": 4.29}`)`` -> ``{"at": "11", "a": 4.31, "b": 4.29, "why": "|d| 2.0e-02 > atol 0 + rtol 0 x 4.29"}``."""
+        with _series_errors("first_difference"):
+            return series.first_difference(a, b, rtol, atol)
+
+    @signature({"types": []}, {"types": []})
+    def _func_max_abs_diff(self, a, b):
+        """The largest |a - b| over every position of two numbers, lists or step-keyed objects: NaN when a position holds a NaN, Infinity when one holds an infinity against anything but the same infinity; null when they do not line up number for number (a position only one side has, a non-number, two empty series). Example: ``max_abs_diff([`1.0`, `2.5`], [`1.0`, `2.0`])`` -> ``0.5``."""
+        return series.max_abs_diff(a, b)
+
+    @signature({"types": ["object", "array"]}, {"types": ["object", "array"]})
+    def _func_overlap(self, a, b):
+        """The positions both have, in order: the keys of two objects (in step order: "2" before "10") or the indexes of two lists; [] for a list and an object. Example: ``overlap(`{"10": 1, "11": 2}`, `{"11": 2, "2": 0, "10": 1}`)`` -> ``["10", "11"]``."""
+        return series.overlap(a, b)
+
+    @signature({"types": ["object"]}, {"types": ["array"]})
+    def _func_restrict(self, obj, keys):
+        """The object limited to the keys (numbers name steps: 11 is "11"), in step order; a key it lacks is left out. Example: ``restrict(`{"1": 6.2, "11": 4.3, "12": 4.2}`, ['11', '12'])`` -> ``{"11": 4.3, "12": 4.2}``."""
+        with _series_errors("restrict"):
+            return series.restrict(obj, keys)
+
+    @signature({"types": ["array"]}, {"types": ["number"]}, {"types": ["number"]})
+    def _func_step_coverage(self, legs, first, last):
+        """Over a list of step-keyed objects (one per leg), the steps from first to last that none has (`missing`), that more than one has (`repeated`), and that lie outside first..last (`outside`); a key that is not an integer is an error. Example: ``step_coverage([`{"1": 6.2, "2": 6.1}`, `{"2": 6.1, "4": 5.9}`], `1`, `4`)`` -> ``{"missing": [3], "repeated": [2], "outside": []}``."""
+        with _series_errors("step_coverage"):
+            return series.step_coverage(legs, first, last)
+
+    @signature({"types": ["array"]}, {"types": ["string"]}, _optional("string"))
+    def _func_by_step(self, records, field, key="step"):
+        """A step-keyed object from per-step records (a `pick: all` harvest: [{"step": 1, "loss": 6.2}, ...]): each record's `field` under its `key` (default "step"). A step logged twice with the same value is one entry; with different values, an error naming the step and both values; a record without `field` is skipped, but no record at all having it is an error. Example: ``by_step([`{"step": 1, "loss": 6.2}`, `{"step": 2, "loss": 6.1}`], 'loss')`` -> ``{"1": 6.2, "2": 6.1}``."""
+        with _series_errors("by_step"):
+            return series.by_step(records, field, key)
+
 
 OPTIONS = jmespath.Options(custom_functions=Functions())
 
@@ -278,6 +329,13 @@ RETURNS: dict[str, tuple[str, ...]] = {
     "get": ("any",),
     "startswith_any": ("boolean",),
     "difference": ("array",),
+    "allclose": ("boolean",),
+    "first_difference": ("object", "null"),
+    "max_abs_diff": ("number", "null"),
+    "overlap": ("array",),
+    "restrict": ("object",),
+    "step_coverage": ("object",),
+    "by_step": ("object",),
     # JMESPath's own
     "abs": ("number",),
     "avg": ("number", "null"),
@@ -378,8 +436,45 @@ def _arity_text(lo: int, hi: float) -> str:
     return str(lo) if lo == hi else f"{lo} to {int(hi)}"
 
 
+# What JMESPath writes in backticks and reads, without them, as a field of that name.
+LITERAL_WORDS = ("null", "true", "false")
+
+
+def bare_literals(text: str) -> list[str]:
+    """A message for an expression that writes null, true or false without backticks where a value
+    is read: JMESPath reads each as a field of that name (absent, so null), never as the literal, so
+    `x == true` is false when x is true and `x == null` asks about a field. The message shows the
+    expression as it should be written. A word after a dot (`a.null`), a key of a multi-select
+    (`{null: a}`) and a quoted identifier (`"null"`) are field names on purpose and pass."""
+    try:
+        tokens = list(Lexer().tokenize(text))
+    except jexc.JMESPathError:
+        return []  # the syntax error is reported on its own
+    bare = [
+        t
+        for i, t in enumerate(tokens)
+        if t["type"] == "unquoted_identifier"
+        and t["value"] in LITERAL_WORDS
+        and not (i and tokens[i - 1]["type"] == "dot")
+        and tokens[i + 1]["type"] not in ("colon", "lparen")
+    ]
+    if not bare:
+        return []
+    fixed = text
+    for t in reversed(bare):
+        fixed = fixed[: t["start"]] + f"`{t['value']}`" + fixed[t["end"] :]
+    words = list(dict.fromkeys(t["value"] for t in bare))
+    literals = " and ".join(f"`{w}`" for w in words)
+    if len(words) == 1:
+        what = f"bare {words[0]} is a JMESPath field name (it reads a field called {words[0]}), not the literal"
+    else:
+        what = f"bare {' and '.join(words)} are JMESPath field names, not literals"
+    return [f"{what}: write {literals} in backticks: {fixed}"]
+
+
 def problems(text: str) -> list[str]:
-    """Why an expression would fail before any data is seen: syntax, unknown functions, wrong arity.
+    """Why an expression would fail before any data is seen: syntax, unknown functions, wrong arity,
+    a bare null/true/false.
 
     Empty list means it is fine. Messages are complete sentences ready to follow a location.
     """
@@ -390,7 +485,7 @@ def problems(text: str) -> list[str]:
     levels = depth(parsed)
     if levels > limits.EXPR_MAX_DEPTH:
         return [f"expression {_short(text)} is nested {levels} levels deep (limit {limits.EXPR_MAX_DEPTH})"]
-    out = []
+    out = bare_literals(text)
     for name, n in function_calls(parsed):
         rng = arity(name)
         if rng is None:

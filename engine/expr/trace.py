@@ -7,24 +7,33 @@ missing paths) and remembers the values of comparator operands, ``&&``/``||``/``
 calls, so that a failing check can show *why*. ``unparse`` writes a syntax tree back as text, the way
 those sub-expressions are named. A check's named sub-expressions (``let: {first2: "..."}``) are read as
 ``let.first2`` and evaluated on first read.
+
+An absent path is missing data (the check is NO_DATA), with one exception: a path whose absence the
+document itself records (``trace(absent=...)``: a harvest rule no line matched), compared with the
+literal null, is a question about that absence and gets its answer. Explain shows ``<absent>`` for
+an absent path, never ``null``, which is a value. A comparison function's explain text names where it
+differs (engine/expr/series.py), and its operands are shown around that position.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import jmespath
 from jmespath.visitor import TreeInterpreter
 
+from engine.expr import series
 from engine.expr.functions import evaluation
 from engine.text import compact, compact_pair
 
 NOT_EVALUATED = "not evaluated"
-MISSING = "missing"
+# How explain shows a path the document does not have (jmespath would say null, which is a value).
+MISSING = "<absent>"
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PATHS = ("field", "subexpression", "index_expression")  # a plain path: what `== `null`` may ask about
 _OPS = {"eq": "==", "ne": "!=", "lt": "<", "gt": ">", "lte": "<=", "gte": ">="}
 
 
@@ -255,21 +264,28 @@ class _Lets(dict):
         self.values: dict[str, Any] = {}
         self.misses: set[str] = set()
         self.origins: dict[str, tuple] = {}  # a let that read absent data -> the path that was absent
+        self._absent_reads: dict[str, list[tuple]] = {}  # a let -> the absent paths it read
         self._active: list[str] = []
 
     def __getitem__(self, name: str) -> Any:
         if name in self.values:
+            # Every read of a let that read absent data reads it again: a read that asks whether it
+            # is absent is answered, any other read is NO_DATA, whichever came first.
+            for path in self._absent_reads.get(name, ()):
+                self.tracer.miss_again(path)
             return self.values[name]
         if name in self._active:
             raise ValueError(f"let.{name} reads itself (through {' -> '.join(self._active)})")
         self._active.append(name)
-        before = self.tracer.miss_count
+        before, start = self.tracer.miss_count, len(self.tracer.miss_log)
         try:
             value = self.tracer.evaluate_let(self.texts[name])
         finally:
             self._active.pop()
         if self.tracer.miss_count != before:
             self.misses.add(name)
+            read = self.tracer.miss_log[start:]
+            self._absent_reads[name] = [p for p in dict.fromkeys(read) if not any(q[: len(p)] == p != q for q in read)]
             if value is None and self.tracer.last_miss is not None:
                 self.origins[name] = self.tracer.last_miss
         self.values[name] = value
@@ -279,12 +295,29 @@ class _Lets(dict):
 class _Tracer(TreeInterpreter):
     """A TreeInterpreter that records missing lookups and the values of chosen nodes."""
 
-    def __init__(self, options: Any, paths: dict[int, tuple], watch: Iterable[dict] = (), root: Any = None) -> None:
+    def __init__(
+        self,
+        options: Any,
+        paths: dict[int, tuple],
+        watch: Iterable[dict] = (),
+        root: Any = None,
+        absent: Collection[tuple] = (),
+    ) -> None:
         super().__init__(options)
         self._paths = paths
         self._root = root  # the document as evaluated (with `let` added): its path is ()
         self.miss_count = 0
         self.last_miss: tuple | None = None
+        self.miss_log: list[tuple] = []  # every missing lookup, in order (a let's are a slice of it)
+        # Paths whose absence the document records (see `trace`), the lookups that failed on a
+        # container that exists (a key it lacks, an index past its end), and the absent paths an
+        # `== `null`` comparison asked about: those are answered, not missing.
+        self._absent = frozenset(absent)
+        self._in_container: set[tuple] = set()
+        self.answered: list[tuple] = []
+        # A comparison call's explain text (its first difference) and its operands cut around it.
+        self.notes: dict[int, str | None] = {}
+        self.cuts: dict[int, str] = {}
         # Path of the value being visited when it is not a container (a scalar or None):
         # set by the constructs that step into a value, restored after.
         self._hint: tuple | None = ()
@@ -318,6 +351,7 @@ class _Tracer(TreeInterpreter):
     def _miss(self, path: tuple) -> None:
         self.miss_count += 1
         self.last_miss = path
+        self.miss_log.append(path)
         # A lookup below an already-missing value names the longer, more telling path.
         self.missing = [p for p in self.missing if p != path[: len(p)]]
         if not any(p[: len(path)] == path for p in self.missing):
@@ -328,9 +362,20 @@ class _Tracer(TreeInterpreter):
             return base + (node["value"],)
         return None
 
+    def miss_again(self, path: tuple) -> None:
+        """A let that read absent data, read once more: the same missing path, counted again."""
+        self.miss_count += 1
+        self.last_miss = path
+        self.miss_log.append(path)
+        if not any(p[: len(path)] == path for p in self.missing):
+            self.missing.append(path)
+
     def _lookup_failed(self, value: Any, key: Any) -> None:
         base = self._path_of(value)
-        self._miss((base if base is not None else (COMPUTED,)) + (key,))
+        path = (base if base is not None else (COMPUTED,)) + (key,)
+        if isinstance(value, dict if isinstance(key, str) else list):  # a key it lacks, an index past its end
+            self._in_container.add(path)
+        self._miss(path)
 
     # -- lookups: an absent key, an index past the end, or a lookup into a non-container
     def visit_field(self, node: dict, value: Any) -> Any:
@@ -398,6 +443,46 @@ class _Tracer(TreeInterpreter):
             return None
         return self._each(node["children"][1], base.items(), self._paths.get(id(base)))
 
+    # -- absence asked about: `path == `null`` (or `!=`) over a path whose absence the document records
+    def visit_comparator(self, node: dict, value: Any) -> Any:
+        kids = node["children"]
+        nulls = [k["type"] == "literal" and k["value"] is None for k in kids]
+        if not self._absent or node["value"] not in ("eq", "ne") or sum(nulls) != 1:
+            return super().visit_comparator(node, value)
+        operands = [
+            self.visit(k, value) if is_null or k["type"] not in _PATHS else self._asked_absent(k, value)
+            for k, is_null in zip(kids, nulls)
+        ]
+        return self.COMPARATOR_FUNC[node["value"]](*operands)
+
+    def _asked_absent(self, node: dict, value: Any) -> Any:
+        """A path compared with null: the absent paths it alone read are answered (not missing) when
+        each is one the document records as absent and the lookup failed on a container that exists."""
+        before = list(self.missing)
+        result = self.visit(node, value)
+        new = [p for p in self.missing if p not in before]
+        if (
+            result is None
+            and new
+            and all(p in self.missing for p in before)  # nothing below an earlier miss
+            and all(p in self._absent and p in self._in_container for p in new)
+        ):
+            self.missing = [p for p in self.missing if p not in new]
+            self.answered += [p for p in new if p not in self.answered]
+        return result
+
+    # -- calls: a comparison says where it differs
+    def visit_function_expression(self, node: dict, value: Any) -> Any:
+        args = [self.visit(child, value) for child in node["children"]]
+        result = self._functions.call_function(node["value"], args)
+        name = node["value"]
+        if name in series.EXPLAINED and id(node) in self._watch and id(node) not in self.notes:
+            self.notes[id(node)] = series.explain(name, args, result)
+            for kid, text in zip(node["children"], series.windows(name, args, result)):
+                if text is not None:
+                    self.cuts.setdefault(id(kid), text)
+        return result
+
 
 # ---------------------------------------------------------------- one expression
 
@@ -409,14 +494,18 @@ def trace(
     explain: bool = True,
     paths: dict[int, tuple] | None = None,
     lets: Mapping[str, str] | None = None,
+    absent: Collection[tuple] = (),
 ) -> tuple[Any, list[str], list[list[str]]]:
     """Evaluate ``expr``: (value, missing paths, explain pairs). Raises on evaluation errors.
     ``paths`` is ``index_paths(document)``, passed in to index a big document only once. ``lets``
-    (name -> JMESPath) are readable as ``let.<name>``; the explain pairs start with each one's value."""
+    (name -> JMESPath) are readable as ``let.<name>``; the explain pairs start with each one's value.
+    ``absent``: paths (tuples of keys) whose absence the document itself records; comparing one of
+    them with the literal null (``== `null```, ``!= `null```) asks about its absence and is answered,
+    so it is not a missing path. Every other absent path read is missing."""
     parsed = jmespath.compile(expr).parsed
     watch = _explained_nodes(parsed) if explain else []
     root = dict(document) if lets else document
-    tracer = _Tracer(options, index_paths(document) if paths is None else paths, watch, root)
+    tracer = _Tracer(options, index_paths(document) if paths is None else paths, watch, root, absent)
     named = _Lets(lets, tracer) if lets else None
     if named is not None:
         root["let"] = named
@@ -425,13 +514,15 @@ def trace(
             value = tracer.visit(parsed, root)
     except Exception as exc:
         # What was computed before the failure is the best clue to it (a string operand...), and an
-        # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error.
-        missing = [path_text(p) for p in tracer.missing]
+        # absent path fed to a typed function (sub(missing, 1)) is missing data, not an error: so is
+        # one asked about, since the evaluation that asked gave no answer.
+        missing = [path_text(p) for p in tracer.missing + tracer.answered]
         exc.missing = missing  # type: ignore[attr-defined]
         exc.explain = _pairs(tracer, watch, missing, named, parsed)  # type: ignore[attr-defined]
         raise
     missing = [path_text(p) for p in tracer.missing]
-    return value, missing, _pairs(tracer, watch, missing, named, parsed)
+    shown_absent = missing + [path_text(p) for p in tracer.answered]
+    return value, missing, _pairs(tracer, watch, shown_absent, named, parsed)
 
 
 def _differences(parsed: dict, seen: dict[int, Any]) -> dict[str, str]:
@@ -455,14 +546,19 @@ def _differences(parsed: dict, seen: dict[int, Any]) -> dict[str, str]:
 
 
 def _pairs(
-    tracer: _Tracer, watch: list[dict], missing: list[str], named: _Lets | None = None, parsed: dict | None = None
+    tracer: _Tracer, watch: list[dict], absent: list[str], named: _Lets | None = None, parsed: dict | None = None
 ) -> list[list[str]]:
-    cut = _differences(parsed, tracer.seen) if parsed is not None and watch else {}
+    """(text, value shown) of each watched node; ``absent``: the texts of the absent paths read."""
+    # A comparison call's operands are cut around its first difference, a comparator's around theirs.
+    cut = {unparse(n): tracer.cuts[id(n)] for n in watch if id(n) in tracer.cuts}
+    for text, shown in (_differences(parsed, tracer.seen) if parsed is not None and watch else {}).items():
+        cut.setdefault(text, shown)
     pairs: list[list[str]] = []
     for n in watch:  # a sub-expression written twice has one value: shown once
         text = unparse(n)
         if all(p[0] != text for p in pairs):
-            pairs.append([text, cut.get(text) or _shown(tracer.seen, n, text, missing)])
+            note = tracer.notes.get(id(n)) if id(n) in tracer.seen else None
+            pairs.append([text, cut.get(text) or note or _shown(tracer.seen, n, text, absent)])
     if named is None:
         return pairs
     # Each named value once, first: a reviewer reads the names, then how the expression used them.
@@ -478,9 +574,9 @@ def _let_shown(named: _Lets, name: str) -> str:
     return MISSING if value is None and name in named.misses else compact(value)
 
 
-def _shown(seen: dict[int, Any], node: dict, text: str, missing: list[str]) -> str:
+def _shown(seen: dict[int, Any], node: dict, text: str, absent: list[str]) -> str:
     if id(node) not in seen:
         return NOT_EVALUATED
     value = seen[id(node)]
     # An absent path reads as null to jmespath; say which it really was.
-    return MISSING if value is None and text in missing else compact(value)
+    return MISSING if value is None and text in absent else compact(value)

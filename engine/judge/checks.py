@@ -5,6 +5,12 @@ A check passes only when its JMESPath expression yields exactly ``true``. It is 
 the outcome NO_DATA, even when the result happens to be ``true``, because missing data must never pass.
 The values the tracer remembers are the failure's explanation.
 
+One absence is a fact rather than missing data: the evidence records it. A harvest rule that no line
+of a leg's output matched is listed in that step's ``harvest_errors`` (kind ``missing``), so
+``steps.leg1.harvest.run_json == `null``` asks whether leg 1 printed a RUN_JSON line and is answered
+(true when it printed none). Any other absent path stays NO_DATA, also when compared with null: a key
+the trainer did not write, or misspelled in the spec, is no answer.
+
 A check may name sub-expressions (``let: {first2: "..."}``), read as ``let.first2``: pure JMESPath
 over the same document, evaluated on first read (their misses count like any other) and shown first
 in the explain trace. Its ``when`` decides whether it is evaluated: exactly ``false`` skips it,
@@ -17,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from engine.expr.trace import check_document, index_paths, trace
+from engine.run.output import KIND_MISSING, error_kind
 from engine.text import compact
 from engine.types import CheckResult
 
@@ -33,11 +40,33 @@ def _error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
+def recorded_absences(document: Any) -> frozenset[tuple]:
+    """The paths whose absence the evidence records: ``("steps", S, "harvest", H)`` for each harvest
+    rule H of step S that no output line matched (``harvest_errors`` kind missing, H not harvested)."""
+    steps = document.get("steps") if isinstance(document, Mapping) else None
+    found = set()
+    for name, record in (steps or {}).items() if isinstance(steps, Mapping) else ():
+        if not isinstance(record, Mapping) or not isinstance(record.get("harvest"), Mapping):
+            continue
+        errors = record.get("harvest_errors")
+        for entry in errors if isinstance(errors, list) else ():
+            rule = entry.get("name") if isinstance(entry, Mapping) else None
+            if isinstance(rule, str) and error_kind(entry) == KIND_MISSING and rule not in record["harvest"]:
+                found.add(("steps", name, "harvest", rule))
+    return frozenset(found)
+
+
 def evaluate_one(
-    check: Mapping[str, Any], document: Any, options: Any = None, paths: dict[int, tuple] | None = None
+    check: Mapping[str, Any],
+    document: Any,
+    options: Any = None,
+    paths: dict[int, tuple] | None = None,
+    absent: frozenset[tuple] | None = None,
 ) -> CheckResult:
-    """One check's result (see ``evaluate``); ``document`` is already ``check_document``-ed."""
+    """One check's result (see ``evaluate``); ``document`` is already ``check_document``-ed, ``absent``
+    is its ``recorded_absences``."""
     paths = index_paths(document) if paths is None else paths
+    absent = recorded_absences(document) if absent is None else absent
     result: CheckResult = {
         "name": check["name"],
         "why": check.get("why", ""),
@@ -60,7 +89,7 @@ def evaluate_one(
     when = check.get("when")
     if when:
         try:
-            cond, missing, _ = trace(when, document, options, explain=False, paths=paths, lets=lets)
+            cond, missing, _ = trace(when, document, options, explain=False, paths=paths, lets=lets, absent=absent)
         except Exception as exc:  # any failure is the check's ERROR, not a crash
             missing = getattr(exc, "missing", [])
             if missing:
@@ -88,7 +117,7 @@ def evaluate_one(
                 "reason": f"when `{when}` gave {compact(cond, 80)}, not true or false",
             }
     try:
-        value, missing, pairs = trace(check["expr"], document, options, paths=paths, lets=lets)
+        value, missing, pairs = trace(check["expr"], document, options, paths=paths, lets=lets, absent=absent)
     except Exception as exc:  # a plugin function may raise anything
         missing = getattr(exc, "missing", [])
         if missing:
@@ -120,4 +149,5 @@ def evaluate(
     (name -> expression) when the check names sub-expressions. A DISABLED check is not evaluated."""
     document = check_document(evidence)
     paths = index_paths(document)
-    return [evaluate_one(check, document, options, paths) for check in checks]
+    absent = recorded_absences(document)
+    return [evaluate_one(check, document, options, paths, absent) for check in checks]

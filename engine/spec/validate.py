@@ -71,8 +71,21 @@ def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
     yield from plotdefs.expressions(data)
 
 
+@functools.lru_cache(maxsize=2048)
+def _bare_literals(text: str) -> frozenset[str]:
+    return frozenset(functions.bare_literals(text))
+
+
+def _expression_errors(spec: Spec, path: tuple, text: str) -> list[SpecError]:
+    """The problems of one expression at `path`; a bare null/true/false in a check also names the
+    check, whose expression the message shows rewritten."""
+    bare = _bare_literals(text) if path[0] == "checks" else frozenset()
+    name = spec.data["checks"][path[1]].get("name") if bare else None
+    return [spec.error(path, f"check {name!r}: {msg}" if msg in bare else msg) for msg in _problems(text)]
+
+
 def _compile_errors(spec: Spec) -> list[SpecError]:
-    return [spec.error(path, msg) for path, text in _expressions(spec) for msg in _problems(text)]
+    return [e for path, text in _expressions(spec) for e in _expression_errors(spec, path, text)]
 
 
 def _unique_names(spec: Spec) -> list[SpecError]:
@@ -159,6 +172,8 @@ def _reference_errors(spec: Spec, texts: Iterable[tuple[tuple, str]] | None = No
             continue
         for chain in chains:
             msg = None
+            if chain[0] in functions.LITERAL_WORDS and _bare_literals(text):
+                continue  # a bare null/true/false: reported with its fix by _expression_errors
             if path[0] == "steps":
                 if chain[0] not in values:
                     msg = f"step condition {text!r} reads {unknown_message(chain[0], values, ref=False)}"
@@ -198,12 +213,6 @@ def _evidence_problem(
 ) -> str | None:
     root = chain[0]
     dotted = ".".join(chain)
-    if root == "null":
-        return None  # bare null reads an absent field, which is null: works as the literal would
-    if root in ("true", "false"):
-        # Bare true/false are FIELD names in JMESPath, so `x == true` is false even when x is true.
-        # (Bare null reads an absent field, which IS null: harmless, so it is allowed.)
-        return f"{dotted}: bare {root} is a field name in JMESPath, not a boolean; write `{root}`"
     if root not in EVIDENCE_ROOTS:
         return f"{dotted}: {root!r} is not part of the evidence; a check reads {', '.join(EVIDENCE_ROOTS)}"
     if len(chain) < 2:
@@ -406,7 +415,7 @@ def _check_findings(
         bad, warn = boolean_findings(check, values)
         errors += [spec.error(("checks", i) + sub, msg) for sub, msg in bad]
         warnings += [spec.error(("checks", i) + sub, msg) for sub, msg in warn + _unused_lets(check)]
-    errors += [spec.error(path, msg) for path, text in spliced for msg in _problems(text)]
+    errors += [e for path, text in spliced for e in _expression_errors(spec, path, text)]
     errors += _reference_errors(spec, spliced)
     return errors, warnings
 

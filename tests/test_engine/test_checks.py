@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import jmespath
@@ -81,6 +82,64 @@ def test_absent_key_is_no_data_but_explicit_null_is_data():
     assert absent["reason"] == "no data: steps.leg2.harvest.run_json.final_step is missing"
     present_null = _one("steps.leg1.harvest.run_json.val_ppl == `null`")
     assert present_null["outcome"] == "PASS"
+
+
+def _killed_leg(evidence: dict | None = None) -> dict:
+    """Leg 2 killed before it reported: its harvest rule matched no line, and the record says so."""
+    ev = evidence or _evidence()
+    ev["steps"]["leg2"]["harvest"] = {}
+    ev["steps"]["leg2"]["harvest_errors"] = [
+        {"name": "run_json", "marker": "RUN_JSON ", "line": None, "kind": "missing", "error": "missing", "text": None}
+    ]
+    return ev
+
+
+def test_a_harvest_that_matched_no_line_compared_with_null_is_answered():
+    ev = _killed_leg()
+    r = _one("steps.leg2.harvest.run_json == `null`", evidence=ev)
+    assert (r["outcome"], r["missing"], r["reason"]) == ("PASS", [], "true")
+    assert r["explain"] == [["steps.leg2.harvest.run_json", "<absent>"]]
+    r = _one("steps.leg2.harvest.run_json != `null`", evidence=ev)
+    assert (r["outcome"], r["explain"]) == ("FAIL", [["steps.leg2.harvest.run_json", "<absent>"]])
+    # Through a let, and with the literal on the left.
+    r = _one("`null` == let.run", evidence=ev, let={"run": "steps.leg2.harvest.run_json"})
+    assert (r["outcome"], r["explain"][0]) == ("PASS", ["let.run", "<absent>"])
+    # A leg that did report: the comparison is about its value.
+    r = _one("steps.leg1.harvest.run_json == `null`", evidence=ev)
+    assert r["outcome"] == "FAIL" and r["explain"][0][1].startswith('{"final_step":10')
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "steps.leg2.harvest.run_json.final_step == `null`",  # below the recorded absence: not recorded itself
+        "steps.leg2.harvest.other == `null`",  # no rule recorded as matching nothing
+        "steps.leg9.harvest.run_json == `null`",  # a step that has no record at all
+        "steps.leg2.harvest.run_json == `null` && length(steps.leg2.harvest.run_json) == `0`",  # read as data too
+        "steps.leg2.harvest.run_json == steps.leg9.rc",  # compared with another absent path, not with null
+    ],
+)
+def test_an_absence_the_evidence_does_not_record_stays_no_data_even_compared_with_null(expr):
+    r = _one(expr, evidence=_killed_leg())
+    assert r["outcome"] == "NO_DATA", (r["outcome"], r["reason"])
+
+
+def test_a_let_asked_about_its_absence_and_read_as_data_too_is_no_data_whichever_comes_first():
+    lets = {"run": "steps.leg2.harvest.run_json"}
+    for expr in (
+        "let.run == `null` && not_null(let.run, `1`) == `1`",
+        "not_null(let.run, `1`) == `1` && let.run == `null`",
+    ):
+        r = _one(expr, evidence=_killed_leg(), let=lets)
+        assert (r["outcome"], r["missing"]) == ("NO_DATA", ["steps.leg2.harvest.run_json"]), expr
+
+
+def test_a_when_may_ask_whether_a_leg_reported():
+    ev = _killed_leg()
+    r = _one(
+        "steps.leg2.harvest.run_json.final_step == `20`", when="steps.leg2.harvest.run_json != `null`", evidence=ev
+    )
+    assert (r["outcome"], r["reason"]) == ("SKIPPED", "when `steps.leg2.harvest.run_json != `null`` was false")
 
 
 def test_missing_data_never_passes_even_when_the_result_is_true():
@@ -353,3 +412,108 @@ def test_absent_path_fed_to_a_typed_function_is_no_data_not_an_error():
 def test_type_error_on_present_data_is_still_an_error():
     r = _one("sub(steps.leg1.harvest.run_json.val_ppl, `1`) < `5`")
     assert r["outcome"] == "ERROR" and "sub()" in r["reason"]
+
+
+# ---------------------------------------------------------------- comparisons explain where they differ
+
+
+def _series_evidence() -> dict:
+    ev = _evidence()
+    reference = {str(s): round(6.5 - 0.1 * s, 4) for s in range(1, 21)}
+    resumed = {str(s): reference[str(s)] for s in range(11, 21)}
+    resumed["11"], reference["11"] = 4.31, 4.29
+    ev["steps"]["ref"] = {"kind": "run", "status": "ok", "harvest": {"run_json": {"losses": reference}}}
+    ev["steps"]["leg2"]["harvest"]["run_json"] = {"losses": resumed}
+    ev["values"].update(loss_rtol=1e-6, loss_atol=0)
+    return ev
+
+
+COMPARED = "allclose(let.leg, restrict(let.ref, keys(let.leg)), values.loss_rtol, values.loss_atol)"
+SERIES_LETS = {"leg": "steps.leg2.harvest.run_json.losses", "ref": "steps.ref.harvest.run_json.losses"}
+
+
+def test_a_failing_allclose_explains_the_first_differing_step_with_both_values():
+    r = _one(COMPARED, evidence=_series_evidence(), let=SERIES_LETS)
+    assert (r["outcome"], r["value"]) == ("FAIL", False)
+    assert dict(r["explain"])[COMPARED] == (
+        "false: first difference at step 11: 4.31 vs 4.29 (|d| 2.0e-02 > atol 0 + rtol 1e-06 x 4.29)"
+    )
+
+
+def test_a_failing_comparison_shows_its_series_around_the_difference_not_cut_at_the_start():
+    ev = _series_evidence()
+    ev["steps"]["leg2"]["harvest"]["run_json"]["losses"]["17"] = 9.0
+    ev["steps"]["ref"]["harvest"]["run_json"]["losses"]["11"] = 4.31
+    r = _one("allclose(let.leg, let.ref, `0`, `0.001`)", evidence=ev, let=SERIES_LETS)
+    explain = dict(r["explain"])
+    assert explain["allclose(let.leg, let.ref, `0`, `0.001`)"] == "false: first difference at step 1: only in b (6.4)"
+    assert explain["let.leg"] == '{"11":4.31,"12":5.3,...} (10 entries)'
+    assert explain["let.ref"] == '{"1":6.4,"2":6.3,"3":6.2,...} (20 entries)'
+    r = _one("first_difference(let.leg, restrict(let.ref, keys(let.leg))) == `null`", evidence=ev, let=SERIES_LETS)
+    explain = dict(r["explain"])
+    assert explain["let.leg"] == '{...,"15":5.0,"16":4.9,"17":9.0,"18":4.7,"19":4.6,...} (10 entries)'
+    assert (
+        explain["restrict(let.ref, keys(let.leg))"]
+        == '{...,"15":5.0,"16":4.9,"17":4.8,"18":4.7,"19":4.6,...} (10 entries)'
+    )
+    assert explain["first_difference(let.leg, restrict(let.ref, keys(let.leg)))"] == (
+        '{"at":"17","a":9.0,"b":4.8,"why":"|d| 4.2e+00 > atol 0 + rtol 0 x 4.8"}'
+    )
+
+
+@pytest.mark.parametrize(
+    "legs, shown",
+    [
+        ({"11": 4.31, "12": 5.3}, "2.00e-02 at step 11 (4.31 vs 4.29)"),
+        ({"11": math.nan, "12": 5.3}, "NaN at step 11 (NaN vs 4.29)"),
+        ({"11": 4.29, "12": math.inf}, "Infinity at step 12 (Infinity vs 5.3)"),
+        ({"11": 4.29}, "null: first difference at step 12: only in b (5.3)"),
+    ],
+)
+def test_max_abs_diff_explains_where_its_largest_difference_is(legs, shown):
+    ev = _series_evidence()
+    ev["steps"]["leg2"]["harvest"]["run_json"]["losses"] = legs
+    expr = "max_abs_diff(let.leg, restrict(let.ref, ['11', '12'])) <= `1e-6`"
+    r = _one(expr, evidence=ev, let=SERIES_LETS)
+    assert r["outcome"] == "FAIL"
+    assert dict(r["explain"])["max_abs_diff(let.leg, restrict(let.ref, ['11', '12']))"] == shown
+
+
+def test_step_coverage_explains_missing_and_repeated_steps_as_ranges():
+    ev = _series_evidence()
+    ev["steps"]["leg1"]["harvest"]["run_json"]["losses"] = {str(s): 1.0 for s in range(1, 13)}
+    expr = 'step_coverage([let.first, let.leg], `1`, `24`) == `{"missing": [], "repeated": [], "outside": []}`'
+    r = _one(expr, evidence=ev, let={"first": "steps.leg1.harvest.run_json.losses", "leg": SERIES_LETS["leg"]})
+    assert r["outcome"] == "FAIL"
+    assert dict(r["explain"])["step_coverage([let.first, let.leg], `1`, `24`)"] == (
+        "missing 21-24; repeated 11-12; outside none"
+    )
+
+
+def test_a_passing_comparison_shows_its_plain_value():
+    ev = _series_evidence()
+    ev["steps"]["ref"]["harvest"]["run_json"]["losses"]["11"] = 4.31
+    r = _one(COMPARED, evidence=ev, let=SERIES_LETS)
+    assert r["outcome"] == "PASS" and dict(r["explain"])[COMPARED] == "true"
+
+
+def test_a_step_logged_twice_with_different_values_is_an_error_naming_both():
+    ev = _evidence()
+    ev["steps"]["leg2"]["harvest"]["steps"] = [
+        {"step": 10, "loss": 4.31},
+        {"step": 11, "loss": 4.2},
+        {"step": 10, "loss": 4.29},
+    ]
+    r = _one("length(keys(by_step(steps.leg2.harvest.steps, 'loss'))) == `2`", evidence=ev)
+    assert (r["outcome"], r["reason"]) == (
+        "ERROR",
+        "FunctionError: by_step(): step 10 is logged twice with different loss: 4.31 (records[0]) and 4.29 (records[2])",
+    )
+
+
+def test_trace_answers_an_absence_only_where_the_container_exists():
+    # `absent` names a.b; with no `a` at all the lookup that failed was on nothing: still missing.
+    value, missing, explain = trace("a.b == `null`", {"a": {}}, OPTIONS, absent={("a", "b")})
+    assert (value, missing, explain) == (True, [], [["a.b", "<absent>"]])
+    value, missing, _ = trace("a.b == `null`", {}, OPTIONS, absent={("a", "b")})
+    assert (value, missing) == (True, ["a.b"])

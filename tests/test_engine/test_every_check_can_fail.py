@@ -1197,3 +1197,57 @@ def test_missing_value_in_a_function_is_no_data(
     result = got.result(name)
     assert result["outcome"] == "NO_DATA", (result["outcome"], result["reason"])
     assert result["reason"] == f"no data: {deleted} is missing" or result["reason"].startswith(f"no data: {deleted}")
+
+
+# ------------------------------------------------------------------ absence asked with `null`
+
+NO_RUN_JSON = """\
+version: 1
+name: p4_preempt
+extends: {parent}
+checks:
+  - name: leg1_printed_no_run_json
+    why: A SIGKILLed trainer cannot have reported; a RUN_JSON here would mean the kill landed after the run ended.
+    expr: "steps.leg1.harvest.run_json == `null`"
+"""
+
+
+def _check_no_run_json(tmp_path: Path, bundle: Path, capsys: pytest.CaptureFixture) -> dict:
+    spec = tmp_path / "no_run_json.yaml"
+    spec.write_text(NO_RUN_JSON.format(parent=SPECS_DIR / "p4_preempt.yaml"))
+    capsys.readouterr()
+    before = set(bundle.glob("check-*.json"))
+    rc = engine_main(["check", str(spec), "--evidence", str(bundle)])
+    capsys.readouterr()
+    assert rc != Exit.USAGE
+    (new,) = set(bundle.glob("check-*.json")) - before
+    record = json.loads(new.read_text(encoding="utf-8"))
+    return next(r for r in record["checks"] if r["name"] == "leg1_printed_no_run_json")
+
+
+def test_a_killed_leg_that_printed_no_run_json_is_asserted_with_null(tmp_path: Path, capsys: pytest.CaptureFixture):
+    """The saved preempt run: leg 1 was SIGKILLed mid-push, its harvest rule matched no line, and the
+    evidence records that (`harvest_errors`, kind missing). `== `null`` asks exactly that."""
+    bundle = copy_bundle("p4_preempt", tmp_path / "as_saved")
+    doc = read_evidence(bundle)
+    assert "run_json" not in doc["steps"]["leg1"]["harvest"]
+    result = _check_no_run_json(tmp_path, bundle, capsys)
+    assert (result["outcome"], result["missing"]) == ("PASS", [])
+    assert result["explain"] == [["steps.leg1.harvest.run_json", "<absent>"]]
+
+    # The kill landed after the trainer reported: leg 1 has a RUN_JSON, and the check fails on it.
+    bundle = copy_bundle("p4_preempt", tmp_path / "reported")
+    doc = read_evidence(bundle)
+    doc["steps"]["leg1"]["harvest"]["run_json"] = {"final_step": 20}
+    doc["steps"]["leg1"]["harvest_errors"] = []
+    write_evidence(bundle, doc)
+    result = _check_no_run_json(tmp_path, bundle, capsys)
+    assert (result["outcome"], result["explain"]) == ("FAIL", [["steps.leg1.harvest.run_json", '{"final_step":20}']])
+
+    # Evidence that does not record the absence (its harvest_errors deleted) answers nothing: NO_DATA.
+    bundle = copy_bundle("p4_preempt", tmp_path / "unrecorded")
+    doc = read_evidence(bundle)
+    del doc["steps"]["leg1"]["harvest_errors"]
+    write_evidence(bundle, doc)
+    result = _check_no_run_json(tmp_path, bundle, capsys)
+    assert (result["outcome"], result["missing"]) == ("NO_DATA", ["steps.leg1.harvest.run_json"])

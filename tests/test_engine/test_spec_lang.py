@@ -418,7 +418,7 @@ def test_absent_data_through_a_let_is_no_data_naming_the_real_path(tmp_path, cap
     result = next(r for r in doc["checks"] if r["name"] == "trajectory")
     assert result["outcome"] == "NO_DATA"
     assert result["missing"] == ["steps.leg1.harvest.run_json.final_loss"]
-    assert ["let.last", "missing"] in result["explain"]
+    assert ["let.last", "<absent>"] in result["explain"]
     assert doc["verdict"]["failed"] == ["trajectory"]
 
 
@@ -518,3 +518,69 @@ def test_report_marks_disabled_distinctly():
     }
     text = report.table({"spec": {"name": "s"}}, [result], {"outcome": "PASS", "seconds": 0})
     assert text.splitlines()[1].split(None, 2) == ["x", "DISABLED", "why (disabled at a.yaml:3)"]
+
+
+# ------------------------------------------------------------------ comparisons with tolerances as values
+
+TOLERANCES = Path(__file__).resolve().parents[1] / "specs" / "compare" / "tolerances.yaml"
+
+
+def _compare_run(tmp_path: Path, capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
+    run_dir = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    capsys.readouterr()
+    rc = main(["run", str(TOLERANCES), "--run-dir", str(run_dir), *args])
+    capsys.readouterr()
+    doc = json.loads((run_dir / "evidence.json").read_text())
+    return rc, doc
+
+
+def _outcomes(doc: dict) -> dict[str, str]:
+    return {r["name"]: r["outcome"] for r in doc["checks"]}
+
+
+COMPARED_TEXT = "allclose(let.leg, restrict(let.reference, keys(let.leg)), values.loss_rtol, values.loss_atol)"
+
+
+def test_tolerances_are_values_switched_by_target_and_a_resumed_leg_is_compared_on_its_steps(tmp_path, capsys):
+    """The same spec is exact on the CPU's deterministic path and allows a measured floor on a GPU
+    target; the resumed leg's steps are read from per-step marker lines and compared with the steps
+    the reference trained."""
+    assert validate_cli(TOLERANCES, capsys)[0] == Exit.PASS
+    rc, doc = _compare_run(tmp_path, capsys)
+    assert rc == Exit.PASS, doc["verdict"]
+    assert (doc["values"]["loss_rtol"], doc["values"]["noise"]) == (0, 0)
+    assert set(_outcomes(doc).values()) == {"PASS"}
+    # On the gpu target the resumed leg moves by 3e-6 relative: within that target's rtol of 1e-5.
+    rc, doc = _compare_run(tmp_path, capsys, "--set", "target=gpu")
+    assert rc == Exit.PASS, doc["verdict"]
+    assert (doc["values"]["loss_rtol"], doc["values"]["noise"]) == (1e-5, 3e-6)
+
+
+def test_a_resumed_leg_off_the_reference_fails_naming_the_first_step_and_both_values(tmp_path, capsys):
+    # The gpu's 3e-6 on the CPU target, whose tolerance is exact.
+    rc, doc = _compare_run(tmp_path, capsys, "--set", "noise=3.0e-6")
+    assert rc == Exit.FAILED
+    assert _outcomes(doc) == {
+        "every_step_trained_once": "PASS",
+        "leg1_matches_the_reference": "PASS",
+        "resumed_leg_matches_the_reference": "FAIL",
+    }
+    result = next(r for r in doc["checks"] if r["name"] == "resumed_leg_matches_the_reference")
+    moved = (6.0 - 0.25 * 4) * (1 + 3e-06)
+    assert dict(result["explain"])[COMPARED_TEXT] == (
+        f"false: first difference at step 4: {moved!r} vs 5.0 (|d| {moved - 5.0:.1e} > atol 0 + rtol 0 x 5)"
+    )
+    # A mode whose resumed leg drifts fails on the gpu target too, past its floor.
+    rc, doc = _compare_run(tmp_path, capsys, "--mode", "drifted", "--set", "target=gpu")
+    assert rc == Exit.FAILED
+    result = next(r for r in doc["checks"] if r["name"] == "resumed_leg_matches_the_reference")
+    assert dict(result["explain"])[COMPARED_TEXT].endswith("(|d| 5.0e-03 > atol 0 + rtol 1e-05 x 5)")
+
+
+def test_a_step_trained_by_two_legs_fails_the_coverage_read_from_the_logged_steps(tmp_path, capsys):
+    rc, doc = _compare_run(tmp_path, capsys, "--set", "resume_at=3")  # leg 2 trains step 3 again
+    assert rc == Exit.FAILED
+    assert _outcomes(doc)["every_step_trained_once"] == "FAIL"
+    result = next(r for r in doc["checks"] if r["name"] == "every_step_trained_once")
+    coverage = next(text for text, _ in result["explain"] if text.startswith("step_coverage("))
+    assert dict(result["explain"])[coverage] == "missing none; repeated 3; outside none"

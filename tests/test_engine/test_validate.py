@@ -144,3 +144,14 @@ def test_progress_total_is_a_value_and_each_phase_regex_must_compile(tmp_path):
 
     with pytest.raises(SpecErrors, match=r"progress.total: 0 is less than the minimum of 1"):
         spec_of(tmp_path, with_progress(dict(good, total=0)))
+
+
+def test_a_bare_null_in_a_value_eval_or_a_step_when_is_refused_with_its_fix(tmp_path):
+    doc = dict(BASE, values={"nothing": {"eval": "null"}})
+    doc["steps"] = [dict(BASE["steps"][0], when="mode == false")]
+    assert sorted(messages(tmp_path, doc)) == [
+        "bare false is a JMESPath field name (it reads a field called false), not the literal: "
+        "write `false` in backticks: mode == `false`",
+        "bare null is a JMESPath field name (it reads a field called null), not the literal: "
+        "write `null` in backticks: `null`",
+    ]
