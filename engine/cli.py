@@ -213,7 +213,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.judge.verdict import judge
     from engine.run import evidence
-    from engine.run.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
+    from engine.run.record import RunDirError, prepare_run_dir
+    from engine.run.runner import RunInterrupted, execute
+    from engine.run.signals import StopSignals
     from engine.spec.located import SpecErrors
     from engine.spec.plan import values_lines, values_summary
     from engine.spec.validate import budget_error
