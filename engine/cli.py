@@ -213,7 +213,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.judge.verdict import judge
     from engine.run import evidence
-    from engine.run.runner import RunDirError, RunInterrupted, StopSignals, execute, prepare_run_dir
+    from engine.run.record import RunDirError, prepare_run_dir
+    from engine.run.runner import RunInterrupted, execute
+    from engine.run.signals import StopSignals
     from engine.spec.located import SpecErrors
     from engine.spec.plan import values_lines, values_summary
     from engine.spec.validate import budget_error
@@ -230,7 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_reports(args)
     reuse = None
     if resumed is not None:
-        from engine.judge.resume import set_aside
+        from engine.judge.rerun import set_aside
 
         try:
             reuse = dataclasses.replace(resumed.reuse, set_aside=set_aside(run_dir, resumed))
@@ -288,7 +290,7 @@ def _fresh_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path]:
 
 def _resumed_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path, Any]:
     """`--from STEP`: the plan of the run in --run-dir resumed at STEP, and what it reuses."""
-    from engine.judge.resume import plan_resume
+    from engine.judge.rerun import plan_resume
 
     if not args.run_dir:
         raise _Refused(f"--from {args.from_step}: needs --run-dir DIR, the directory of the run to resume")

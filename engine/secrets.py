@@ -1,5 +1,8 @@
 """Secrets: which names are secret, and the one way their text is kept out of anything printed or
-stored (evidence, logs, the console, `engine plan`, `engine diff`).
+stored (evidence, logs, the console, `engine plan`, `engine diff`). It masks what it is handed (text,
+a document, the files under a directory) and holds no file or terminal of its own: a run's filter is
+built from its plan (engine/spec/plan.py `masking`), and the run's record (engine/run/record.py) is
+the one way out of a run, through it.
 
 A secret is a value whose NAME looks like a credential (`hf_token`, `HF_TOKEN`, `apiKey`), in the
 spec's values, the engine's environment or a step's `env`. Its text is replaced by `<redacted>`
@@ -53,6 +56,15 @@ class PlanSecrets(Protocol):
     values: Mapping[str, Any]
     secret_names: Iterable[str]
     steps: Iterable[Mapping[str, Any]]
+
+
+class Mask(Protocol):
+    """What masks a leg's output as it streams (a Scrubber): whole lines, and the head of a line
+    cut at the line limit, whose end may hold the first part of a secret."""
+
+    def scrub(self, text: str) -> str: ...
+
+    def scrub_cut(self, text: str) -> str: ...
 
 
 def _secret_set(secrets: Iterable[Any]) -> list[str]:

@@ -11,8 +11,9 @@ import jmespath
 from engine.diff.model import ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff, Report, Side
 from engine.diff.strictness import Shift, reads, shift
 from engine.judge.recheck import flatten
-from engine.secrets import REDACTED, Scrubber, is_secret, redact
+from engine.secrets import REDACTED, is_secret, redact
 from engine.spec.load import family_of
+from engine.spec.plan import masking
 from engine.text import argv_delta, scalar_list, words
 
 # Step fields that are labels or locations, never behaviour.
@@ -153,14 +154,14 @@ def diff_values(old: Any, new: Any) -> list[Change]:
 def _hider(plan: Any) -> Callable[[str, Any], Any]:
     """Shows a step field without secrets: secret values' text anywhere, and whole fields whose
     name looks secret (an `env.HF_TOKEN` written literally in the spec)."""
-    scrubber = Scrubber.for_plan(plan, environ={})
+    mask = masking(plan, environ={})
 
     def hide(fname: str, value: Any) -> Any:
         if value is ABSENT:
             return value
         if any(is_secret(part) for part in fname.split(".")):
             return REDACTED
-        return scrubber.scrub_obj(value)
+        return mask.scrub_obj(value)
 
     return hide
 

@@ -15,8 +15,7 @@ from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import reads, shift
 from engine.expr import functions
 from engine.judge.checks import evaluate
-from engine.judge.recheck import replan
-from engine.spec.plan import step_definition
+from engine.spec.plan import replan, step_definition
 from engine.spec.values import PER_RUN_BUILTINS, refs
 from engine.text import argv_delta
 

@@ -1,17 +1,18 @@
 """Re-checking a saved run against the CURRENT spec (`engine check`, `engine replay`, `engine diff
---evidence`): rebuild the plan the run would have had, say which steps changed since, and re-derive
-a step's harvest from its raw log.
+--evidence`): rebuild the plan the run would have had (engine/spec/plan.py `replan`), say which steps
+changed since, and re-derive a step's harvest from its raw log.
 
 A saved run can vouch for a check only while every step is defined as it was when it ran; the
-fingerprints (and, for a readable message, the definitions) in the evidence say whether it is.
+fingerprints (and, for a readable message, the definitions, compared as the evidence stores them)
+in the evidence say whether it is. What a re-check says, stores and returns leaves through a Record
+on the saved run (engine/run/record.py), masked with the environment it runs in.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,11 +21,11 @@ from typing import Any
 from engine.judge.verdict import derive_statuses, judge
 from engine.run import evidence
 from engine.run.output import reharvest
-from engine.secrets import REDACTED, Scrubber, redact
+from engine.run.record import Record, RecordError
+from engine.secrets import redact
 from engine.spec.load import Spec
 from engine.spec.located import display_path
-from engine.spec.plan import Plan, build_plan, run_stamp, step_definition
-from engine.spec.values import PER_RUN_BUILTINS
+from engine.spec.plan import Plan, replan, run_stamp, stored_definitions, stored_output_rules
 from engine.text import argv_delta, compact_pair, scalar_list
 from engine.types import CheckResult, Verdict
 
@@ -128,11 +129,10 @@ def step_changes(
 ) -> tuple[list[str], list[str]]:
     """(changes, notes): one line per step whose definition differs between the saved run and
     `plan`, and notes on differences that do not count (only a secret's text)."""
-    scrubber = Scrubber.for_plan(plan, os.environ if environ is None else environ)
     old_fp: Mapping[str, str] = evidence.get("fingerprints") or {}
     new_fp: Mapping[str, str] = plan.fingerprints
     old_defs: Mapping[str, Any] = evidence.get("definitions") or {}
-    new_defs = {s["name"]: step_definition(s) for s in plan.steps}
+    new_defs = stored_definitions(plan, os.environ if environ is None else environ)
     changes: list[str] = []
     notes: list[str] = []
     for name in old_fp:
@@ -143,8 +143,7 @@ def step_changes(
             changes.append(f"step {name}: added to the spec since the run")
         elif new_fp[name] != old_fp[name]:
             if name in old_defs:
-                # The evidence stores definitions scrubbed by the same rule.
-                new_def = scrubber.scrub_obj(new_defs[name])
+                new_def = new_defs[name]
                 keys = changed_keys(old_defs[name], new_def)
                 if not keys:
                     # Equal once secrets are redacted: only a secret differs (or could not be
@@ -158,16 +157,6 @@ def step_changes(
                     f"step {name}: definition changed (fingerprint {old_fp[name][:12]} -> {new_fp[name][:12]})"
                 )
     return changes, notes
-
-
-def _yaml_scalar(value: Any) -> str:
-    """A --set text that parses back to `value` (--set values are YAML scalars; JSON is YAML, but
-    YAML spells the non-finite floats .nan/.inf)."""
-    if isinstance(value, float) and value != value:
-        return ".nan"
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return ".inf" if value > 0 else "-.inf"
-    return json.dumps(value)
 
 
 # Harvest options the verdict applies when judging, not when harvesting: `engine check` honours them.
@@ -199,44 +188,18 @@ def output_changes(evidence: Mapping[str, Any], plan: Plan, environ: Mapping[str
     old_rules = evidence.get("output_rules")
     if not isinstance(old_rules, Mapping):
         return []
-    scrubber = Scrubber.for_plan(plan, os.environ if environ is None else environ)
+    new_rules = stored_output_rules(plan, os.environ if environ is None else environ)
     lines = []
     for step in plan.steps:
         name = step["name"]
         if step.get("kind") != "run" or name not in old_rules:
             continue
         old = {"output": _harvesting(old_rules[name])}
-        new = {"output": _harvesting(scrubber.scrub_obj(step["run"].get("output")))}
+        new = {"output": _harvesting(new_rules[name])}
         keys = changed_keys(old, new)
         if keys:
             lines.append(f"step {name}: output rules changed (" + "; ".join(_change(k, old, new) for k in keys) + ")")
     return lines
-
-
-def replan(
-    spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None, sets: Sequence[str] = ()
-) -> Plan:
-    """The plan the saved run would have had with the CURRENT spec: same mode, same --set and
-    env overrides, same builtins (run_dir, run_id, ... differ per run by design), then `sets` (a
-    resumed run's own --set) over them. SpecErrors or UsageError when the current spec cannot be
-    planned that way."""
-    environ = os.environ if environ is None else environ
-    values: Mapping[str, Any] = evidence.get("values") or {}
-    sources: Mapping[str, str] = evidence.get("sources") or {}
-    env_names = {name: var for var, name in (spec.data.get("env") or {}).items()}
-    saved_sets, overrides = [], {}
-    for name, source in sources.items():
-        if source not in ("--set", "env") or name not in values:
-            continue
-        value = values[name]
-        if value == REDACTED and name in env_names and env_names[name] in environ:
-            # Secrets are not stored; the caller's environment is the only place they live.
-            overrides[env_names[name]] = environ[env_names[name]]
-        else:
-            saved_sets.append(f"{name}={_yaml_scalar(value)}")
-    # Builtins differ per run by design; the re-check reuses the run's own.
-    builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
-    return build_plan(spec, mode=evidence.get("mode"), sets=[*saved_sets, *sets], environ=overrides, builtins=builtins)
 
 
 def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list[str]:
@@ -262,17 +225,6 @@ def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list
     return notes
 
 
-def write_record(run_dir: Path, kind: str, record: Mapping[str, Any]) -> Path:
-    """Store a re-check's results as `<kind>-<stamp>.json` beside the evidence (never in it):
-    `-2`, `-3`, ... when one exists already, so two re-checks in one second both stay."""
-    stamp = run_stamp()
-    path, n = run_dir / f"{kind}-{stamp}.json", 1
-    while path.exists():
-        n += 1
-        path = run_dir / f"{kind}-{stamp}-{n}.json"
-    return evidence.write_document(path, evidence.dumps(record) + "\n")
-
-
 def recheck(
     spec: Spec,
     saved: Mapping[str, Any],
@@ -294,11 +246,8 @@ def recheck(
     plan = replan(spec, saved)
     # Whatever a saved run holds (a raw log may hold anything) is shown and stored through the
     # secret filter of this spec and this machine's environment, as a live run's output is.
-    scrubber = Scrubber.for_plan(plan, os.environ)
-
-    def tell(text: str) -> None:
-        note(scrubber.scrub(text))
-
+    record = Record.open(run_dir, plan, os.environ, note)
+    tell = record.say
     values = _values_if_unchanged(saved, plan, run_dir, replay, tell)
     doc = {k: v for k, v in saved.items() if k not in ("checks", "verdict")}
     if values:
@@ -316,7 +265,7 @@ def recheck(
     for text in corrected:
         tell(text)
     results, verdict = judge(plan, doc)
-    doc, results, verdict = scrubber.scrub_obj(doc), scrubber.scrub_obj(results), scrubber.scrub_obj(verdict)
+    doc, results, verdict = record.mask(doc), record.mask(results), record.mask(verdict)
     kind = "replay" if replay else "check"
     # What every report says first: this is a re-check, when, of which spec, with which values moved
     # (set here whatever the saved document holds under that name).
@@ -331,7 +280,7 @@ def recheck(
         ],
     }
     if store:
-        _store(run_dir, kind, spec_label, results, verdict, doc, values, corrected, tell, scrubber.scrub_obj)
+        _store(record, kind, spec_label, results, verdict, doc, values, corrected)
     return Recheck(doc, results, verdict)
 
 
@@ -367,7 +316,7 @@ def _values_if_unchanged(
 
 
 def _store(
-    run_dir: Path,
+    record: Record,
     kind: str,
     spec_label: str,
     results: list[CheckResult],
@@ -375,23 +324,21 @@ def _store(
     doc: Mapping[str, Any],
     values: list[tuple[str, Any, Any]],
     corrected: list[str],
-    note: Callable[[str], None],
-    scrub: Callable[[Any], Any],
 ) -> None:
-    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence, through the secret
-    filter; a run dir that cannot be written to costs a note, never the answer."""
-    record = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
-    record["spec_revision"] = doc["rechecked"]["revision"]
+    """The `<kind>-<stamp>.json` record of a re-check, beside the evidence, through the saved run's
+    record; a run dir that cannot be written to costs a note, never the answer."""
+    stored = {"kind": kind, "spec": spec_label, "at": run_stamp(), "checks": results, "verdict": verdict}
+    stored["spec_revision"] = doc["rechecked"]["revision"]
     if values:
-        record["values_changed"] = [{"name": n, "run": a, "spec": b} for n, a, b in values]
+        stored["values_changed"] = [{"name": n, "run": a, "spec": b} for n, a, b in values]
     if corrected:
-        record["status_corrected"] = corrected
+        stored["status_corrected"] = corrected
     if kind == "replay":
-        record["steps"] = doc.get("steps")
+        stored["steps"] = doc.get("steps")
     try:
-        write_record(run_dir, kind, scrub(record))
-    except (OSError, evidence.RecordError) as exc:
-        note(f"could not write the {kind} record in {run_dir}: {getattr(exc, 'strerror', None) or exc}")
+        record.write(kind, stored)
+    except (OSError, RecordError) as exc:
+        record.say(f"could not write the {kind} record in {record.run_dir}: {getattr(exc, 'strerror', None) or exc}")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

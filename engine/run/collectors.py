@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import defaults, limits
-from engine.run.evidence import RecordError
 from engine.run.lines import Block
 from engine.run.process import run_command
+from engine.run.record import LegLog, RecordError
 
 GROUP = "specprobe.collectors"
 
@@ -91,15 +91,15 @@ def collect_command(args: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
             lines.extend(block.lines)
 
     grace = float(args.get("grace_s", defaults.COMMAND_COLLECT_GRACE_S))
+    leg_log = context.get("leg_log")
     result = run_command(
         argv,
         env=env,
         cwd=context.get("cwd"),
         timeout_s=timeout,
         grace_s=grace,
-        log_path=context.get("log_path"),
+        log=leg_log() if leg_log is not None else None,
         on_block=keep,
-        scrub=context.get("scrubber") or context.get("scrub"),
     )
     shown = " ".join(argv)
     if result.error:
@@ -149,10 +149,26 @@ def _load(name: str) -> Collector:
     return func
 
 
+def context_of(
+    step: str, run_dir: Path, log_path: Path, mask: Callable[[Any], Any], leg_log: Callable[[], LegLog]
+) -> dict[str, Any]:
+    """The context a collector of a run's step is handed (`collect` says what each key holds)."""
+    return {
+        "cwd": os.getcwd(),
+        "run_dir": str(run_dir),
+        "step": step,
+        "log_path": str(log_path),
+        "scrub": mask,
+        "leg_log": leg_log,
+    }
+
+
 def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any]) -> Any:
     """Run collector `name`; its JSON-serialisable result, or CollectorError saying why not.
 
-    `context` carries `cwd`, `run_dir`, `step`, `log_path` and `scrub` (a str -> str function).
+    `context` carries `cwd`, `run_dir`, `step`, `log_path`, `scrub` (the run's secret filter: text,
+    or a JSON-like document, masked) and `leg_log` (opens the step's log at `log_path`, masked,
+    through the run's record: what a collector that runs a command writes its output into).
     """
     func = _load(name)
     try:

@@ -1,12 +1,13 @@
-"""The evidence document: versioned JSON in `<run_dir>/evidence.json`, rewritten atomically.
+"""The evidence document: versioned JSON in `<run_dir>/evidence.json`: what it holds, how it is
+spelled (`dumps`, `loads`) and read back (`load`, with the shape a re-check can read).
 
-During a run the runner is its only writer; `engine check`/`replay` never rewrite it (they write
-`check-<stamp>.json`/`replay-<stamp>.json` beside it).
+A run writes it (`write`, atomic) only through its record (engine/run/record.py `Record.save`), which
+masks it; `engine check`/`replay` never rewrite it (they write `check-<stamp>.json`/
+`replay-<stamp>.json` beside it, through a Record of their own).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -33,18 +34,6 @@ _NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float(
 
 class EvidenceError(Exception):
     """evidence.json is missing, unreadable, or written by a newer engine."""
-
-
-class RecordError(Exception):
-    """The run's record (evidence.json, a step's log) could not be written: a full disk (ENOSPC), a
-    file-size limit (EFBIG), a quota (EDQUOT), or any other write error. The run stops and its
-    verdict is ERROR; `result` is the leg's, when one was running."""
-
-    def __init__(self, path: str | os.PathLike[str], error: OSError, result: Any = None) -> None:
-        self.path, self.error, self.result = Path(path), error, result
-        what = error.strerror or str(error)
-        name = errno.errorcode.get(error.errno or 0)
-        super().__init__(f"could not write {self.path}: {what}" + (f" ({name})" if name else ""))
 
 
 class SpecInfo(Protocol):
@@ -165,39 +154,31 @@ def path_of(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def write(run_dir: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
-    """Atomic rewrite: a reader (or a crash) sees the old document or the new one, never half. A
-    write that fails (a full disk) leaves the old document and no temporary file, and raises
-    RecordError naming evidence.json."""
+    """`<run_dir>/evidence.json`, rewritten atomically (`write_document`); OSError when it cannot be.
+    A run writes it only through its record (engine/run/record.py `Record.save`), which masks the
+    document first and turns a failure into the run's RecordError."""
     target = path_of(run_dir)
-    text = dumps(doc) + "\n"
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RecordError(target, exc) from None
-    return write_document(target, text)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return write_document(target, dumps(doc) + "\n")
 
 
 def write_document(target: Path, text: str) -> Path:
     """`text` at `target`, atomically, through a fresh temporary file beside it (created with
-    O_EXCL: never a name that could already be a symlink to elsewhere) renamed over it; RecordError
-    naming `target` when it cannot be written."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise RecordError(target, exc) from None
+    O_EXCL: never a name that could already be a symlink to elsewhere) renamed over it: a reader
+    (or a crash) sees the old document or the new one, never half. A write that fails (a full disk)
+    leaves the old document and no temporary file, and raises its OSError."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException as exc:
+    except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        if isinstance(exc, OSError):
-            raise RecordError(target, exc) from None
         raise
     return target
 

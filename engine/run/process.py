@@ -11,36 +11,35 @@ left of the leg is SIGKILLed, so nothing of it outlives the leg; if the engine i
 supervisor and the reaper do the same.
 
 Output is read in chunks, not lines: per-line syscalls or per-line Python work would dominate a leg
-that prints a million lines. A chunk is decoded, split at its last newline, scrubbed, appended to
-the log (flushed once per chunk, so a crash keeps everything read so far) and handed to the callback
-as one `Block` (engine/run/lines.py). A line over `limits.LINE_MAX_CHARS` keeps its head (a secret cut
-in two there is redacted whole) and loses the rest; the log keeps its head and its tail.
+that prints a million lines. A chunk is decoded, split at its last newline, written through the leg
+log it is given (engine/run/record.py `LegLog`: masked there, flushed once per chunk, so a crash
+keeps everything read so far) and handed to the callback as one `Block` (engine/run/lines.py), as
+the log kept it. A line over `limits.LINE_MAX_CHARS` keeps its head (a secret cut in two there is
+redacted whole) and loses the rest; the log keeps its head and its tail.
 """
 
 from __future__ import annotations
 
 import codecs
 import fcntl
-import hashlib
 import os
 import select
 import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from engine import limits
 from engine.defaults import GRACE_S
 from engine.run import subreaper
-from engine.run.evidence import RecordError
 from engine.run.lines import Block, LineMatcher, Pattern
 from engine.run.proctree import GROUP_GONE_S, ProcessTree, await_gone
 from engine.run.reaper import Reaper, ReaperUnavailable
+from engine.run.record import LegLog
+from engine.secrets import Mask
 
 # A read is at most one line's limit, so a line wholly inside one read is never over it.
 READ_CHUNK = min(1 << 20, limits.LINE_MAX_CHARS)
@@ -58,7 +57,6 @@ READER_JOIN_S = 10.0
 POLL_S = 0.1
 # How often the leg's process tree is re-read (one pass over the process table).
 TREE_REFRESH_S = 1.0
-LOG_TAIL_SEGMENTS = 4
 
 
 @dataclass(frozen=True)
@@ -127,146 +125,19 @@ def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[Sign
     return out
 
 
-def _new_file(path: Path) -> BinaryIO:
-    """A new, empty file at `path`, created, never opened through what is there: an earlier leg
-    may have left a symlink at a later step's log name, which `open(path, "wb")` would follow
-    and truncate."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    return os.fdopen(os.open(path, flags, 0o666), "wb")
-
-
-class CappedLog:
-    """A leg's raw log on disk, bounded: its first `head` bytes, then, once those are written, its
-    most recent output in rotating segment files beside it (`<log>.tail-NNNN`, at most `tail`
-    bytes together), appended to the log with a marker line saying what was dropped when the log
-    is closed. A killed engine leaves the head and the segments, each complete up to its last read."""
-
-    def __init__(
-        self, path: str | os.PathLike[str], head: int = limits.LOG_HEAD_BYTES, tail: int = limits.LOG_TAIL_BYTES
-    ) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh: BinaryIO = _new_file(self.path)
-        self.head, self.tail = head, tail
-        self.segment_max = max(tail // LOG_TAIL_SEGMENTS, 1)
-        self.size = 0
-        self.segments: deque[list[Any]] = deque()  # [path, file, bytes, lines]
-        self.serial = 0
-        self.dropped_bytes = self.dropped_lines = 0
-        self.error: OSError | None = None  # the first write that failed (a full disk): nothing after it
-        # The SHA-256 of the file as closed, handed to `on_close`: the run-dir scrubber then need
-        # not search what the engine wrote through the secret filter, while it still holds that.
-        self.digest, self.on_close = hashlib.sha256(), None
-
-    def _put(self, data: bytes) -> None:
-        self.fh.write(data)
-        if self.on_close is not None:  # set before the leg's first line, or never
-            self.digest.update(data)
-
-    def write(self, data: bytes) -> None:
-        """Append whole lines."""
-        if not self.segments:
-            if self.size + len(data) <= self.head:
-                self._put(data)
-                self.fh.flush()
-                self.size += len(data)
-                return
-            cut = data.rfind(b"\n", 0, self.head - self.size) + 1  # whole lines only
-            self._put(data[:cut])
-            self.fh.flush()
-            self.size += cut
-            data = data[cut:]
-            self._new_segment()
-        while data:
-            # At most one segment's worth, in whole lines (a longer line goes alone).
-            piece = data[: self.segment_max]
-            if len(piece) < len(data):
-                end = piece.rfind(b"\n") + 1 or data.find(b"\n", len(piece)) + 1 or len(data)
-                piece = data[:end]
-            data = data[len(piece) :]
-            segment = self.segments[-1]
-            if segment[2] and segment[2] + len(piece) > self.segment_max:
-                segment = self._new_segment()
-            segment[1].write(piece)
-            segment[2] += len(piece)
-            segment[3] += piece.count(b"\n")
-        self.segments[-1][1].flush()
-
-    def _new_segment(self) -> list[Any]:
-        if len(self.segments) == LOG_TAIL_SEGMENTS:
-            path, fh, size, lines = self.segments.popleft()
-            fh.close()
-            path.unlink(missing_ok=True)
-            self.dropped_bytes += size
-            self.dropped_lines += lines
-        self.serial += 1
-        path = self.path.with_name(f"{self.path.name}.tail-{self.serial:04d}")
-        self.segments.append([path, _new_file(path), 0, 0])
-        return self.segments[-1]
-
-    def close(self) -> None:
-        """Append the tail to the head and close; a write that fails is kept in `error` (the
-        segments then stay beside the log, each complete up to its last write)."""
-        try:
-            self._close()
-        except OSError as exc:
-            self.error = self.error or exc
-            for fh in [self.fh] + [segment[1] for segment in self.segments]:
-                try:
-                    fh.close()
-                except OSError:
-                    pass
-
-    def _close(self) -> None:
-        if self.dropped_bytes:
-            self._put(
-                f"[specprobe: {self.dropped_lines:,} lines ({self.dropped_bytes:,} bytes) of this "
-                f"log dropped here; a log keeps its first {self.head:,} bytes and its last "
-                f"{self.tail:,} at most]\n".encode()
-            )
-        for path, fh, _, _ in self.segments:
-            fh.close()
-            with open(path, "rb") as src:
-                while chunk := src.read(1 << 20):
-                    self._put(chunk)
-            path.unlink(missing_ok=True)
-        self.segments.clear()
-        self.fh.close()
-        if self.on_close is not None:
-            self.on_close(self.path, self.digest.digest())
-
-    def write_text(self, text: str) -> None:
-        """Append whole lines; after a write that failed (a full disk, a file-size limit) the log
-        takes nothing more, and `error` says why."""
-        if self.error is not None:
-            return
-        try:
-            self.write(text.encode("utf-8", errors="replace"))
-        except OSError as exc:
-            self.error = exc
-
-
 class _Reader:
-    """Reader thread: pipe -> lines -> log + signal rules + callback."""
+    """Reader thread: pipe -> lines -> the leg log (masked there) -> signal rules + callback."""
 
     def __init__(
         self,
         fd: int,
-        log: CappedLog | None,
-        scrub: Any,
+        log: LegLog,
         strip: Pattern | None,
         on_block: Callable[[Block], None] | None,
         rules: list[SignalRule],
         fire: Callable[[int, int], None],
     ) -> None:
         self.fd, self.log, self.strip = fd, log, strip
-        self.scrub: Callable[[str], str] | None = getattr(scrub, "scrub", scrub)
-        # A cut line may end in the first part of a secret; only a Scrubber can tell.
-        self.scrub_cut: Callable[[str], str] | None = getattr(scrub, "scrub_cut", self.scrub)
         self.on_block, self.rules, self.fire = on_block, rules, fire
         self.matchers = [LineMatcher(rule.pattern) for rule in rules]
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -332,20 +203,13 @@ class _Reader:
     def _emit(self, text: str) -> None:
         if "\r" in text:
             text = text.replace("\r\n", "\n")
-        if self.scrub is not None:
-            text = self.scrub(text)
-        self._deliver(text)
+        self._deliver(self.log.lines(text))
 
     def _emit_cut(self, line: str) -> None:
-        head = line[: limits.LINE_MAX_CHARS]
-        if self.scrub_cut is not None:
-            head = self.scrub_cut(head)
-        self._deliver(head.replace("\n", " ") + limits.CUT_MARKER + "\n")
+        self._deliver(self.log.cut(line[: limits.LINE_MAX_CHARS]))
 
     def _deliver(self, text: str) -> None:
-        """`text`: whole, scrubbed lines, each ending in a newline."""
-        if self.log is not None:
-            self.log.write_text(text)
+        """`text`: whole lines as the leg log kept them (masked), each ending in a newline."""
         body = text[:-1]
         block = Block(body, body.count("\n") + 1, self.lines + 1, self.strip)
         self.lines += block.count
@@ -394,47 +258,41 @@ def run_command(
     cwd: str | os.PathLike[str] | None = None,
     timeout_s: float | None = None,
     grace_s: float = GRACE_S,
+    log: LegLog | None = None,
     log_path: str | os.PathLike[str] | None = None,
+    scrub: Mask | None = None,
+    log_limits: tuple[int, int] = (limits.LOG_HEAD_BYTES, limits.LOG_TAIL_BYTES),
     on_block: Callable[[Block], None] | None = None,
     on_tick: Callable[[float], None] | None = None,
     signals: Sequence[SignalRule] = (),
     strip_prefix: Pattern | None = None,
-    scrub: Any = None,
     notify: Callable[[str], None] | None = None,
     drain_s: float = DRAIN_S,
-    log_limits: tuple[int, int] = (limits.LOG_HEAD_BYTES, limits.LOG_TAIL_BYTES),
-    log_written: Callable[[Path, bytes], None] | None = None,
 ) -> ProcessResult:
     """Run `argv` to completion (or timeout / signal rule / Ctrl-C) and return what happened.
 
-    `env` is merged over os.environ. `scrub` is a Scrubber (engine/secrets.py) or any str -> str
-    function applied to every line before it is logged or seen. `on_tick(elapsed_s)` is called from
-    the calling thread about every POLL_S seconds (progress display); `notify(text)` hears about
-    kills as they happen (a 90 s grace period must not look like a hang). `log_limits` is the
-    log's (head, tail) in bytes; `log_written(path, sha256)` hears of the log once it is closed
-    after the leg ran, whole. On KeyboardInterrupt the leg's processes are terminated like on a
-    timeout and `Interrupted` (a KeyboardInterrupt carrying the result) is raised. When the log
-    cannot be written (a full disk), the leg is stopped the same way and `RecordError` (carrying
-    the result) is raised.
+    `env` is merged over os.environ. The output streams into `log`, the leg log a run's record
+    opened (engine/run/record.py: masked there, before anyone sees a line); without one, into a
+    log at `log_path` (None: none kept), masked by `scrub`, of at most `log_limits` (head, tail)
+    bytes. The log is closed when the leg is over. `on_tick(elapsed_s)` is called from the calling
+    thread about every POLL_S seconds (progress display); `notify(text)` hears about kills as they
+    happen (a 90 s grace period must not look like a hang). On KeyboardInterrupt the leg's
+    processes are terminated like on a timeout and `Interrupted` (a KeyboardInterrupt carrying the
+    result) is raised. When the log cannot be written (a full disk), the leg is stopped the same
+    way and `RecordError` (carrying the result) is raised.
     """
     argv = [str(a) for a in argv]
     full_env = dict(os.environ)
     full_env.update(env or {})
     start = time.monotonic()
-    log: CappedLog | None = None
-    if log_path is not None:
-        try:
-            log = CappedLog(log_path, *log_limits)
-        except OSError as exc:
-            raise RecordError(log_path, exc) from None
+    if log is None:
+        log = LegLog(log_path, scrub, log_limits)
     try:
         started = _start(argv, full_env, cwd, start, log)
         if isinstance(started, ProcessResult):
             result = started
         else:
             proc, group, marker = started
-            if log is not None:
-                log.on_close = log_written
             result = _supervise(
                 proc,
                 group,
@@ -447,20 +305,19 @@ def run_command(
                 on_tick,
                 list(signals),
                 strip_prefix,
-                scrub,
                 notify or (lambda text: None),
                 drain_s,
             )
     finally:
-        if log is not None:
-            log.close()
-    if log is not None and log.error is not None:
-        raise RecordError(log.path, log.error, result)
+        log.close()
+    failure = log.failure(result)
+    if failure is not None:
+        raise failure
     return result
 
 
 def _start(
-    argv: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None, start: float, log: CappedLog | None
+    argv: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None, start: float, log: LegLog
 ) -> ProcessResult | tuple[subprocess.Popen[bytes], int, tuple[str, str]]:
     """The leg started under the reaper's guard: (Popen, leader's group, marker); or, when it
     could not start, the result that says why (also written to the log)."""
@@ -488,9 +345,8 @@ def _start(
     return proc, group, marker
 
 
-def _not_started(rc: int, message: str, start: float, log: CappedLog | None) -> ProcessResult:
-    if log is not None:
-        log.write_text(message + "\n")
+def _not_started(rc: int, message: str, start: float, log: LegLog) -> ProcessResult:
+    log.lines(message + "\n")
     return ProcessResult(rc=rc, seconds=time.monotonic() - start, error=message)
 
 
@@ -499,20 +355,19 @@ def _supervise(
     group: int,
     marker: tuple[str, str],
     start: float,
-    log: CappedLog | None,
+    log: LegLog,
     timeout_s: float | None,
     grace_s: float,
     on_block: Callable[[Block], None] | None,
     on_tick: Callable[[float], None] | None,
     rules: list[SignalRule],
     strip: Pattern | None,
-    scrub: Any,
     notify: Callable[[str], None],
     drain_s: float,
 ) -> ProcessResult:
     watch = _Watch(proc, group, marker, start, rules, grace_s, notify)
     assert proc.stdout is not None
-    reader = _Reader(proc.stdout.fileno(), log, scrub, strip, on_block, rules, watch.fire)
+    reader = _Reader(proc.stdout.fileno(), log, strip, on_block, rules, watch.fire)
     interrupted = False
     try:
         try:
@@ -590,7 +445,7 @@ class _Watch:
                 {"signal": rule.signal.name, "line": lineno, "at_s": round(time.monotonic() - self.start, 3)}
             )
 
-    def wait(self, log: CappedLog | None, timeout_s: float | None, on_tick: Callable[[float], None] | None) -> None:
+    def wait(self, log: LegLog, timeout_s: float | None, on_tick: Callable[[float], None] | None) -> None:
         """Until the leader exits, or the leg is stopped: its timeout passed, or its log failed."""
         deadline = self.start + timeout_s if timeout_s else None
         next_refresh = self.start + TREE_REFRESH_S
@@ -610,9 +465,10 @@ class _Watch:
                 self.result.timed_out = True
                 self._stop("timeout", f"timeout after {timeout_s:g} s")
                 return
-            if log is not None and log.error is not None:
+            failure = log.failure()
+            if failure is not None:
                 # Its output can no longer be kept: the run stops, its verdict is ERROR.
-                self._stop("record_error", f"{RecordError(log.path, log.error)}: stopping the leg")
+                self._stop("record_error", f"{failure}: stopping the leg")
                 return
 
     def _stop(self, why: str, what: str) -> None:

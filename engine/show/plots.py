@@ -252,7 +252,7 @@ def for_spec(spec: Any, evidence: Mapping[str, Any]) -> list[Figure]:
     """The figures of a loaded spec's plots over `evidence`: what `engine run`, `check` and
     `replay` render, and what `engine review` can call on a saved run. The plots are the plan's for
     the run (its mode, its overrides): a `for_each` series draws every element the run had."""
-    from engine.judge.recheck import replan
+    from engine.spec.plan import replan
 
     plan = replan(spec, evidence, environ={})
     # A value the run did not record (a spec newer than the run, e.g. a list of its stops for a

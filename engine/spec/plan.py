@@ -1,7 +1,10 @@
 """The plan: a spec resolved for one mode — values, steps with defaults filled in, checks, budget.
 
 The runner executes a Plan and nothing else, so everything it needs (argv, timeouts, enabled flags)
-is decided here, once, and `engine plan` can show it before anything runs.
+is decided here, once, and `engine plan` can show it before anything runs. Here too: the run's
+secret filter (`masking`), each step's definition as the evidence stores it (`stored_definitions`,
+next to its `fingerprint`), and a saved run's plan under the current spec (`replan`), which the
+re-check, the report's plots and the review all start from.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from jmespath import exceptions as jexc
 from engine import defaults
 from engine.expr import functions
 from engine.expr.trace import trace
-from engine.secrets import REDACTED, is_secret, redact, redact_text
+from engine.secrets import REDACTED, PlanSecrets, Scrubber, is_secret, redact, redact_text
 from engine.spec import expand, plotdefs
 from engine.spec.load import Spec, best_error, family_of, validator
 from engine.spec.located import SpecError, SpecErrors
 from engine.spec.values import (
+    PER_RUN_BUILTINS,
     UsageError,
     layer,
     parse_sets,
@@ -38,7 +42,18 @@ from engine.spec.values import (
 from engine.text import compact
 from engine.types import Check, Step
 
-__all__ = ["Plan", "UsageError", "build_plan", "default_builtins", "pick_mode", "mode_names", "values_summary"]
+__all__ = [
+    "Plan",
+    "UsageError",
+    "build_plan",
+    "default_builtins",
+    "masking",
+    "mode_names",
+    "pick_mode",
+    "replan",
+    "stored_definitions",
+    "values_summary",
+]
 
 KINDS = ("run", "remove", "collect")
 # Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
@@ -175,6 +190,28 @@ def fingerprint(step: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of a step's definition (`step_definition`)."""
     text = json.dumps(step_definition(step), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def masking(plan: PlanSecrets, environ: Mapping[str, str]) -> Scrubber:
+    """The secret filter of a run of `plan` where the environment is `environ`: its secret values,
+    the environment's secret-named variables (HF_TOKEN) and each step's secret-named `env`
+    (engine/secrets.py). Built here for every user: the run's record (engine/run/record.py) masks all
+    it writes with it, and a saved run's definitions are compared as it masked them."""
+    return Scrubber.for_plan(plan, environ)
+
+
+def stored_definitions(plan: PlanSecrets, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Each step's definition (`step_definition`, what its fingerprint hashes) as a run's evidence
+    stores it: masked by `masking(plan, environ)`. A saved run's `definitions` are compared with these;
+    unmasked, a secret would differ from its `<redacted>` every time."""
+    mask = masking(plan, environ)
+    return {s["name"]: mask.scrub_obj(step_definition(s)) for s in plan.steps}
+
+
+def stored_output_rules(plan: PlanSecrets, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Each run step's output rules as a run's evidence stores them (`output_rules`), masked the same way."""
+    mask = masking(plan, environ)
+    return {s["name"]: mask.scrub_obj((s.get("run") or {}).get("output")) for s in plan.steps if "run" in s}
 
 
 def secret_value_names(data: Mapping[str, Any], values: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
@@ -579,3 +616,39 @@ def build_plan(
     )
     plan.worst_case_s = sum(c for _, c in plan.contributions())
     return plan
+
+
+def _yaml_scalar(value: Any) -> str:
+    """A --set text that parses back to `value` (--set values are YAML scalars; JSON is YAML, but
+    YAML spells the non-finite floats .nan/.inf)."""
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    return json.dumps(value)
+
+
+def replan(
+    spec: Spec, evidence: Mapping[str, Any], environ: Mapping[str, str] | None = None, sets: Sequence[str] = ()
+) -> Plan:
+    """The plan a saved run would have had with the CURRENT spec: same mode, same --set and
+    env overrides, same builtins (run_dir, run_id, ... differ per run by design), then `sets` (a
+    resumed run's own --set) over them. SpecErrors or UsageError when the current spec cannot be
+    planned that way."""
+    environ = os.environ if environ is None else environ
+    values: Mapping[str, Any] = evidence.get("values") or {}
+    sources: Mapping[str, str] = evidence.get("sources") or {}
+    env_names = {name: var for var, name in (spec.data.get("env") or {}).items()}
+    saved_sets, overrides = [], {}
+    for name, source in sources.items():
+        if source not in ("--set", "env") or name not in values:
+            continue
+        value = values[name]
+        if value == REDACTED and name in env_names and env_names[name] in environ:
+            # Secrets are not stored; the caller's environment is the only place they live.
+            overrides[env_names[name]] = environ[env_names[name]]
+        else:
+            saved_sets.append(f"{name}={_yaml_scalar(value)}")
+    # Builtins differ per run by design; the re-check reuses the run's own.
+    builtins = {k: values[k] for k in PER_RUN_BUILTINS if k in values and sources.get(k) == "builtin"}
+    return build_plan(spec, mode=evidence.get("mode"), sets=[*saved_sets, *sets], environ=overrides, builtins=builtins)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.judge.verdict import Exit
-from engine.run.runner import StopSignals
+from engine.run.signals import StopSignals
 
 ROOT = Path(__file__).resolve().parents[2]
 LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")

@@ -165,6 +165,27 @@ def test_no_engine_module_outgrows_one_concept() -> None:
     assert {k: n for k, n in sizes.items() if n > MAX_LINES} == {}
 
 
+def test_only_the_record_the_reaper_and_the_plan_name_the_secret_filter() -> None:
+    """The secret filter (engine/secrets.py's Scrubber and TreeScrubber) is named only where a plan's
+    filter is built (spec/plan.py), where a run's output leaves (run/record.py) and where a killed
+    engine's run dir is masked (run/reaper.py): every other module writes through a Record, so the
+    masking holds without each author remembering it. Only the plan and the secrets build a plan's
+    filter (`for_plan`)."""
+    filters = {"Scrubber", "TreeScrubber"}
+    naming, building = set(), set()
+    for name, path in engine_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        if (named | attributes) & filters:
+            naming.add(name)
+        if "for_plan" in attributes:
+            building.add(name)
+    assert naming - {"engine.secrets"} == {"engine.run.record", "engine.run.reaper", "engine.spec.plan"}
+    assert building == {"engine.spec.plan"}
+
+
 if __name__ == "__main__":
     graph = import_graph()
     packages = {n for n, p in engine_modules().items() if p.name == "__init__.py"}

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from engine.run.lines import Block
 from engine.run.process import Interrupted, compile_signal_rules, parse_signal, run_command
 from engine.run.proctree import group_alive
+from engine.secrets import Scrubber
 
 LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
 
@@ -248,7 +249,7 @@ def test_scrub_applies_before_the_log_and_the_callback(tmp_path: Path) -> None:
         leg("token=hf_FAKE_SECRET_123"),
         log_path=tmp_path / "s.log",
         on_block=on_block,
-        scrub=lambda text: text.replace("hf_FAKE_SECRET_123", "<redacted>"),
+        scrub=Scrubber(["hf_FAKE_SECRET_123"]),
     )
     assert got == [(1, "token=<redacted>")]
     assert (tmp_path / "s.log").read_text() == "token=<redacted>\n"

@@ -1,4 +1,4 @@
-"""`engine run SPEC --run-dir DIR --from STEP` (engine/judge/resume.py): a failed leg re-run without
+"""`engine run SPEC --run-dir DIR --from STEP` (engine/judge/rerun.py): a failed leg re-run without
 re-running what passed before it. Real `engine` subprocesses over real legs (tests/legs/leg.py);
 leg 2's "outage" is a value (`leg2_rc`) the first run sets to 3."""
 

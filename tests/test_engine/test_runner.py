@@ -15,7 +15,8 @@ import pytest
 from legs.plan_stub import PlanStub, run_step
 
 from engine.run import evidence
-from engine.run.runner import check_removable, execute
+from engine.run.remove import check_removable
+from engine.run.runner import execute
 
 STUB = str(Path(__file__).parents[1] / "legs" / "plan_stub.py")
 ROOT = Path(__file__).resolve().parents[2]

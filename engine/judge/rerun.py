@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.judge.recheck import Refused, replan, spec_mismatch, step_changes
+from engine.judge.recheck import Refused, spec_mismatch, step_changes
 from engine.judge.verdict import derive_statuses
 from engine.run import evidence
 from engine.spec.load import Spec
-from engine.spec.plan import Plan
+from engine.spec.plan import Plan, replan
 
 # What an earlier step may have ended as to be reused: anything else cannot stand for a pass.
 REUSABLE = ("ok", "skipped")
