@@ -21,13 +21,14 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from engine.diff.command import load_at_base
 from engine.diff.compare import compare
-from engine.diff.model import DiffError, Report
-from engine.diff.reach import never_runs
+from engine.diff.model import DiffError, Report, envs_text
+from engine.diff.reach import false_where, never_runs, newly_skipped, where_text
 from engine.diff.render import Out, lines_of, summary
-from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess, limit_phrase
+from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess, limit_phrase, merge_modes
 from engine.diff.saved_run import TIGHT, review_evidence, run_label, time_cuts
 from engine.diff.sides import Revision, references, repo_root
 from engine.diff.strictness import reads
+from engine.diff.variants import default_env, switched
 from engine.judge.recheck import Refused, recheck
 from engine.run import evidence as evmod
 from engine.show.report import write_file
@@ -197,6 +198,8 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         out.recheck = "not re-checked: the spec is deleted"
     elif now is not None:
         saved.mode, saved.run_label = str(now.get("mode")), run_label(now)
+        sources, ran = now.get("sources") or {}, now.get("values") or {}
+        saved.env = {n: str(ran[n]) for n in switched(right.data) if sources.get(n) == "env" and n in ran}
         memo: dict = {}
         report.evidence = review_evidence(report, left, right, rel_dir, now, memo)
         if report.status == "both":
@@ -216,22 +219,96 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         out.recheck = f"no saved run under {rel_dir}/"
     out.saved = saved
     out.status = report.status if report.status != "both" else ("changed" if report.changed else "unchanged")
-    side = right if right.spec is not None else left
-    gates = {
-        mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate" and not c.get("disabled")}
-        for mode, plan in side.plans.items()
-    }
-    wheres = {
-        mode: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
-        for mode, plan in side.plans.items()
-    }
-    if report.status == "deleted":
-        gates = {
-            m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"} for m, p in left.plans.items()
-        }
-    never = _never_run(report, left, right, gates, now, at_base)
-    out.risks = assess(report, rel, saved, gates, wheres, never)
+    out.risks = _risks(report, rel, saved, left, right, now, at_base)
     return out
+
+
+def _gates(plans: Mapping[str, Any], disabled: bool = False) -> dict[str, set[str]]:
+    """Key -> the names of its gate checks (the disabled ones too, with `disabled`)."""
+    return {
+        key: {
+            c["name"]
+            for c in plan.checks
+            if (c.get("severity") or "gate") == "gate" and (disabled or not c.get("disabled"))
+        }
+        for key, plan in plans.items()
+    }
+
+
+def _risks(
+    report: Report,
+    rel: str,
+    saved: SavedRun,
+    left: Any,
+    right: Any,
+    now: Mapping[str, Any] | None,
+    at_base: Mapping[str, Any] | None,
+) -> list[Risk]:
+    """Every risk of one spec's change: each mode of it under each target, and its saved run."""
+    if report.status == "deleted":
+        return assess(report, rel, saved, _gates(left.plans, disabled=True), {})
+    side = right if right.spec is not None else left
+    pairs = _pairs(report, right)
+    new_plans = {**side.plans, **{key: p[3] for key, p in pairs.items()}}
+    gates = _gates(new_plans)
+    wheres = {
+        key: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
+        for key, plan in new_plans.items()
+    }
+    old = report.old_side or left
+    never = _never_run(report, old, right, {m: gates[m] for m in side.plans}, now, at_base)
+    changes = [c for cs in report.raw_modes.values() for c in cs] + report.spec_changes
+    when_changed = {c.subject for c in changes if c.section == "checks" and c.field == "when"}
+    false_in = {n: where_text(keys, pairs) for n, keys in false_where(pairs, when_changed).items()}
+    risks = assess(report, rel, saved, gates, wheres, never, false_in)
+    all_gates = set().union(*gates.values()) if gates else set()
+    skipped = newly_skipped(pairs, all_gates - when_changed - set(never)) if report.status == "both" else {}
+    for name, keys in skipped.items():
+        risks.append(_skipped_risk(rel, name, keys, pairs, changes, wheres))
+    merged = merge_modes(risks)
+    default = default_env(right)
+    for r in merged:
+        r.default_env = default
+    return merged
+
+
+def _pairs(report: Report, right: Any) -> dict[str, tuple[str, dict[str, str], Any, Any]]:
+    """Key -> (mode, the target it is under, old plan, new plan): each mode both sides have under the
+    spec's default target and under every other target (variants.py), the old plans renamed as compared."""
+    old = report.old_side
+    if old is None or old.spec is None or right.spec is None:
+        return {}
+    default = default_env(right)
+    out = {m: (m, default, old.plans[m], right.plans[m]) for m in right.plans if m in old.plans}
+    out.update(report.env_plans)
+    return out
+
+
+def _skipped_risk(
+    rel: str, name: str, keys: list[str], pairs: Mapping[str, Any], changes: Sequence[Any], wheres: Mapping
+) -> Risk:
+    """A gate whose `when` is false where it was not: said with the modes and targets it no longer runs in."""
+    mode, _, _, plan = pairs[keys[0]]
+    check = next(c for c in plan.checks if c["name"] == name)
+    read = {p[1] for p in reads({"when": check["when"], "let": check.get("let")}) if p[0] == "values" and len(p) > 1}
+    places = [c.where for c in changes if c.section in ("values", "spec") and c.where and _head(c.subject) in read]
+    places.append(wheres.get(keys[0], {}).get(name, ""))
+    default = [k for k in keys if k == pairs[k][0]]  # a mode under the spec's default target
+    what = f"gate {code(name)} no longer runs in {where_text(keys, pairs)}: `when: {check['when']}` is false there now"
+    return Risk(
+        "gate skipped in some modes",
+        rel,
+        name,
+        what,
+        next((p for p in places if p), ""),
+        sorted({pairs[k][0] for k in keys}),
+        targets=[pairs[k][1] for k in keys if k not in default],
+        on_default=bool(default),
+    )
+
+
+def _head(subject: str) -> str:
+    return subject.removeprefix("values.").split(".")[0]
 
 
 def _never_run(
@@ -425,8 +502,15 @@ def grouped(risks: Sequence[Risk]) -> list[list[Risk]]:
 
 
 def _places(group: Sequence[Risk], out: Out) -> str:
-    """`specs/a.yaml [mode smoke, soak], specs/b.yaml [mode soak]`."""
-    return ", ".join(out.code(r.spec) + (f" [mode {', '.join(r.modes)}]" if r.modes else "") for r in group)
+    """`specs/a.yaml [mode smoke, soak], specs/b.yaml [mode soak; target gpu, real]`: the targets said
+    where a risk is seen under another than the spec's default one."""
+
+    def place(r: Risk) -> str:
+        envs = ([r.default_env] if r.on_default and r.default_env else []) + r.targets
+        where = ([f"mode {', '.join(r.modes)}"] if r.modes else []) + ([envs_text(envs)] if r.targets else [])
+        return out.code(r.spec) + (f" [{'; '.join(where)}]" if where else "")
+
+    return ", ".join(place(r) for r in group)
 
 
 def _cell(text: str) -> str:
