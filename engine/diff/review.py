@@ -22,12 +22,14 @@ from typing import Any, Mapping, Sequence, TextIO
 from engine.diff.command import load_at_base
 from engine.diff.compare import compare
 from engine.diff.model import DiffError, Report, envs_text
+from engine.diff.overrides import dependents, gates_reading, handed_over
 from engine.diff.reach import false_where, never_runs, newly_skipped, where_text
 from engine.diff.render import Out, lines_of, summary
 from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess, limit_phrase, merge_modes
 from engine.diff.saved_run import TIGHT, review_evidence, run_label, time_cuts
 from engine.diff.sides import Revision, references, repo_root
 from engine.diff.strictness import reads
+from engine.diff.trust import trusted
 from engine.diff.variants import default_env, switched
 from engine.judge.recheck import Refused, recheck
 from engine.run import evidence as evmod
@@ -49,6 +51,7 @@ class SpecReview:
     risks: list[Risk] = dc_field(default_factory=list)
     figures: list[Any] = dc_field(default_factory=list)  # the new spec's plots over the saved run
     notes: list[str] = dc_field(default_factory=list)  # what a reviewer should know and is not risky
+    disabled: set[str] = dc_field(default_factory=set)  # the gates the new side disables
 
 
 @dataclass
@@ -76,14 +79,19 @@ class Review:
 # ---------------------------------------------------------------- which specs
 
 
-def used(files: Mapping[str, bytes]) -> set[str]:
-    """The files (repo-relative) that some file among `files` extends or includes: fragments."""
-    out = set()
+def users(files: Mapping[str, bytes]) -> dict[str, list[str]]:
+    """File (repo-relative) -> the files among `files` that extend or include it: the fragments."""
+    out: dict[str, list[str]] = {}
     for path, text in files.items():
         here = PurePosixPath(path).parent
         for ref in references(text):
-            out.add(_normal(here / ref))
+            out.setdefault(_normal(here / ref), []).append(path)
     return out
+
+
+def used(files: Mapping[str, bytes]) -> set[str]:
+    """The files (repo-relative) that some file among `files` extends or includes: fragments."""
+    return set(users(files))
 
 
 def _normal(p: PurePosixPath) -> str:
@@ -100,8 +108,14 @@ def _normal(p: PurePosixPath) -> str:
 def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
     """Repo-relative paths of every spec under `spec_dir` at the base revision or in the working tree: a
     YAML file that no other one extends or includes on either side (lib/ fragments are reviewed through
-    the specs that use them), or one that has a saved run under `evidence_dir` (a spec someone runs,
-    even if another spec now extends it)."""
+    the specs that use them), one that has a saved run under `evidence_dir` (a spec someone runs, even if
+    another spec now extends it), or one that was a spec at the base and that another now extends."""
+    return _discover(revision, spec_dir, evidence_dir)[0]
+
+
+def _discover(revision: Revision, spec_dir: str, evidence_dir: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(`discover`'s paths, spec at the base -> the files that now extend or include it, for each spec
+    that this change turned into a fragment and that has no saved run to keep it reviewed)."""
     root = revision.root
     listed = revision.listing(spec_dir, evidence_dir)
     at_base = revision.read([p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
@@ -110,11 +124,18 @@ def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
         for p in sorted((root / spec_dir).rglob("*"))
         if p.suffix in SPEC_SUFFIXES and p.is_file()
     }
-    fragments = used(at_base) | used(now)
+    base_users, now_users = users(at_base), users(now)
     saved = {PurePosixPath(p).parent.name for p in listed if p.endswith("/evidence.json")} | {
         p.parent.name for p in (root / evidence_dir).glob("*/evidence.json")
     }
-    return sorted(p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved)
+    turned = {
+        p: now_users[p]
+        for p in at_base
+        if p not in base_users and p in now and p in now_users and PurePosixPath(p).stem not in saved
+    }
+    fragments = set(base_users) | set(now_users)
+    specs = (p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved or p in turned)
+    return sorted(specs), turned
 
 
 # ---------------------------------------------------------------- one spec
@@ -192,7 +213,10 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
     except evmod.EvidenceError as exc:
         out.status, out.errors = "invalid", [str(exc)]
         return out
-    saved.at_base, saved.renewed = at_base is not None, renewed
+    # What the saved run ran is never read from the change itself (trust.py).
+    taken = trusted(now, at_base, renewed, left.spec, right.spec, rel_dir)
+    now = taken.doc
+    saved.at_base, saved.renewed, saved.rewritten = at_base is not None, taken.renewed, taken.rewritten
     if now is not None and right.spec is None:
         saved.mode = str(now.get("mode"))
         out.recheck = "not re-checked: the spec is deleted"
@@ -209,7 +233,10 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
                 for c in saved.cuts
                 if not c.below
             ]
-        saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
+        if taken.refused:
+            saved.refused, out.recheck = [taken.refused], "not re-checked: its legs cannot be recomputed"
+        else:
+            saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
         out.figures = _figures(right.spec, now)
         # Only what fails now can be newly failing: the base's re-check answers that alone.
         if saved.failing and at_base is not None and left.spec is not None:
@@ -219,6 +246,7 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         out.recheck = f"no saved run under {rel_dir}/"
     out.saved = saved
     out.status = report.status if report.status != "both" else ("changed" if report.changed else "unchanged")
+    out.disabled = {c["name"] for plan in right.plans.values() for c in plan.checks if c.get("disabled")}
     out.risks = _risks(report, rel, saved, left, right, now, at_base)
     return out
 
@@ -265,6 +293,7 @@ def _risks(
     skipped = newly_skipped(pairs, all_gates - when_changed - set(never)) if report.status == "both" else {}
     for name, keys in skipped.items():
         risks.append(_skipped_risk(rel, name, keys, pairs, changes, wheres))
+    risks += _handed_over(report, rel, right)
     merged = merge_modes(risks)
     default = default_env(right)
     for r in merged:
@@ -305,6 +334,21 @@ def _skipped_risk(
         targets=[pairs[k][1] for k in keys if k not in default],
         on_default=bool(default),
     )
+
+
+def _handed_over(report: Report, rel: str, right: Any) -> list[Risk]:
+    """An `env:` entry added (or pointed at another value): the value is the environment's to set now."""
+    out = []
+    for var, name, where in handed_over(report.spec_changes) if right.spec is not None else []:
+        gates = gates_reading(right.plans.values(), dependents(right.data, name), reads)
+        shown = ", ".join(code(g) for g in gates[:4]) + (f" and {len(gates) - 4} more" if len(gates) > 4 else "")
+        what = f"`{name}` can now be set by the environment variable `{var}`" + (
+            f": it decides {'gate' if len(gates) == 1 else f'{len(gates)} gates'} {shown}"
+            if gates
+            else " (no gate reads it by name; the legs or the checks may be written with it)"
+        )
+        out.append(Risk("value made overridable", rel, name, what, where, sorted(right.plans)))
+    return out
 
 
 def _head(subject: str) -> str:
@@ -369,10 +413,11 @@ def build_review(
     cwd = cwd or Path.cwd()
     revision = Revision(repo_root(cwd), base)
     rel_dirs = [_repo_rel(revision.root, cwd, d) for d in (spec_dir, evidence_dir)]
+    turned: dict[str, list[str]] = {}
     if specs:
         paths = [_repo_rel(revision.root, cwd, s) for s in specs]
     else:
-        paths = discover(revision, rel_dirs[0], rel_dirs[1])
+        paths, turned = _discover(revision, rel_dirs[0], rel_dirs[1])
     stems: dict[str, str] = {}
     for p in paths:
         other = stems.setdefault(PurePosixPath(p).stem, p)
@@ -383,7 +428,26 @@ def build_review(
             )
     with tempfile.TemporaryDirectory(prefix="specprobe-review-") as tmp:
         reviews = [review_spec(revision, p, rel_dirs[1], Path(tmp)) for p in paths]
+    by_path = {s.path: s for s in reviews}
+    for path, readers in turned.items():
+        by_path[path].risks.append(_fragment_risk(path, readers, by_path))
     return Review(base, revision.commit[:12], reviews, accept)
+
+
+def _fragment_risk(path: str, readers: list[str], by_path: Mapping[str, SpecReview]) -> Risk:
+    """A spec of the base that another file now extends: no longer reviewed as one, and the other may
+    disable its gates (said when it does)."""
+    own = by_path[path].disabled
+    disabled = sorted({g for r in readers if r in by_path for g in by_path[r].disabled} - own)
+    names = ", ".join(code(r) for r in readers)
+    what = f"{code(path)}, a spec at the base with no saved run, is now read through {names}" + (
+        f", which disable{'s' if len(readers) == 1 else ''} its gate{'s' if len(disabled) > 1 else ''} "
+        + ", ".join(code(g) for g in disabled[:6])
+        + (f" and {len(disabled) - 6} more" if len(disabled) > 6 else "")
+        if disabled
+        else ""
+    )
+    return Risk("spec turned into a fragment", path, path, what + ": `engine review` no longer reviews it as a spec")
 
 
 def _repo_rel(root: Path, cwd: Path, path: str) -> str:

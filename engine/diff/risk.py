@@ -97,6 +97,7 @@ class SavedRun:
     cuts: list[Any] = dc_field(default_factory=list)
     run_label: str = ""  # `run <start, to the minute> (<mode>)`, as model.py labels a saved run
     env: dict[str, str] = dc_field(default_factory=dict)  # the target an environment variable set for it
+    rewritten: list[str] = dc_field(default_factory=list)  # keys the change edited of the base's run (trust.py)
 
 
 def _gate(check: Any) -> bool:
@@ -484,6 +485,18 @@ def _saved_run_risks(spec: str, saved: SavedRun) -> list[Risk]:
     ]
     if saved.mode is None and saved.at_base:
         out.append(Risk("evidence removed", spec, saved.label, f"{saved.label} removed", ""))
+    if saved.rewritten:
+        out.append(
+            Risk(
+                "saved run rewritten",
+                spec,
+                saved.label,
+                f"{saved.label} is still the base's run ({saved.run_label}), with its "
+                f"{', '.join(code(k) for k in saved.rewritten)} edited in this change: read as the base has it",
+                "",
+                [saved.mode] if saved.mode else [],
+            )
+        )
     if saved.failing:
         before = set(saved.failing_at_base or [])
         new = [f for f in saved.failing if f not in before]
