@@ -233,6 +233,13 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
                 for c in saved.cuts
                 if not c.below
             ]
+        renames = report.old_side.renames if report.old_side is not None else {}
+        if renames and not taken.renewed:
+            shown = ", ".join(f"{a} -> {b}" for a, b in renames.items())
+            out.notes.append(
+                f"{rel_dir} names its legs as before the rename ({shown}): `engine check` refuses it until "
+                "the spec is run again"
+            )
         if taken.refused:
             saved.refused, out.recheck = [taken.refused], "not re-checked: its legs cannot be recomputed"
         else:
