@@ -3,6 +3,7 @@ changes equal in every mode are factored out so a reviewer reads them once."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Callable, Mapping, Sequence
 
@@ -368,11 +369,7 @@ def _env_diffs(old: Side, new: Side, both: list[ModeDiff], raw: dict[str, list[C
         raw[md.key] = md.changes
         touched = {c.subject for c in md.changes if c.section == "checks"}
         moved = {c.subject.split(".")[0] for c in md.changes if c.section == "values"}
-        md.shifts = {
-            name: s
-            for name, s in static_shifts(a, b, changes).items()
-            if name in touched or any(p[0] == "values" and p[1:2] and p[1] in moved for p in _check_reads(b, name))
-        }
+        md.shifts = static_shifts(a, b, changes, only=functools.partial(_own, touched=touched, moved=moved))
         report.modes.append(md)
     mds = [md for md, *_ in extra]
     if len(mds) >= 2:
@@ -383,9 +380,9 @@ def _env_diffs(old: Side, new: Side, both: list[ModeDiff], raw: dict[str, list[C
             md.changes = [c for c in md.changes if _key(c) not in shared]
 
 
-def _check_reads(plan: Any, name: str) -> list[tuple[str, ...]]:
-    check = next((c for c in plan.checks if c["name"] == name), None)
-    return reads(check) if check is not None else []
+def _own(check: Mapping[str, Any], touched: set[str], moved: set[str]) -> bool:
+    """A check a target's own changes touch: changed there, or reading a value that moved there."""
+    return check["name"] in touched or any(p[0] == "values" and p[1:2] and p[1] in moved for p in reads(check))
 
 
 def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
@@ -470,9 +467,12 @@ def place(c: Change, old: Side, new: Side, mode: str | None) -> str:
     return side.place(tuple(c.subject.split(".")))
 
 
-def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Shift]:
+def static_shifts(
+    old: Any, new: Any, changes: Sequence[Change], only: Callable[[Mapping[str, Any]], bool] | None = None
+) -> dict[str, Shift]:
     """What each check a change touches asks of a run, old against new, from the spec's values in
-    this mode: checks whose expr, when or let changed, and unchanged checks reading a value that moved."""
+    this mode: checks whose expr, when or let changed, and unchanged checks reading a value that moved
+    (of those `only` keeps, when given)."""
     rewritten = {
         c.subject
         for c in changes
@@ -484,7 +484,7 @@ def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Sh
     out: dict[str, Shift] = {}
     for check in new.checks:
         was = before.get(check["name"])
-        if was is None or was.get("disabled") or check.get("disabled"):
+        if was is None or was.get("disabled") or check.get("disabled") or (only is not None and not only(check)):
             continue
         values_read = {p[1] for p in reads(check) + reads(was) if p[0] == "values" and len(p) > 1}
         if check["name"] in rewritten or values_read & moved:

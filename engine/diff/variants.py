@@ -72,14 +72,17 @@ def plans(old: Side, new: Side, modes: list[str]) -> dict[tuple[str, str], tuple
         for env in environments(side.data)[1:]:
             envs.setdefault(repr(sorted(env.items())), env)
     out: dict[tuple[str, str], tuple[dict[str, str], Any, Any]] = {}
+    defaults = (default_env(old), default_env(new))
     for mode in modes:
         for key, env in envs.items():
+            named = _named(new.data, env) or _named(old.data, env)
+            if all(d.get(n) == case for d in defaults for n, case in named.items()):
+                continue  # the cases the default picks already (`target: local`): the mode itself
             a, b = _plan(old, mode, env), _plan(new, mode, env)
             if a is None or b is None:
                 continue
             if a.values == old.plans[mode].values and b.values == new.plans[mode].values:
                 continue
-            named = _named(new.data, env) or _named(old.data, env)
             out[(mode, key)] = (named, a, b)
     return out
 
