@@ -18,11 +18,11 @@ from dataclasses import field as dc_field
 from typing import Any, Iterable, Mapping
 
 from engine.diff.model import ABSENT, Change, ModeDiff, Report
-from engine.diff.operands import num, short
+from engine.diff.operands import short
 from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import LOOSENED, NUMBERS, RUN, SPEC, UNKNOWN, Shift
 from engine.spec.plan import PROGRESS_DISPLAY
-from engine.text import argv_delta, code, scalar_list
+from engine.text import argv_delta, code, compact, scalar_list
 
 # kind -> why a change of that kind needs a human's approval.
 WHY_RISKY: dict[str, str] = {
@@ -208,7 +208,8 @@ def _spec_moves(s: Shift, direction: str) -> str:
 
 
 def _shown(v: Any) -> str:
-    return num(v) if v is not ABSENT else "(none)"
+    """A spec value as the spec writes it (`12.0`, `-0.5`): the reader finds it so in the YAML."""
+    return compact(v, 60) if v is not ABSENT else "(none)"
 
 
 def _pin_places(changes: Iterable[Change]) -> dict[str, str]:

@@ -46,7 +46,7 @@ def test_a_loss_ceiling_raised_on_the_gpu_target_only_is_a_loosened_gate_with_it
     assert (rc, err) == (EXIT_RISKY, ""), text
     line = line_for(text, "gate `final_loss_finite_and_below_ceiling` loosened", "specs/p4_smoke.yaml")
     assert "specs/p4_smoke.yaml [mode smoke, soak; target gpu, real]" in line
-    assert "loosened `loss_ceiling` 10.7 -> 12 by the spec's values" in line
+    assert "loosened `loss_ceiling` 10.7 -> 12.0 by the spec's values" in line
     assert "every mode (smoke, soak) on target gpu, real:" in text
     assert "~ loss_ceiling: 10.7 -> 12.0  (specs/lib/p4_common.yaml:" in text
 
