@@ -359,7 +359,8 @@ def _env_diffs(old: Side, new: Side, both: list[ModeDiff], raw: dict[str, list[C
     shares factored out into `report.env_common`."""
     if old.spec is None or new.spec is None or old.spec is new.spec or not both:
         return
-    found = variants.plans(old, new, [md.mode for md in both])
+    found, lost = variants.plans(old, new, [md.mode for md in both])
+    report.modes += [ModeDiff(mode, "removed", env=env) for mode, env in lost]
     found = {k: (env, rename.apply(a, old.renames), b) for k, (env, a, b) in found.items()}
     for (mode, _), (env, a, b) in found.items():
         report.env_plans[ModeDiff(mode, "both", env=env).key] = (mode, env, a, b)

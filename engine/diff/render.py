@@ -298,7 +298,7 @@ def summary(report: Report) -> str:
     changes = report.common + report.env_common + [c for m in report.modes if m.status == "both" for c in m.changes]
     parts = []
     for status in ("added", "removed"):
-        modes = [m.mode for m in report.modes if m.status == status]
+        modes = [m.key for m in report.modes if m.status == status]
         if modes:
             parts.append(f"mode {status}: {', '.join(modes)}")
     for section in ("checks", "steps", "values"):
@@ -380,7 +380,7 @@ def lines_of(out: Out, report: Report, level: int = 2) -> None:
         if md.status == "both" and not md.changes and md.budget is None:
             continue  # everything it had is in "every mode"
         out.head(
-            {"both": f"mode {md.key}", "added": f"mode {md.mode} (added)", "removed": f"mode {md.mode} (removed)"}[
+            {"both": f"mode {md.key}", "added": f"mode {md.key} (added)", "removed": f"mode {md.key} (removed)"}[
                 md.status
             ]
         )

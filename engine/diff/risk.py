@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Iterable, Mapping
 
-from engine.diff.model import ABSENT, Change, ModeDiff, Report
+from engine.diff.model import ABSENT, Change, ModeDiff, Report, env_text
 from engine.diff.operands import short
 from engine.diff.phrases import display_field, fmt
 from engine.diff.strictness import LOOSENED, NUMBERS, RUN, SPEC, UNKNOWN, Shift
@@ -336,14 +336,17 @@ def assess(
     leg_changes: dict[str, tuple[ModeDiff, list[Change]]] = {}
     for md in report.modes:
         if md.status == "removed":
+            on = f" on {env_text(md.env)}" if md.env else ""
             risks.append(
                 Risk(
                     "gate removed",
                     spec,
-                    md.mode,
-                    f"mode {code(md.mode)} removed: its gates no longer run in it",
+                    md.key,
+                    f"mode {code(md.mode)}{on} removed: its gates no longer run in it",
                     "",
                     [md.mode],
+                    targets=[md.env] if md.env else [],
+                    on_default=not md.env,
                 )
             )
         elif md.status == "both":

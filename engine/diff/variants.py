@@ -63,15 +63,19 @@ def _plan(side: Side, mode: str, env: Mapping[str, str]) -> Any | None:
         return None
 
 
-def plans(old: Side, new: Side, modes: list[str]) -> dict[tuple[str, str], tuple[dict[str, str], Any, Any]]:
+def plans(
+    old: Side, new: Side, modes: list[str]
+) -> tuple[dict[tuple[str, str], tuple[dict[str, str], Any, Any]], list[tuple[str, dict[str, str]]]]:
     """(mode, environment key) -> (the values it sets, old plan, new plan), for each mode both sides have,
     under each environment either side names that both can plan and that plans differently from the
-    mode's own on some side (`target: local`, the default, is the mode itself)."""
+    mode's own on some side (`target: local`, the default, is the mode itself); and (mode, the values)
+    of each that the old side plans and the new one no longer can (a target taken away)."""
     envs: dict[str, dict[str, str]] = {}
     for side in (old, new):
         for env in environments(side.data)[1:]:
             envs.setdefault(repr(sorted(env.items())), env)
     out: dict[tuple[str, str], tuple[dict[str, str], Any, Any]] = {}
+    lost: list[tuple[str, dict[str, str]]] = []
     defaults = (default_env(old), default_env(new))
     for mode in modes:
         for key, env in envs.items():
@@ -79,12 +83,14 @@ def plans(old: Side, new: Side, modes: list[str]) -> dict[tuple[str, str], tuple
             if all(d.get(n) == case for d in defaults for n, case in named.items()):
                 continue  # the cases the default picks already (`target: local`): the mode itself
             a, b = _plan(old, mode, env), _plan(new, mode, env)
+            if a is not None and b is None:
+                lost.append((mode, named))
             if a is None or b is None:
                 continue
             if a.values == old.plans[mode].values and b.values == new.plans[mode].values:
                 continue
             out[(mode, key)] = (named, a, b)
-    return out
+    return out, lost
 
 
 def residual(

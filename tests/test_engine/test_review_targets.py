@@ -271,3 +271,13 @@ def test_a_check_that_now_compares_one_value_where_it_compared_twenty_says_so(sh
     assert rc == EXIT_RISKY, text
     line = line_for(text, "specs/p4_preempt.yaml", "every_logged_loss_finite[leg=leg2]")
     assert "it now compares 1 value of the run where it compared 20" in line, line
+
+
+def test_a_target_taken_away_from_a_switch_is_a_gate_removed_under_it(shipped: Path) -> None:
+    """Without the `real` case the spec cannot be planned on the real target: its gates no longer run there."""
+    edit(shipped, COMMON, "    cases: {local: cpu, gpu: cuda, real: cuda}", "    cases: {local: cpu, gpu: cuda}")
+    rc, text, _ = review()
+    assert rc == EXIT_RISKY, text
+    line = line_for(text, "gate removed in ", "mode `soak` on target real removed")
+    assert "specs/p4_soak.yaml [mode soak; target real]" in line
+    assert "mode smoke (target real) (removed):" in text
