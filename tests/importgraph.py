@@ -134,9 +134,9 @@ def house(
     package: str, graph: dict[str, set[str]], floors: Sequence[str], floor_of: Callable[[str], str], root: Path = ROOT
 ) -> list[str]:
     """The package drawn floor by floor from the ground up: each module, its lines and the modules of the
-    package it imports (packages left out: each module's own ones would repeat on every line)."""
+    package it imports. A package is left out where it only repeats what the line says already: the module's
+    own packages, and the package of a module the line names."""
     found = modules(package, root)
-    faces = {n for n, p in found.items() if p.name == "__init__.py"}
     width = max(len(n) for n in found) + 1
     out = []
     for floor in floors:
@@ -144,6 +144,8 @@ def house(
         for name, path in found.items():
             if floor_of(name) != floor:
                 continue
-            inner = sorted(d for d in graph[name] if d in graph and d not in faces)
+            deps = {d for d in graph[name] if d in graph}
+            implied = parents(name).union(*(parents(d) for d in deps))
+            inner = sorted(deps - implied)
             out.append(f"   {name:<{width}} {lines_of(path):>5}  -> {', '.join(inner) or '-'}")
     return out
