@@ -14,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer.train",
         description=DESCRIPTION,
+        # The exit codes are trainer.train.Exit's, written out: train imports this module, so this one cannot
+        # import them (tests/test_trainer/test_train_cli.py holds the two alike).
         epilog="Model options: SPECPROBE_* environment variables (trainer/model/options.py). "
         "Exit codes: 0 done, 1 error, 2 usage, 3 refused, 4 push failed.",
     )

@@ -68,6 +68,16 @@ def test_only_the_entry_point_reads_the_command_line() -> None:
     assert sorted(m for m, deps in import_graph().items() if "trainer.cli" in deps) == ["trainer.train"]
 
 
+def test_no_face_imports_a_command_of_its_package() -> None:
+    """`python -m trainer.data.mix` runs trainer/data/__init__.py first: a face that imported the command would
+    have it loaded already when runpy runs it as __main__ (it warns, and the module then exists twice)."""
+    graph = import_graph()
+    commands = ("trainer.train", "trainer.preflight", "trainer.collector", "trainer.data.mix")
+    assert {c: sorted(p for p in importgraph.parents(c) if c in graph[p]) for c in commands} == {
+        c: [] for c in commands
+    }
+
+
 def test_the_graph_sees_lazy_imports_and_the_faces_they_run() -> None:
     """What the tests above stand on: an import inside a function (the collector's store opens the Hub backend
     lazily) and the face a module's import runs (the collector imports trainer.ckpt's names)."""

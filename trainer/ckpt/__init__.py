@@ -10,9 +10,9 @@
 
 The names below are the ones callers use, from the protocol and the scan, which read and write a store without
 torch. The session's modules (``load``, ``resume``, ``session``, ``snapshot``, ``rng``) are not among them: they
-work on the model's tensors, and importing them here would load torch for every reader of a store, the engine's
-``hub`` collector included, which must load where the trainer's dependencies are not installed
-(trainer/collector.py). ``python -m trainer.train`` names each of them.
+work on torch's tensors and generators, and all but ``rng`` import torch at once. Imported here, they would load
+torch for every reader of a store, the engine's ``hub`` collector included, which must load where the trainer's
+dependencies are not installed (trainer/collector.py). trainer/train.py imports each by its module's name.
 """
 
 from __future__ import annotations
