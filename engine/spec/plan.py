@@ -326,6 +326,8 @@ class Plan:
                     for k, v in r["output"]["harvest"].items()
                 )
             )
+        if r["output"].get("fail_on"):
+            out.append("fails on a line matching: " + ", ".join(f"/{p}/" for p in r["output"]["fail_on"]))
         return out
 
 
