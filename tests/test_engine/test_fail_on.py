@@ -2,7 +2,8 @@
 traceback) fails the leg whatever its exit code, quoted with its line number in every report; `engine
 replay` finds such lines in a saved run's raw log with the spec's current rules, `engine check` reads
 the ones the run recorded (and refuses a run whose rules changed since). Real legs (tests/legs/leg.py)
-print the lines and exit 0."""
+print the lines and exit 0; the P4 rule is read from the shipped specs and matched against the
+trainer's own failure lines and the saved healthy runs."""
 
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ import xml.etree.ElementTree as ET
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import pytest
 import yaml
 
 from engine.cli import main
+from engine.run.lines import Block
+from engine.run.output import Capture, compile_rules, reharvest
+from engine.spec.load import load_spec
+from engine.spec.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 LEG = str(ROOT / "tests" / "legs" / "leg.py")
@@ -139,3 +145,45 @@ def test_a_bad_fail_on_regex_is_an_invalid_spec_naming_where(tmp_path: Path) -> 
     spec = write_spec(tmp_path / "s.yaml", ["^CKPT FAILED: ", "(unclosed"])
     rc, out, _ = engine("validate", str(spec))
     assert rc == 2 and "$.steps[0].run.output.fail_on[1]" in out and "bad regex '(unclosed'" in out
+
+
+# ---- the P4 specs' rule: the trainer's failure lines, and never a healthy leg's
+
+
+def p4_rules(spec: str = "p4_smoke.yaml") -> dict:
+    plan = build_plan(load_spec(ROOT / "specs" / spec), environ={})
+    legs = [s for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+    assert legs and all(s["run"]["output"] == legs[0]["run"]["output"] for s in legs)
+    return legs[0]["run"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # trainer/train.py: a refusal (exit 3), a failed push (exit 4), bad flags (exit 2), argparse's own.
+        "[default0]:refused: --resume must: repo file:///s/o/n does not exist",
+        "[default0]:CKPT FAILED: push of step=20 to file:///s/o/n failed: StoreError: disk full",
+        "[default1]:python -m trainer.train: error: --stop-after-steps 25 is not a push step",
+        "[default0]:train.py: error: argument --lr: invalid float value: 'x'",
+        # A rank's uncaught exception, and a push thread's (threading prints the same header).
+        "[default1]:Traceback (most recent call last):",
+    ],
+)
+def test_the_p4_legs_fail_on_each_failure_line_the_trainer_prints(line: str) -> None:
+    rules = compile_rules(p4_rules())
+    capture = Capture(rules)
+    capture.feed(Block(f"[default0]:step 1/20 loss 6.2\n{line}", 2, 1, rules.strip_prefix))
+    assert capture.fail_on_result() is not None and capture.fail_on_result()["lines"][0]["line"] == 2
+
+
+@pytest.mark.parametrize("spec", ["p4_smoke", "p4_soak", "p4_preempt"])
+def test_no_line_of_the_saved_healthy_runs_is_a_p4_failure_line(spec: str) -> None:
+    """The saved runs under evidence/ are real runs of these specs that passed: every leg's raw log,
+    re-read with the rule, names no failure line (the lookalikes a healthy leg prints included)."""
+    run_dir = ROOT / "evidence" / spec
+    saved = json.loads((run_dir / "evidence.json").read_text())
+    legs = [name for name, s in saved["steps"].items() if s.get("kind") == "run" and name.startswith("leg")]
+    assert legs == ["leg1", "leg2"]
+    for name in legs:
+        fresh = reharvest({"run": p4_rules(f"{spec}.yaml")}, run_dir / saved["steps"][name]["log"], run_dir)
+        assert fresh["lines"] > 10 and fresh["fail_on"] is None, (spec, name, fresh["fail_on"])
