@@ -201,15 +201,17 @@ def fail_on_text(record: Mapping[str, Any]) -> str | None:
 
 
 def exit_text(record: Mapping[str, Any]) -> str | None:
-    """What a failed step's own output says of why: the child's exit (`child_exit_text`) when the
-    launcher's report gave its code, else a line a `fail_on` rule matched (`fail_on_text`), else the
-    child's message alone; None when it says nothing."""
+    """What a failed step's own output says of why: a line a `fail_on` rule matched in a leg that
+    exited 0 (`fail_on_text`, then the child's exit when the launcher's report gave its code: a wrapper
+    swallowed it), else the child's exit (`child_exit_text`), else the `fail_on` line; None when it
+    says nothing."""
     child = record.get("child_exit")
     child = child if isinstance(child, Mapping) else None
-    printed = fail_on_text(record)
-    if child is not None and (printed is None or child.get("code") is not None):
-        return child_exit_text(child)
-    return printed
+    printed, rc = fail_on_text(record), record.get("rc")
+    if printed is not None and ((rc == 0 and not isinstance(rc, bool)) or child is None):
+        coded = child is not None and child.get("code") is not None
+        return printed + (f"; {child_exit_text(child)}" if coded else "")
+    return child_exit_text(child) if child is not None else None
 
 
 def _progress_rule(spec: Mapping[str, Any]) -> ProgressRule:
