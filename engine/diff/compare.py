@@ -275,6 +275,7 @@ def diff_spec_level(
     for var in list(eb) + [v for v in ea if v not in eb]:
         if ea.get(var, ABSENT) != eb.get(var, ABSENT):
             out.append(Change("spec", "changed", f"env.{var}", old=ea.get(var, ABSENT), new=eb.get(var, ABSENT)))
+    out += _requirement_changes(old, new)
     moved = {c.subject.split(".")[0] for changes in per_mode.values() for c in changes if c.section == "values"}
     va, vb = old.get("values") or {}, new.get("values") or {}
     for name in list(vb) + [n for n in va if n not in vb]:
@@ -292,6 +293,18 @@ def diff_spec_level(
                     extra={"note": "definition changed; same result in every mode"},
                 )
             )
+    return out
+
+
+def _requirement_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """A requirement (`require:`) added, removed or changed: what a spec must satisfy to be planned."""
+    a = {r.get("name"): r for r in old.get("require") or [] if isinstance(r, Mapping)}
+    b = {r.get("name"): r for r in new.get("require") or [] if isinstance(r, Mapping)}
+    out = []
+    for name in list(b) + [n for n in a if n not in b]:
+        ra, rb = a.get(name, ABSENT), b.get(name, ABSENT)
+        if ra is ABSENT or rb is ABSENT or _definition(dict(ra)) != _definition(dict(rb)):
+            out.append(Change("spec", "changed", f"require.{name}", old=ra, new=rb))
     return out
 
 

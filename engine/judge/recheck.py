@@ -217,7 +217,11 @@ def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list
         fresh = reharvest(by_name[name], log, run_dir)
         step["harvest"], step["harvest_errors"] = fresh["harvest"], fresh["harvest_errors"]
         step["lines"], step["progress"] = fresh["lines"], fresh["progress"]
-        if step.get("status") == "failed":  # the runner keeps these for failed legs only
+        # The lines the current `fail_on` rules match fail the leg (derive_statuses), whatever it exited.
+        step.pop("fail_on", None)
+        if fresh["fail_on"] is not None:
+            step["fail_on"] = fresh["fail_on"]
+        if step.get("status") == "failed" or fresh["fail_on"] is not None:  # the runner keeps these for failed legs
             step["failure_lines"], step["tail"] = fresh["failure_lines"], fresh["tail"]
             step.pop("child_exit", None)
             if fresh["child_exit"] is not None:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from engine.expr.functions import OPTIONS
 from engine.judge.checks import FAILING, evaluate
-from engine.run.output import harvest_problems
+from engine.run.output import fail_on_text, harvest_problems, printed_failure
 from engine.types import Check, CheckResult, Step, Verdict
 
 
@@ -39,15 +39,20 @@ _NO_EXIT_CODE = ("not_run", "skipped", "failed", "interrupted")
 
 def run_status(record: Mapping[str, Any], ok_exit_codes: Sequence[Any]) -> str:
     """A run step's status from what it recorded, not from its stored status string: `ok` only for
-    an exit code in `ok_exit_codes`, no timeout and no start error, so a hand-edited
-    "status": "ok" cannot turn a failed leg into a pass. `interrupted` stays (the verdict is
+    an exit code in `ok_exit_codes`, no timeout, no start error and no line a `fail_on` rule matched,
+    so a hand-edited "status": "ok" cannot turn a failed leg into a pass. `interrupted` stays (the verdict is
     INTERRUPTED); a record without an exit code keeps a status that needs none, else is failed."""
     stored = record.get("status")
     if stored == "interrupted":
         return stored
     if "rc" not in record:
         return stored if stored in _NO_EXIT_CODE else "failed"
-    ok = record["rc"] in ok_exit_codes and not record.get("timed_out") and not record.get("error")
+    ok = (
+        record["rc"] in ok_exit_codes
+        and not record.get("timed_out")
+        and not record.get("error")
+        and printed_failure(record) is None
+    )
     return "ok" if ok else "failed"
 
 
@@ -86,10 +91,15 @@ def derive_statuses(
         status = run_status(record, codes)
         if status != record.get("status"):
             rc = f"rc {record['rc']}" if "rc" in record else "no exit code"
+            # Failed only by a line its output printed: that line is the reason.
+            exited_ok = run_status({k: v for k, v in record.items() if k != "fail_on"}, codes) == "ok"
+            printed = fail_on_text(record) if status == "failed" and exited_ok else None
+            how = (
+                printed
+                or f"recorded {rc} (ok_exit_codes {list(codes)}{', timed out' if record.get('timed_out') else ''})"
+            )
             notes.append(
-                f"step {name}: the evidence says status {record.get('status')!r}, but it "
-                f"recorded {rc} (ok_exit_codes {list(codes)}"
-                f"{', timed out' if record.get('timed_out') else ''}): counted as {status}"
+                f"step {name}: the evidence says status {record.get('status')!r}, but it {how}: counted as {status}"
             )
             doc["steps"][name] = {**record, "status": status}
     return doc, notes

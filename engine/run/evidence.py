@@ -197,6 +197,7 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "progress": (dict, type(None)),
     "precondition": (str, type(None)),
     "progress_warning": (dict,),
+    "fail_on": (dict,),
     "reused": (bool,),
     "reused_from": (str, type(None)),
 }

@@ -1,5 +1,6 @@
 """Per-line output rules of a run step: prefix strip, key-line echo, marker harvest, failure-line
-grep over the whole capture, tail, and progress (step/total, rate, ETA).
+grep over the whole capture, lines that fail the leg whatever its exit code (`fail_on`), tail, and
+progress (step/total, rate, ETA).
 
 Lines arrive in `Block`s (see lines.py). Substring searches over a whole block find the lines
 any rule cares about at C speed; only those lines get per-line Python work.
@@ -12,7 +13,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,15 @@ class OutputRules:
     tail_lines: int = defaults.TAIL_LINES
     progress: ProgressRule | None = None
     child_exit: ChildExitRule | None = None
+    # `output.fail_on`: a line one of these matches fails the leg, whatever its exit code.
+    fail_on: tuple[Pattern, ...] = ()
 
     def pattern_errors(self) -> list[str]:
         """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
         child = self.child_exit
         patterns = [
             self.strip_prefix,
+            *self.fail_on,
             self.progress.pattern if self.progress else None,
             *(pattern for _, pattern in (self.progress.phases if self.progress else ())),
             *(rule.pattern for rule in self.harvest),
@@ -119,6 +123,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
     progress = _progress_rule(run["progress"]) if run.get("progress") else None
     patterns = output.get("failure_patterns")
     child = output.get("child_exit")
+    fail_on = output.get("fail_on") or ()
     return OutputRules(
         strip_prefix=_regex(strip, "output.strip_prefix") if strip else None,
         echo_prefixes=tuple(output.get("echo_prefixes") or ()),
@@ -128,6 +133,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
         tail_lines=int(output.get("tail_lines", defaults.TAIL_LINES)),
         progress=progress,
         child_exit=_child_exit_rule(child) if child else None,
+        fail_on=tuple(_regex(text, f"output.fail_on[{i}]") for i, text in enumerate(fail_on)),
     )
 
 
@@ -161,6 +167,51 @@ def child_exit_text(child: Mapping[str, Any]) -> str:
         how = "failed"
     message = child.get("message")
     return f"{who} {how}" + (f": {message}" if isinstance(message, str) and message else "")
+
+
+def printed_failure(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A step record's `fail_on` (the lines of its output that a `fail_on` rule matched), {count,
+    lines}, when it names at least one line, else None; its fields are checked, as a saved evidence
+    file may say anything."""
+    found = record.get("fail_on")
+    if not isinstance(found, Mapping):
+        return None
+    listed = found.get("lines")
+    lines = [hit for hit in listed if isinstance(hit, Mapping)] if isinstance(listed, list) else []
+    count = found.get("count")
+    count = max(count if isinstance(count, int) and not isinstance(count, bool) else 0, len(lines))
+    return {"count": count, "lines": lines} if count > 0 else None
+
+
+def fail_on_text(record: Mapping[str, Any]) -> str | None:
+    """`exited 0 but printed a failure line: "CKPT FAILED: push of step 20" (line 412)` for a step
+    record whose output matched a `fail_on` rule (`exited 1 and ...` for another code), else None."""
+    found = printed_failure(record)
+    if found is None:
+        return None
+    rc = record.get("rc")
+    how = f"exited {rc} {'but' if rc == 0 else 'and'}" if isinstance(rc, int) and not isinstance(rc, bool) else "ended"
+    first = found["lines"][0] if found["lines"] else {}
+    text, line = first.get("text"), first.get("line")
+    quoted = json.dumps(text if isinstance(text, str) else "", ensure_ascii=False)
+    where = f" (line {line})" if isinstance(line, int) and not isinstance(line, bool) else ""
+    more = found["count"] - 1
+    rest = f", and {more} more failure line{'s' if more > 1 else ''}" if more > 0 else ""
+    return f"{how} printed a failure line: {quoted}{where}{rest}"
+
+
+def exit_text(record: Mapping[str, Any]) -> str | None:
+    """What a failed step's own output says of why: a line a `fail_on` rule matched in a leg that
+    exited 0 (`fail_on_text`, then the child's exit when the launcher's report gave its code: a wrapper
+    swallowed it), else the child's exit (`child_exit_text`), else the `fail_on` line; None when it
+    says nothing."""
+    child = record.get("child_exit")
+    child = child if isinstance(child, Mapping) else None
+    printed, rc = fail_on_text(record), record.get("rc")
+    if printed is not None and ((rc == 0 and not isinstance(rc, bool)) or child is None):
+        coded = child is not None and child.get("code") is not None
+        return printed + (f"; {child_exit_text(child)}" if coded else "")
+    return child_exit_text(child) if child is not None else None
 
 
 def _progress_rule(spec: Mapping[str, Any]) -> ProgressRule:
@@ -232,6 +283,9 @@ class Capture:
         self._child_messages = [LineMatcher(p) for p in child.messages] if child else []
         self.child_code: int | None = None
         self.child_message: tuple[int, str] | None = None  # (line number, line)
+        self._fail_on = [LineMatcher(p) for p in rules.fail_on]
+        self.fail_on_count = 0
+        self.fail_on_lines: list[dict[str, Any]] = []  # the first LINES_KEPT: {line, text, pattern}
 
     def feed(self, block: Block) -> None:
         with self._lock:
@@ -251,6 +305,25 @@ class Capture:
                     self._enter_phase(block)
             if self._child_code is not None:
                 self._watch_child(block)
+            if self._fail_on:
+                self._watch_fail_on(block)
+
+    def _watch_fail_on(self, block: Block) -> None:
+        hits: dict[int, tuple[str, str]] = {}  # a line two rules match is one failure line
+        for matcher in self._fail_on:
+            for lineno, line, _ in _matching_lines(matcher, block):
+                hits.setdefault(lineno, (line, matcher.pattern.pattern))
+        self.fail_on_count += len(hits)
+        for lineno in sorted(hits)[: max(LINES_KEPT - len(self.fail_on_lines), 0)]:
+            line, pattern = hits[lineno]
+            self.fail_on_lines.append({"line": lineno, "text": limits.cut_text(line), "pattern": pattern})
+
+    def fail_on_result(self) -> dict[str, Any] | None:
+        """The lines a `fail_on` rule matched: {count, lines: [{line, text, pattern}] (the first
+        LINES_KEPT)}; None when none did (or the step has no such rule)."""
+        if not self.fail_on_count:
+            return None
+        return {"count": self.fail_on_count, "lines": list(self.fail_on_lines)}
 
     def _watch_child(self, block: Block) -> None:
         assert self._child_code is not None
@@ -290,15 +363,7 @@ class Capture:
     def _harvest_matches(self, rule: HarvestRule, matcher: LineMatcher, block: Block) -> None:
         if rule.pick == "first" and rule.name in self.harvested:
             return
-        candidates = (
-            block.find_lines([matcher.literal])
-            if matcher.literal is not None
-            else ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
-        )
-        for _, line in candidates:
-            found = matcher.pattern.search(line)
-            if found is None:
-                continue
+        for _, _, found in _matching_lines(matcher, block):
             self.marker_seen.add(rule.name)
             value = {k: _group_value(v) for k, v in found.groupdict().items()}
             if rule.pick == "all":
@@ -403,6 +468,20 @@ class Capture:
 
     def tail_lines(self) -> list[str]:
         return list(self.tail)
+
+
+def _matching_lines(matcher: LineMatcher, block: Block) -> Iterator[tuple[int, str, Any]]:
+    """(line number, stripped line, match) of every line of the block the matcher's regex matches, in
+    order; only the lines holding its literal are searched, when it has one."""
+    candidates = (
+        block.find_lines([matcher.literal])
+        if matcher.literal is not None
+        else ((block.first_lineno + i, line) for i, line in enumerate(block.lines))
+    )
+    for lineno, line in candidates:
+        found = matcher.pattern.search(line)
+        if found is not None:
+            yield lineno, line, found
 
 
 class _MarkerLines:
@@ -547,9 +626,10 @@ class ProgressState:
 
 
 def reharvest(step: Mapping[str, Any], log_path: str | Path, run_dir: str | Path) -> dict[str, Any]:
-    """Recompute harvest, harvest_errors, failure_lines, child_exit and tail from a saved RAW log (a
-    file inside `run_dir`), with the step's CURRENT output rules (`engine replay`). failure_lines and
-    child_exit are computed whatever the step's status was; the caller keeps them only for a failed step."""
+    """Recompute harvest, harvest_errors, failure_lines, child_exit, fail_on and tail from a saved RAW
+    log (a file inside `run_dir`), with the step's CURRENT output rules (`engine replay`). failure_lines
+    and child_exit are computed whatever the step's status was; the caller keeps them only for a failed
+    step (fail_on lines fail it)."""
     rules = compile_rules(step.get("run") or {})
     capture = Capture(rules)
     # A log the engine wrote is never bigger (limits.LOG_HEAD_BYTES + LOG_TAIL_BYTES); a bigger
@@ -577,6 +657,7 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path, run_dir: str | Path
         "harvest_errors": errors,
         "failure_lines": capture.failure_lines(),
         "child_exit": capture.child_exit(),
+        "fail_on": capture.fail_on_result(),
         "tail": capture.tail_lines(),
         "lines": capture.lines,
         "progress": capture.progress.as_dict(),

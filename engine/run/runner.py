@@ -22,7 +22,7 @@ from engine import defaults, version
 from engine.run import collectors, evidence
 from engine.run.console import Console, ProgressDisplay
 from engine.run.diagnostics import collect_diagnostics, report_lines
-from engine.run.output import Capture, child_exit_text, compile_rules, harvest_problems
+from engine.run.output import Capture, compile_rules, exit_text, harvest_problems
 from engine.run.process import Interrupted, ProcessResult, compile_signal_rules, run_command
 from engine.run.record import Record, RecordError
 from engine.run.remove import remove_step
@@ -239,7 +239,8 @@ class Runner:
     def _judge_leg(
         self, step: Mapping[str, Any], record: dict, result: ProcessResult, capture: Capture, warning: dict | None
     ) -> None:
-        """What a leg that ran to its end did: ok or failed, recorded and said, diagnostics when failed."""
+        """What a leg that ran to its end did: ok or failed, recorded and said, diagnostics when failed.
+        A line a `fail_on` rule matched fails it whatever its exit code."""
         name, run = step["name"], step["run"]
         # A rule that gave up on a line (a catastrophic regex) leaves the harvest unreliable.
         problems = result.problems + capture.rules.pattern_errors()
@@ -248,6 +249,7 @@ class Runner:
             and not result.timed_out
             and result.error is None
             and not problems
+            and not capture.fail_on_count
         )
         record.update(result.as_dict())
         record["status"] = "ok" if ok else "failed"
@@ -265,7 +267,7 @@ class Runner:
         for sent in result.signals_sent:
             self.say(f"   signal rule sent {sent['signal']} (line {sent['line']}, {sent['at_s']:.1f} s)")
         if not ok:
-            self._show_failure(name, capture)
+            self._show_failure(name, record, capture)
             diag = (run.get("on_failure") or {}).get("diagnostics")
             if diag:
                 record["diagnostics"] = self._diagnostics(diag)
@@ -284,6 +286,9 @@ class Runner:
         )
         if warning is not None:  # the ETA passed the time left before the timeout
             record["progress_warning"] = warning
+        printed = capture.fail_on_result()
+        if printed is not None:
+            record["fail_on"] = printed
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -292,10 +297,10 @@ class Runner:
             if child is not None:
                 record["child_exit"] = child
 
-    def _show_failure(self, name: str, capture: Capture) -> None:
-        child = capture.child_exit()
-        if child is not None:  # before the launcher's own noise: what the child itself said
-            self.say(f"   {name}: {child_exit_text(child)}")
+    def _show_failure(self, name: str, record: Mapping[str, Any], capture: Capture) -> None:
+        said = exit_text(record)
+        if said is not None:  # before the launcher's own noise: what the child itself said
+            self.say(f"   {name}: {said}")
         shown = capture.failure_lines()
         self.say(f"   FAILURE LINES ({capture.failure_hits} of {capture.lines}):")
         if capture.failure_hits > len(shown):

@@ -13,7 +13,7 @@ import json
 from html import escape
 from typing import Any, Mapping, Sequence
 
-from engine.run.output import child_exit_text
+from engine.run.output import exit_text
 from engine.show import svg
 from engine.show.plots import Figure
 from engine.show.report import (
@@ -185,8 +185,8 @@ def _steps(evidence: Mapping[str, Any]) -> list[str]:
         (n, s) for n, s in steps.items() if s.get("status") == "failed" and (s.get("failure_lines") or s.get("tail"))
     ]
     for step_name, step in failed:
-        child = step.get("child_exit")
-        said = [child_exit_text(child)] if isinstance(child, Mapping) else []
+        exited = exit_text(step)
+        said = [exited] if exited is not None else []
         lines = said + list(step.get("failure_lines") or []) + ["..."] + list(step.get("tail") or [])
         out.append(
             f"<h3>step {escape(step_name)}: failure lines, then the tail</h3>"

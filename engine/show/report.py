@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from engine.run.output import child_exit_text
+from engine.run.output import exit_text, printed_failure
 from engine.text import compact_pair, printable, unhidden, utc_second
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
@@ -148,6 +148,10 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             detail.append("timed out")
         if step.get("error"):
             detail.append(str(step["error"]))
+        printed = printed_failure(step)
+        if printed is not None:
+            first = printed["lines"][0].get("line") if printed["lines"] else None
+            detail.append(f"printed a failure line{f' (line {first})' if isinstance(first, int) else ''}")
         if step.get("seconds") is not None:
             detail.append(f"{step['seconds']} s")
         detail += after
@@ -157,12 +161,13 @@ def _step_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 
 def child_exits(evidence: Mapping[str, Any]) -> list[str]:
     """`leg1: the trainer exited 3: refused: ...`, one per failed step whose launcher's output said
-    how its child failed (`output.child_exit`): what the report says first."""
+    how its child failed (`output.child_exit`), or `leg1: exited 0 but printed a failure line: ...`
+    (`output.fail_on`): what the report says first."""
     lines = []
     for name, step in (evidence.get("steps") or {}).items():
-        child = step.get("child_exit") if isinstance(step, Mapping) else None
-        if isinstance(child, Mapping) and step.get("status") in ("failed", "interrupted"):
-            lines.append(f"{name}: {child_exit_text(child)}")
+        said = exit_text(step) if isinstance(step, Mapping) else None
+        if said is not None and step.get("status") in ("failed", "interrupted"):
+            lines.append(f"{name}: {said}")
     return lines
 
 
@@ -245,8 +250,8 @@ def junit(evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str
         status = step.get("status")
         if status == "failed" or status == "interrupted":
             counts["failures"] += 1
-            child = step.get("child_exit")
-            said = [child_exit_text(child)] if isinstance(child, Mapping) else []
+            exited = exit_text(step)
+            said = [exited] if exited is not None else []
             message = (
                 f"{status}: "
                 + "".join(f"{text}; " for text in said)

@@ -31,8 +31,9 @@ from engine.spec.located import (
     parse_yaml,
 )
 
-# Lists that merge BY NAME across extends/include; every other list is replaced wholesale.
-NAMED_LISTS = ("steps", "checks")
+# Lists that merge BY NAME across extends/include (and what one item is called); every other list is
+# replaced wholesale.
+NAMED_LISTS = {"steps": "step", "checks": "check", "require": "requirement"}
 
 
 # --- extends / include --------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def _merge_named(base: _Seq, over: _Seq, section: str, errors: list[SpecError]) 
     out = _copy_marks(base)
     index = {name: i for i, item in enumerate(out) if (name := _name_of(item)) is not None}
     inherited = set(index)
-    what = section[:-1]
+    what = NAMED_LISTS[section]
     for i, (item, m) in enumerate(zip(over, over.item_marks)):
         name = _name_of(item)
         marked = isinstance(item, _Map) and item.get("override") is True

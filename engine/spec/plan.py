@@ -27,7 +27,7 @@ from engine import defaults
 from engine.expr import functions
 from engine.expr.trace import trace
 from engine.secrets import REDACTED, PlanSecrets, Scrubber, is_secret, redact, redact_text
-from engine.spec import expand, plotdefs
+from engine.spec import expand, plotdefs, require
 from engine.spec.load import Spec, best_error, family_of, validator
 from engine.spec.located import SpecError, SpecErrors
 from engine.spec.values import (
@@ -326,6 +326,8 @@ class Plan:
                     for k, v in r["output"]["harvest"].items()
                 )
             )
+        if r["output"].get("fail_on"):
+            out.append("fails on a line matching: " + ", ".join(f"/{p}/" for p in r["output"]["fail_on"]))
         return out
 
 
@@ -598,6 +600,11 @@ def build_plan(
     checks, errors = resolve_checks(spec, values)
     plots, problems = plotdefs.resolve(data, values, spec.locate_key)
     errors += [spec.error(*p) for p in problems]
+    secrets = secret_value_names(data, values, resolved.sources)
+    errors += [
+        require.requirement_error(spec, i, found, [chosen])
+        for i, found in require.unmet(spec, values, steps, chosen, secrets)
+    ]
     if errors:
         raise SpecErrors(sorted(errors, key=SpecError.sort_key))
     plan = Plan(
@@ -606,7 +613,7 @@ def build_plan(
         mode=chosen,
         values=values,
         sources=resolved.sources,
-        secret_names=secret_value_names(data, values, resolved.sources),
+        secret_names=secrets,
         steps=steps,
         checks=checks,
         budget_s=data.get("budget_s"),

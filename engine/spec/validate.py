@@ -12,10 +12,18 @@ import re
 from typing import Any, Iterable, Iterator, Mapping
 
 from engine.expr import functions
-from engine.spec import expand, plotdefs
+from engine.spec import expand, plotdefs, require
 from engine.spec.load import Spec, family_of
 from engine.spec.located import SpecError
-from engine.spec.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
+from engine.spec.plan import (
+    command_timeout,
+    default_builtins,
+    mode_names,
+    resolve_checks,
+    resolve_step,
+    secret_value_names,
+    step_cost,
+)
 from engine.spec.values import iter_refs, layer, resolve, unknown_message
 from engine.types import Check
 
@@ -62,6 +70,8 @@ def _expressions(spec: Spec) -> Iterator[tuple[tuple, str]]:
     for i, s in enumerate(data.get("steps") or []):
         if isinstance(s.get("when"), str):
             yield ("steps", i, "when"), s["when"]
+    for i, rule in enumerate(data.get("require") or []):
+        yield from ((("require", i) + sub, text) for sub, text in _check_texts(rule))
     layers = [(("values",), data.get("values") or {})]
     layers += [(("modes", m), v) for m, v in (data.get("modes") or {}).items() if isinstance(v, dict)]
     for prefix, table in layers:
@@ -90,7 +100,7 @@ def _compile_errors(spec: Spec) -> list[SpecError]:
 
 def _unique_names(spec: Spec) -> list[SpecError]:
     errors = []
-    for section, what in (("steps", "step"), ("checks", "check")):
+    for section, what in (("steps", "step"), ("checks", "check"), ("require", "requirement")):
         first: dict[str, int] = {}
         for i, item in enumerate(spec.data.get(section) or []):
             name = item.get("name")
@@ -467,6 +477,9 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
             found += [(("output", "child_exit", "message", i), m, False) for i, m in enumerate(messages)]
         elif messages is not None:
             found.append((("output", "child_exit", "message"), messages, False))
+    fail_on = (run.get("output") or {}).get("fail_on")
+    if isinstance(fail_on, list):
+        found += [(("output", "fail_on", i), text, False) for i, text in enumerate(fail_on)]
     return found
 
 
@@ -549,10 +562,15 @@ def budget_error(spec: Spec, mode: str, costs: list[tuple[str, float]]) -> SpecE
 
 
 def _mode_pass(
-    spec: Spec, mode: str, environ: Mapping[str, str], unknown: dict[tuple, set[str]], warnings: list[SpecError]
+    spec: Spec,
+    mode: str,
+    environ: Mapping[str, str],
+    unknown: dict[tuple, set[str]],
+    warnings: list[SpecError],
+    unmet: dict[tuple[int, str], list[str]],
 ) -> list[SpecError]:
-    """Resolve values, every step and every check in one mode; unknown `${x}` go to `unknown` (reported
-    across modes), warnings to `warnings`."""
+    """Resolve values, every step and every check in one mode; unknown `${x}` go to `unknown` and the
+    requirements that do not hold to `unmet` (both reported across modes), warnings to `warnings`."""
     data = spec.data
     defs = layer(data, mode, environ, {}, default_builtins(spec, mode))
     res = resolve(defs, spec.locate)
@@ -565,6 +583,7 @@ def _mode_pass(
     failed = set(defs) - set(res.values)
     costs: list[tuple[str, float]] = []
     complete = not failed
+    steps: list[dict[str, Any]] = []
     for i, raw in enumerate(data.get("steps") or []):
         body = {k: v for k, v in raw.items() if k not in ("name", "when", "description")}
         names = list(iter_refs(body, ("steps", i)))
@@ -596,12 +615,16 @@ def _mode_pass(
                     f"grace_s={args.get('grace_s')!r})",
                 )
             )
+        steps.append(step)
         if step["enabled"]:
             costs.append((step["name"], step_cost(step)))
     if complete:
         err = budget_error(spec, mode, [c for c in costs if c[1] > 0])
         if err:
             errors.append(err)
+        secrets = secret_value_names(data, res.values, res.sources)
+        for found in require.unmet(spec, res.values, steps, mode, secrets):
+            unmet.setdefault(found, []).append(mode)
     return errors
 
 
@@ -628,8 +651,11 @@ def findings(spec: Spec, environ: Mapping[str, str] | None = None) -> tuple[list
         errors.append(spec.error(("checks",), "no checks: a probe that asserts nothing always passes"))
     modes = mode_names(spec.data) or ["default"]
     unknown: dict[tuple, set[str]] = {}
+    unmet: dict[tuple[int, str], list[str]] = {}
     for mode in modes:
-        errors += _mode_pass(spec, mode, env, unknown, warnings)
+        errors += _mode_pass(spec, mode, env, unknown, warnings, unmet)
+    for (index, found), in_modes in unmet.items():
+        errors.append(require.requirement_error(spec, index, found, [] if len(in_modes) == len(modes) else in_modes))
     for (path, name), in_modes in unknown.items():
         where = "" if len(in_modes) == len(modes) else f" in mode {', '.join(sorted(in_modes))}"
         errors.append(spec.error(path, f"unknown value ${{{name}}}{where}"))

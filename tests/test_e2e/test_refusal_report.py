@@ -43,6 +43,8 @@ def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and
     child = leg1["child_exit"]
     assert child["name"] == "the trainer" and child["code"] == 3
     assert child["message"].startswith("refused: data mix ") and "but the 4 train shards hold" in child["message"]
+    # The same line is one the leg's `fail_on` names; the report still leads with the child's own exit.
+    assert leg1["fail_on"]["lines"][0] == {"line": child["line"], "text": child["message"], "pattern": "^refused: "}
     # Live: right after the leg, before torchrun's traceback in the failure lines.
     live = proc.stdout[proc.stdout.index("=== leg1") :]
     assert live.index(f"   {said}") < live.index("FAILURE LINES")
@@ -81,3 +83,32 @@ def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started
     assert "fresh start" not in (tmp_path / "r" / doc["steps"]["leg2"]["log"]).read_text()
     assert doc["state"]["hub_after_leg2"]["exists"] is False  # nothing was created in its place
     assert f"leg2: the trainer exited 3: refused: --resume must: repo {repo} does not exist" in proc.stdout
+
+
+def test_a_refusal_behind_a_launcher_that_exits_0_still_fails_the_leg_quoting_the_trainer_s_line(tmp_path):
+    """A wrapper that swallows the launcher's exit code (`...; exit 0`) hides the trainer's refusal from the exit
+    code; the P4 legs' `fail_on` still fails leg 1, quoting the trainer's `refused:` line and its number."""
+    (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
+    (tmp_path / "wrapped.yaml").write_text(
+        "version: 1\n"
+        "extends: specs/p4_smoke.yaml\n"
+        "steps:\n"
+        "  - name: leg1\n"
+        "    override: true\n"
+        "    run:\n"
+        '      argv: ["sh", "-c", \'"$@"; exit 0\', "sh", "${torchrun}", "${train_args}", "--resume", "auto",'
+        ' "--stop-after-steps", "${stop1}"]\n'
+    )
+    proc = engine_run(tmp_path, "wrapped.yaml", "--set", "steps=200000", "--run-dir", "r")
+    assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
+    leg1 = json.loads((tmp_path / "r" / "evidence.json").read_text())["steps"]["leg1"]
+    assert (leg1["rc"], leg1["status"]) == (0, "failed")
+    (first, *_) = leg1["fail_on"]["lines"]
+    assert first["text"].startswith("refused: data mix ") and first["pattern"] == "^refused: "
+    report = proc.stdout[proc.stdout.index("hub_after_leg2_RC") :].splitlines()[1:]
+    # torchrun's own traceback of the failed child, and nothing else, is the other failure line.
+    assert [hit["text"] for hit in leg1["fail_on"]["lines"][1:]] == ["Traceback (most recent call last):"]
+    assert report[0] == (
+        f"leg1: exited 0 but printed a failure line: {json.dumps(first['text'])} (line {first['line']}), "
+        f"and 1 more failure line; the trainer exited 3: {first['text']}"
+    )

@@ -1,0 +1,189 @@
+"""`output.fail_on`: a line a leg prints only when it failed (the trainer's `CKPT FAILED: `, a rank's
+traceback) fails the leg whatever its exit code, quoted with its line number in every report; `engine
+replay` finds such lines in a saved run's raw log with the spec's current rules, `engine check` reads
+the ones the run recorded (and refuses a run whose rules changed since). Real legs (tests/legs/leg.py)
+print the lines and exit 0; the P4 rule is read from the shipped specs and matched against the
+trainer's own failure lines and the saved healthy runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import xml.etree.ElementTree as ET
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.cli import main
+from engine.run.lines import Block
+from engine.run.output import Capture, compile_rules, reharvest
+from engine.spec.load import load_spec
+from engine.spec.plan import build_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+LEG = str(ROOT / "tests" / "legs" / "leg.py")
+PREFIX = r"^\[(?:default|rank|worker)\d*\]:\s*"
+FAIL_ON = ["^CKPT FAILED: ", r"^Traceback \(most recent call last\):"]
+TOKEN = "hf_failonSECRETfailonSECRET0123"
+# A healthy leg's lines, then the trainer's failed push as torchrun --tee prints it, then more.
+PRINTS = [
+    "[default0]:step 10/20 loss 5.1807",
+    "[default0]:CKPT push step=20 -> ckpt/checkpoint-20",
+    f"[default0]:CKPT FAILED: push of step 20 to https://u:{TOKEN}@hub/o/n failed: ConnectionError",
+    "[default1]:Traceback (most recent call last):",
+    '[default1]:  File "trainer/train.py", line 9, in main',
+    "[default0]:RUN_JSON {}",
+]
+
+
+def write_spec(path: Path, fail_on: list[str] | None, prints: list[str] = PRINTS) -> Path:
+    output: dict = {"strip_prefix": PREFIX, "harvest": {"run_json": {"marker": "RUN_JSON "}}}
+    if fail_on is not None:
+        output["fail_on"] = fail_on
+    doc = {
+        "version": 1,
+        "name": "printed",
+        "budget_s": 100,
+        "values": {"hub_token": TOKEN},
+        "steps": [{"name": "leg1", "run": {"argv": [sys.executable, LEG, *prints], "timeout_s": 30, "output": output}}],
+        "checks": [{"name": "reported", "why": "the leg reported", "expr": "steps.leg1.harvest.run_json == `{}`"}],
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+    return path
+
+
+def engine(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+SAID = 'leg1: exited 0 but printed a failure line: "CKPT FAILED: push of step 20 to https://u:'
+
+
+def test_a_leg_that_exits_0_but_prints_a_failure_line_fails_quoting_the_line(tmp_path: Path) -> None:
+    spec, run = write_spec(tmp_path / "s.yaml", FAIL_ON), tmp_path / "run"
+    rc, out, _ = engine("run", str(spec), "--run-dir", str(run), "--junit", str(tmp_path / "j.xml"))
+    doc = json.loads((run / "evidence.json").read_text())
+    leg = doc["steps"]["leg1"]
+    assert (rc, leg["rc"], leg["status"]) == (5, 0, "failed")
+    assert doc["verdict"]["failed"] == ["step:leg1"]  # the check itself passes: the leg did report
+    assert [r["outcome"] for r in doc["checks"]] == ["PASS"]
+    # Each line with its number in the leg's log and the rule that matched it, masked like the log.
+    assert leg["fail_on"] == {
+        "count": 2,
+        "lines": [
+            {
+                "line": 3,
+                "text": "CKPT FAILED: push of step 20 to https://u:<redacted>@hub/o/n failed: ConnectionError",
+                "pattern": "^CKPT FAILED: ",
+            },
+            {"line": 4, "text": "Traceback (most recent call last):", "pattern": FAIL_ON[1]},
+        ],
+    }
+    assert TOKEN not in (run / "evidence.json").read_text() and TOKEN not in out
+    lead = SAID + '<redacted>@hub/o/n failed: ConnectionError" (line 3), and 1 more failure line'
+    # Said as the leg ends, and first in the report, right above the table.
+    lines = out.splitlines()
+    assert f"   {lead}" in lines
+    table = next(i for i, line in enumerate(lines) if line.startswith("check "))
+    assert lines[table - 1] == lead
+    assert "step:leg1  failed   rc 0, printed a failure line (line 3)" in out
+    failure = ET.parse(tmp_path / "j.xml").getroot().find("testcase[@name='leg1']/failure")
+    assert failure is not None and failure.get("message", "").startswith("failed: exited 0 but printed a failure line")
+
+
+def test_the_same_leg_without_the_rule_passes(tmp_path: Path) -> None:
+    """What `failure_patterns` alone does today: a leg that exits 0 passes, whatever it printed."""
+    spec, run = write_spec(tmp_path / "s.yaml", None), tmp_path / "run"
+    rc, _, _ = engine("run", str(spec), "--run-dir", str(run))
+    assert rc == 0 and "fail_on" not in json.loads((run / "evidence.json").read_text())["steps"]["leg1"]
+
+
+def test_replay_finds_the_failure_line_a_spec_now_names_and_check_refuses_the_run(tmp_path: Path) -> None:
+    spec, run = write_spec(tmp_path / "s.yaml", None), tmp_path / "run"
+    assert engine("run", str(spec), "--run-dir", str(run))[0] == 0
+    write_spec(spec, FAIL_ON)
+    rc, out, err = engine("check", str(spec), "--evidence", str(run))
+    assert rc == 2 and "the output rules changed since the run" in out + err and "output.fail_on" in out + err
+    rc, out, err = engine("replay", str(spec), "--evidence", str(run))
+    assert rc == 5, out + err
+    assert out.splitlines()[1].startswith(SAID)
+    assert "step leg1: the evidence says status 'ok', but it exited 0 but printed a failure line" in err
+    record = json.loads(next(run.glob("replay-*.json")).read_text())
+    assert record["verdict"]["failed"] == ["step:leg1"]
+    assert record["steps"]["leg1"]["fail_on"]["lines"][0]["line"] == 3
+    assert record["steps"]["leg1"]["failure_lines"]  # kept as for any failed leg
+
+
+def test_check_reads_the_recorded_failure_line_even_under_a_status_edited_to_ok(tmp_path: Path) -> None:
+    spec, run = write_spec(tmp_path / "s.yaml", FAIL_ON), tmp_path / "run"
+    assert engine("run", str(spec), "--run-dir", str(run))[0] == 5
+    rc, out, _ = engine("check", str(spec), "--evidence", str(run))
+    assert rc == 5 and out.splitlines()[1].startswith(SAID)
+    doc = json.loads((run / "evidence.json").read_text())
+    doc["steps"]["leg1"]["status"] = "ok"
+    (run / "evidence.json").write_text(json.dumps(doc))
+    rc, _, err = engine("check", str(spec), "--evidence", str(run))
+    assert rc == 5 and "but it exited 0 but printed a failure line" in err
+    # A replay whose rules no longer name the line lets the leg pass again: the lines are the rules'.
+    write_spec(spec, ["^never printed$"])
+    assert engine("replay", str(spec), "--evidence", str(run))[0] == 0
+
+
+def test_a_leg_that_exits_nonzero_and_prints_a_failure_line_is_reported_by_its_exit(tmp_path: Path) -> None:
+    spec, run = write_spec(tmp_path / "s.yaml", FAIL_ON, [*PRINTS, "@rc:4"]), tmp_path / "run"
+    rc, out, _ = engine("run", str(spec), "--run-dir", str(run))
+    assert rc == 5 and 'leg1: exited 4 and printed a failure line: "CKPT FAILED: ' in out
+
+
+def test_a_bad_fail_on_regex_is_an_invalid_spec_naming_where(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", ["^CKPT FAILED: ", "(unclosed"])
+    rc, out, _ = engine("validate", str(spec))
+    assert rc == 2 and "$.steps[0].run.output.fail_on[1]" in out and "bad regex '(unclosed'" in out
+
+
+# ---- the P4 specs' rule: the trainer's failure lines, and never a healthy leg's
+
+
+def p4_rules(spec: str = "p4_smoke.yaml") -> dict:
+    plan = build_plan(load_spec(ROOT / "specs" / spec), environ={})
+    legs = [s for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+    assert legs and all(s["run"]["output"] == legs[0]["run"]["output"] for s in legs)
+    return legs[0]["run"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # trainer/train.py: a refusal (exit 3), a failed push (exit 4), bad flags (exit 2), argparse's own.
+        "[default0]:refused: --resume must: repo file:///s/o/n does not exist",
+        "[default0]:CKPT FAILED: push of step=20 to file:///s/o/n failed: StoreError: disk full",
+        "[default1]:python -m trainer.train: error: --stop-after-steps 25 is not a push step",
+        "[default0]:train.py: error: argument --lr: invalid float value: 'x'",
+        # A rank's uncaught exception, and a push thread's (threading prints the same header).
+        "[default1]:Traceback (most recent call last):",
+    ],
+)
+def test_the_p4_legs_fail_on_each_failure_line_the_trainer_prints(line: str) -> None:
+    rules = compile_rules(p4_rules())
+    capture = Capture(rules)
+    capture.feed(Block(f"[default0]:step 1/20 loss 6.2\n{line}", 2, 1, rules.strip_prefix))
+    assert capture.fail_on_result() is not None and capture.fail_on_result()["lines"][0]["line"] == 2
+
+
+@pytest.mark.parametrize("spec", ["p4_smoke", "p4_soak", "p4_preempt"])
+def test_no_line_of_the_saved_healthy_runs_is_a_p4_failure_line(spec: str) -> None:
+    """The saved runs under evidence/ are real runs of these specs that passed: every leg's raw log,
+    re-read with the rule, names no failure line (the lookalikes a healthy leg prints included)."""
+    run_dir = ROOT / "evidence" / spec
+    saved = json.loads((run_dir / "evidence.json").read_text())
+    legs = [name for name, s in saved["steps"].items() if s.get("kind") == "run" and name.startswith("leg")]
+    assert legs == ["leg1", "leg2"]
+    for name in legs:
+        fresh = reharvest({"run": p4_rules(f"{spec}.yaml")}, run_dir / saved["steps"][name]["log"], run_dir)
+        assert fresh["lines"] > 10 and fresh["fail_on"] is None, (spec, name, fresh["fail_on"])
