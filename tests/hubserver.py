@@ -38,7 +38,8 @@ keeps the uploaded hash; bytes that are corrupt already stay as they are), ``sta
 processed, e.g. a commit lands, and the answer is held back ``delay_s`` seconds, or until the server stops: an
 answer that never comes) and ``stale_listing`` (a tree listing leaves out the files matching ``file_pattern``,
 as a listing served from a replica that lags behind the last commit), ``trickle`` (the answer's body is sent at
-``rate_bps`` bytes a second), ``foreign`` (the URLs the answer names, a listing's next page and an LFS verify
+``rate_bps`` bytes a second; given ``delay_s``, a second's worth, then nothing for ``delay_s``, then the connection
+drops), ``foreign`` (the URLs the answer names, a listing's next page and an LFS verify
 action, point at a second listener of this server, :attr:`HubServer.foreign_url`: another host to the client),
 ``gated`` (HTTP 403 ``GatedRepo`` with the Hub's text) and ``hidden`` (HTTP 401 ``RepoNotFound``: a repo private to
 other accounts, as the Hub answers a token that cannot see it). Objects are content-addressed and never replaced
@@ -632,12 +633,15 @@ class _HubHandler(BaseHTTPRequestHandler):
         """Send ``body`` a byte at a time at the fault's rate, until it is sent, the client hangs up or the server
         stops."""
         assert self._fault is not None
-        pause = 1.0 / max(self._fault.rate_bps, 1e-3)
+        rate, stall = max(self._fault.rate_bps, 1e-3), self._fault.delay_s
         for i in range(len(body)):
-            if self.hub._stopping.wait(pause):
+            if self.hub._stopping.wait(1.0 / rate):
                 raise _Drop()
             self.wfile.write(body[i : i + 1])
             self.wfile.flush()
+            if stall is not None and i + 1 >= rate:  # a second's worth sent: stall, then hang up
+                self.hub._stopping.wait(stall)
+                raise _Drop()
 
     def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)

@@ -53,7 +53,9 @@ def within(seconds: float, fn: Callable[[], Any]) -> Any:
     return box.get("value")
 
 
-def store_on(server: HubServer, name: str, *, private: bool = True, **policy: Any) -> HubStore:
+def store_on(
+    server: HubServer, name: str, *, private: bool = True, timeouts: Timeouts | None = None, **policy: Any
+) -> HubStore:
     settings = {"attempts": 3, "base_s": 0.01, "max_s": 0.05, "max_retry_after_s": 60, "sleep": SleepRecorder()}
     return HubStore(
         f"tester/{name}",
@@ -61,7 +63,7 @@ def store_on(server: HubServer, name: str, *, private: bool = True, **policy: An
         token=HUB_TOKEN,
         private=private,
         retry=RetryPolicy(**{**settings, **policy}),
-        timeouts=Timeouts(connect_s=5.0, read_s=5.0),
+        timeouts=timeouts or Timeouts(connect_s=5.0, read_s=5.0),
     )
 
 
@@ -153,8 +155,7 @@ TRICKLE = Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=1.0, progress_s=0.5)
 def test_a_trickling_download_ends_at_its_deadline_and_is_fetched_again(
     hub_server: HubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = store_on(hub_server, "trickle")
-    store.timeouts = TRICKLE
+    store = store_on(hub_server, "trickle", timeouts=TRICKLE)
     store.create()
     data = os.urandom(4096)
     store.commit({"m.safetensors": write(tmp_path, "m", data)})
@@ -174,8 +175,7 @@ def test_a_trickling_download_ends_at_its_deadline_and_is_fetched_again(
 def test_a_trickle_that_persists_fails_the_read_instead_of_resuming_forever(
     hub_server: HubServer, tmp_path: Path
 ) -> None:
-    store = store_on(hub_server, "tricklemore", attempts=2)
-    store.timeouts = TRICKLE
+    store = store_on(hub_server, "tricklemore", attempts=2, timeouts=TRICKLE)
     store.create()
     store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(4096))})
     hub_server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", rate_bps=50, times=1000)
@@ -184,11 +184,28 @@ def test_a_trickle_that_persists_fails_the_read_instead_of_resuming_forever(
     assert "after 2 tries" in str(e.value) and "slower than the 1 KB/s" in str(e.value), str(e.value)
 
 
+def test_a_download_the_client_resumes_again_and_again_still_ends_at_its_deadline(
+    hub_server: HubServer, tmp_path: Path
+) -> None:
+    # Every answer sends a second's worth of bytes and stalls past the read timeout; the client resumes with a
+    # Range request, and starts its count of retries again since bytes arrived: each request alone stays within
+    # its own limit, the download as a whole never would.
+    store = store_on(hub_server, "resumed", attempts=1, timeouts=TRICKLE)
+    store.create()
+    store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(4096))})
+    hub_server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", rate_bps=50, delay_s=3, times=1000)
+    with pytest.raises(StoreError) as e:
+        within(60, lambda: store.read_bytes("m.safetensors"))
+    assert "download of hf://tester/resumed/m.safetensors: " in str(e.value), str(e.value)
+    assert "slower than the 1 KB/s" in str(e.value) and len(hub_server.requests("GET", r"/resolve/")) >= 2
+
+
 def test_a_long_transfer_says_how_far_it_got(
     hub_server: HubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = store_on(hub_server, "progress")
-    store.timeouts = Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=0.25, progress_s=0.4)
+    store = store_on(
+        hub_server, "progress", timeouts=Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=0.25, progress_s=0.4)
+    )
     store.create()
     data = os.urandom(2048)
     store.commit({"m.safetensors": write(tmp_path, "m", data)})
