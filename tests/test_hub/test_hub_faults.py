@@ -1,8 +1,9 @@
 """Hub faults injected by tests/hubserver.py, survived by HubStore (and the Checkpointer above it) through the
 real huggingface_hub client: retried with backoff when transient, a landed-but-unacknowledged commit settled
 by reading back (never pushed twice), an answer that never comes ended by the read timeout and settled the
-same way, 409 and 412 re-read, truncated downloads re-fetched, corruption caught and repaired, a lagging
-listing read again."""
+same way, 409 and 412 re-read, truncated downloads re-fetched, corruption caught and repaired (or, where the store
+cannot replace the corrupt object, pushed as a byte-different copy of the same content), a lagging listing read
+again."""
 
 from __future__ import annotations
 

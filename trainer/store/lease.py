@@ -14,7 +14,9 @@ pushes and move the pointer backwards. So every write of the checkpoint protocol
   moves the pointer). When the lease is due for renewal the renewed ``lease.json`` rides in the same commit.
 - A heartbeat thread renews the lease between pushes (when less than half its time is left), so a
   long stretch of training without a push does not let it expire. The TTL must outlast the longest push.
-- ``release()`` deletes ``lease.json`` (a finished or failed session); a killed one leaves it behind.
+- ``release()`` deletes ``lease.json`` (a finished or failed session); a killed one leaves it behind. The store
+  retries the release like any write (an outage waited out: trainer/store/hub_settings.py); one that still fails
+  says until when ``lease.json`` names this writer, and who can take over then.
 
 A lease is stale when it expired (``expires`` is the holder's wall clock plus its TTL; clocks of different
 machines are trusted to within the TTL) or, at once, when its holder provably ran where this process can see
