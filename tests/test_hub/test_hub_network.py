@@ -147,6 +147,25 @@ def test_a_retry_after_given_as_an_http_date_is_waited_for(
     assert len(sleeps.delays) == 1 and 15 <= sleeps.delays[0] <= 21, sleeps.delays
 
 
+def test_every_wait_an_answer_names_is_rewritten_to_whole_seconds_under_the_cap() -> None:
+    from trainer.store.hub_http import _cap_waits, bound_requests
+
+    bound_requests(Timeouts(), max_wait_s=120)  # what a store opened with SPECPROBE_HUB_MAX_WAIT_S=120 sets
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    cases = {
+        "86400": {"120"},  # a day: cut
+        "7.5": {"8"},  # whole seconds: the client reads digits only
+        soon: {"29", "30"},  # an HTTP date, which the client ignores: parsed (to the second)
+        "Wed, 21 Oct 2015 07:28:00 GMT": {"0"},  # a date past
+        "soon": {"soon"},  # neither: left to the client's own backoff
+    }
+    for given, want in cases.items():
+        headers = {"Retry-After": given, "RateLimit": '"api";r=0;t=86400'}
+        _cap_waits(headers)
+        assert headers["Retry-After"] in want, (given, headers)
+        assert headers["RateLimit"] == '"api";r=0;t=120'  # the client's other source of a wait
+
+
 # ------------------------------------------------------------------------------------- transfers (item 18)
 
 TRICKLE = Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=1.0, progress_s=0.5)

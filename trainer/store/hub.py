@@ -118,6 +118,8 @@ HUB_BOOKKEEPING = frozenset({".gitattributes"})
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TOKENISH = re.compile(r"hf_[A-Za-z0-9_]{8,}")
+# A presigned storage URL's signature is a credential for its object until it expires: kept out of messages too.
+_SIGNED = re.compile(r"(?i)([?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|sig)=)[^&\s'\"]*")
 _CHUNK = 1 << 20
 T = TypeVar("T")
 
@@ -647,10 +649,11 @@ class HubStore:
         )
 
     def _safe(self, text: str) -> str:
-        """``text`` with the token (and anything shaped like a Hub token) blanked out."""
+        """``text`` with the token (and anything shaped like a Hub token, and a presigned URL's signature) blanked
+        out."""
         if self._token:
             text = text.replace(self._token, "<redacted>")
-        return _TOKENISH.sub("<redacted>", text)
+        return _SIGNED.sub(r"\1<redacted>", _TOKENISH.sub("<redacted>", text))
 
 
 class _RevisionMissing(StoreError):
