@@ -133,8 +133,8 @@ def _cap_waits(headers: Any) -> None:
 
 
 def _label(method: str, url: Any) -> str:
-    parts = urlsplit(str(url))  # the query is left out: a presigned URL carries its signature there
-    return f"{method} {parts.scheme}://{parts.netloc}{parts.path}"
+    # Host and path only: a presigned URL carries its signature in the query, a proxy URL its password in userinfo.
+    return f"{method} {_show(origin(str(url)))}{urlsplit(str(url)).path}"
 
 
 def _length(headers: Any) -> int | None:
