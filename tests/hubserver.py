@@ -37,10 +37,21 @@ lands, the stored bytes of the added files matching ``file_pattern`` are changed
 keeps the uploaded hash; bytes that are corrupt already stay as they are), ``stall`` (the request is fully
 processed, e.g. a commit lands, and the answer is held back ``delay_s`` seconds, or until the server stops: an
 answer that never comes) and ``stale_listing`` (a tree listing leaves out the files matching ``file_pattern``,
-as a listing served from a replica that lags behind the last commit). LFS objects are content-addressed and
-never replaced by an upload of the same oid, like the Hub's: a corrupt object stays until it is permanently
-deleted. A fault fires on the ``nth`` matching request and the ``times - 1`` matching requests after it.
-:meth:`HubServer.corrupt` changes a stored file directly.
+as a listing served from a replica that lags behind the last commit), ``trickle`` (the answer's body is sent at
+``rate_bps`` bytes a second; given ``delay_s``, a second's worth, then nothing for ``delay_s``, then the connection
+drops), ``foreign`` (the URLs the answer names, a listing's next page and an LFS verify
+action, point at a second listener of this server, :attr:`HubServer.foreign_url`: another host to the client),
+``gated`` (HTTP 403 ``GatedRepo`` with the Hub's text) and ``hidden`` (HTTP 401 ``RepoNotFound``: a repo private to
+other accounts, as the Hub answers a token that cannot see it). Objects are content-addressed and never replaced
+by an upload of the same content, like the Hub's: an LFS object stays until it is permanently deleted, and a
+regular file's git blob for good (git writes no object it has). A fault fires on the ``nth`` matching request and
+the ``times - 1`` matching requests after it, or, given ``duration_s``, on every matching request for that many
+seconds from its first firing (an outage). :meth:`HubServer.corrupt` changes a stored file directly.
+
+``HubServer(xet=True)`` answers downloads as a Xet-backed Hub does (``X-Xet-Hash`` and the ``xet-auth`` link to
+the read-token endpoint); the token endpoints answer 501 (this server speaks no Xet) unless a ``status`` fault
+says otherwise. Every request log record says which listener got it (``host``: hub | foreign) and whether it
+carried an ``Authorization`` header at all (``auth_header``).
 """
 
 from __future__ import annotations
@@ -95,7 +106,19 @@ FAULT_KINDS = (
     "truncate_upload",
     "corrupt",
     "stale_listing",
+    "trickle",
+    "foreign",
+    "gated",
+    "hidden",
 )
+
+
+def _repo_in(path: str) -> tuple[str, str]:
+    """(kind, owner/name) a request path is about: an API path or a download path."""
+    m = re.match(r"^/(?:api/)?(models/|datasets/|spaces/)?([^/?]+/[^/?]+)", path)
+    if not m:
+        return "model", "?"
+    return {"datasets/": "dataset", "spaces/": "space"}.get(m.group(1) or "", "model"), m.group(2)
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -158,12 +181,15 @@ class Fault:
     nth: int = 1
     times: int = 1
     status: int = 503
-    retry_after: float | None = None
+    retry_after: float | str | None = None  # seconds, or an HTTP date as the header gives it
     mode: str = "close"
     file_pattern: str = ".*"
     delay_s: float | None = None  # stall: seconds the answer is held back (None: until the server stops)
+    duration_s: float | None = None  # fire on every match for this long from the first firing (``times`` ignored)
+    rate_bps: float = 1.0  # trickle: bytes a second
     seen: int = 0
     fired: int = 0
+    first_fired: float | None = None
 
     def matches(self, method: str, path: str) -> bool:
         if self.method is not None and self.method.upper() != method:
@@ -173,7 +199,17 @@ class Fault:
     def take(self) -> bool:
         """Count one matching request; True when this one must fail."""
         self.seen += 1
-        if self.seen >= self.nth and self.fired < self.times:
+        if self.seen < self.nth:
+            return False
+        if self.duration_s is not None:
+            now = time.monotonic()
+            if self.first_fired is None:
+                self.first_fired = now
+            if now - self.first_fired > self.duration_s:
+                return False
+            self.fired += 1
+            return True
+        if self.fired < self.times:
             self.fired += 1
             return True
         return False
@@ -192,6 +228,8 @@ class Fault:
                 "mode",
                 "file_pattern",
                 "delay_s",
+                "duration_s",
+                "rate_bps",
                 "seen",
                 "fired",
             )
@@ -223,12 +261,14 @@ class HubServer:
         lfs_patterns: tuple[str, ...] = DEFAULT_LFS_PATTERNS,
         page_size: int = 1000,
         port: int = 0,
+        xet: bool = False,
     ):
         self.token = token  # None: any non-empty bearer token is accepted
         self.user = user
         self.lfs_threshold = lfs_threshold
         self.lfs_patterns = tuple(lfs_patterns)
         self.page_size = page_size
+        self.xet = xet
         self.repos: dict[tuple[str, str], Repo] = {}
         self.faults: list[Fault] = []
         self.log: list[dict[str, Any]] = []
@@ -237,7 +277,11 @@ class HubServer:
         self._counter = 0
         self._httpd = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._httpd.daemon_threads = True
+        # A second listener on the same state: "another host" to a client (the ``foreign`` fault names it).
+        self._foreign = _QuietServer(("127.0.0.1", 0), _make_handler(self, foreign=True))
+        self._foreign.daemon_threads = True
         self._thread: threading.Thread | None = None
+        self._foreign_thread: threading.Thread | None = None
         self._stopping = threading.Event()  # wakes every stalled answer
 
     # ----------------------------------------------------------------------------------- lifecycle
@@ -249,19 +293,28 @@ class HubServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def foreign_url(self) -> str:
+        return f"http://127.0.0.1:{self._foreign.server_address[1]}"
+
     def start(self) -> "HubServer":
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="hubserver", daemon=True
         )
         self._thread.start()
+        self._foreign_thread = threading.Thread(
+            target=self._foreign.serve_forever, kwargs={"poll_interval": 0.05}, name="hubserver-foreign", daemon=True
+        )
+        self._foreign_thread.start()
         return self
 
     def stop(self) -> None:
         self._stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for httpd, thread in ((self._httpd, self._thread), (self._foreign, self._foreign_thread)):
+            if thread is not None:
+                httpd.shutdown()
+                thread.join(timeout=5)
+            httpd.server_close()
 
     def env(self, disable_xet: bool = True) -> dict[str, str]:
         """Environment for a subprocess (a trainer) that must talk to this server."""
@@ -288,17 +341,19 @@ class HubServer:
         nth: int = 1,
         times: int = 1,
         status: int | None = None,
-        retry_after: float | None = None,
+        retry_after: float | str | None = None,
         mode: str = "close",
         file_pattern: str = ".*",
         delay_s: float | None = None,
+        duration_s: float | None = None,
+        rate_bps: float = 1.0,
     ) -> Fault:
         """Arm a fault on requests whose path (with query) matches ``path_pattern`` (``re.search``)."""
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
         if mode not in ("close", "short"):
             raise ValueError(f"unknown truncate mode {mode!r} (close|short)")
-        default_status = {"conflict": 412, "status": 503}.get(kind, 503)
+        default_status = {"conflict": 412, "status": 503, "gated": 403, "hidden": 401}.get(kind, 503)
         fault = Fault(
             kind=kind,
             path_pattern=path_pattern,
@@ -310,6 +365,8 @@ class HubServer:
             mode=mode,
             file_pattern=file_pattern,
             delay_s=None if delay_s is None else float(delay_s),
+            duration_s=None if duration_s is None else float(duration_s),
+            rate_bps=float(rate_bps),
         )
         with self._lock:
             self.faults.append(fault)
@@ -398,9 +455,10 @@ class _QuietServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
+def _make_handler(server: HubServer, foreign: bool = False) -> type[BaseHTTPRequestHandler]:
     class Handler(_HubHandler):
         hub = server
+        on_foreign = foreign
 
     return Handler
 
@@ -409,6 +467,7 @@ class _HubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like the Hub
     server_version = "specprobe-hubserver/1"
     hub: HubServer
+    on_foreign: bool = False
 
     def setup(self) -> None:
         super().setup()
@@ -446,6 +505,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             # lower-case names: clients differ in how they spell them
             "headers": {k.lower(): (REDACTED if k.lower() == "authorization" else v) for k, v in self.headers.items()},
             "authorized": self._authorized(),
+            "auth_header": self._has_auth_header(),
+            "host": "foreign" if self.on_foreign else "hub",
             "status": None,
             "fault": None,
         }
@@ -476,15 +537,26 @@ class _HubHandler(BaseHTTPRequestHandler):
             return
         if f.kind == "status":
             self._read_body()
-            headers = (
-                {"Retry-After": str(int(f.retry_after) if float(f.retry_after).is_integer() else f.retry_after)}
-                if f.retry_after is not None
-                else {}
-            )
+            ra = f.retry_after
+            if isinstance(ra, (int, float)):
+                ra = str(int(ra) if float(ra).is_integer() else ra)
+            headers = {"Retry-After": ra} if ra is not None else {}
             raise _Reply(f.status, f"injected fault: HTTP {f.status}", headers=headers)
         if f.kind == "conflict":
             self._read_body()
             raise _Reply(412, "injected fault: the parent commit is not the head of the branch")
+        if f.kind == "gated":
+            self._read_body()
+            kind, repo_id = _repo_in(self.path)
+            raise _Reply(
+                f.status,
+                f"Access to {kind} {repo_id} is restricted. You must have access to it and be authenticated to "
+                "access it. Please log in.",
+                code="GatedRepo",
+            )
+        if f.kind == "hidden":
+            self._read_body()
+            raise _Reply(f.status, "Invalid username or password.", code="RepoNotFound")
         if f.kind == "reset":
             # Take part of the upload, then reset the connection under the client's feet.
             length = int(self.headers.get("Content-Length") or 0)
@@ -553,7 +625,23 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         if self._method != "HEAD" and body:
+            if self._fault is not None and self._fault.kind == "trickle":
+                return self._trickle(body)
             self.wfile.write(body)
+
+    def _trickle(self, body: bytes) -> None:
+        """Send ``body`` a byte at a time at the fault's rate, until it is sent, the client hangs up or the server
+        stops."""
+        assert self._fault is not None
+        rate, stall = max(self._fault.rate_bps, 1e-3), self._fault.delay_s
+        for i in range(len(body)):
+            if self.hub._stopping.wait(1.0 / rate):
+                raise _Drop()
+            self.wfile.write(body[i : i + 1])
+            self.wfile.flush()
+            if stall is not None and i + 1 >= rate:  # a second's worth sent: stall, then hang up
+                self.hub._stopping.wait(stall)
+                raise _Drop()
 
     def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
@@ -661,6 +749,12 @@ class _HubHandler(BaseHTTPRequestHandler):
             if c.oid == rev:
                 return c
         raise _Reply(404, f"Invalid rev id: {rev}", code="RevisionNotFound", repo=repo)
+
+    def _named_url(self) -> str:
+        """The base of the URLs an answer names: this server, or its second listener under a ``foreign`` fault
+        (and on that listener itself, which names itself)."""
+        foreign = self.on_foreign or (self._fault is not None and self._fault.kind == "foreign")
+        return self.hub.foreign_url if foreign else self.hub.url
 
     def _repo_url(self, repo: Repo) -> str:
         return f"{self.hub.url}/{_URL_PREFIX[repo.repo_type]}{repo.repo_id}"
@@ -814,7 +908,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         if start + self.hub.page_size < len(items):
             split = urlsplit(self.path)
             query = "&".join(f"{k}={quote(v[0])}" for k, v in self._query.items() if k != "cursor")
-            nxt = f"{self.hub.url}{split.path}?{query + '&' if query else ''}cursor={start + self.hub.page_size}"
+            nxt = f"{self._named_url()}{split.path}?{query + '&' if query else ''}cursor={start + self.hub.page_size}"
             headers["Link"] = f'<{nxt}>; rel="next"'
         self._json(page, headers=headers)
 
@@ -877,7 +971,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             tree = dict(head.tree)
             new_blobs: dict[str, bytearray] = {}
             added = [p for line in operations if (p := self._apply(repo, tree, new_blobs, line))]
-            repo.blobs.update(new_blobs)
+            for key, data in new_blobs.items():
+                repo.blobs.setdefault(key, data)  # git writes no object it has, a corrupt one included
             commit = Commit(
                 oid=self.hub._next_oid(repo.repo_id, head.oid, summary),
                 parent=head.oid,
@@ -1024,7 +1119,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                         "href": f"{self.hub.url}/__lfs__/upload/{where}/{oid}/{size}?sig={self.hub._sign(oid)}",
                         "header": {},
                     },
-                    "verify": {"href": f"{self.hub.url}/__lfs__/verify/{where}", "header": {}},
+                    "verify": {"href": f"{self._named_url()}/__lfs__/verify/{where}", "header": {}},
                 }
             objects.append(item)
         self._send(
@@ -1087,6 +1182,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = str(entry.size)
         else:
             headers["ETag"] = f'"{entry.oid}"'
+        if self.hub.xet:  # a Xet-backed Hub names the file's Xet hash and where to get a read token
+            headers["X-Xet-Hash"] = hashlib.sha256(b"xet:" + data).hexdigest()
+            where = f"{self.hub.url}/api/{repo_type}s/{repo_id}/xet-read-token/{commit.oid}"
+            headers["Link"] = f'<{where}>; rel="xet-auth"'
         status, body = 200, data
         rng = self.headers.get("Range")
         if rng:

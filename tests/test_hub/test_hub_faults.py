@@ -1,15 +1,16 @@
 """Hub faults injected by tests/hubserver.py, survived by HubStore (and the Checkpointer above it) through the
 real huggingface_hub client: retried with backoff when transient, a landed-but-unacknowledged commit settled
 by reading back (never pushed twice), an answer that never comes ended by the read timeout and settled the
-same way, 409 and 412 re-read, truncated downloads re-fetched, corruption caught and repaired, a lagging
-listing read again."""
+same way, 409 and 412 re-read, truncated downloads re-fetched, corruption caught and repaired (or, where the store
+cannot replace the corrupt object, pushed as a byte-different copy of the same content), a lagging listing read
+again."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -313,21 +314,88 @@ def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_
     assert read_pointer(store).step == 20
 
 
-def test_a_small_regular_file_corrupted_in_the_store_is_repaired_by_delete_then_upload(
+def real_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
+    """A checkpoint folder of the real formats (safetensors, torch zip archives, JSON), trainer_state.json sealed
+    like the trainer's; weights and model.safetensors past the LFS threshold, config.json and the state under it."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp / f"real-{step}"
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(step)
+    save_file({"w": torch.randn(64, 64, generator=g)}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 64, "model_type": "llama"}, indent=2) + "\n")
+    torch.save({"exp_avg": torch.randn(64, 64, generator=g)}, folder / "optimizer.pt")
+    torch.save([torch.get_rng_state()], folder / "rng.pt")
+    others = {n: sha((folder / n).read_bytes()) for n in CHECKPOINT_FILES if n != STATE_FILE}
+    state = seal_trainer_state({"step": step, "tokens_consumed": step * 100, "config_hash": IDENTITY.hash}, others)
+    (folder / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    return folder, {**others, STATE_FILE: sha((folder / STATE_FILE).read_bytes())}
+
+
+def corrupt_then_push_again(server: HubServer, store: HubStore, tmp: Path, name: str) -> tuple[Path, dict, str, list]:
+    """Step 10 pushed clean; a session's step-20 commit whose stored ``name`` went bad; the next session pushes the
+    same bytes of step 20 again. Returns (folder, its hashes, the corrupt commit's revision, the push's log)."""
+    run_pushes(store, tmp, [10], [])
+    folder, files = real_ckpt(tmp, 20)
+    bad = store.commit({f"ckpt/checkpoint-20/{n}": folder / n for n in files}, message="checkpoint step 20")
+    server.corrupt(store.repo_id, f"ckpt/checkpoint-20/{name}")
+    log: list[str] = []
+    Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash=IDENTITY.hash)
+    return folder, files, bad, log
+
+
+def assert_pushed_as_a_copy_losing_nothing(
+    server: HubServer, store: HubStore, tmp: Path, name: str, files: dict, bad: str, log: list[str]
+) -> None:
+    from safetensors.torch import load_file
+
+    from trainer.ckpt.checkpointer import unseal_trainer_state
+    from trainer.ckpt.scan import fetch
+
+    said = [line for line in log if line.startswith("CKPT variant step=20: ")]
+    assert len(said) == 1 and f"{name} still read back corrupt" in said[0], log
+    assert "pushing a byte-different copy of the same content" in said[0] and "for inspection" in said[0]
+    pointer = read_pointer(store)
+    assert pointer is not None and (pointer.step, pointer.path_in_repo) == (20, "ckpt/checkpoint-20")
+    assert pointer.files[name] != files[name]  # a new object: the stored copy differs in bytes
+    # The corrupt object stays in the history: in the session's commit, and at the revision the log names.
+    repo = server.repo(store.repo_id)
+    named = re.search(r"at revision ([0-9a-f]{40}) for inspection", said[0])
+    assert named is not None, said[0]
+    for rev in (bad, named.group(1)):
+        entry = next(c for c in repo.commits if c.oid == rev).tree[f"ckpt/checkpoint-20/{name}"]
+        assert sha(bytes(repo.blobs[entry.key])) not in (files[name], pointer.files[name])
+    # Nothing lost: a cold resume fetches every file of the pointer, each matching, the content as trained.
+    out = fetch(store, pointer, tmp / "cold")
+    state = unseal_trainer_state((out / STATE_FILE).read_bytes(), "trainer_state.json")
+    assert state["step"] == 20 and state["files"] == {n: h for n, h in pointer.files.items() if n != STATE_FILE}
+    original = tmp / "real-20"
+    if name == "model.safetensors":
+        got, want = load_file(str(out / name)), load_file(str(original / name))
+        assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+    else:
+        assert json.loads((out / name).read_text()) == json.loads((original / name).read_text())
+
+
+def test_a_corrupt_lfs_object_the_hub_cannot_purge_is_pushed_as_a_byte_different_copy(
+    hub_server: HubServer, hub_store, tmp_path: Path
+) -> None:
+    store = hub_store("cknopurge")
+    hub_server.inject("status", r"/lfs-files", status=404, times=1000)  # a Hub without the LFS-files endpoints
+    folder, files, bad, log = corrupt_then_push_again(hub_server, store, tmp_path, "model.safetensors")
+    assert any(line.startswith("CKPT repair step=20") for line in log)  # the repair was tried first, and failed
+    assert_pushed_as_a_copy_losing_nothing(hub_server, store, tmp_path, "model.safetensors", files, bad, log)
+
+
+def test_a_corrupt_regular_file_no_api_replaces_is_pushed_as_a_byte_different_copy(
     hub_server: HubServer, hub_store, tmp_path: Path
 ) -> None:
     store = hub_store("ckrepreg")
-    run_pushes(store, tmp_path, [10], [])
-    folder, files = make_ckpt(tmp_path, 20)
-    path = "ckpt/checkpoint-20/config.json"  # under the LFS threshold: a regular file, not an LFS object
-    store.commit({f"ckpt/checkpoint-20/{n}": folder / n for n in files}, message="checkpoint step 20")
-    assert store.list_files()[path].sha256 is None
-    hub_server.corrupt("tester/ckrepreg", path)
-    log: list[str] = []
-    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash=IDENTITY.hash)
-    assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
-    assert sha(hub_server.files("tester/ckrepreg")[path]) == files["config.json"] == pointer.files["config.json"]
-    assert read_pointer(store).step == 20
+    # config.json is under the LFS threshold: a regular file, stored as a git blob, which no upload replaces.
+    folder, files, bad, log = corrupt_then_push_again(hub_server, store, tmp_path, "config.json")
+    assert store.list_files()["ckpt/checkpoint-20/config.json"].sha256 is None
+    assert_pushed_as_a_copy_losing_nothing(hub_server, store, tmp_path, "config.json", files, bad, log)
 
 
 def test_a_409_on_the_pointer_commit_is_retried_and_the_verified_checkpoint_gets_its_pointer(
@@ -493,32 +561,6 @@ def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(
     assert "after 5 tries" in msg and "Error while uploading 'm.safetensors'" in msg
     assert "uploaded bytes do not match oid" in msg, msg  # storage's own words, not only the wrapper
     assert len(hub_server.requests("PUT", LFS_PUT)) == 5 and hub_server.commit_count("tester/sup400b") == before
-
-
-def _uploads_through_xet() -> bool:
-    import huggingface_hub.constants as hf_constants
-
-    return hasattr(hf_constants, "HF_HUB_DISABLE_XET") and importlib.util.find_spec("hf_xet") is not None
-
-
-@pytest.mark.skipif(
-    not _uploads_through_xet(),
-    reason="this huggingface_hub uploads through LFS only (no Xet support, or hf_xet not installed): "
-    "no hf_xet error can reach the store",
-)
-def test_a_permanent_4xx_that_hf_xet_raises_as_connection_error_is_not_retried(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import huggingface_hub.constants as hf_constants
-
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False, raising=False)  # the client as shipped
-    store = ready(hub_store, "sxet404")
-    hub_server.inject("status", r"/xet-write-token/", status=404, times=100)
-    with pytest.raises(StoreError) as e:
-        store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(8192))})
-    msg = str(e.value)
-    assert "ConnectionError" in msg and "404 Not Found" in msg and "tries" not in msg, msg
-    assert sleeps.delays == [] and len(hub_server.requests("GET", r"/xet-write-token/")) == 1
 
 
 def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(

@@ -201,24 +201,44 @@ def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, h
 
 
 def test_the_hub_knobs_are_read_from_their_variables_and_said_in_one_line() -> None:
-    from trainer.store.hub_settings import HubSettings
+    from trainer.store.hub_settings import HubSettings, process_age_s
 
     default = HubSettings.from_env({})
     assert (default.retry.attempts, default.retry.base_s, default.retry.max_s) == (6, 1.0, 30.0)
-    assert (default.timeouts.connect_s, default.timeouts.read_s) == (30.0, 300.0)
+    assert default.timeouts == Timeouts(30.0, 300.0, 128.0, 30.0)
+    assert (default.retry.max_retry_after_s, default.retry.outage_s, default.retry.deadline) == (300.0, 900.0, None)
     s = HubSettings.from_env(
         {
             "SPECPROBE_HUB_RETRIES": "3",
             "SPECPROBE_HUB_BACKOFF_S": "0.5",
             "SPECPROBE_HUB_CONNECT_TIMEOUT_S": "7",
             "SPECPROBE_HUB_READ_TIMEOUT_S": "45.5",
+            "SPECPROBE_HUB_MIN_RATE_KB_S": "64",
+            "SPECPROBE_HUB_PROGRESS_S": "10",
+            "SPECPROBE_HUB_MAX_WAIT_S": "120",
+            "SPECPROBE_HUB_OUTAGE_S": "600",
+            "SPECPROBE_HUB_DEADLINE_S": "3600",
         }
     )
-    assert (s.retry.attempts, s.retry.base_s, s.retry.max_s, s.timeouts) == (3, 0.5, 16.0, Timeouts(7.0, 45.5))
-    assert s.line() == (
-        "hub client: 3 tries, backoff 0.5s doubling up to 16s, timeouts connect 7s read 45.5s "
-        "(SPECPROBE_HUB_RETRIES, SPECPROBE_HUB_BACKOFF_S, SPECPROBE_HUB_CONNECT_TIMEOUT_S, SPECPROBE_HUB_READ_TIMEOUT_S)"
+    assert (s.retry.attempts, s.retry.base_s, s.retry.max_s, s.timeouts) == (
+        3,
+        0.5,
+        16.0,
+        Timeouts(7.0, 45.5, 64.0, 10.0),
     )
+    assert (s.retry.max_retry_after_s, s.retry.outage_s) == (120.0, 600.0)
+    # The deadline counts from the process's start, on the policy's clock.
+    left = s.retry.deadline - s.retry.clock()
+    assert 3600 - process_age_s() - 5 < left <= 3600 - process_age_s() + 1
+    assert s.line() == (
+        "hub client: 3 tries, backoff 0.5s doubling up to 16s, timeouts connect 7s read 45.5s, transfers at least "
+        "64 KB/s (progress every 10s), waits at most 120s, outages waited out for 600s, deadline 3600s after the "
+        "start (SPECPROBE_HUB_RETRIES, SPECPROBE_HUB_BACKOFF_S, SPECPROBE_HUB_CONNECT_TIMEOUT_S, "
+        "SPECPROBE_HUB_READ_TIMEOUT_S, SPECPROBE_HUB_MIN_RATE_KB_S, SPECPROBE_HUB_PROGRESS_S, SPECPROBE_HUB_MAX_WAIT_S, "
+        "SPECPROBE_HUB_OUTAGE_S, SPECPROBE_HUB_DEADLINE_S)"
+    )
+    # An outage longer than the ranks' 60-minute collective timeout is cut to 45 minutes.
+    assert HubSettings.from_env({"SPECPROBE_HUB_OUTAGE_S": "86400"}).retry.outage_s == 2700.0
 
 
 @pytest.mark.parametrize(
@@ -231,6 +251,11 @@ def test_the_hub_knobs_are_read_from_their_variables_and_said_in_one_line() -> N
         ("SPECPROBE_HUB_READ_TIMEOUT_S", "inf", "a number of seconds > 0 and at most 86400"),
         ("SPECPROBE_HUB_READ_TIMEOUT_S", "nan", "a number of seconds > 0 and at most 86400"),
         ("SPECPROBE_HUB_READ_TIMEOUT_S", "1e20", "a number of seconds > 0 and at most 86400"),
+        ("SPECPROBE_HUB_MIN_RATE_KB_S", "0", "a rate in KB/s from 0.001 to 10000000"),
+        ("SPECPROBE_HUB_PROGRESS_S", "-5", "a number of seconds > 0 and at most 86400"),
+        ("SPECPROBE_HUB_MAX_WAIT_S", "2e5", "a number of seconds >= 0 and at most 86400"),
+        ("SPECPROBE_HUB_OUTAGE_S", "forever", "a number of seconds >= 0 and at most 86400"),
+        ("SPECPROBE_HUB_DEADLINE_S", "0", "a number of seconds > 0 and at most 86400"),
     ],
 )
 def test_a_hub_knob_out_of_range_is_refused_naming_its_variable(var: str, value: str, says: str) -> None:

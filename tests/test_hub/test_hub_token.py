@@ -96,4 +96,9 @@ def test_token_is_the_bearer_and_never_leaks(
 def test_messages_redact_anything_shaped_like_a_token() -> None:
     store = HubStore("tester/x", endpoint="http://127.0.0.1:9", token=HUB_TOKEN)
     assert store._safe(f"boom {HUB_TOKEN} and hf_OtherLookingToken123") == "boom <redacted> and <redacted>"
+    # A presigned storage URL in a transport error's text: its signature is a credential for the object.
+    signed = "url: /b/o?X-Amz-Credential=AKIA1/x&X-Amz-Signature=5f3e9a&part=1 and /__lfs__/upload/a?sig=9c1d"
+    assert store._safe(signed) == (
+        "url: /b/o?X-Amz-Credential=<redacted>&X-Amz-Signature=<redacted>&part=1 and /__lfs__/upload/a?sig=<redacted>"
+    )
     assert HUB_TOKEN not in repr(store) and HUB_TOKEN not in str(vars(store).get("url"))

@@ -28,7 +28,11 @@ trainer_state.json, never verifies.
 
 When verify finds stored bytes that differ from the local ones, the push repairs once (``CKPT repair``):
 it deletes those files, purges their stored objects (``Store.purge_objects``: the Hub would otherwise
-deduplicate the re-upload onto the corrupt object) and uploads them again, then verifies again.
+deduplicate the re-upload onto the corrupt object) and uploads them again, then verifies again. When the bytes
+still read back wrong (a Hub without the LFS-files endpoints, or a regular file's git blob: objects no API
+replaces), the push stores a byte-different copy of the same content instead (``CKPT variant``:
+trainer/store/variant.py; ``trainer_state.json`` re-sealed with the copies' hashes), so the run gets past the
+object every later session would deduplicate onto; the corrupt copy stays in the repo's history.
 
 The pointer keeps its own history: ``revision`` (the store revision of the commit that pushed the checkpoint
 it names) and ``previous`` (the step, path, revision and time of the pointer it replaced). A move to an
@@ -64,6 +68,7 @@ from trainer.store import EntryMissing, Store, StoreError, redact_url, sha256_fi
 from trainer.store.fields import SHA256, FieldError, Fields, load_doc
 from trainer.store.lease import Lease
 from trainer.store.protocol import repo_path_problem
+from trainer.store.variant import write_variant
 
 __all__ = [
     "POINTER_PATH",
@@ -278,6 +283,26 @@ def prune_local(out_dir: Path, keep: Path) -> list[Path]:
     return removed
 
 
+def _copy_checkpoint(local_dir: Path, out: Path, files: dict[str, str], names: list[str]) -> dict[str, str]:
+    """Byte-different copies of ``names`` in ``out`` (trainer/store/variant.py), with ``trainer_state.json``
+    re-sealed there when another file's hash changed; returns every file's hash after. ValueError naming a file
+    no copy can be made of."""
+    new = dict(files)
+    for name in names:
+        if name != STATE_FILE:
+            write_variant(local_dir / name, out / name)
+            new[name] = sha256_file(out / name)
+    if STATE_FILE in names or new != files:
+        where = str(local_dir / STATE_FILE)
+        state = unseal_trainer_state((local_dir / STATE_FILE).read_bytes(), where)
+        sealed = seal_trainer_state(state, {n: h for n, h in new.items() if n != STATE_FILE})
+        (out / STATE_FILE).write_text(json.dumps(sealed, indent=1, sort_keys=True) + "\n")
+        if sha256_file(out / STATE_FILE) == files[STATE_FILE]:  # only its own bytes were bad: a copy of them
+            write_variant(local_dir / STATE_FILE, out / STATE_FILE)
+        new[STATE_FILE] = sha256_file(out / STATE_FILE)
+    return new
+
+
 class Checkpointer:
     """push -> verify -> pointer -> prune over one store, under its lease."""
 
@@ -366,7 +391,7 @@ class Checkpointer:
 
         bad = self._verify(dest, files)
         if bad:
-            self._repair(step, dest, local_dir, files, bad)
+            files = self._repair(step, dest, local_dir, files, bad, revision)
         self.say(f"CKPT verify step={step} ok files={len(files)}")
 
         current = self._current_pointer()
@@ -420,9 +445,13 @@ class Checkpointer:
     def _mismatches(dest: str, files: dict[str, str], bad: dict[str, str]) -> str:
         return "; ".join(f"{dest}/{n}: stored sha256 {got}, local sha256 {files[n]}" for n, got in bad.items())
 
-    def _repair(self, step: int, dest: str, local_dir: Path, files: dict[str, str], bad: dict[str, str]) -> None:
+    def _repair(
+        self, step: int, dest: str, local_dir: Path, files: dict[str, str], bad: dict[str, str], revision: str
+    ) -> dict[str, str]:
         """Replace the files whose stored bytes are wrong: delete them, purge their objects (so the upload is
-        not deduplicated onto the bad ones), upload them again; verify again. StoreError when still wrong."""
+        not deduplicated onto the bad ones), upload them again; verify again; when still wrong, push a
+        byte-different copy (:meth:`_push_copy`). Returns the hashes the folder holds now; StoreError when still
+        wrong."""
         names = sorted(bad)
         self.say(
             f"CKPT repair step={step}: verify found {self._mismatches(dest, files, bad)}; deleting, purging "
@@ -438,11 +467,44 @@ class Checkpointer:
             message=f"repair step {step}: upload {', '.join(names)} again",
         )
         still = self._verify(dest, files)
-        if still:
-            raise StoreError(
-                f"CKPT verify step={step} FAILED in {self.url} even after a repair: "
-                f"{self._mismatches(dest, files, still)}; {POINTER_PATH} was NOT moved"
+        return self._push_copy(step, dest, local_dir, files, still, revision) if still else files
+
+    def _push_copy(
+        self, step: int, dest: str, local_dir: Path, files: dict[str, str], still: dict[str, str], revision: str
+    ) -> dict[str, str]:
+        """The store kept the corrupt objects: push byte-different copies of the same content (module docstring)
+        and verify them. Returns the folder's hashes now; StoreError when no copy can be made or it is wrong too."""
+        failed = (
+            f"CKPT verify step={step} FAILED in {self.url} even after a repair: {self._mismatches(dest, files, still)}"
+        )
+        copies = Path(tempfile.mkdtemp(prefix=f".{local_dir.name}-copy-", dir=local_dir.parent))
+        try:
+            try:
+                copied = _copy_checkpoint(local_dir, copies, files, sorted(still))
+            except ValueError as e:
+                raise StoreError(
+                    f"{failed}; no byte-different copy could be made ({e}); {POINTER_PATH} was NOT moved"
+                ) from e
+            changed = sorted(n for n in copied if copied[n] != files[n])
+            self.say(
+                f"CKPT variant step={step}: {', '.join(sorted(still))} still read back corrupt (the store kept the "
+                "corrupt object and stores the same bytes onto it); pushing a byte-different copy of the same "
+                f"content: {', '.join(changed)}. The corrupt copy stays in the history of {self.url} at revision "
+                f"{revision} for inspection"
             )
+            self.lease.commit(
+                {f"{dest}/{n}": copies / n for n in changed},
+                message=f"repair step {step}: byte-different copy of {', '.join(changed)}",
+            )
+            again = self._verify(dest, copied)
+        finally:
+            shutil.rmtree(copies, ignore_errors=True)
+        if again:
+            raise StoreError(
+                f"{failed}; the byte-different copy reads back wrong too: {self._mismatches(dest, copied, again)}; "
+                f"{POINTER_PATH} was NOT moved"
+            )
+        return copied
 
     def write_pointer(self, pointer: Pointer) -> None:
         """Commit ``pointer`` as latest.json (under the lease) and read it back."""

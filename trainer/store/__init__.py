@@ -21,6 +21,7 @@ from trainer.store.protocol import (
     RepoMissing,
     Store,
     StoreError,
+    StoreUnavailable,
     redact_url,
     sha256_file,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "RepoMissing",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "open_store",
     "parse_store_url",
     "redact_url",

@@ -22,23 +22,28 @@ client the release uses: trainer/store/hub_http.py). ``LocalEntryNotFoundError``
 ``EntryNotFoundError`` in every release and means "the Hub could not be reached", so it is checked first.
 ``delete_repo(missing_ok=)`` is avoided (absent in older releases).
 
-Failure handling. Transient failures (HTTP 408/429/500/502/503/504, connection resets, timeouts) are retried
-with exponential backoff and jitter, bounded by a :class:`RetryPolicy` (429 honours ``Retry-After``; the
-jitter draws from the policy's own ``random.Random``, never the global one that training state saves). In
-the upload phase of a commit (preupload, LFS batch, the storage PUT, Xet), before anything is committed, a
-400 (storage rejecting a cut body), 409, 422 and a 403 from storage (an expired presigned URL) are retried
-too; 401, 404 and any other 4xx from the commit endpoint itself are final. An HTTP status carried in the text
-of a transport error (hf_xet raises ``ConnectionError("... HTTP status client error (404 Not Found) ...")``) is
-classified like the status itself. Messages keep every cause in the exception chain (the server's message
-included), and a 401 names HF_TOKEN and ``hf auth login``. A commit's failure after the request may have
-reached the Hub is ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing
-again the history is read back; a commit that landed is returned, not pushed twice. A request whose answer
-never comes ends at the read timeout and takes the same path. A 409 from the commit endpoint (a concurrent
-commit) and a 412 (the head moved under ``parent_commit``) re-read the history and the head, and retry; a 412
-on a compare-and-swap (``expect_revision``) raises ``Conflict`` instead, for the caller to re-read. Downloads
-compare the bytes with the hash the Hub recorded at upload (sha256 for LFS files, the git blob id for regular
-ones) and re-download on a mismatch, which catches truncated transfers; a mismatch that persists is silent
-corruption: ``sha256()`` reports the hash of the bytes actually stored, reads raise ``StoreError``.
+Failure handling (the classification: trainer/store/hub_errors.py). Transient failures (HTTP 408/429/5xx,
+connection resets, timeouts) are retried with exponential backoff and jitter, bounded by a :class:`RetryPolicy`
+(a ``Retry-After`` is honoured, cut to ``SPECPROBE_HUB_MAX_WAIT_S``; the jitter draws from the policy's own
+``random.Random``, never the global one that training state saves). When every try failed transiently (the Hub
+down or unreachable), the operation keeps trying at the longest backoff until ``SPECPROBE_HUB_OUTAGE_S`` after its
+first try, and never waits past ``SPECPROBE_HUB_DEADLINE_S``; then it raises :class:`StoreUnavailable`. Messages
+keep every cause in the exception chain (the server's message included); a 401 names HF_TOKEN and ``hf auth
+login``; a gated repo, one the token cannot see and a missing one are told apart, quoting the Hub; a connection
+error names the proxy it went through. A commit's failure after the request may have reached the Hub is
+ambiguous: every commit carries a unique ``specprobe-commit`` marker, and before pushing again the history is read
+back; a commit that landed is returned, not pushed twice. A request whose answer never comes ends at the read
+timeout and takes the same path. A 409 from the commit endpoint (a concurrent commit) and a 412 (the head moved
+under ``parent_commit``) re-read the history and the head, and retry; a 412 on a compare-and-swap
+(``expect_revision``) raises ``Conflict`` instead, for the caller to re-read. Downloads compare the bytes with the
+hash the Hub recorded at upload (sha256 for LFS files, the git blob id for regular ones) and re-download on a
+mismatch, which catches truncated transfers; a mismatch that persists is silent corruption: ``sha256()`` reports
+the hash of the bytes actually stored, reads raise ``StoreError``.
+
+Xet. huggingface_hub 1.x/2.x move LFS-sized files through Xet storage when ``hf_xet`` is installed, with no way
+back when Xet fails (its token endpoint answering 404 or 503, hf_xet's own transfer failing). A Xet failure turns
+Xet off for the rest of the process, says so, and tries again over plain HTTP (what ``HF_HUB_DISABLE_XET=1`` does
+from the start).
 
 The token is ``token=`` or else ``huggingface_hub.get_token()`` (HF_TOKEN, or the token ``hf auth login``
 saved). It is never logged, put in a message or a repr: messages pass through :meth:`HubStore._safe`.
@@ -75,154 +80,48 @@ from huggingface_hub.utils import (
     RevisionNotFoundError,
 )
 
+from trainer.store.hub_errors import (
+    TRANSIENT_STATUS,
+    TRANSPORT_ERRORS,
+    Transient,
+    access,
+    chain,
+    foreign_request,
+    proxy_for,
+    status,
+    status_anywhere,
+    transient,
+    xet_failure,
+)
 from trainer.store.hub_http import bound_requests, delete_lfs_objects, lfs_file_oids
-from trainer.store.hub_settings import HubSettings, RetryPolicy, Timeouts
-from trainer.store.protocol import Conflict, EntryMissing, FileInfo, RepoMissing, StoreError, sha256_file
+from trainer.store.hub_settings import ENV, HubSettings, RetryPolicy, Timeouts
+from trainer.store.hub_transfer import transfer_scope
+from trainer.store.protocol import (
+    Conflict,
+    EntryMissing,
+    FileInfo,
+    RepoMissing,
+    StoreError,
+    StoreUnavailable,
+    sha256_file,
+)
 
 __all__ = ["HubStore", "RetryPolicy", "Timeouts", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
 log = logging.getLogger("trainer.hub")  # the name its warnings carry in the log lines (readers grep it)
+log.setLevel(logging.INFO)  # a long transfer's progress lines are INFO: shown by the trainer's log handler
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-# 4xx answers to the upload phase of a commit that a new try can change (nothing was committed): a cut or
-# rejected body (400), a presigned storage URL that expired (403, storage only), a conflict (409, 422).
-UPLOAD_RETRY_STATUS = frozenset({400, 403, 409, 422})
-_COMMIT_URL = re.compile(r"/api/(?:models|datasets|spaces)/[^/]+/[^/]+/commit/")
-_API_URL = re.compile(r"/api/")
-# How an HTTP status reads inside the text of a transport error (hf_xet's reqwest errors, httpx, requests).
-_TEXT_STATUS = (
-    re.compile(r"status (?:client |server )?error \((\d{3})\b"),
-    re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"),
-    re.compile(r"\bstatus(?: code)?\s*[=:]\s*(\d{3})\b"),
-)
-_TEXT_URL = re.compile(r"(?:domain|url|URL):\s*(\S+)")
 COMMIT_MARKER = "specprobe-commit"
 # Files the Hub itself keeps in every repo: bookkeeping, not store content (a local store has no such file).
 HUB_BOOKKEEPING = frozenset({".gitattributes"})
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TOKENISH = re.compile(r"hf_[A-Za-z0-9_]{8,}")
+# A presigned storage URL's signature is a credential for its object until it expires: kept out of messages too.
+_SIGNED = re.compile(r"(?i)([?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|sig)=)[^&\s'\"]*")
 _CHUNK = 1 << 20
 T = TypeVar("T")
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """Connection/timeout exception classes of whichever HTTP stack this huggingface_hub release uses."""
-    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, names in (
-        ("httpx2", ("TransportError",)),
-        ("httpx", ("TransportError",)),
-        ("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError")),
-    ):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        found.extend(getattr(mod, n) for n in names if isinstance(getattr(mod, n, None), type))
-    return tuple(found)
-
-
-TRANSPORT_ERRORS = _transport_errors()
-
-
-class _Transient(Exception):
-    """Internal: a failure worth retrying (``retry_after`` from a 429/503 answer)."""
-
-    def __init__(self, reason: str, retry_after: float | None = None):
-        super().__init__(reason)
-        self.reason, self.retry_after = reason, retry_after
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or any(e is s for s in seen):
-            continue
-        seen.append(e)
-        todo += [e.__cause__, e.__context__]
-    return seen
-
-
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    code = getattr(response, "status_code", None)
-    return int(code) if isinstance(code, int) else None
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-    value = headers.get("Retry-After") if hasattr(headers, "get") else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: fall back to our own backoff
-
-
-def _request_url(exc: BaseException) -> str:
-    """The URL of the request that failed, from the error's response (or its text); "" when unknown."""
-    try:
-        request = getattr(getattr(exc, "response", None), "request", None)  # httpx raises if unset
-    except RuntimeError:
-        request = None
-    url = getattr(request, "url", None)
-    if url:
-        return str(url)
-    m = _TEXT_URL.search(str(exc))
-    return m.group(1) if m else ""
-
-
-def _text_status(exc: BaseException) -> int | None:
-    text = str(exc)
-    for rx in _TEXT_STATUS:
-        m = rx.search(text)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def _status_anywhere(exc: BaseException, code: int) -> bool:
-    return any(
-        _status(e) == code
-        or (isinstance(e, TRANSPORT_ERRORS) and _text_status(e) == code)
-        or type(e).__name__ == "XetAuthenticationError"
-        and code == 401
-        for e in _chain(exc)
-    )
-
-
-def _by_status(code: int, url: str, *, uploading: bool, retry_after: float | None) -> "_Transient | None":
-    if code in TRANSIENT_STATUS:
-        return _Transient(f"HTTP {code}", retry_after)
-    # Upload phase: the failing request is not the commit itself, so nothing was committed. A 403 from the
-    # Hub API is a permission answer; from storage it is typically an expired presigned URL.
-    if (
-        uploading
-        and code in UPLOAD_RETRY_STATUS
-        and not _COMMIT_URL.search(url)
-        and not (code == 403 and _API_URL.search(url))
-    ):
-        return _Transient(f"HTTP {code} during the upload, before anything was committed")
-    return None  # a definite answer (4xx): not transient
-
-
-def _transient(exc: BaseException, *, uploading: bool = False) -> _Transient | None:
-    """Whether ``exc`` (or anything it wraps, e.g. the client's "Error while uploading") is transient.
-    ``uploading``: ``exc`` came out of a commit call, whose upload phase is retried on more 4xx answers."""
-    for e in _chain(exc):
-        code = _status(e)
-        if code is not None:  # an HTTP answer (HfHubHTTPError, or the HTTP stack's own status error)
-            return _by_status(code, _request_url(e), uploading=uploading, retry_after=_retry_after(e))
-        if isinstance(e, LocalEntryNotFoundError):
-            return _Transient("the Hub could not be reached")
-        if isinstance(e, TRANSPORT_ERRORS):
-            code = _text_status(e)
-            if code is not None and code >= 400:
-                return _by_status(code, _request_url(e), uploading=uploading, retry_after=None)
-            return _Transient(f"{type(e).__name__}")
-    return None
 
 
 def _git_blob_sha1(path: Path) -> str:
@@ -283,7 +182,9 @@ class HubStore:
         settings = HubSettings.from_env() if retry is None or timeouts is None else None
         self.retry = retry if retry is not None else settings.retry
         self.timeouts = timeouts if timeouts is not None else settings.timeouts
-        bound_requests(self.timeouts)  # a request whose answer is lost ends; the retry loop settles it
+        # A request whose answer is lost ends (the retry loop settles it), a trickle ends, no wait an answer asks for
+        # outlasts the cap, and the token goes to this endpoint's host only (trainer/store/hub_http.py).
+        bound_requests(self.timeouts, max_wait_s=self.retry.max_retry_after_s, endpoint=self.endpoint)
         self.url = f"hf://{repo_id}" if repo_type == "dataset" else f"hf://{repo_type}s/{repo_id}"
         self._api = HfApi(endpoint=self.endpoint, token=self._token)
 
@@ -365,7 +266,7 @@ class HubStore:
                     )
                 ) from e
             except Exception as e:
-                if expect_revision is None or _status(e) != 412:
+                if expect_revision is None or status(e) != 412:
                     raise  # judged by the retry loop
                 # Compare-and-swap: a commit of ours whose answer was lost is found in the history; anything
                 # else that moved the head is someone else's, and the caller decides.
@@ -462,12 +363,15 @@ class HubStore:
         commit: bool = False,
     ) -> T:
         """Run ``fn`` (one try of ``what``) until it returns. Transient failures are retried with the policy's
-        backoff; the rest raise the store errors they are (:meth:`_judge`; a StoreError from ``fn`` as is).
-        ``settle`` answers a failure that may have been applied anyway, its answer lost: the result if it
-        was, None if not. It is asked before every retry, before giving up, and before reporting a failure
-        that is not an answer from the Hub. ``commit``: ``fn`` commits (see :meth:`_judge`)."""
+        backoff, then through an outage (module docstring); the rest raise the store errors they are
+        (:meth:`_judge`; a StoreError from ``fn`` as is). ``settle`` answers a failure that may have been applied
+        anyway, its answer lost: the result if it was, None if not. It is asked before every retry, before giving
+        up, and before reporting a failure that is not an answer from the Hub. ``commit``: ``fn`` commits (see
+        :meth:`_judge`)."""
         last: BaseException | None = None
-        for attempt in range(1, self.retry.attempts + 1):
+        first, attempt = self.retry.clock(), 0
+        while True:
+            attempt += 1
             if last is not None and settle is not None and (done := settle(last)) is not None:
                 return done
             try:
@@ -479,51 +383,107 @@ class HubStore:
             if retry is None:
                 # Final. One that is not an answer from the Hub (the client failing on the reply) may have been
                 # applied before the client failed: look before reporting it.
-                if settle is not None and _status(last) is None and (done := settle(last)) is not None:
+                if settle is not None and status(last) is None and (done := settle(last)) is not None:
                     return done
                 raise StoreError(self._safe(f"{self.url}: {what} failed: {self._describe(last)}")) from last
-            if attempt < self.retry.attempts:
-                self._backoff(what, attempt, retry)
-        assert last is not None
+            gave_up = self._wait(what, attempt, retry, first)
+            if gave_up is not None:
+                break
         if settle is not None and (done := settle(last)) is not None:
             return done
-        raise StoreError(
-            self._safe(f"{self.url}: {what} failed after {self.retry.attempts} tries: {self._describe(last)}")
-        ) from last
+        raise StoreUnavailable(self._safe(f"{self.url}: {what} failed {gave_up}: {self._describe(last)}")) from last
 
-    def _judge(self, what: str, e: Exception, *, commit: bool = False) -> _Transient | None:
+    def _wait(self, what: str, attempt: int, t: Transient, first: float) -> str | None:
+        """Sleep before the next try of ``what``; or, when no next try comes, say why (the tries spent, the outage
+        waited out, the deadline)."""
+        r = self.retry
+        if attempt < r.attempts:
+            wait, outage = r.delay(attempt, t.retry_after), False
+        else:
+            wait, outage, elapsed = r.outage_delay(t.retry_after), True, r.clock() - first
+            if r.outage_s <= 0 or elapsed + wait > r.outage_s:
+                waited = f" and {elapsed:.0f}s of an outage ({ENV['outage']}={r.outage_s:g})" if r.outage_s > 0 else ""
+                return f"after {attempt} tries{waited}"
+        if not r.fits(wait):
+            return (
+                f"after {attempt} tries: a next try would come after the session's deadline ({ENV['deadline']}), "
+                "so it was not waited for"
+            )
+        if outage:
+            log.warning(
+                "hub: %s: %s: %d tries failed over %.0fs (last: %s): the Hub looks unreachable or down; trying "
+                "again in %.1fs, for up to %.0fs after the first try (%s)",
+                self.url,
+                what,
+                attempt,
+                r.clock() - first,
+                self._safe(t.reason),
+                wait,
+                r.outage_s,
+                ENV["outage"],
+            )
+        else:
+            log.warning(
+                "hub: %s: %s try %d/%d failed (%s); retrying in %.2fs",
+                self.url,
+                what,
+                attempt,
+                r.attempts,
+                self._safe(t.reason),
+                wait,
+            )
+        r.sleep(wait)
+        return None
+
+    def _judge(self, what: str, e: Exception, *, commit: bool = False) -> Transient | None:
         """The retry a failure deserves (None: it is final); a definite answer with a store error of its own
-        raises that. ``commit``: a commit's upload phase retries more 4xx (see the module docstring), and its
+        raises that. ``commit``: a commit's upload phase retries more 4xx (trainer/store/hub_errors.py), and its
         409 / 412 (a concurrent commit; the head moved under ``parent_commit``: another writer, or our own earlier
         try) re-reads the history and the head, then tries again."""
-        if isinstance(e, RepositoryNotFoundError):
-            raise RepoMissing(self._missing_message()) from e
+        away = foreign_request(e, self.endpoint)
+        if away is not None and away[1] in (401, 403, 404):
+            foreign = away[0]
+            raise StoreError(
+                self._safe(
+                    f"{self.url}: {what} failed: an answer of the Hub sent a request to {foreign}, another host than "
+                    f"the endpoint {self.endpoint}; the token goes to the endpoint's host only, and {foreign} refused "
+                    f"the request without it: {self._describe(e)}. Check HF_ENDPOINT and the proxy between you and "
+                    "the Hub (a mirror must name its own host in the URLs it answers with)"
+                )
+            ) from e
+        if (xet := xet_failure(e)) is not None and self._xet_off(what, xet):
+            return Transient(f"Xet storage failed ({xet}); trying again over plain HTTP", 0.0)
+        if (seen := access(e)) is not None:
+            raise self._access_error(what, seen.kind, seen.status, seen.hub_says) from e
         if isinstance(e, LocalEntryNotFoundError):  # checked before its base class EntryNotFoundError
-            return _Transient("the Hub could not be reached")
+            return Transient("the Hub could not be reached")
         if isinstance(e, EntryNotFoundError):
             raise EntryMissing(self._safe(f"{self.url}: {what}: no such file in the repo")) from e
         if isinstance(e, RevisionNotFoundError) and not commit:  # main does not exist yet: a repo without commits
             raise _RevisionMissing(self._safe(f"{self.url}: {what}: {self._describe(e)}")) from e
-        if _status_anywhere(e, 401):
+        if status_anywhere(e, 401):
             raise StoreError(self._auth_message(what, e)) from e
-        if commit and _status(e) in (409, 412):
+        if commit and status(e) in (409, 412):
             # The commit endpoint's conflicts (the head moved, a concurrent commit): before the next try the
             # history is read back (settle) and the head re-read, so a try that landed is not pushed twice.
-            return _Transient(f"HTTP {_status(e)} conflict")
-        return _transient(e, uploading=commit)
+            return Transient(f"HTTP {status(e)} conflict")
+        return transient(e, uploading=commit)
 
-    def _backoff(self, what: str, attempt: int, t: _Transient) -> None:
-        wait = self.retry.delay(attempt, t.retry_after)
+    def _xet_off(self, what: str, failure: str) -> bool:
+        """Turn Xet storage off for the rest of this process after it failed; False when it was off already."""
+        import huggingface_hub.constants as hf_constants
+
+        if getattr(hf_constants, "HF_HUB_DISABLE_XET", True):
+            return False
+        hf_constants.HF_HUB_DISABLE_XET = True  # read by the client at every transfer (is_xet_available)
         log.warning(
-            "hub: %s: %s try %d/%d failed (%s); retrying in %.2fs",
+            "hub: %s: %s: Xet storage failed (%s); this process moves files over plain HTTP from now on "
+            "(HF_HUB_DISABLE_XET=1 does that from the start)",
             self.url,
             what,
-            attempt,
-            self.retry.attempts,
-            self._safe(t.reason),
-            wait,
+            self._safe(failure),
         )
-        self.retry.sleep(wait)
+        return True
 
     def _landed(self, marker: str, failure: BaseException) -> str | None:
         """The commit carrying ``marker``, if it landed although the answer to it was lost (``failure``)."""
@@ -556,32 +516,44 @@ class HubStore:
             # A fresh cache dir per try: a cached copy would hide what the Hub actually holds now.
             cache = workdir / f"try-{check}"
             revision = meta.commit_hash
+            size = int(meta.size) if meta.size is not None else None
             local = Path(
-                self._retrying(f"download of {path}", lambda c=cache, r=revision: self._download_once(path, r, c))
+                self._retrying(
+                    f"download of {path}", lambda c=cache, r=revision, n=size: self._download_once(path, r, c, n)
+                )
             )
             got = self._verify(local.resolve(), meta)
             if got.matches:
                 return got
             if check < self.retry.verify_attempts:
-                self._backoff(
-                    f"download of {path} (bytes do not match the recorded hash {got.expected})",
+                wait = self.retry.delay(check)
+                log.warning(
+                    "hub: %s: download of %s: the bytes do not match the recorded hash %s (download %d/%d); "
+                    "downloading again in %.2fs",
+                    self.url,
+                    path,
+                    got.expected,
                     check,
-                    _Transient("hash mismatch"),
+                    self.retry.verify_attempts,
+                    wait,
                 )
+                self.retry.sleep(wait)
         assert got is not None
         return got
 
-    def _download_once(self, path: str, revision: str | None, cache: Path) -> str:
+    def _download_once(self, path: str, revision: str | None, cache: Path, size: int | None) -> str:
         try:
-            return hf_hub_download(
-                self.repo_id,
-                path,
-                repo_type=self.repo_type,
-                revision=revision,
-                cache_dir=str(cache),
-                token=self._token,
-                endpoint=self.endpoint,
-            )
+            # One transfer however often the client resumes it: a trickle ends (trainer/store/hub_transfer.py).
+            with transfer_scope(f"download of {self.url}/{path}", size, self.timeouts):
+                return hf_hub_download(
+                    self.repo_id,
+                    path,
+                    repo_type=self.repo_type,
+                    revision=revision,
+                    cache_dir=str(cache),
+                    token=self._token,
+                    endpoint=self.endpoint,
+                )
         except LocalEntryNotFoundError:
             raise
         except EntryNotFoundError as e:
@@ -611,19 +583,44 @@ class HubStore:
                 "bytes are corrupt"
             )
 
-    def _missing_message(self) -> str:
+    def _access_error(self, what: str, kind: str, code: int | None, hub_says: str) -> StoreError:
+        """The store error for the Hub's answer about access (trainer/store/hub_errors.py: ``access``): a missing
+        repo is RepoMissing (a fresh start may create it); a gated one, or one the token cannot see, never is."""
+        repo = f"Hub {self.repo_type} repo {self.repo_id}"
+        said = f' The Hub says (HTTP {code}): "{hub_says}"' if hub_says else f" (HTTP {code})"
+        if kind == "gated":
+            return StoreError(
+                self._safe(
+                    f"{self.url}: {what} failed: {repo} is gated and the "
+                    f"{'token in use has' if self._token else 'request (no token was found) has'} no access to it."
+                    f"{said}. Ask for access on its page ({self.endpoint}/{self._web_path()}) with the account of the "
+                    "token (HF_TOKEN, or `hf auth login`)"
+                )
+            )
+        if kind == "hidden" and self._token:
+            return StoreError(
+                self._safe(
+                    f"{self.url}: {what} failed: the token in use cannot see {repo}: it is private to other accounts, "
+                    f"or it was deleted (the Hub answers both alike).{said}. Use a token with read and write access "
+                    "to it (HF_TOKEN, or `hf auth login`); nothing was created in its place"
+                )
+            )
         who = (
             "the token cannot see it"
             if self._token
             else "it is private and no token was found: set HF_TOKEN or run `hf auth login`"
         )
-        return f"Hub {self.repo_type} repo {self.repo_id} does not exist at {self.endpoint} (or {who})"
+        return RepoMissing(self._safe(f"{repo} does not exist at {self.endpoint} (or {who}).{said}"))
+
+    def _web_path(self) -> str:
+        return self.repo_id if self.repo_type == "model" else f"{self.repo_type}s/{self.repo_id}"
 
     def _describe(self, e: BaseException) -> str:
         """Every cause in the chain, outermost first, so the server's own words survive the client's
         wrappers ("Error while uploading ..." <- "400 Client Error ..." <- the server's message)."""
         parts: list[str] = []
-        for x in _chain(e)[:5]:
+        everything = chain(e)
+        for x in everything[:5]:
             first = (str(x).strip().splitlines() or [""])[0]
             text = f"{type(x).__name__}: {first}" if first else type(x).__name__
             server = (getattr(x, "server_message", None) or "").strip()
@@ -631,7 +628,11 @@ class HubStore:
                 text += f" (server says: {server.splitlines()[0]})"
             if not any(text in p or first and first in p for p in parts):
                 parts.append(text)
-        return self._safe(" <- ".join(parts)[:2000])
+        said = " <- ".join(parts)[:2000]
+        proxy = proxy_for(self.endpoint)
+        if proxy is not None and any(isinstance(x, TRANSPORT_ERRORS) for x in everything):
+            said += f" (the request went through the proxy {proxy}: a connection error may be the proxy's)"
+        return self._safe(said)
 
     def _auth_message(self, what: str, e: BaseException) -> str:
         if self._token:
@@ -648,10 +649,11 @@ class HubStore:
         )
 
     def _safe(self, text: str) -> str:
-        """``text`` with the token (and anything shaped like a Hub token) blanked out."""
+        """``text`` with the token (and anything shaped like a Hub token, and a presigned URL's signature) blanked
+        out."""
         if self._token:
             text = text.replace(self._token, "<redacted>")
-        return _TOKENISH.sub("<redacted>", text)
+        return _SIGNED.sub(r"\1<redacted>", _TOKENISH.sub("<redacted>", text))
 
 
 class _RevisionMissing(StoreError):

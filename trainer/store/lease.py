@@ -14,7 +14,9 @@ pushes and move the pointer backwards. So every write of the checkpoint protocol
   moves the pointer). When the lease is due for renewal the renewed ``lease.json`` rides in the same commit.
 - A heartbeat thread renews the lease between pushes (when less than half its time is left), so a
   long stretch of training without a push does not let it expire. The TTL must outlast the longest push.
-- ``release()`` deletes ``lease.json`` (a finished or failed session); a killed one leaves it behind.
+- ``release()`` deletes ``lease.json`` (a finished or failed session); a killed one leaves it behind. The store
+  retries the release like any write (an outage waited out: trainer/store/hub_settings.py); one that still fails
+  says until when ``lease.json`` names this writer, and who can take over then.
 
 A lease is stale when it expired (``expires`` is the holder's wall clock plus its TTL; clocks of different
 machines are trusted to within the TTL) or, at once, when its holder provably ran where this process can see
@@ -420,22 +422,36 @@ class Lease:
         with self._lock:
             if self._doc is None:
                 return
-            for _ in range(_CAS_TRIES):
-                rev, doc = self._read()
-                if doc is None or doc.writer.id != self.me.id:
-                    self._doc = None
-                    self._log(f"lease: not released, {LEASE_PATH} in {self.url} is no longer {self.me.id}'s")
-                    return
-                try:
-                    self.store.commit(
-                        {}, delete=[LEASE_PATH], expect_revision=rev, message=f"lease released\nwriter: {self.me.id}"
-                    )
-                except Conflict:
-                    continue
+            try:
+                self._release_once()
+            except LeaseLost:
+                raise
+            except StoreError as e:  # the store kept failing (its retries, an outage waited out, included)
+                doc = self._doc
+                raise StoreError(
+                    f"{e}; {LEASE_PATH} still names this trainer ({self.me.id}) until {_iso(doc.expires)} (in "
+                    f"{doc.expires - self._clock():.0f}s): another writer can take the store over then, or at once "
+                    "on this machine once this process has ended"
+                ) from e
+
+    def _release_once(self) -> None:
+        """The release's compare-and-swap rounds (the caller holds the lock and a lease)."""
+        for _ in range(_CAS_TRIES):
+            rev, doc = self._read()
+            if doc is None or doc.writer.id != self.me.id:
                 self._doc = None
-                self._log(f"lease: {self.me.id} released {self.url}")
+                self._log(f"lease: not released, {LEASE_PATH} in {self.url} is no longer {self.me.id}'s")
                 return
-            raise StoreError(f"{self.url}: releasing the lease lost {_CAS_TRIES} compare-and-swap rounds in a row")
+            try:
+                self.store.commit(
+                    {}, delete=[LEASE_PATH], expect_revision=rev, message=f"lease released\nwriter: {self.me.id}"
+                )
+            except Conflict:
+                continue
+            self._doc = None
+            self._log(f"lease: {self.me.id} released {self.url}")
+            return
+        raise StoreError(f"{self.url}: releasing the lease lost {_CAS_TRIES} compare-and-swap rounds in a row")
 
     # -- heartbeat ----------------------------------------------------------------------------------
     def _start_heartbeat(self) -> None:

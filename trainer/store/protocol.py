@@ -20,6 +20,7 @@ __all__ = [
     "RepoMissing",
     "EntryMissing",
     "Conflict",
+    "StoreUnavailable",
     "MetadataMissing",
     "FileInfo",
     "Store",
@@ -45,6 +46,11 @@ class EntryMissing(StoreError):
 
 class Conflict(StoreError):
     """A commit given ``expect_revision`` found the repo at another revision; nothing was committed."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached, or failed transiently, on every try (an outage): trying again later may
+    succeed, unlike any other StoreError."""
 
 
 class MetadataMissing(StoreError):
