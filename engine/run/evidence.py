@@ -199,6 +199,8 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "progress_warning": (dict,),
     "reused": (bool,),
     "reused_from": (str, type(None)),
+    "reference": (dict,),
+    "snapshot": (list,),
 }
 _JSON_TYPE = {
     dict: "an object",

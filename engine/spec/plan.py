@@ -56,6 +56,8 @@ __all__ = [
 ]
 
 KINDS = ("run", "remove", "collect")
+# Blocks a step of any kind may carry beside its kind's: what makes it a reference, what it snapshots.
+STEP_BLOCKS = ("reference", "snapshot")
 # Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
 _UNTEMPLATED = ("name", "when", "description")
 
@@ -170,6 +172,16 @@ def step_cost(step: Mapping[str, Any]) -> float:
 
 # The keys of `progress:` that only shape what its line says (the leg's own total, its phases).
 PROGRESS_DISPLAY = ("total", "phases")
+
+
+def snapshot_block(given: Any) -> dict[str, Any]:
+    """`snapshot:` as written (a path, a list, or `{paths, max_bytes}`) -> `{paths: [...]}` plus
+    `max_bytes` when given (a default filled in would move the fingerprint when it changes)."""
+    paths = given.get("paths") if isinstance(given, dict) else given
+    out: dict[str, Any] = {"paths": [paths] if isinstance(paths, str) else list(paths)}
+    if isinstance(given, dict) and given.get("max_bytes") is not None:
+        out["max_bytes"] = given["max_bytes"]
+    return out
 
 
 def step_definition(step: Mapping[str, Any]) -> dict[str, Any]:
@@ -296,6 +308,9 @@ class Plan:
         return redact_text("\n".join(lines), self.values, self.secret_names) + "\n"
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
+        return self._kind_lines(s) + _block_lines(s)
+
+    def _kind_lines(self, s: Mapping[str, Any]) -> list[str]:
         if s["kind"] == "remove":
             return [f"remove {p}" for p in s["remove"]] + [
                 f"(outside the work and run dirs only under {d})" for d in s.get("remove_also_under", [])
@@ -315,7 +330,13 @@ class Plan:
         if r["precondition"]:
             out.append(f"precondition: {r['precondition']}")
         for sig in r["signals"]:
-            out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
+            if sig.get("hold_at"):
+                out.append(
+                    f"signal {sig['signal']} after {sig['after_s']:g} s at the leg's hold point {sig['hold_at']}"
+                )
+                continue
+            held = "held there, then " if sig.get("hold") else ""
+            out.append(f"signal {held}{sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
             out.append(
                 "harvest: "
@@ -327,6 +348,26 @@ class Plan:
                 )
             )
         return out
+
+
+def _block_lines(s: Mapping[str, Any]) -> list[str]:
+    """What `engine plan` says of a step's reference and snapshot blocks."""
+    out = []
+    ref = s.get("reference") or {}
+    if ref.get("dir"):
+        out.append(f"reference in {ref['dir']} (reused while its definition and inputs are unchanged)")
+        inputs = ref.get("inputs") or {}
+        out += [
+            f"  input {kind}: {', '.join(map(str, inputs[kind]))}"
+            for kind in ("git", "packages", "files")
+            if inputs.get(kind)
+        ]
+    elif ref.get("of"):
+        out.append(f"part of the reference {ref['of']} (reused with it)")
+    snap = s.get("snapshot")
+    if snap:
+        out.append(f"snapshot before it runs: {', '.join(map(str, snap['paths']))}")
+    return out
 
 
 def _harvest_opts(rule: Mapping[str, Any]) -> str:
@@ -370,7 +411,7 @@ def _resolved_step_validator() -> Any:
 
 def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str) -> list[SpecError]:
     """After substitution, fields must have their real types (e.g. timeout_s a number, not "abc")."""
-    part = {k: v for k, v in step.items() if k in ("name", "when", "description", step_kind(step))}
+    part = {k: v for k, v in step.items() if k in ("name", "when", "description", *STEP_BLOCKS, step_kind(step))}
     try:
         problems = _cached_step_problems(json.dumps(part))
     except TypeError:  # a value JSON cannot hold (a YAML date): checked as it is
@@ -558,6 +599,8 @@ def resolve_step(
             step["remove_also_under"] = list(spec_["also_under"])
     else:
         step["collect"] = {"args": {}, **step["collect"]}
+    if "snapshot" in step:
+        step["snapshot"] = snapshot_block(step["snapshot"])
     step["when"] = raw.get("when")
     step["enabled"], err = _enabled(spec, index, raw.get("when"), values)
     if err:

@@ -12,7 +12,7 @@ import re
 from typing import Any, Iterable, Iterator, Mapping
 
 from engine.expr import functions
-from engine.spec import expand, plotdefs
+from engine.spec import blocks, expand, plotdefs
 from engine.spec.load import Spec, family_of
 from engine.spec.located import SpecError
 from engine.spec.plan import command_timeout, default_builtins, mode_names, resolve_checks, resolve_step, step_cost
@@ -499,7 +499,15 @@ def _regex_errors(
 
 # Where a spec's text reaches what runs: a leg's argv, environment and working directory, the paths a
 # step removes, a collector's arguments, and the values spliced into them.
-_REACHES_A_LEG = (("run", "argv"), ("run", "env"), ("run", "cwd"), ("remove",), ("collect", "args"))
+_REACHES_A_LEG = (
+    ("run", "argv"),
+    ("run", "env"),
+    ("run", "cwd"),
+    ("remove",),
+    ("collect", "args"),
+    ("reference",),
+    ("snapshot",),
+)
 
 
 def _leaves(node: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
@@ -564,6 +572,7 @@ def _mode_pass(
         warnings += warned
     failed = set(defs) - set(res.values)
     costs: list[tuple[str, float]] = []
+    resolved: list[tuple[int, dict[str, Any]]] = []
     complete = not failed
     for i, raw in enumerate(data.get("steps") or []):
         body = {k: v for k, v in raw.items() if k not in ("name", "when", "description")}
@@ -596,8 +605,12 @@ def _mode_pass(
                     f"grace_s={args.get('grace_s')!r})",
                 )
             )
+        resolved.append((i, step))
         if step["enabled"]:
             costs.append((step["name"], step_cost(step)))
+    if not res.errors:
+        errors += blocks.resolved_errors(spec, resolved, res.values["run_dir"])
+        errors += blocks.run_dependence_errors(spec, mode, environ, resolved)
     if complete:
         err = budget_error(spec, mode, [c for c in costs if c[1] > 0])
         if err:
@@ -621,6 +634,7 @@ def findings(spec: Spec, environ: Mapping[str, str] | None = None) -> tuple[list
     errors += _mode_errors(spec)
     errors += _reference_errors(spec)
     errors += _misread_errors(spec)
+    errors += blocks.written_errors(spec)
     for i, raw in enumerate(spec.data.get("steps") or []):
         if isinstance(raw.get("run"), dict):
             errors += _regex_errors(spec, i, raw["run"])
