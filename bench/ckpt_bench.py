@@ -5,7 +5,7 @@
 For each size: the frozen geometry (ounce100m-22l) with `n_layer` blocks (-1 = the tiny test model;
 0 = embedding and final norm only; 22 = the frozen model, 1,274,331,680 B of fp32 weights + AdamW moments), fp32 weights and AdamW
 state as the trainer holds them (one optimizer step on CPU fills exp_avg/exp_avg_sq), then, timed apart:
-  write   trainer.checkpoint.write_checkpoint_dir (safetensors + optimizer.pt + rng.pt + sha256 of each),
+  write   trainer.ckpt.checkpointer.write_checkpoint_dir (safetensors + optimizer.pt + rng.pt + sha256 of each),
   push    Checkpointer.push to a file:// store (commit = copy + fsync, sha256 verify of the stored files,
           pointer write + read-back, prune),
 the two steps the trainer's push thread runs after the snapshot. Everything is on the host: no GPU is
@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from trainer.checkpoint import Checkpointer, write_checkpoint_dir  # noqa: E402
-from trainer.model import GEOMETRIES, Llama  # noqa: E402
+from trainer.ckpt.checkpointer import Checkpointer, write_checkpoint_dir  # noqa: E402
+from trainer.model.model import GEOMETRIES, Llama  # noqa: E402
 from trainer.store.url import open_store  # noqa: E402
 
 

@@ -52,7 +52,7 @@ part_ddp() {
   bench ddp 0 "$REF"; bench_ranks ddp "$REF"
   bench ddp 0 "$BIG"; bench_ranks ddp "$BIG"
 }
-mix() { [ -f "$OUT/mix/manifest.json" ] || cmd mix.log "$PY" -m trainer.mix build --out "$OUT/mix" --synthetic \
+mix() { [ -f "$OUT/mix/manifest.json" ] || cmd mix.log "$PY" -m trainer.data.mix build --out "$OUT/mix" --synthetic \
     --tokens "$MIX_TOKENS" --val-tokens 300000 --vocab "$VOCAB"; }
 # The trainer's own step (not the bench's copy of it), one process without DDP then $NPROC ranks under
 # torchrun, nothing pushed before the horizon: RUN_JSON's tok_s_median and step_ms_* (trainer/steptime.py) become rows of the bench's table.

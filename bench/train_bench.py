@@ -7,18 +7,18 @@
     python bench/train_bench.py --table rows.jsonl ...                # the table of saved --jsonl rows
 
 Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULTS):
-  impl     ours (trainer/model.py) | hf (transformers LlamaForCausalLM built from the same config.json)
+  impl     ours (trainer/model/model.py) | hf (transformers LlamaForCausalLM built from the same config.json)
   task     speed (throughput + memory) | check (fast vs plain path losses over `steps`) | drift (tok/s and
            reserved memory per window, windows at `windows`, e.g. 20/180/1000) | graphs (the compiled path
            with and without CUDA graphs, accum micro-steps a step: every parameter's gradient compared after
            each of the first `gsteps` steps, and the losses over `steps`)
   micro, accum, prec (bf16|fp16|fp32), attn (sdpa|eager), compile (none | regional = ours:
-      trainer.compile.compile_blocks(), hf: each decoder layer | full = ours: trainer.compile.compile_model()
+      trainer.model.compile.compile_blocks(), hf: each decoder layer | full = ours: trainer.model.compile.compile_model()
       (in place, the coordinate-descent tuning only with ctune=1), hf: torch.compile(model)),
   ce (ours: fused = LinearCrossEntropy with the Triton softmax pass | fused_eager = same, eager softmax
       (ModelOptions.fused_ce off) | ckpt = a checkpointed F.cross_entropy per 1024-row chunk | plain = full
       logits),
-  The model options of trainer/options.py, one key each (the trainer reads them from SPECPROBE_* variables):
+  The model options of trainer/model/options.py, one key each (the trainer reads them from SPECPROBE_* variables):
   gqa (sdpa_gqa: auto = on for cuda capability >= 8.0 | 1 = sdpa enable_gqa=True, no K/V expansion | 0 =
        K/V expanded), ce_rows (loss_chunk_rows: rows of logits per loss chunk; 0 = n/8 clamped to [512, 4096]),
   res (bf16_residual: 1 = residual stream in bf16 under bf16 autocast; 0 = fp32),
@@ -42,7 +42,7 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
          halves (same maths, other GEMM shapes and reduction order; micro must be even), and plain in fp32
          without TF32, and compare every pair: the bf16 noise floor),
   zero (how gradients are cleared after a step: auto = as trainer/train.py, in place (kept allocated
-        from the start, trainer.compile.keep_grads_allocated) on several ranks or under CUDA graphs, set to None
+        from the start, trainer.model.compile.keep_grads_allocated) on several ranks or under CUDA graphs, set to None
         otherwise | inplace | none: set to None, which under CUDA graphs with accum > 1 is cudagraph trees'
         known silent error, pytorch/pytorch#169545, the one task=graphs must catch),
   gsteps (graphs: optimizer steps whose full gradients are compared),
@@ -96,14 +96,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from trainer.compile import compile_blocks, compile_model, keep_grads_allocated  # noqa: E402
+from trainer.ckpt.snapshot import to_host  # noqa: E402
 from trainer.dist import GradientSync  # noqa: E402
 from trainer.heap import FullCollections, freeze_heap  # noqa: E402
-from trainer.hf import to_hf_config  # noqa: E402
-from trainer.kernels import addmm_fp32_status, ce_sum  # noqa: E402
-from trainer.model import GEOMETRIES, Llama, count_params  # noqa: E402
-from trainer.options import ModelOptions  # noqa: E402
-from trainer.snapshot import to_host  # noqa: E402
+from trainer.model.compile import compile_blocks, compile_model, keep_grads_allocated  # noqa: E402
+from trainer.model.hf import to_hf_config  # noqa: E402
+from trainer.model.kernels import addmm_fp32_status, ce_sum  # noqa: E402
+from trainer.model.model import GEOMETRIES, Llama, count_params  # noqa: E402
+from trainer.model.options import ModelOptions  # noqa: E402
 
 GIB = 2**30
 PROF_TOP = 40
@@ -637,7 +637,7 @@ class Bench:
     def stall(self, cfg, raw, opt, step, hook, step_s: float) -> dict[str, Any]:
         """Training-thread pause of one checkpoint snapshot, measured as (snapshot + step) - step.
 
-        sync: what the trainer's blocking snapshot does (trainer/snapshot.py): load_state_dict into a
+        sync: what the trainer's blocking snapshot does (trainer/ckpt/snapshot.py): load_state_dict into a
               host-memory shadow model plus to_host(optimizer.state_dict()), both blocking copies to
               pageable memory.
         async: copy every parameter and optimizer state into preallocated pinned host buffers on a side

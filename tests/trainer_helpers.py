@@ -1,7 +1,7 @@
 """Shared helpers for tests that drive the real trainer (`python -m trainer.train`) under torchrun.
 
 Import as `from trainer_helpers import ...` (pytest puts tests/ on sys.path). Everything here runs real
-processes: a synthetic mix built by `python -m trainer.mix`, torchrun with gloo ranks on CPU, a local
+processes: a synthetic mix built by `python -m trainer.data.mix`, torchrun with gloo ranks on CPU, a local
 file:// store, and real signals.
 """
 
@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 
 from filelock import FileLock
 
+from trainer.runconfig import RunIdentity
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -34,6 +36,27 @@ NPROC = 2
 SEQ_LEN, MICRO, ACCUM = 32, 2, 2
 TOKENS_PER_STEP = NPROC * MICRO * ACCUM * SEQ_LEN
 
+# A run's identity for the tests of the checkpoint protocol that push and resume without training: what their
+# pointers and trainer_state.json files carry.
+RUN_CONFIG = {
+    "model": "tiny",
+    "seq_len": 64,
+    "micro_batch": 2,
+    "accum": 1,
+    "world_size": 1,
+    "tokens": 2560,
+    "lr": 3e-4,
+    "min_lr": 3e-5,
+    "warmup_steps": 2,
+    "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "seed": 1,
+    "schedule": "cosine",
+    "precision": "fp32",
+    "numerics": {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True},
+}
+IDENTITY = RunIdentity(RUN_CONFIG)
+
 
 def build_tiny_mix(
     out: Path, *, tokens: int = 60_000, val_tokens: int = 4_000, vocab: int = 512, seed: int = 0
@@ -42,7 +65,7 @@ def build_tiny_mix(
     cmd = [
         PYTHON,
         "-m",
-        "trainer.mix",
+        "trainer.data.mix",
         "build",
         "--out",
         str(out),
@@ -291,7 +314,7 @@ def open_repo(url: str):
 
 
 def pointer(url: str) -> dict | None:
-    from trainer.checkpoint import read_pointer
+    from trainer.ckpt.checkpointer import read_pointer
     from trainer.store import RepoMissing
 
     try:

@@ -24,7 +24,7 @@ import re
 import sys
 from typing import Any, Sequence
 
-from trainer.checkpoint import Pointer, read_pointer
+from trainer.ckpt import Pointer, read_pointer
 from trainer.log import setup_logging
 from trainer.store import FileInfo, LocalStore, RepoMissing, Store, open_store, redact_url
 

@@ -1,17 +1,20 @@
-"""What counts as the same run across a resume: the run-config fields hashed into every checkpoint, the
-changes a refusal names, and the recipe fields that ``--allow-config-change`` may let a resume change.
+"""What counts as the same run across a resume: :class:`RunIdentity` (the run config and its hash), the
+run-config fields hashed, the changes a refusal names, and the recipe fields that ``--allow-config-change``
+may let a resume change.
 
-A checkpoint's ``trainer_state.json`` records the run config (trainer/cli.py ``run_config``) and its
-``config_hash``; a resume whose hash differs is another run unless every changed field was allowed.
+A checkpoint's ``trainer_state.json`` records the run config (built by trainer/plan.py ``run_identity``) and
+its ``config_hash``; a resume whose hash differs is another run unless every changed field was allowed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 __all__ = [
+    "RunIdentity",
     "CONFIG_HASH_FIELDS",
     "CHANGEABLE_FIELDS",
     "config_hash",
@@ -24,7 +27,7 @@ __all__ = [
 
 # What a resume cannot silently change: every run_config field that changes the weights the run ends
 # with (the token stream, the step shape, the optimisation recipe, the precision and the model options that
-# change what is computed, trainer/options.py). Left out: tokens_per_step and total_steps, which are
+# change what is computed, trainer/model/options.py). Left out: tokens_per_step and total_steps, which are
 # functions of the fields here.
 CONFIG_HASH_FIELDS = (
     "model",
@@ -60,7 +63,23 @@ CHANGEABLE_FIELDS = (
 _ABSENT = object()
 
 
-def config_hash(run_config: dict) -> str:
+@dataclass(frozen=True)
+class RunIdentity:
+    """What makes a session part of one run: its run config (recorded in every checkpoint's
+    trainer_state.json) and ``hash``, the config hash of the CONFIG_HASH_FIELDS that every pointer and
+    checkpoint carries. The hash is computed here from the config, so the two cannot disagree or travel
+    apart; anything else that decides whether two sessions are one run belongs in the config and its
+    hashed fields. ValueError naming the fields a config lacks."""
+
+    config: dict[str, Any]
+    hash: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config", dict(self.config))  # a copy: the caller's dict may change later
+        object.__setattr__(self, "hash", config_hash(self.config))
+
+
+def config_hash(run_config: Mapping[str, Any]) -> str:
     """sha256 over canonical JSON of CONFIG_HASH_FIELDS; ValueError naming any that are missing."""
     missing = [k for k in CONFIG_HASH_FIELDS if k not in run_config]
     if missing:
@@ -117,18 +136,18 @@ def unallowed_changes(diff: list[tuple[str, Any, Any]], allowed: frozenset[str])
 
 
 def judge_config_change(
-    stored: dict | None, run_config: dict, allowed: frozenset[str], where: str
+    stored: dict | None, stored_hash: str, identity: RunIdentity, allowed: frozenset[str], where: str
 ) -> list[dict[str, Any]]:
-    """A config_hash mismatch between a checkpoint (its stored run config) and this run: the changes, as
-    [{field, old, new}], when --allow-config-change covers every one; ValueError saying what changed and
-    what to do otherwise."""
+    """A config hash mismatch between a checkpoint (its stored run config and hash) and this run: the
+    changes, as [{field, old, new}], when --allow-config-change covers every one; ValueError saying what
+    changed and what to do otherwise."""
     if not isinstance(stored, dict):
         raise ValueError(
-            f"{where} was written under another configuration (config_hash differs) and its "
-            "run config cannot be read to say what changed; resume with the original flags or "
-            "use a new repo"
+            f"{where} was written with config_hash {stored_hash}, this run has {identity.hash}: one of "
+            f"{', '.join(CONFIG_HASH_FIELDS)} changed, and its run config cannot be read to say which; resuming "
+            "would mix two runs. Resume with the original configuration or use a new repo."
         )
-    diff = config_diff(stored, run_config)
+    diff = config_diff(stored, identity.config)
     lines = "; ".join(f"{k}: {show_value(a)} -> {show_value(b)}" for k, a, b in diff) or "no recorded field differs"
     bad = unallowed_changes(diff, allowed)
     if diff and not bad:

@@ -15,16 +15,16 @@ tokens_per_step = world_size x micro_batch x accum x seq_len, and the horizon is
 steps. --stop-after-steps N ends the session at the ABSOLUTE step N (0 = the horizon), always on a verified
 checkpoint; --resume auto continues from the store's latest.json on the same learning-rate curve, bitwise on
 CPU. Checkpoints are pushed at every multiple of --push-every-steps, at the stop step and at the horizon
-(then again as final/ with a terminal pointer). Model options: SPECPROBE_* variables (trainer/options.py).
+(then again as final/ with a terminal pointer). Model options: SPECPROBE_* variables (trainer/model/options.py).
 The lines the specs read: docs/DESIGN.md; speed, memory and the defaults per GPU: docs/performance.md.
 
-Exit codes, the same on every rank: 0 done, 1 unexpected error, 2 bad command line (before any work),
-3 refused (resume, data mix, store), 4 a checkpoint push failed.
+Exit codes: :class:`Exit` below, the same on every rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import math
 import os
@@ -38,34 +38,43 @@ import numpy as np
 import torch
 
 from trainer import sigterm
-from trainer.checkpoint_session import CheckpointSession, PushFailed
-from trainer.cli import (
-    RunPlan,
-    Runtime,
-    UsageError,
-    build_parser,
-    choose_runtime,
-    lr_factor,
-    run_config,
-    validate_args,
-)
-from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
+from trainer.ckpt.resume import Refused, resume
+from trainer.ckpt.rng import set_rng_state
+from trainer.ckpt.session import CheckpointSession, PushFailed
+from trainer.ckpt.snapshot import Snapshotter
+from trainer.cli import build_parser
 from trainer.data import DataError, load_mix, train_batch, val_batches
 from trainer.dist import Dist, GradientSync
 from trainer.heap import FullCollections, freeze_heap
 from trainer.log import emit, setup_logging
-from trainer.model import GEOMETRIES, Llama, count_params, decay_groups
-from trainer.resume import Refused, resume
-from trainer.rng import set_rng_state
-from trainer.runconfig import config_hash
-from trainer.snapshot import Snapshotter
+from trainer.model import (
+    GEOMETRIES,
+    Llama,
+    compile_blocks,
+    compile_model,
+    count_params,
+    decay_groups,
+    inductor_kernel_settings,
+    keep_grads_allocated,
+)
+from trainer.plan import RunPlan, Runtime, UsageError, choose_runtime, run_identity, validate_args
+from trainer.schedule import lr_factor
 from trainer.steptime import StepTimer
 from trainer.store import parse_store_url, redact_url
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PUSH_FAILED = 0, 1, 2, 3, 4
+
+class Exit(enum.IntEnum):
+    """Exit codes of `python -m trainer.train`, the same on every rank. A SIGTERM ends the process by that
+    signal instead (trainer/sigterm.py): the launcher sees -15, never a code."""
+
+    DONE = 0  # the session trained to its stop step, and every push it made verified
+    ERROR = 1  # an unexpected error: the traceback says where (Python's own code for one)
+    USAGE = 2  # a bad command line or SPECPROBE_* value, refused before any work (argparse's own code too)
+    REFUSED = 3  # a precondition not met: the resume, the data mix, the store (its lease, its pointer)
+    PUSH_FAILED = 4  # a checkpoint push failed; the store's pointer still names the last verified checkpoint
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> Exit:
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
@@ -80,11 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every rank says it: torchrun stops the others as soon as the first rank exits, so a message
         # left to rank 0 alone is lost whenever another rank gets there first.
         emit(f"python -m trainer.train: error: {e}", sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     trainer = Trainer(args, plan, runtime)
     _SESSIONS.append(trainer)  # never garbage-collected mid-exit: see __main__
     code = trainer.run()
-    if sigterm.received() and (trainer.terminated or code == EXIT_OK):
+    if sigterm.received() and (trainer.terminated or code == Exit.DONE):
         sigterm.end_by_signal()  # the launcher sees a SIGTERM, never a success
     return code
 
@@ -110,14 +119,13 @@ def session_tok_per_s(step_seconds: Sequence[float], tokens_per_step: int) -> fl
 
 
 class Trainer:
-    """One training session: setup -> resume (trainer/resume.py) -> build -> loop -> finish."""
+    """One training session: setup -> resume (trainer/ckpt/resume.py) -> build -> loop -> finish."""
 
     def __init__(self, args: argparse.Namespace, plan: RunPlan, runtime: Runtime):
         self.args, self.plan, self.rt = args, plan, runtime
         self.t_start = time.time()
         self.cfg = GEOMETRIES[args.model]
-        self.run_cfg = run_config(args, plan, runtime)
-        self.cfg_hash = config_hash(self.run_cfg)
+        self.identity = run_identity(args, plan, runtime)
         self.hub_url = redact_url(args.hub_repo)
         self.saves: CheckpointSession | None = None  # from the resume on: it holds the store's lease
         self.losses: dict[str, float] = {}
@@ -129,10 +137,10 @@ class Trainer:
         if self.dist.master:
             emit(msg)
 
-    def run(self) -> int:
+    def run(self) -> Exit:
         self.dist = Dist(self.rt.device_type, os.environ)
         sigterm.install()  # from here on the session holds things a SIGTERM must not leave held
-        code = EXIT_ERROR
+        code = Exit.ERROR
         try:
             self.setup()
             begin = resume(
@@ -140,8 +148,7 @@ class Trainer:
                 self.args,
                 self.plan,
                 self.raw_model,
-                run_config=self.run_cfg,
-                config_hash=self.cfg_hash,
+                identity=self.identity,
                 log=self.log,
                 hub=self.rt.hub,
             )
@@ -155,8 +162,7 @@ class Trainer:
                 out=self.args.out,
                 cfg=self.cfg,
                 prune=self.args.prune,
-                run_config=self.run_cfg,
-                config_hash=self.cfg_hash,
+                identity=self.identity,
                 model_options=self.rt.options.as_dict(),
                 hub_url=self.hub_url,
             )
@@ -167,11 +173,11 @@ class Trainer:
         except Refused as e:
             if self.dist.master:
                 emit(f"refused: {e}", sys.stderr)
-            code = EXIT_REFUSED
+            code = Exit.REFUSED
         except PushFailed as e:
             if self.dist.master:
                 emit(f"CKPT FAILED: {e}", sys.stderr)
-            code = EXIT_PUSH_FAILED
+            code = Exit.PUSH_FAILED
         except sigterm.Terminated:
             self.terminated = True  # resume() released the lease already if it held it
         finally:
@@ -183,7 +189,7 @@ class Trainer:
                     self.terminated = True
                     self.saves.close(abandon_push=True)
             if sigterm.received():
-                cut = self.terminated or code == EXIT_OK
+                cut = self.terminated or code == Exit.DONE
                 emit(
                     f"terminated: SIGTERM {'stopped the session' if self.terminated else 'arrived as it ended'} "
                     f"(rank {self.dist.rank}); "
@@ -383,7 +389,7 @@ class Trainer:
         pending.clear()
 
     # -- finish: validation, the last push, RUN_JSON ------------------------------------------------------
-    def finish(self, start: int, resumed_from: int | None) -> int:
+    def finish(self, start: int, resumed_from: int | None) -> Exit:
         plan, final_step = self.plan, self.plan.stop_step
         # Each figure's worst rank: under DDP a collection on any rank stops them all.
         mine = self.gc_full.summary()
@@ -411,7 +417,7 @@ class Trainer:
         peaks = self.peak_stats()
         if self.dist.master:
             emit("RUN_JSON " + json.dumps(self.run_report(start, resumed_from, val, peaks, gc_worst), allow_nan=False))
-        return EXIT_OK
+        return Exit.DONE
 
     def run_report(self, start: int, resumed_from: int | None, val: dict, peaks: dict, gc: dict) -> dict:
         """The RUN_JSON document (docs/DESIGN.md lists its keys). Strict JSON: a diverged (non-finite) loss

@@ -3,11 +3,13 @@ changes equal in every mode are factored out so a reviewer reads them once."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Callable, Mapping, Sequence
 
 import jmespath
 
+from engine.diff import rename, variants
 from engine.diff.model import ABSENT, BUILTIN_NAMES, EXPR_FIELDS, Budget, Change, DiffError, ModeDiff, Report, Side
 from engine.diff.strictness import Shift, reads, shift
 from engine.judge.recheck import flatten
@@ -181,16 +183,45 @@ def diff_steps(old: Any, new: Any) -> list[Change]:
             continue
         for fname, va, vb in field_diffs(_step_body(a[name]), _step_body(step)):
             # A change only in a secret's text is still a change; it just shows as redacted.
-            out.append(Change("steps", "changed", name, fname, hide_old(fname, va), hide_new(fname, vb)))
+            change = Change("steps", "changed", name, fname, hide_old(fname, va), hide_new(fname, vb))
+            if fname.startswith("run.output.harvest."):  # which rule (its marker) a reader is told of
+                rules = (step["run"].get("output") or {}).get("harvest") or {}
+                change.extra["rule"] = hide_new("", rules.get(fname.split(".")[3]) or {})
+            out.append(change)
     out += [Change("steps", "removed", n, old=hide_old("", _step_summary(s))) for n, s in a.items() if n not in b]
+    return out
+
+
+def _same_check(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two checks that ask exactly the same of a run (their `why` may read otherwise)."""
+    fa, fb = _check_body(a), _check_body(b)
+    fa.pop("why", None), fb.pop("why", None)
+    if set(fa) != set(fb) or bool(a.get("disabled")) != bool(b.get("disabled")):
+        return False
+    return all(same(k, fa[k], fb[k]) for k in fa)
+
+
+def _check_renames(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, str]:
+    """New name -> old name of each check that is only renamed: gone under its old name, there under a
+    new one, asking exactly the same (checks are matched by what they check, then by name)."""
+    gone = [n for n in a if n not in b]
+    out: dict[str, str] = {}
+    for name in (n for n in b if n not in a):
+        twin = next((g for g in gone if g not in out.values() and _same_check(a[g], b[name])), None)
+        if twin is not None:
+            out[name] = twin
     return out
 
 
 def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Mapping[str, Any]]) -> list[Change]:
     a = {c["name"]: c for c in old_checks}
     b = {c["name"]: c for c in new_checks}
+    renamed = _check_renames(a, b)
     out = []
     for name, check in b.items():
+        if name in renamed:
+            out.append(Change("checks", "renamed", name, old=renamed[name], new=name))
+            continue
         if name not in a:
             out.append(Change("checks", "added", name, new=_check_body(check)))
             continue
@@ -210,7 +241,8 @@ def diff_checks(old_checks: Sequence[Mapping[str, Any]], new_checks: Sequence[Ma
                 va, vb = va or "gate", vb or "gate"
             if not same(fname, va, vb) and not (va in (None, ABSENT) and vb in (None, ABSENT)):
                 out.append(Change("checks", "changed", name, fname, va, vb))
-    out += [Change("checks", "removed", n, old=_check_body(c)) for n, c in a.items() if n not in b]
+    taken = set(renamed.values())
+    out += [Change("checks", "removed", n, old=_check_body(c)) for n, c in a.items() if n not in b and n not in taken]
     return out
 
 
@@ -279,14 +311,26 @@ def _definition(raw: Any) -> Any:
     return raw
 
 
-def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
-    """The semantic diff of two loaded sides."""
-    modes_old, modes_new = list(old.plans), list(new.plans)
-    modes = modes_new + [m for m in modes_old if m not in new.plans]
-    if only_mode is not None:
-        if only_mode not in modes:
-            raise DiffError(f"--mode {only_mode}: in neither side (modes: {', '.join(modes) or 'none'})")
-        modes = [only_mode]
+def _renamed(old: Side, new: Side) -> tuple[Side, list[Change]]:
+    """The old side with this change's step renames applied (rename.py), and one change saying each."""
+    if old.spec is None or new.spec is None or old.spec is new.spec:
+        return old, []
+    renames = rename.detect(old.plans, new.plans)
+    if not renames:
+        return old, []
+    first = next(iter(old.plans.values()))
+    changes = []
+    for word, to in renames.items():
+        steps = [pair for pair in rename.renamed_steps(first, {word: to}) if pair[0] != word]
+        index = _index(new.data, "steps", to)
+        where = new.place(("steps", index)) if index is not None else ""
+        changes.append(Change("spec", "renamed", word, old=word, new=to, extra={"with": steps}, where=where))
+    plans = {m: rename.apply(p, renames) for m, p in old.plans.items()}
+    data = rename.substitute(old.data, renames)
+    return Side(old.label, old.spec, plans, old.tmp, old.rev_prefix, renamed=data, renames=renames), changes
+
+
+def _mode_diffs(old: Side, new: Side, modes: list[str]) -> tuple[list[ModeDiff], dict[str, list[Change]]]:
     mode_diffs: list[ModeDiff] = []
     raw: dict[str, list[Change]] = {}
     for m in modes:
@@ -306,6 +350,52 @@ def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
                     m, "removed", _mode_values(old.data, m, "removed"), Budget(p.budget_s, p.worst_case_s, None, 0.0)
                 )
             )
+    return mode_diffs, raw
+
+
+def _env_diffs(old: Side, new: Side, both: list[ModeDiff], raw: dict[str, list[Change]], report: Report) -> None:
+    """Each mode under each target the spec names, where it differs from the mode's own diff: into
+    `report.modes` (after the modes), `raw` and `report.env_plans`, the changes every one of them
+    shares factored out into `report.env_common`."""
+    if old.spec is None or new.spec is None or old.spec is new.spec or not both:
+        return
+    found, lost = variants.plans(old, new, [md.mode for md in both])
+    report.modes += [ModeDiff(mode, "removed", env=env) for mode, env in lost]
+    found = {k: (env, rename.apply(a, old.renames), b) for k, (env, a, b) in found.items()}
+    for (mode, _), (env, a, b) in found.items():
+        report.env_plans[ModeDiff(mode, "both", env=env).key] = (mode, env, a, b)
+    own = {md.mode: md for md in both}
+    extra = variants.residual(found, own, diff_plans, _key, lambda c, m: place(c, old, new, m))
+    for md, a, b, changes in extra:
+        raw[md.key] = md.changes
+        touched = {c.subject for c in md.changes if c.section == "checks"}
+        moved = {c.subject.split(".")[0] for c in md.changes if c.section == "values"}
+        md.shifts = static_shifts(a, b, changes, only=functools.partial(_own, touched=touched, moved=moved))
+        report.modes.append(md)
+    mds = [md for md, *_ in extra]
+    if len(mds) >= 2:
+        shared = set.intersection(*({_key(c) for c in md.changes} for md in mds))
+        report.env_common = [c for c in mds[0].changes if _key(c) in shared]
+        report.env_common_keys = [md.key for md in mds]
+        for md in mds:
+            md.changes = [c for c in md.changes if _key(c) not in shared]
+
+
+def _own(check: Mapping[str, Any], touched: set[str], moved: set[str]) -> bool:
+    """A check a target's own changes touch: changed there, or reading a value that moved there."""
+    return check["name"] in touched or any(p[0] == "values" and p[1:2] and p[1] in moved for p in reads(check))
+
+
+def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
+    """The semantic diff of two loaded sides: every mode, each under every target the spec names."""
+    modes_old, modes_new = list(old.plans), list(new.plans)
+    modes = modes_new + [m for m in modes_old if m not in new.plans]
+    if only_mode is not None:
+        if only_mode not in modes:
+            raise DiffError(f"--mode {only_mode}: in neither side (modes: {', '.join(modes) or 'none'})")
+        modes = [only_mode]
+    old, renamed = _renamed(old, new)
+    mode_diffs, raw = _mode_diffs(old, new, modes)
     # A whole spec added or removed (--base on a new file): show it against nothing, in full.
     if old.spec is None or new.spec is None:
         for md in mode_diffs:
@@ -320,29 +410,23 @@ def compare(old: Side, new: Side, only_mode: str | None = None) -> Report:
         if md.status == "both":
             md.shifts = static_shifts(old.plans[md.mode], new.plans[md.mode], raw[md.mode])
     both = [md for md in mode_diffs if md.status == "both"]
-    common: list[Change] = []
+    name = new.data.get("name") or old.data.get("name") or "spec"
+    status = "new" if old.spec is None else "deleted" if new.spec is None else "both"
+    report = Report(old.label, new.label, name, [], [], [], mode_diffs, raw, status=status, old_side=old)
+    _env_diffs(old, new, both, raw, report)
+    report.default_env = variants.default_env(new if new.spec is not None else old)
     if len(both) >= 2:
         keys = [{_key(c) for c in md.changes} for md in both]
         shared = set.intersection(*keys)
-        common = [c for c in both[0].changes if _key(c) in shared]
+        report.common = [c for c in both[0].changes if _key(c) in shared]
+        report.common_modes = [md.mode for md in both] if report.common else []
         for md in both:
             md.changes = [c for c in md.changes if _key(c) not in shared]
     spec_changes = diff_spec_level(old.data, new.data, raw) if old.spec and new.spec else []
     for c in spec_changes:
         c.where = place(c, old, new, None)
-    name = new.data.get("name") or old.data.get("name") or "spec"
-    status = "new" if old.spec is None else "deleted" if new.spec is None else "both"
-    return Report(
-        old.label,
-        new.label,
-        name,
-        spec_changes,
-        common,
-        [md.mode for md in both] if common else [],
-        mode_diffs,
-        raw,
-        status=status,
-    )
+    report.spec_changes = renamed + spec_changes
+    return report
 
 
 def _index(data: Mapping[str, Any], section: str, name: str) -> int | None:
@@ -384,9 +468,12 @@ def place(c: Change, old: Side, new: Side, mode: str | None) -> str:
     return side.place(tuple(c.subject.split(".")))
 
 
-def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Shift]:
+def static_shifts(
+    old: Any, new: Any, changes: Sequence[Change], only: Callable[[Mapping[str, Any]], bool] | None = None
+) -> dict[str, Shift]:
     """What each check a change touches asks of a run, old against new, from the spec's values in
-    this mode: checks whose expr, when or let changed, and unchanged checks reading a value that moved."""
+    this mode: checks whose expr, when or let changed, and unchanged checks reading a value that moved
+    (of those `only` keeps, when given)."""
     rewritten = {
         c.subject
         for c in changes
@@ -398,7 +485,7 @@ def static_shifts(old: Any, new: Any, changes: Sequence[Change]) -> dict[str, Sh
     out: dict[str, Shift] = {}
     for check in new.checks:
         was = before.get(check["name"])
-        if was is None or was.get("disabled") or check.get("disabled"):
+        if was is None or was.get("disabled") or check.get("disabled") or (only is not None and not only(check)):
             continue
         values_read = {p[1] for p in reads(check) + reads(was) if p[0] == "values" and len(p) > 1}
         if check["name"] in rewritten or values_read & moved:

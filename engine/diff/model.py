@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from engine.spec.load import Spec
 from engine.spec.plan import Plan
@@ -34,9 +34,14 @@ class Side:
     plans: dict[str, Plan] = dc_field(default_factory=dict)  # mode -> its plan
     tmp: str | None = None  # where a git revision was written out (its paths are shown as `rev_prefix`)
     rev_prefix: str = ""  # `origin/main:`
+    # The spec's data with this change's step renames applied (rename.py), and those renames.
+    renamed: dict | None = None
+    renames: dict[str, str] = dc_field(default_factory=dict)
 
     @property
     def data(self) -> dict:
+        if self.renamed is not None:
+            return self.renamed
         return self.spec.data if self.spec is not None else {}
 
     def shown(self, text: str) -> str:
@@ -79,6 +84,20 @@ class Budget:
     new_worst: float
 
 
+def env_text(env: Mapping[str, str]) -> str:
+    """`target gpu`: the values an environment sets, by the values' names."""
+    return ", ".join(f"{name} {case}" for name, case in sorted(env.items()))
+
+
+def envs_text(envs: Sequence[Mapping[str, str]]) -> str:
+    """`target gpu, real`: several environments that each set the same one value, said once."""
+    names = {tuple(sorted(e)) for e in envs}
+    if len(names) == 1 and len(next(iter(names))) == 1:
+        (name,) = next(iter(names))
+        return f"{name} {', '.join(dict.fromkeys(e[name] for e in envs))}"
+    return "; ".join(dict.fromkeys(env_text(e) for e in envs))
+
+
 @dataclass
 class ModeDiff:
     mode: str
@@ -89,6 +108,15 @@ class ModeDiff:
     # in this mode): every check whose expr/when/let changed or that reads a value that changed. Typed
     # Any: strictness reads this module, not the other way round.
     shifts: dict[str, Any] = dc_field(default_factory=dict)
+    # The values an environment variable sets for this diff ({"target": "gpu"}), by the values' names;
+    # empty for the mode as planned with no environment. Such a diff holds only what differs from the
+    # mode's own (a change seen under every target is the mode's).
+    env: dict[str, str] = dc_field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """`smoke`, or `smoke (target gpu)`: how this diff is keyed and headed."""
+        return f"{self.mode} ({env_text(self.env)})" if self.env else self.mode
 
 
 @dataclass
@@ -123,10 +151,25 @@ class Report:
     common: list[Change]  # identical in every mode both sides have (shown once)
     common_modes: list[str]
     modes: list[ModeDiff]
-    raw_modes: dict[str, list[Change]]  # per mode, before factoring (what evidence review reads)
+    raw_modes: dict[str, list[Change]]  # per ModeDiff.key, before factoring (what evidence review reads)
     evidence: EvidenceReview | None = None
     status: str = "both"  # both | new (no such spec at the base) | deleted
+    # Changes seen under every environment the spec names beyond the modes' own (every `target` but the
+    # default), shown once, and the keys of the diffs they were factored out of.
+    env_common: list[Change] = dc_field(default_factory=list)
+    env_common_keys: list[str] = dc_field(default_factory=list)
+    # ModeDiff.key -> (mode, the values its environment sets, old plan, new plan) of each mode both sides
+    # have under each other target (variants.py), the old plan with this change's renames applied.
+    env_plans: dict[str, tuple[str, dict[str, str], Any, Any]] = dc_field(default_factory=dict)
+    # The old side as compared: with the step renames of this change applied (rename.py).
+    old_side: Any = None
+    default_env: dict[str, str] = dc_field(default_factory=dict)  # the spec's default target (`target local`)
 
     @property
     def changed(self) -> bool:
-        return bool(self.spec_changes or self.common or any(m.changes or m.status != "both" for m in self.modes))
+        return bool(
+            self.spec_changes
+            or self.common
+            or self.env_common
+            or any(m.changes or m.status != "both" for m in self.modes)
+        )

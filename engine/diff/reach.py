@@ -11,30 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from engine.diff.model import FIXED_BUILTINS
+from engine.diff.model import FIXED_BUILTINS, envs_text
+from engine.diff.variants import environments
 from engine.expr import functions
 from engine.expr.trace import check_document, trace
 from engine.spec.plan import default_builtins
 from engine.spec.values import layer, resolve
 from engine.text import code
-
-# At most this many environments per mode (products of switch cases) are tried.
-_MAX_VARIANTS = 32
-
-
-def environments(data: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The environments a spec can be planned under as far as it says: none, and each case a `switch:`
-    lists for a value the spec lets an environment variable set (`SPECPROBE_TARGET`: local, gpu, real)."""
-    cases: dict[str, set[str]] = {}
-    blocks = [data.get("values") or {}] + [m for m in (data.get("modes") or {}).values() if isinstance(m, Mapping)]
-    for block in blocks:
-        for raw in block.values() if isinstance(block, Mapping) else []:
-            if isinstance(raw, Mapping) and set(raw) == {"switch", "cases"} and isinstance(raw["cases"], Mapping):
-                cases.setdefault(str(raw["switch"]), set()).update(str(k) for k in raw["cases"])
-    out: list[dict[str, str]] = [{}]
-    for var, name in (data.get("env") or {}).items():
-        out += [{**env, var: case} for env in out for case in sorted(cases.get(str(name), ()))]
-    return out[:_MAX_VARIANTS]
 
 
 def _values(spec: Any, mode: str, environ: Mapping[str, str]) -> dict[str, Any] | None:
@@ -92,3 +75,66 @@ def never_runs(
         for name, never in false.items()
         if never
     }
+
+
+# ---------------------------------------------------------------- where a gate runs, mode by mode
+
+
+def when_value(check: Mapping[str, Any], plan: Any) -> bool | None:
+    """Whether a check runs in a plan's mode, by the spec's values: True (no `when`, or one that is true),
+    False (a `when` exactly false: SKIPPED), None when its `when` reads the run or fails."""
+    if not check.get("when"):
+        return True
+    doc = {"mode": plan.mode, "values": plan.values}
+    try:
+        value, missing, _ = trace(check["when"], doc, functions.OPTIONS, explain=False, lets=check.get("let"))
+    except Exception:  # an error decides nothing here; the judge reports it on a run
+        return None
+    if missing or not isinstance(value, bool):
+        return None
+    return value
+
+
+Pairs = Mapping[str, tuple[str, Mapping[str, str], Any, Any]]  # key -> (mode, environment, old plan, new plan)
+
+
+def false_where(pairs: Pairs, names: Iterable[str], side: int = 1) -> dict[str, list[str]]:
+    """Check -> the keys of `pairs` where its `when` is false on the new side (`side` 1) or the old (0)."""
+    wanted, out = set(names), {}
+    for key, (_, _, *plans) in pairs.items():
+        for check in plans[side].checks if plans[side] is not None else []:
+            if check["name"] in wanted and when_value(check, plans[side]) is False:
+                out.setdefault(check["name"], []).append(key)
+    return out
+
+
+def newly_skipped(pairs: Pairs, names: Iterable[str]) -> dict[str, list[str]]:
+    """Check -> the keys where its `when` is false now and was not before (it ran, or might have); a
+    check new since the base asked nothing there before and is left out."""
+    now, before = false_where(pairs, names), false_where(pairs, names, side=0)
+
+    def existed(name: str, key: str) -> bool:
+        old = pairs[key][2]
+        return old is not None and any(c["name"] == name and not c.get("disabled") for c in old.checks)
+
+    return {
+        n: keys for n, ks in now.items() if (keys := [k for k in ks if k not in before.get(n, []) and existed(n, k)])
+    }
+
+
+def where_text(keys: Iterable[str], pairs: Pairs) -> str:
+    """`mode smoke`, `mode soak on target gpu, real`: the modes (and targets) `keys` name, a mode said
+    alone when every target of it is among them."""
+    chosen = set(keys)
+    by_mode: dict[str, list[str]] = {}
+    for key, (mode, *_) in pairs.items():
+        by_mode.setdefault(mode, []).append(key)
+    parts = []
+    for mode, all_keys in by_mode.items():
+        hit = [k for k in all_keys if k in chosen]
+        if not hit:
+            continue
+        envs = [pairs[k][1] for k in hit]
+        alone = len(hit) == len(all_keys) or not any(envs)
+        parts.append(f"mode {mode}" if alone else f"mode {mode} on {envs_text(envs)}")
+    return "; ".join(parts)

@@ -6,7 +6,17 @@ import json
 import re
 from typing import Any, Mapping
 
-from engine.diff.model import ABSENT, EXPR_FIELDS, Budget, Change, CheckReview, EvidenceReview, Report
+from engine.diff.model import (
+    ABSENT,
+    EXPR_FIELDS,
+    Budget,
+    Change,
+    CheckReview,
+    EvidenceReview,
+    Report,
+    env_text,
+    envs_text,
+)
 from engine.diff.phrases import display_field, expr_delta, fmt, prose_delta
 from engine.diff.saved_run import UPSTREAM
 from engine.diff.strictness import NUMBERS, RUN, SPEC, UNCHANGED, UNKNOWN, Move, Shift, num
@@ -48,6 +58,7 @@ _MARKS = {
     "removed": ("-", "**removed**"),
     "changed": ("~", "**changed**"),
     "reordered": ("~", "**reordered**"),
+    "renamed": ("~", ""),
     "blocked": ("!", "**not comparable**"),
     "note": ("*", "**note**"),
     "plain": ("*", ""),
@@ -120,7 +131,9 @@ def _fmt_def(v: Any) -> str:
 
 def _render_change(out: Out, c: Change) -> None:
     at = out.at(c.where)
-    if c.section == "spec":
+    if c.op == "renamed":
+        out.item(c.op, f"{rename_phrase(c, out.code)}{at}")
+    elif c.section == "spec":
         note = f" ({c.extra['note']})" if c.extra.get("note") else ""
         if c.subject.startswith("values.") or c.subject == "description":
             out.item(c.op, f"{out.code(c.subject)}{note}{at}:")
@@ -142,6 +155,15 @@ def _render_change(out: Out, c: Change) -> None:
         _render_step_change(out, c, at)
     elif c.section == "checks":
         _render_check_change(out, c, at)
+
+
+def rename_phrase(c: Change, shown: Any = code) -> str:
+    """`renamed leg3 -> leg_last (with wipe_before_leg3, hub_after_leg3), in every step, value and check ...`."""
+    if c.section == "checks":
+        return f"renamed check {shown(c.old)} -> {shown(c.new)} (it checks exactly what it did)"
+    others = [old for old, _ in c.extra.get("with") or []]
+    with_ = f" (with {', '.join(shown(o) for o in others)})" if others else ""
+    return f"renamed {shown(c.old)} -> {shown(c.new)}{with_}, in every step, value and check that names it"
 
 
 def _render_step_change(out: Out, c: Change, at: str) -> None:
@@ -273,10 +295,10 @@ def _budget_line(b: Budget) -> str:
 def summary(report: Report) -> str:
     """One line: what kind of things changed, counted by distinct name."""
     # An added/removed mode's own values are part of that mode, counted as the mode.
-    changes = report.spec_changes + report.common + [c for m in report.modes if m.status == "both" for c in m.changes]
+    changes = report.common + report.env_common + [c for m in report.modes if m.status == "both" for c in m.changes]
     parts = []
     for status in ("added", "removed"):
-        modes = [m.mode for m in report.modes if m.status == status]
+        modes = [m.key for m in report.modes if m.status == status]
         if modes:
             parts.append(f"mode {status}: {', '.join(modes)}")
     for section in ("checks", "steps", "values"):
@@ -286,8 +308,11 @@ def summary(report: Report) -> str:
                 ops.setdefault(c.op, set()).add(c.subject or "order")
         if ops:
             parts.append(f"{section}: " + ", ".join(f"{len(v)} {k}" for k, v in sorted(ops.items())))
-    if report.spec_changes:
-        parts.append(f"spec: {len(report.spec_changes)} changed")
+    renamed = [c for c in report.spec_changes if c.op == "renamed"]
+    if renamed:
+        parts.insert(0, "renamed " + ", ".join(f"{c.old} -> {c.new}" for c in renamed))
+    if len(report.spec_changes) > len(renamed):
+        parts.append(f"spec: {len(report.spec_changes) - len(renamed)} changed")
     over = [
         m.mode
         for m in report.modes
@@ -303,6 +328,14 @@ def _title(report: Report) -> tuple[str, str]:
     if report.status == "new":
         return f"new spec (no {report.old_label})", report.new_label
     return report.old_label, report.new_label
+
+
+def _env_common_head(report: Report) -> str:
+    """`every mode (smoke, soak) on target gpu, real`: what is the same under every other target."""
+    mds = [md for md in report.modes if md.key in report.env_common_keys]
+    modes = list(dict.fromkeys(md.mode for md in mds))
+    which = f"every mode ({', '.join(modes)})" if len(modes) > 1 else f"mode {modes[0]}"
+    return f"{which} on {envs_text([md.env for md in mds])}"
 
 
 def render(report: Report, markdown: bool = False) -> str:
@@ -336,15 +369,18 @@ def lines_of(out: Out, report: Report, level: int = 2) -> None:
     if report.common:
         out.head(f"every mode ({', '.join(report.common_modes)})")
         _render_changes(out, report.common)
+    if report.env_common:
+        out.head(_env_common_head(report))
+        _render_changes(out, report.env_common)
     unchanged = []
     for md in report.modes:
-        if md.status == "both" and not report.raw_modes.get(md.mode) and md.budget is None:
+        if md.status == "both" and not md.env and not report.raw_modes.get(md.mode) and md.budget is None:
             unchanged.append(md.mode)
             continue
         if md.status == "both" and not md.changes and md.budget is None:
             continue  # everything it had is in "every mode"
         out.head(
-            {"both": f"mode {md.mode}", "added": f"mode {md.mode} (added)", "removed": f"mode {md.mode} (removed)"}[
+            {"both": f"mode {md.key}", "added": f"mode {md.key} (added)", "removed": f"mode {md.key} (removed)"}[
                 md.status
             ]
         )
@@ -357,7 +393,8 @@ def lines_of(out: Out, report: Report, level: int = 2) -> None:
             )
     if unchanged and report.changed:
         out.blank()
-        out.lines.append(f"unchanged modes: {', '.join(unchanged)}")
+        under = f" on {env_text(report.default_env)}" if any(md.env for md in report.modes) else ""
+        out.lines.append(f"unchanged modes{under}: {', '.join(unchanged)}")
     if report.evidence is not None:
         _render_evidence(out, report.evidence)
 

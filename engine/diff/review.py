@@ -21,13 +21,16 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from engine.diff.command import load_at_base
 from engine.diff.compare import compare
-from engine.diff.model import DiffError, Report
-from engine.diff.reach import never_runs
+from engine.diff.model import DiffError, Report, envs_text
+from engine.diff.overrides import dependents, gates_reading, handed_over
+from engine.diff.reach import false_where, never_runs, newly_skipped, where_text
 from engine.diff.render import Out, lines_of, summary
-from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess, limit_phrase
+from engine.diff.risk import WHY_RISKY, Risk, SavedRun, assess, limit_phrase, merge_modes
 from engine.diff.saved_run import TIGHT, review_evidence, run_label, time_cuts
 from engine.diff.sides import Revision, references, repo_root
 from engine.diff.strictness import reads
+from engine.diff.trust import trusted
+from engine.diff.variants import default_env, switched
 from engine.judge.recheck import Refused, recheck
 from engine.run import evidence as evmod
 from engine.show.report import write_file
@@ -48,6 +51,7 @@ class SpecReview:
     risks: list[Risk] = dc_field(default_factory=list)
     figures: list[Any] = dc_field(default_factory=list)  # the new spec's plots over the saved run
     notes: list[str] = dc_field(default_factory=list)  # what a reviewer should know and is not risky
+    disabled: set[str] = dc_field(default_factory=set)  # the gates the new side disables
 
 
 @dataclass
@@ -75,14 +79,19 @@ class Review:
 # ---------------------------------------------------------------- which specs
 
 
-def used(files: Mapping[str, bytes]) -> set[str]:
-    """The files (repo-relative) that some file among `files` extends or includes: fragments."""
-    out = set()
+def users(files: Mapping[str, bytes]) -> dict[str, list[str]]:
+    """File (repo-relative) -> the files among `files` that extend or include it: the fragments."""
+    out: dict[str, list[str]] = {}
     for path, text in files.items():
         here = PurePosixPath(path).parent
         for ref in references(text):
-            out.add(_normal(here / ref))
+            out.setdefault(_normal(here / ref), []).append(path)
     return out
+
+
+def used(files: Mapping[str, bytes]) -> set[str]:
+    """The files (repo-relative) that some file among `files` extends or includes: fragments."""
+    return set(users(files))
 
 
 def _normal(p: PurePosixPath) -> str:
@@ -99,8 +108,14 @@ def _normal(p: PurePosixPath) -> str:
 def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
     """Repo-relative paths of every spec under `spec_dir` at the base revision or in the working tree: a
     YAML file that no other one extends or includes on either side (lib/ fragments are reviewed through
-    the specs that use them), or one that has a saved run under `evidence_dir` (a spec someone runs,
-    even if another spec now extends it)."""
+    the specs that use them), one that has a saved run under `evidence_dir` (a spec someone runs, even if
+    another spec now extends it), or one that was a spec at the base and that another now extends."""
+    return _discover(revision, spec_dir, evidence_dir)[0]
+
+
+def _discover(revision: Revision, spec_dir: str, evidence_dir: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(`discover`'s paths, spec at the base -> the files that now extend or include it, for each spec
+    that this change turned into a fragment and that has no saved run to keep it reviewed)."""
     root = revision.root
     listed = revision.listing(spec_dir, evidence_dir)
     at_base = revision.read([p for p in listed if p.startswith(spec_dir + "/") and p.endswith(SPEC_SUFFIXES)])
@@ -109,11 +124,18 @@ def discover(revision: Revision, spec_dir: str, evidence_dir: str) -> list[str]:
         for p in sorted((root / spec_dir).rglob("*"))
         if p.suffix in SPEC_SUFFIXES and p.is_file()
     }
-    fragments = used(at_base) | used(now)
+    base_users, now_users = users(at_base), users(now)
     saved = {PurePosixPath(p).parent.name for p in listed if p.endswith("/evidence.json")} | {
         p.parent.name for p in (root / evidence_dir).glob("*/evidence.json")
     }
-    return sorted(p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved)
+    turned = {
+        p: now_users[p]
+        for p in at_base
+        if p not in base_users and p in now and p in now_users and PurePosixPath(p).stem not in saved
+    }
+    fragments = set(base_users) | set(now_users)
+    specs = (p for p in set(at_base) | set(now) if p not in fragments or PurePosixPath(p).stem in saved or p in turned)
+    return sorted(specs), turned
 
 
 # ---------------------------------------------------------------- one spec
@@ -191,12 +213,17 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
     except evmod.EvidenceError as exc:
         out.status, out.errors = "invalid", [str(exc)]
         return out
-    saved.at_base, saved.renewed = at_base is not None, renewed
+    # What the saved run ran is never read from the change itself (trust.py).
+    taken = trusted(now, at_base, renewed, left.spec, right.spec, rel_dir)
+    now = taken.doc
+    saved.at_base, saved.renewed, saved.rewritten = at_base is not None, taken.renewed, taken.rewritten
     if now is not None and right.spec is None:
         saved.mode = str(now.get("mode"))
         out.recheck = "not re-checked: the spec is deleted"
     elif now is not None:
         saved.mode, saved.run_label = str(now.get("mode")), run_label(now)
+        sources, ran = now.get("sources") or {}, now.get("values") or {}
+        saved.env = {n: str(ran[n]) for n in switched(right.data) if sources.get(n) == "env" and n in ran}
         memo: dict = {}
         report.evidence = review_evidence(report, left, right, rel_dir, now, memo)
         if report.status == "both":
@@ -206,7 +233,17 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
                 for c in saved.cuts
                 if not c.below
             ]
-        saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
+        renames = report.old_side.renames if report.old_side is not None else {}
+        if renames and not taken.renewed:
+            shown = ", ".join(f"{a} -> {b}" for a, b in renames.items())
+            out.notes.append(
+                f"{rel_dir} names its legs as before the rename ({shown}): `engine check` refuses it until "
+                "the spec is run again"
+            )
+        if taken.refused:
+            saved.refused, out.recheck = [taken.refused], "not re-checked: its legs cannot be recomputed"
+        else:
+            saved.failing, saved.refused, out.recheck = _failing(right.spec, now, rel_dir)
         out.figures = _figures(right.spec, now)
         # Only what fails now can be newly failing: the base's re-check answers that alone.
         if saved.failing and at_base is not None and left.spec is not None:
@@ -216,22 +253,113 @@ def review_spec(revision: Revision, rel: str, evidence_dir: str, tmp: Path) -> S
         out.recheck = f"no saved run under {rel_dir}/"
     out.saved = saved
     out.status = report.status if report.status != "both" else ("changed" if report.changed else "unchanged")
-    side = right if right.spec is not None else left
-    gates = {
-        mode: {c["name"] for c in plan.checks if (c.get("severity") or "gate") == "gate" and not c.get("disabled")}
-        for mode, plan in side.plans.items()
-    }
-    wheres = {
-        mode: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
-        for mode, plan in side.plans.items()
-    }
-    if report.status == "deleted":
-        gates = {
-            m: {c["name"] for c in p.checks if (c.get("severity") or "gate") == "gate"} for m, p in left.plans.items()
-        }
-    never = _never_run(report, left, right, gates, now, at_base)
-    out.risks = assess(report, rel, saved, gates, wheres, never)
+    out.disabled = {c["name"] for plan in right.plans.values() for c in plan.checks if c.get("disabled")}
+    out.risks = _risks(report, rel, saved, left, right, now, at_base)
     return out
+
+
+def _gates(plans: Mapping[str, Any], disabled: bool = False) -> dict[str, set[str]]:
+    """Key -> the names of its gate checks (the disabled ones too, with `disabled`)."""
+    return {
+        key: {
+            c["name"]
+            for c in plan.checks
+            if (c.get("severity") or "gate") == "gate" and (disabled or not c.get("disabled"))
+        }
+        for key, plan in plans.items()
+    }
+
+
+def _risks(
+    report: Report,
+    rel: str,
+    saved: SavedRun,
+    left: Any,
+    right: Any,
+    now: Mapping[str, Any] | None,
+    at_base: Mapping[str, Any] | None,
+) -> list[Risk]:
+    """Every risk of one spec's change: each mode of it under each target, and its saved run."""
+    if report.status == "deleted":
+        return assess(report, rel, saved, _gates(left.plans, disabled=True), {})
+    side = right if right.spec is not None else left
+    pairs = _pairs(report, right)
+    new_plans = {**side.plans, **{key: p[3] for key, p in pairs.items()}}
+    gates = _gates(new_plans)
+    wheres = {
+        key: {c["name"]: side.shown(f"{c['file']}:{c['line']}") for c in plan.checks if c.get("file")}
+        for key, plan in new_plans.items()
+    }
+    old = report.old_side or left
+    never = _never_run(report, old, right, {m: gates[m] for m in side.plans}, now, at_base)
+    changes = [c for cs in report.raw_modes.values() for c in cs] + report.spec_changes
+    when_changed = {c.subject for c in changes if c.section == "checks" and c.field == "when"}
+    false_in = {n: where_text(keys, pairs) for n, keys in false_where(pairs, when_changed).items()}
+    risks = assess(report, rel, saved, gates, wheres, never, false_in)
+    all_gates = set().union(*gates.values()) if gates else set()
+    skipped = newly_skipped(pairs, all_gates - when_changed - set(never)) if report.status == "both" else {}
+    for name, keys in skipped.items():
+        risks.append(_skipped_risk(rel, name, keys, pairs, changes, wheres))
+    risks += _handed_over(report, rel, right)
+    merged = merge_modes(risks)
+    default = default_env(right)
+    for r in merged:
+        r.default_env = default
+    return merged
+
+
+def _pairs(report: Report, right: Any) -> dict[str, tuple[str, dict[str, str], Any, Any]]:
+    """Key -> (mode, the target it is under, old plan, new plan): each mode both sides have under the
+    spec's default target and under every other target (variants.py), the old plans renamed as compared."""
+    old = report.old_side
+    if old is None or old.spec is None or right.spec is None:
+        return {}
+    default = default_env(right)
+    out = {m: (m, default, old.plans[m], right.plans[m]) for m in right.plans if m in old.plans}
+    out.update(report.env_plans)
+    return out
+
+
+def _skipped_risk(
+    rel: str, name: str, keys: list[str], pairs: Mapping[str, Any], changes: Sequence[Any], wheres: Mapping
+) -> Risk:
+    """A gate whose `when` is false where it was not: said with the modes and targets it no longer runs in."""
+    mode, _, _, plan = pairs[keys[0]]
+    check = next(c for c in plan.checks if c["name"] == name)
+    read = {p[1] for p in reads({"when": check["when"], "let": check.get("let")}) if p[0] == "values" and len(p) > 1}
+    places = [c.where for c in changes if c.section in ("values", "spec") and c.where and _head(c.subject) in read]
+    places.append(wheres.get(keys[0], {}).get(name, ""))
+    default = [k for k in keys if k == pairs[k][0]]  # a mode under the spec's default target
+    what = f"gate {code(name)} no longer runs in {where_text(keys, pairs)}: `when: {check['when']}` is false there now"
+    return Risk(
+        "gate skipped in some modes",
+        rel,
+        name,
+        what,
+        next((p for p in places if p), ""),
+        sorted({pairs[k][0] for k in keys}),
+        targets=[pairs[k][1] for k in keys if k not in default],
+        on_default=bool(default),
+    )
+
+
+def _handed_over(report: Report, rel: str, right: Any) -> list[Risk]:
+    """An `env:` entry added (or pointed at another value): the value is the environment's to set now."""
+    out = []
+    for var, name, where in handed_over(report.spec_changes) if right.spec is not None else []:
+        gates = gates_reading(right.plans.values(), dependents(right.data, name), reads)
+        shown = ", ".join(code(g) for g in gates[:4]) + (f" and {len(gates) - 4} more" if len(gates) > 4 else "")
+        what = f"`{name}` can now be set by the environment variable `{var}`" + (
+            f": it decides {'gate' if len(gates) == 1 else f'{len(gates)} gates'} {shown}"
+            if gates
+            else " (no gate reads it by name; the legs or the checks may be written with it)"
+        )
+        out.append(Risk("value made overridable", rel, name, what, where, sorted(right.plans)))
+    return out
+
+
+def _head(subject: str) -> str:
+    return subject.removeprefix("values.").split(".")[0]
 
 
 def _never_run(
@@ -292,10 +420,11 @@ def build_review(
     cwd = cwd or Path.cwd()
     revision = Revision(repo_root(cwd), base)
     rel_dirs = [_repo_rel(revision.root, cwd, d) for d in (spec_dir, evidence_dir)]
+    turned: dict[str, list[str]] = {}
     if specs:
         paths = [_repo_rel(revision.root, cwd, s) for s in specs]
     else:
-        paths = discover(revision, rel_dirs[0], rel_dirs[1])
+        paths, turned = _discover(revision, rel_dirs[0], rel_dirs[1])
     stems: dict[str, str] = {}
     for p in paths:
         other = stems.setdefault(PurePosixPath(p).stem, p)
@@ -306,7 +435,26 @@ def build_review(
             )
     with tempfile.TemporaryDirectory(prefix="specprobe-review-") as tmp:
         reviews = [review_spec(revision, p, rel_dirs[1], Path(tmp)) for p in paths]
+    by_path = {s.path: s for s in reviews}
+    for path, readers in turned.items():
+        by_path[path].risks.append(_fragment_risk(path, readers, by_path))
     return Review(base, revision.commit[:12], reviews, accept)
+
+
+def _fragment_risk(path: str, readers: list[str], by_path: Mapping[str, SpecReview]) -> Risk:
+    """A spec of the base that another file now extends: no longer reviewed as one, and the other may
+    disable its gates (said when it does)."""
+    own = by_path[path].disabled
+    disabled = sorted({g for r in readers if r in by_path for g in by_path[r].disabled} - own)
+    names = ", ".join(code(r) for r in readers)
+    what = f"{code(path)}, a spec at the base with no saved run, is now read through {names}" + (
+        f", which disable{'s' if len(readers) == 1 else ''} its gate{'s' if len(disabled) > 1 else ''} "
+        + ", ".join(code(g) for g in disabled[:6])
+        + (f" and {len(disabled) - 6} more" if len(disabled) > 6 else "")
+        if disabled
+        else ""
+    )
+    return Risk("spec turned into a fragment", path, path, what + ": `engine review` no longer reviews it as a spec")
 
 
 def _repo_rel(root: Path, cwd: Path, path: str) -> str:
@@ -425,8 +573,15 @@ def grouped(risks: Sequence[Risk]) -> list[list[Risk]]:
 
 
 def _places(group: Sequence[Risk], out: Out) -> str:
-    """`specs/a.yaml [mode smoke, soak], specs/b.yaml [mode soak]`."""
-    return ", ".join(out.code(r.spec) + (f" [mode {', '.join(r.modes)}]" if r.modes else "") for r in group)
+    """`specs/a.yaml [mode smoke, soak], specs/b.yaml [mode soak; target gpu, real]`: the targets said
+    where a risk is seen under another than the spec's default one."""
+
+    def place(r: Risk) -> str:
+        envs = ([r.default_env] if r.on_default and r.default_env else []) + r.targets
+        where = ([f"mode {', '.join(r.modes)}"] if r.modes else []) + ([envs_text(envs)] if r.targets else [])
+        return out.code(r.spec) + (f" [{'; '.join(where)}]" if where else "")
+
+    return ", ".join(place(r) for r in group)
 
 
 def _cell(text: str) -> str:

@@ -10,9 +10,10 @@ from dataclasses import field as dc_field
 from typing import Any, Mapping
 
 from engine.diff.compare import field_diffs
+from engine.diff.coverage import narrowed
 from engine.diff.model import ABSENT, EXPR_FIELDS, Change, CheckReview, EvidenceReview, Report, Side
 from engine.diff.phrases import display_field, fmt
-from engine.diff.strictness import reads, shift
+from engine.diff.strictness import LOOSENED, UNCHANGED, UNKNOWN, reads, shift
 from engine.expr import functions
 from engine.judge.checks import evaluate
 from engine.spec.plan import replan, step_definition
@@ -348,8 +349,22 @@ def _judge(
                 new_results[r.name],
                 settle=settle,
             )
+            fewer = narrowed(by_old[r.name], by_new[r.name], {**ev, "values": values_old}, {**ev, "values": values_new})
+            if fewer is not None:
+                _say_fewer(r.shift, fewer)
         elif r.blockers and r.name in static:
             r.shift = static[r.name]  # what the spec's own values say, with no run to confirm it
+
+
+def _say_fewer(s: Any, fewer: str) -> None:
+    """A check that reads less of the run says so first; unchanged bounds do not make it the same check."""
+    if s.verdict == UNCHANGED:
+        s.verdict, s.why = UNKNOWN, f"{fewer}; {s.why}"
+    elif s.verdict == UNKNOWN:
+        s.why = f"{fewer}; {s.why}"
+    elif s.verdict == LOOSENED:
+        s.why = f"{s.why}; {fewer}"
+    s.retarget = False
 
 
 def _evaluated(names: list[str], checks: dict, ev: Mapping[str, Any], values: dict) -> dict[str, Any]:

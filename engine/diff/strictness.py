@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, Mapping, Sequence
 
-import jmespath
-
 from engine.diff.model import ABSENT
-from engine.diff.phrases import ELLIPSIS
+from engine.diff.operands import moved_values, num, rise
+from engine.diff.operands import number as _number
+from engine.diff.operands import parsed as _parsed
+from engine.diff.operands import short as _short
+from engine.diff.operands import static as _static
 from engine.expr import functions
-from engine.expr.trace import MISSING, NOT_EVALUATED, trace, unparse
+from engine.expr.trace import MISSING, NOT_EVALUATED, unparse
 from engine.text import code, compact
 from engine.types import CheckResult
 
@@ -36,15 +38,11 @@ _UPPER, _LOWER = ("lt", "lte"), ("gt", "gte")  # `measured OP bound`: the bound 
 _NOT_FAILING = ("PASS", "SKIPPED", "DISABLED")
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def num(x: Any) -> str:
-    """A number as a reader wants it: `0.4`, not `0.40000000000000036`."""
-    if isinstance(x, float):
-        return f"{x:.6g}"
-    return compact(x, 60) if not isinstance(x, str) else json.dumps(x)
+@dataclass
+class Operand:
+    text: str
+    value: str  # as a number reads ("" when not known)
+    known: bool
 
 
 @dataclass
@@ -69,20 +67,17 @@ class Bound:
             return a - b
         return None
 
+    def operand(self, index: int | None) -> Operand:
+        """One side of the comparison (0 left, 1 right): its text and, where known, its value."""
+        value = self.left if index == 0 else self.right if index == 1 else ABSENT
+        text = self.left_text if index == 0 else self.right_text if index == 1 else self.text
+        return Operand(_short(text), num(value) if value is not ABSENT else "", value is not ABSENT)
+
     def phrase(self) -> str:
         """`13.2 <= 13.6`, each operand as its value where known, else as written."""
         left = num(self.left) if self.left is not ABSENT else _short(self.left_text)
         right = num(self.right) if self.right is not ABSENT else _short(self.right_text)
         return f"{left} {SYMBOL[self.op]} {right}"
-
-
-def _short(text: str, limit: int = 48) -> str:
-    """A long operand by its end, where its name is: `…harvest.run_json.gc_full_s_max])`."""
-    if len(text) <= limit:
-        return text
-    tail = text[-limit:]
-    cut = min((i for i in (tail.find("."), tail.find("(")) if i >= 0), default=-1)
-    return ELLIPSIS + (tail[cut + 1 :] if 0 <= cut < limit // 2 else tail)
 
 
 @dataclass
@@ -94,6 +89,10 @@ class Move:
     direction: str  # TIGHTENED | LOOSENED | UNCHANGED | UNKNOWN
     why: str = ""  # for UNKNOWN: why the direction is not known
     retarget: bool = False  # UNKNOWN because an equality now asks for another value (not looser, not tighter)
+    # (name, old, new) of each spec value the moved operand reads that changed: what moved the bound,
+    # said in the spec's own terms where no run gives the bound's numbers.
+    values: list[tuple[str, Any, Any]] = dc_field(default_factory=list)
+    bound: int | None = None  # which operand moved (0 left, 1 right), where one did
 
 
 @dataclass
@@ -122,13 +121,6 @@ class Shift:
 
 
 # ---------------------------------------------------------------- lining the expressions up
-
-
-def _parsed(text: str) -> dict | None:
-    try:
-        return jmespath.compile(text).parsed
-    except Exception:  # validate refused it already; nothing to line up
-        return None
 
 
 def _pairs(a: dict, b: dict, polarity: int = 1) -> list[tuple[dict, dict, int]] | None:
@@ -262,18 +254,6 @@ def _expanded_values(result: CheckResult | None, written: dict | None, lets: Map
 # ---------------------------------------------------------------- operand values
 
 
-def _static(node: dict, values: Mapping[str, Any]) -> Any:
-    """An operand's value from the spec's values alone (literals, `values.x`, arithmetic of them);
-    ABSENT when it reads the run."""
-    if node["type"] == "literal":
-        return node["value"]
-    try:
-        value, missing, _ = trace(unparse(node), {"values": dict(values)}, functions.OPTIONS, explain=False)
-    except Exception:  # it needs the run (a function of missing data): unknown
-        return ABSENT
-    return ABSENT if missing else value
-
-
 def _value(node: dict, run: Mapping[str, Any], values: Mapping[str, Any] | None) -> Any:
     if node["type"] == "literal":
         return node["value"]
@@ -286,33 +266,36 @@ def _value(node: dict, run: Mapping[str, Any], values: Mapping[str, Any] | None)
 # ---------------------------------------------------------------- one comparison
 
 
-def _direction(op: str, b0: Any, b1: Any, op1: str, t0: str, t1: str) -> tuple[str, str]:
-    """Which way `measured OP b0` -> `measured OP1 b1` moved (one family of comparison, the bound moved)."""
+def _direction(op: str, b0: Any, b1: Any, op1: str, t0: str, t1: str, rises: int | None = None) -> tuple[str, str]:
+    """Which way `measured OP b0` -> `measured OP1 b1` moved (one family of comparison, the bound moved).
+    `rises`: which way the bound moves whatever the run holds (operands.rise), for a bound that reads
+    the run and so has no value without one."""
     if op in ("eq", "ne"):
         if b0 is not ABSENT and b0 == b1 and op == op1:
             return UNCHANGED, ""
         return UNKNOWN, RETARGET
-    if not (_number(b0) and _number(b1)):
+    if not (_number(b0) and _number(b1)) and rises is None:
         if b0 is ABSENT or b1 is ABSENT:
             return UNKNOWN, f"{code(_short(t0))} -> {code(_short(t1))} reads the run, and no saved run gives its value"
         return UNKNOWN, f"{code(_short(t0))} -> {code(_short(t1))}: not a number"
     upper = op in _UPPER
-    if b0 == b1:
+    same = rises == 0 if rises is not None else b0 == b1
+    if same:
         if op == op1:
             return UNCHANGED, ""
         return (LOOSENED if op1 in ("lte", "gte") else TIGHTENED), ""
-    raised = b1 > b0
+    raised = rises > 0 if rises is not None else b1 > b0
     return (LOOSENED if raised == upper else TIGHTENED), ""
 
 
 def _mask(node: dict) -> Any:
-    """An operand with its literals and `values.*` reads blanked: two operands with the same mask differ
-    only in numbers a spec sets (`mul(x, `0.25`)` -> `mul(x, `0.5`)`), which is a bound that moved."""
-    if node["type"] == "literal":
-        return "literal"
+    """An operand with its literals and `values.*` reads blanked alike: two operands with the same mask
+    differ only in numbers a spec sets (`mul(x, `0.25`)` -> `mul(x, values.k)`), which is a bound that
+    moved; the spec's values then say how far."""
     kids = node.get("children") or []
-    if node["type"] == "subexpression" and kids and kids[0].get("type") == "field" and kids[0].get("value") == "values":
-        return "value"
+    is_value = node["type"] == "subexpression" and kids and kids[0].get("type") == "field"
+    if node["type"] == "literal" or (is_value and kids[0].get("value") == "values"):
+        return "constant"
     return [node["type"], node.get("value"), [_mask(k) if isinstance(k, dict) else k for k in kids]]
 
 
@@ -335,7 +318,10 @@ def _move(
 
     def fixed(i: int, j: int) -> bool:
         va, vb = vals_a[i], vals_b[j]
-        same_values = va is ABSENT or vb is ABSENT or va == vb
+        if va is ABSENT or vb is ABSENT:  # no value to compare: the same text reading the same values
+            same_values = not moved_values(a["children"][i], values_a, values_b)
+        else:
+            same_values = va == vb
         return texts_a[i] == texts_b[j] and same_values
 
     op_a, op_b = a["value"], b["value"]
@@ -372,13 +358,20 @@ def _move(
         else:
             direction, why = (LOOSENED if op_b in ("lte", "gte") else TIGHTENED), ""
     else:
-        direction, why = _direction(op_a, vals_a[bound], vals_b[bound], op_b, texts_a[bound], texts_b[bound])
+        node_a, node_b = a["children"][bound], b["children"][bound]
+        known = _number(vals_a[bound]) and _number(vals_b[bound])
+        rises = None if known or values_a is None or values_b is None else rise(node_a, node_b, values_a, values_b)
+        direction, why = _direction(op_a, vals_a[bound], vals_b[bound], op_b, texts_a[bound], texts_b[bound], rises)
+        moved = moved_values(node_a, values_a, values_b, node_b)
         if why == RETARGET:
-            return Move(old, new, UNKNOWN, why, retarget=True)
+            return Move(old, new, UNKNOWN, why, retarget=True, values=moved, bound=bound)
+        done = _polarised(old, new, direction, why, polarity, moved)
+        done.bound = bound
+        return done
     return _polarised(old, new, direction, why, polarity)
 
 
-def _polarised(old: Bound, new: Bound, direction: str, why: str, polarity: int) -> Move:
+def _polarised(old: Bound, new: Bound, direction: str, why: str, polarity: int, moved: list | None = None) -> Move:
     """The comparison's move as its check sees it: reversed under a `!` (polarity -1), unknown inside a
     function, a projection or a pipe (0)."""
     if direction in (TIGHTENED, LOOSENED) and polarity != 1:
@@ -388,9 +381,10 @@ def _polarised(old: Bound, new: Bound, direction: str, why: str, polarity: int) 
                 new,
                 UNKNOWN,
                 f"{code(new.text)} sits inside a function or projection, where its direction is not known",
+                values=moved or [],
             )
         direction = LOOSENED if direction == TIGHTENED else TIGHTENED
-    return Move(old, new, direction, why)
+    return Move(old, new, direction, why, values=moved or [])
 
 
 # ---------------------------------------------------------------- a whole check

@@ -1,5 +1,5 @@
 """End to end over HTTP: the Hub backend against tests/hubserver.py, driven by the unmodified huggingface_hub
-client inside real subprocesses (the engine, torchrun and its gloo ranks, `python -m trainer.mix`).
+client inside real subprocesses (the engine, torchrun and its gloo ranks, `python -m trainer.data.mix`).
 
 (a) The whole P4 smoke probe, `engine run specs/p4_smoke.yaml` with the checkpoint repo and the mix repo on the
     test Hub, passes; the (fake) token reaches the server as the bearer but appears in no output: stdout,

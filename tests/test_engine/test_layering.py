@@ -10,7 +10,10 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for `python tests/test_engine/...` too
+import importgraph
+from importgraph import ROOT, cycles
+
 MAX_LINES = 700
 
 # The stages from the ground up; a module may import its own stage and the ones below it, never above.
@@ -18,13 +21,8 @@ MAX_LINES = 700
 STAGES = ("ground", "expr", "spec", "run", "judge", "show", "diff", "cli")
 
 
-def module_name(path: Path, root: Path = ROOT) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def engine_modules(root: Path = ROOT) -> dict[str, Path]:
-    return {module_name(p, root): p for p in sorted((root / "engine").rglob("*.py"))}
+    return importgraph.modules("engine", root)
 
 
 def stage_of(name: str) -> str:
@@ -38,86 +36,13 @@ def stage_of(name: str) -> str:
     return "ground" if len(parts) == 2 else f"unknown ({parts[1]})"
 
 
-def parents(name: str) -> set[str]:
-    """The packages Python initialises before `name`: `engine.diff.phrases` -> engine.diff, engine."""
-    parts = name.split(".")
-    return {".".join(parts[:i]) for i in range(1, len(parts))}
-
-
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every module `path` imports, at any depth of its code, with the packages each one runs first:
-    `from engine.spec import plan` is engine.spec.plan when that is a module, else engine.spec."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
-    for target in list(found):
-        found |= parents(target)
-    return found - {name}
-
-
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    modules = engine_modules(root)
-    known = set(modules)
-    return {name: imports_of(name, path, known) | (parents(name) & known) for name, path in modules.items()}
+    return importgraph.import_graph("engine", root)
 
 
 def climbs(graph: dict[str, set[str]]) -> list[str]:
     """Every import that goes up a stage, as `importer (stage) -> imported (stage)`."""
-    order = {s: i for i, s in enumerate(STAGES)}
-    found = []
-    for name, deps in sorted(graph.items()):
-        for dep in sorted(d for d in deps if d in graph):
-            if order.get(stage_of(dep), -1) > order.get(stage_of(name), -1):
-                found.append(f"{name} ({stage_of(name)}) -> {dep} ({stage_of(dep)})")
-    return found
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module, or a module importing itself
-    (Tarjan's algorithm); each one is an import cycle. A package __init__ that imports its own modules
-    is one too (each module runs the __init__ first), so the stage packages' __init__ files hold only
-    their docstring."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in graph:
-                continue  # outside engine/
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1 or v in graph[v]:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    return importgraph.climbs(graph, STAGES, stage_of)
 
 
 def test_every_engine_module_lives_in_a_known_stage() -> None:
@@ -188,15 +113,7 @@ def test_only_the_record_the_reaper_and_the_plan_name_the_secret_filter() -> Non
 
 if __name__ == "__main__":
     graph = import_graph()
-    packages = {n for n, p in engine_modules().items() if p.name == "__init__.py"}
-    for stage in STAGES:
-        print(f"-- {stage}")
-        for name, path in engine_modules().items():
-            if stage_of(name) != stage:
-                continue
-            inner = sorted(d for d in graph[name] if d in graph and d not in packages)
-            lines = len(path.read_text(encoding="utf-8").splitlines())
-            print(f"   {name:<26} {lines:>5}  -> {', '.join(inner) or '-'}")
+    print("\n".join(importgraph.house("engine", graph, STAGES, stage_of)))
     print("climbs:", climbs(graph) or "none")
     print("cycles:", cycles(graph) or "none")
     sys.exit(1 if cycles(graph) or climbs(graph) else 0)

@@ -18,8 +18,9 @@ import pytest
 from blobs import sha, write
 from conftest import HUB_TOKEN, SleepRecorder
 from hubserver import HubServer
+from trainer_helpers import IDENTITY
 
-from trainer.checkpoint import (
+from trainer.ckpt.checkpointer import (
     CHECKPOINT_FILES,
     POINTER_PATH,
     STATE_FILE,
@@ -27,7 +28,7 @@ from trainer.checkpoint import (
     read_pointer,
     seal_trainer_state,
 )
-from trainer.resume_scan import ResumeRefused, ResumeScan
+from trainer.ckpt.scan import ResumeRefused, ResumeScan
 from trainer.store import StoreError
 from trainer.store.hub import COMMIT_MARKER, HubStore, Timeouts
 from trainer.store.lease import LEASE_PATH
@@ -263,10 +264,10 @@ def make_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
 
 def run_pushes(store: HubStore, tmp: Path, steps: list[int], log: list[str]) -> None:
     ck = Checkpointer(store, log=log.append)
-    assert ResumeScan(ck).decide(config_hash="cfg", horizon_step=steps[-1]) is None
+    assert ResumeScan(ck).decide(identity=IDENTITY, horizon_step=steps[-1]) is None
     for step in steps:
         folder, files = make_ckpt(tmp, step)
-        ck.push(step, folder, files, tokens=step * 100, config_hash="cfg", final=step == steps[-1])
+        ck.push(step, folder, files, tokens=step * 100, config_hash=IDENTITY.hash, final=step == steps[-1])
 
 
 def final_state(server: HubServer, repo_id: str) -> dict[str, str]:
@@ -283,7 +284,7 @@ def test_checkpointer_pointer_does_not_move_on_corruption_that_persists(
     hub_server.inject("corrupt", COMMIT, file_pattern=r"checkpoint-20/model\.safetensors$", times=10)
     folder, files = make_ckpt(tmp_path, 20)
     with pytest.raises(StoreError, match="verify step=20 FAILED.*even after a repair.*NOT moved"):
-        ck.push(20, folder, files, tokens=2000, config_hash="cfg")
+        ck.push(20, folder, files, tokens=2000, config_hash=IDENTITY.hash)
     pointer = read_pointer(store)
     assert pointer is not None and pointer.step == 10 and pointer.path_in_repo == "final"
 
@@ -301,7 +302,7 @@ def test_a_corrupt_stored_object_is_replaced_so_the_next_push_of_the_same_bytes_
     assert sha(hub_server.files("tester/ckrepair")[path]) != files["model.safetensors"]
     # The next session pushes the same bytes: verify finds the old bad object, the repair replaces it.
     log: list[str] = []
-    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash="cfg")
+    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash=IDENTITY.hash)
     assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
     assert (
         sha(hub_server.files("tester/ckrepair")[path])
@@ -323,7 +324,7 @@ def test_a_small_regular_file_corrupted_in_the_store_is_repaired_by_delete_then_
     assert store.list_files()[path].sha256 is None
     hub_server.corrupt("tester/ckrepreg", path)
     log: list[str] = []
-    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash="cfg")
+    pointer = Checkpointer(store, log=log.append).push(20, folder, files, tokens=2000, config_hash=IDENTITY.hash)
     assert any(line.startswith("CKPT repair step=20") and path in line for line in log), log
     assert sha(hub_server.files("tester/ckrepreg")[path]) == files["config.json"] == pointer.files["config.json"]
     assert read_pointer(store).step == 20
@@ -339,7 +340,7 @@ def test_a_409_on_the_pointer_commit_is_retried_and_the_verified_checkpoint_gets
     folder, files = make_ckpt(tmp_path, 20)
     # push(20) commits the checkpoint (1st), then the pointer (2nd): the pointer's commit answers 409 once.
     fault = hub_server.inject("status", COMMIT, status=409, nth=2)
-    pointer = ck.push(20, folder, files, tokens=2000, config_hash="cfg")
+    pointer = ck.push(20, folder, files, tokens=2000, config_hash=IDENTITY.hash)
     assert fault.fired == 1 and pointer.step == 20 and read_pointer(store) == pointer
     titles = [c.title for c in hub_server.repo("tester/ck409").commits]
     assert sum(t.startswith("latest.json -> step 20 ") for t in titles) == 1, titles
@@ -349,7 +350,7 @@ def sealed_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
     """make_ckpt with a trainer_state.json sealed like the trainer's: what a resume reads and checks."""
     folder, files = make_ckpt(tmp, step)
     others = {n: h for n, h in files.items() if n != STATE_FILE}
-    state = seal_trainer_state({"step": step, "tokens_consumed": step * 100, "config_hash": "cfg"}, others)
+    state = seal_trainer_state({"step": step, "tokens_consumed": step * 100, "config_hash": IDENTITY.hash}, others)
     files[STATE_FILE] = sha(write(folder, STATE_FILE, json.dumps(state).encode()).read_bytes())
     return folder, files
 
@@ -357,10 +358,10 @@ def sealed_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
 def pointed_at_20(store: HubStore, tmp: Path) -> None:
     """Checkpoints 10 and 20, both whole (two optimizer states kept), the pointer at 20."""
     ck = Checkpointer(store, log=[].append, keep_optimizer_states=2)
-    assert ResumeScan(ck).decide(config_hash="cfg", horizon_step=30) is None
+    assert ResumeScan(ck).decide(identity=IDENTITY, horizon_step=30) is None
     for step in (10, 20):
         folder, files = sealed_ckpt(tmp, step)
-        ck.push(step, folder, files, tokens=step * 100, config_hash="cfg")
+        ck.push(step, folder, files, tokens=step * 100, config_hash=IDENTITY.hash)
     ck.close()
 
 
@@ -372,7 +373,7 @@ def test_a_listing_that_lags_is_read_again_and_the_resume_goes_on(
     hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"checkpoint-20/optimizer\.pt$", times=2)
     log: list[str] = []
     scan = ResumeScan(Checkpointer(store, log=log.append), relist_delays_s=(1.0, 2.0, 4.0), sleep=sleeps)
-    assert scan.decide(config_hash="cfg", horizon_step=30).step == 20
+    assert scan.decide(identity=IDENTITY, horizon_step=30).step == 20
     said = [line for line in log if "does not show ckpt/checkpoint-20/optimizer.pt" in line]
     assert len(said) == 2 and said[0].endswith("a listing can lag behind a commit: listing again in 1s"), said
     assert [f.fired for f in hub_server.faults] == [2]
@@ -387,7 +388,7 @@ def test_a_file_the_listing_keeps_hiding_is_refused_saying_so_never_advising_del
     hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"checkpoint-20/rng\.pt$", times=100)
     scan = ResumeScan(Checkpointer(store, log=[].append), relist_delays_s=(1.0, 2.0), sleep=sleeps)
     with pytest.raises(ResumeRefused) as e:
-        scan.decide(config_hash="cfg", horizon_step=30)
+        scan.decide(identity=IDENTITY, horizon_step=30)
     msg = str(e.value)
     assert msg.startswith(
         "latest.json points at ckpt/checkpoint-20 but the listing of hf://tester/cklagged does not show "

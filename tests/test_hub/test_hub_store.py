@@ -13,6 +13,7 @@ import pytest
 from blobs import sha, write
 from conftest import HUB_TOKEN
 from hubserver import HubServer
+from trainer_helpers import IDENTITY
 
 from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError
 from trainer.store.hub import COMMIT_MARKER, HubStore, RetryPolicy, Timeouts
@@ -167,15 +168,15 @@ def test_retry_policy_backoff_is_exponential_bounded_and_honours_retry_after() -
 
 
 def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, hub_store, tmp_path: Path) -> None:
-    from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, seal_trainer_state
+    from trainer.ckpt.checkpointer import CHECKPOINT_FILES, Checkpointer, seal_trainer_state
+    from trainer.ckpt.scan import ResumeScan, fetch
     from trainer.collector import hub_state
-    from trainer.resume_scan import ResumeScan, fetch
 
     store = hub_store("resume")
     lines: list[str] = []
     ck = Checkpointer(store, log=lines.append)
     # A missing repo (RepositoryNotFound through the client) takes the fresh-start branch and creates it.
-    assert ResumeScan(ck).decide(config_hash="cfg", horizon_step=20) is None
+    assert ResumeScan(ck).decide(identity=IDENTITY, horizon_step=20) is None
     assert store.exists() and any("repo missing, created" in line for line in lines)
     for step in (10, 20):
         files = {
@@ -183,14 +184,14 @@ def test_checkpointer_push_and_resume_scan_over_the_hub(hub_server: HubServer, h
             for n in CHECKPOINT_FILES
             if n != "trainer_state.json"
         }
-        state = seal_trainer_state({"step": step, "tokens_consumed": step * 64, "config_hash": "cfg"}, files)
+        state = seal_trainer_state({"step": step, "tokens_consumed": step * 64, "config_hash": IDENTITY.hash}, files)
         files["trainer_state.json"] = sha(
             write(tmp_path / f"s{step}", "trainer_state.json", json.dumps(state).encode()).read_bytes()
         )
-        ck.push(step, tmp_path / f"s{step}", files, tokens=step * 64, config_hash="cfg")
+        ck.push(step, tmp_path / f"s{step}", files, tokens=step * 64, config_hash=IDENTITY.hash)
     # Cold resume: a fresh Checkpointer, nothing local, everything from the Hub.
     again = Checkpointer(hub_store("resume"), log=lines.append)
-    pointer = ResumeScan(again).decide(config_hash="cfg", horizon_step=30)
+    pointer = ResumeScan(again).decide(identity=IDENTITY, horizon_step=30)
     assert pointer is not None and (pointer.step, pointer.path_in_repo) == (20, "ckpt/checkpoint-20")
     out = fetch(again.store, pointer, tmp_path / "cold")
     assert (out / "model.safetensors").read_bytes() == b"model.safetensors@20" * 400

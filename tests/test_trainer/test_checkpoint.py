@@ -12,8 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from trainer_helpers import IDENTITY, RUN_CONFIG
 
-from trainer.checkpoint import (
+from trainer.ckpt.checkpointer import (
     CHECKPOINT_FILES,
     Checkpointer,
     Pointer,
@@ -23,31 +24,16 @@ from trainer.checkpoint import (
     seal_trainer_state,
     write_checkpoint_dir,
 )
-from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
-from trainer.runconfig import config_hash
+from trainer.ckpt.scan import ResumeRefused, ResumeScan, fetch
+from trainer.runconfig import RunIdentity, config_hash
 from trainer.store import LocalStore, MetadataMissing, StoreError, sha256_file
 from trainer.store.lease import LEASE_PATH
 from trainer.store.url import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RUN_CONFIG = {
-    "model": "tiny",
-    "seq_len": 64,
-    "micro_batch": 2,
-    "accum": 1,
-    "world_size": 1,
-    "tokens": 2560,
-    "lr": 3e-4,
-    "min_lr": 3e-5,
-    "warmup_steps": 2,
-    "weight_decay": 0.1,
-    "grad_clip": 1.0,
-    "seed": 1,
-    "schedule": "cosine",
-    "precision": "fp32",
-    "numerics": {"bf16_residual": True, "fp32_wgrad": True, "addmm_fp32": True},
-}
-CH = config_hash(RUN_CONFIG)
+CH = IDENTITY.hash
+# Another run: the same but for its learning rate.
+OTHER = RunIdentity({**RUN_CONFIG, "lr": 6e-4})
 
 
 def fake_checkpoint(dir_: Path, step: int, tokens: int | None = None, *, size: int = 64) -> dict[str, str]:
@@ -282,7 +268,7 @@ def test_prune_local_keeps_only_the_newest_folder(tmp_path):
 def test_resume_creates_a_missing_repo_and_starts_fresh(tmp_path):
     s = open_store(f"file://{tmp_path}/o/new-repo")
     log = Recorder()
-    assert ResumeScan(Checkpointer(s, log=log)).decide(config_hash=CH, horizon_step=20) is None
+    assert ResumeScan(Checkpointer(s, log=log)).decide(identity=IDENTITY, horizon_step=20) is None
     assert s.exists()
     assert log.lines == [f"auto-resume: repo missing, created file://{tmp_path}/o/new-repo, fresh start"]
 
@@ -290,7 +276,7 @@ def test_resume_creates_a_missing_repo_and_starts_fresh(tmp_path):
 def test_resume_must_refuses_a_missing_repo_and_creates_nothing(tmp_path):
     s = open_store(f"file://{tmp_path}/o/new-repo")
     with pytest.raises(ResumeRefused) as e:
-        ResumeScan(Checkpointer(s, log=Recorder())).decide(config_hash=CH, horizon_step=20, require_run=True)
+        ResumeScan(Checkpointer(s, log=Recorder())).decide(identity=IDENTITY, horizon_step=20, require_run=True)
     assert str(e.value).startswith(f"--resume must: repo file://{tmp_path}/o/new-repo does not exist")
     assert "Nothing was created" in str(e.value) and "--resume auto" in str(e.value)
     assert not s.exists()
@@ -298,19 +284,19 @@ def test_resume_must_refuses_a_missing_repo_and_creates_nothing(tmp_path):
 
 def test_resume_must_refuses_a_repo_without_a_run(store):
     with pytest.raises(ResumeRefused, match=r"--resume must: .* holds no run \(no latest.json, no checkpoint\)"):
-        ResumeScan(Checkpointer(store, log=Recorder())).decide(config_hash=CH, horizon_step=20, require_run=True)
+        ResumeScan(Checkpointer(store, log=Recorder())).decide(identity=IDENTITY, horizon_step=20, require_run=True)
     assert not any(p.startswith(("ckpt/", "latest.json")) for p in store.list_files())
 
 
 def test_resume_must_resumes_from_the_pointer_like_auto(store, tmp_path):
     push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     scan = ResumeScan(Checkpointer(store, log=Recorder()))
-    assert scan.decide(config_hash=CH, horizon_step=20, require_run=True).step == 10
+    assert scan.decide(identity=IDENTITY, horizon_step=20, require_run=True).step == 10
 
 
 def test_resume_from_an_empty_repo_starts_fresh(store):
     log = Recorder()
-    assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=20) is None
+    assert ResumeScan(Checkpointer(store, log=log)).decide(identity=IDENTITY, horizon_step=20) is None
     assert log.lines == [f"auto-resume: no pointer in {store.url}, fresh start"]
 
 
@@ -318,7 +304,7 @@ def test_resume_returns_the_pointer_and_fetch_restores_the_files(store, tmp_path
     pushed = push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     log = Recorder()
     ck = Checkpointer(store, log=log)
-    pointer = ResumeScan(ck).decide(config_hash=CH, horizon_step=20)
+    pointer = ResumeScan(ck).decide(identity=IDENTITY, horizon_step=20)
     assert pointer == pushed and log.lines == ["auto-resume: pointer step=10 path=ckpt/checkpoint-10"]
     dest = fetch(ck.store, pointer, tmp_path / "cold")
     for name in CHECKPOINT_FILES:
@@ -327,7 +313,7 @@ def test_resume_returns_the_pointer_and_fetch_restores_the_files(store, tmp_path
 
 def refused(store, **kw) -> str:
     with pytest.raises(ResumeRefused) as e:
-        ResumeScan(Checkpointer(store, log=Recorder())).decide(**{"config_hash": CH, "horizon_step": 20, **kw})
+        ResumeScan(Checkpointer(store, log=Recorder())).decide(**{"identity": IDENTITY, "horizon_step": 20, **kw})
     return str(e.value)
 
 
@@ -343,7 +329,7 @@ def test_history_without_a_pointer_resumes_from_the_newest_checkpoint_that_verif
     store.commit({}, delete=["latest.json"])
     replace_in_store(store, "ckpt/checkpoint-20/rng.pt", b"not what step 20 saved", tmp_path)
     log = Recorder()
-    pointer = ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(Checkpointer(store, log=log)).decide(identity=IDENTITY, horizon_step=30)
     assert (pointer.step, pointer.path_in_repo, pointer.tokens, pointer.terminal) == (
         10,
         "ckpt/checkpoint-10",
@@ -425,9 +411,8 @@ def test_resume_refuses_a_terminal_pointer_saying_finished_or_asked_further(stor
 
 def test_resume_refuses_a_config_hash_mismatch_naming_both(store, tmp_path):
     push(Checkpointer(store, log=Recorder()), tmp_path, 10)
-    other = config_hash({**RUN_CONFIG, "lr": 6e-4})
-    msg = refused(store, config_hash=other)
-    assert CH in msg and other in msg and "original configuration" in msg
+    msg = refused(store, identity=OTHER)
+    assert CH in msg and OTHER.hash in msg and "original configuration" in msg
 
 
 def test_resume_refuses_a_pointer_past_the_horizon(store, tmp_path):
@@ -564,12 +549,24 @@ def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
         config_hash({k: v for k, v in RUN_CONFIG.items() if k != "schedule"})
 
 
+def test_a_run_identity_carries_its_configs_hash_and_cannot_be_given_another():
+    assert IDENTITY.hash == config_hash(RUN_CONFIG) and OTHER.hash != IDENTITY.hash
+    with pytest.raises(TypeError):
+        RunIdentity(RUN_CONFIG, "0" * 64)  # the hash is computed, never passed
+    config = dict(RUN_CONFIG)
+    held = RunIdentity(config)
+    config["lr"] = 1.0  # the caller's dict changes later: the identity keeps the config its hash is of
+    assert held.config == RUN_CONFIG and held.hash == IDENTITY.hash
+    with pytest.raises(ValueError, match="lacks \\['seed'\\]"):
+        RunIdentity({k: v for k, v in RUN_CONFIG.items() if k != "seed"})
+
+
 # --------------------------------------------------------------------------------- kill anywhere
 
 KILL_PUSH = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from trainer.checkpoint import Checkpointer, CHECKPOINT_FILES
+    from trainer.ckpt.checkpointer import Checkpointer, CHECKPOINT_FILES
     from trainer.store import sha256_file
     from trainer.store.url import open_store
     url, phase, local, ch = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
@@ -603,7 +600,7 @@ def test_a_push_killed_at_any_phase_leaves_a_resumable_store(store, tmp_path, ph
     assert proc.stdout.splitlines()[-1].startswith(phase)
 
     ck = Checkpointer(store, log=Recorder())
-    pointer = ResumeScan(ck).decide(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(ck).decide(identity=IDENTITY, horizon_step=30)
     assert pointer.step == resumes_at
     dest = fetch(ck.store, pointer, tmp_path / "cold")
     assert {n: sha256_file(dest / n) for n in CHECKPOINT_FILES} == pointer.files
@@ -617,7 +614,7 @@ def test_a_push_killed_at_any_phase_leaves_a_resumable_store(store, tmp_path, ph
 
 def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(store, tmp_path):
     torch = pytest.importorskip("torch")
-    model_mod = pytest.importorskip("trainer.model")
+    model_mod = pytest.importorskip("trainer.model.model")
     cfg = model_mod.GEOMETRIES["tiny"]
     torch.manual_seed(0)
     model = model_mod.Llama(cfg)
@@ -640,7 +637,7 @@ def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(
 
     ck = Checkpointer(store, log=Recorder())
     ck.push(5, tmp_path / "ck", files, tokens=160, config_hash=CH)
-    pointer = ResumeScan(ck).decide(config_hash=CH, horizon_step=10)
+    pointer = ResumeScan(ck).decide(identity=IDENTITY, horizon_step=10)
     dest = fetch(ck.store, pointer, tmp_path / "cold")
     assert json.loads((dest / "trainer_state.json").read_text())["step"] == 5
     state = torch.load(dest / "optimizer.pt", weights_only=False)
@@ -648,7 +645,7 @@ def test_write_checkpoint_dir_with_the_real_model_round_trips_through_the_store(
     assert torch.equal(torch.load(dest / "rng.pt", weights_only=False)[0]["torch"], rng[0]["torch"])
     from safetensors.torch import load_file
 
-    from trainer.hf import hf_state_dict
+    from trainer.model.hf import hf_state_dict
 
     sd, expected = load_file(dest / "model.safetensors"), hf_state_dict(model)
     assert sorted(sd) == sorted(expected) and "model.embed_tokens.weight" in sd
@@ -662,7 +659,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
     store = hub_store("ckpt-protocol")
     log = Recorder()
     ck = Checkpointer(store, log=log)
-    assert ResumeScan(ck).decide(config_hash=CH, horizon_step=30) is None
+    assert ResumeScan(ck).decide(identity=IDENTITY, horizon_step=30) is None
     assert log.lines == ["auto-resume: repo missing, created hf://tester/ckpt-protocol, fresh start"]
     for step in (10, 20):
         d = tmp_path / f"l{step}"
@@ -670,7 +667,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
         ck.push(step, d, files, tokens=step, config_hash=CH)
     commits_before = hub_server.commit_count("tester/ckpt-protocol")
 
-    pointer = ResumeScan(Checkpointer(store, log=Recorder())).decide(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(Checkpointer(store, log=Recorder())).decide(identity=IDENTITY, horizon_step=30)
     assert pointer.step == 20 and read_pointer(store) == pointer
     assert "ckpt/checkpoint-10/optimizer.pt" not in store.list_files()
     dest = fetch(ck.store, pointer, tmp_path / "cold")
@@ -681,7 +678,7 @@ def test_push_resume_and_fetch_over_the_hub_backend(hub_store, hub_server, tmp_p
 def test_a_hub_upload_corrupted_for_good_never_moves_the_pointer(hub_store, hub_server, tmp_path):
     store = hub_store("ckpt-corrupt")
     ck = Checkpointer(store, log=Recorder())
-    ResumeScan(ck).decide(config_hash=CH, horizon_step=30)
+    ResumeScan(ck).decide(identity=IDENTITY, horizon_step=30)
     push(ck, tmp_path, 10)
     hub_server.inject("corrupt", r"/commit/", file_pattern=r"checkpoint-20/optimizer\.pt$", times=10)
     with pytest.raises(StoreError, match=r"ckpt/checkpoint-20/optimizer.pt: stored sha256 .*latest.json was NOT moved"):
@@ -718,13 +715,13 @@ def test_the_pointer_records_its_checkpoint_revision_and_the_pointer_it_replaced
     [
         ("tokens", 999, "tokens: pointer 999, trainer_state.json 1280"),
         ("step", 12, "says step 12 but points at ckpt/checkpoint-10"),
-        ("config_hash", "0" * 64, "config_hash: pointer"),
+        ("config_hash", OTHER.hash, "config_hash: pointer"),
     ],
 )
 def test_a_pointer_that_disagrees_with_its_checkpoints_trainer_state_is_refused(store, tmp_path, field, value, needle):
     pointer = push(Checkpointer(store, log=Recorder()), tmp_path, 10)
     commit_pointer(store, tmp_path, {**pointer.to_json(), field: value})
-    msg = refused(store, config_hash=value if field == "config_hash" else CH)
+    msg = refused(store, identity=OTHER if field == "config_hash" else IDENTITY)
     assert needle in msg, msg
 
 
@@ -756,7 +753,7 @@ def test_a_push_that_would_move_the_pointer_back_is_refused_before_uploading(sto
         "--allow-pointer-rollback)" in log.lines
     )
     # Marked as an allowed move, it resumes without the flag.
-    assert ResumeScan(Checkpointer(store, log=Recorder())).decide(config_hash=CH, horizon_step=30).step == 15
+    assert ResumeScan(Checkpointer(store, log=Recorder())).decide(identity=IDENTITY, horizon_step=30).step == 15
 
 
 def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_path):
@@ -769,7 +766,7 @@ def test_a_pointer_that_moved_backwards_is_refused_unless_allowed(store, tmp_pat
     assert "moved backwards: it is at step 10 (ckpt/checkpoint-10) but the pointer it replaced was at step 20" in msg
     assert "drop steps 11..20" in msg and "--allow-pointer-rollback" in msg
     log = Recorder()
-    pointer = ResumeScan(Checkpointer(store, log=log, allow_rollback=True)).decide(config_hash=CH, horizon_step=30)
+    pointer = ResumeScan(Checkpointer(store, log=log, allow_rollback=True)).decide(identity=IDENTITY, horizon_step=30)
     assert pointer.step == 10
     assert any(
         "moved back from step 20 to 10; resuming from it as --allow-pointer-rollback asks" in line for line in log.lines
@@ -782,7 +779,7 @@ def test_a_newer_checkpoint_that_verifies_is_named_with_the_one_the_resume_uses_
     d = tmp_path / "orphan"
     store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})  # pushed, never pointed at
     log = Recorder()
-    assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30).step == 10
+    assert ResumeScan(Checkpointer(store, log=log)).decide(identity=IDENTITY, horizon_step=30).step == 10
     note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
     assert note.startswith(
         "auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10); ckpt/checkpoint-20 verifies (5 files "
@@ -799,7 +796,7 @@ def test_a_newer_checkpoint_that_does_not_verify_is_named_with_why(store, tmp_pa
     store.commit({f"ckpt/checkpoint-20/{n}": d / n for n in fake_checkpoint(d, 20)})
     replace_in_store(store, "ckpt/checkpoint-20/rng.pt", b"cut", tmp_path)
     log = Recorder()
-    assert ResumeScan(Checkpointer(store, log=log)).decide(config_hash=CH, horizon_step=30).step == 10
+    assert ResumeScan(Checkpointer(store, log=log)).decide(identity=IDENTITY, horizon_step=30).step == 10
     note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
     assert "ckpt/checkpoint-20 does not verify (rng.pt stored sha256 " in note
     assert "Resuming from latest.json's ckpt/checkpoint-10" in note
@@ -819,7 +816,7 @@ def test_a_pointer_moved_back_with_its_history_removed_resumes_from_it_saying_on
     commit_pointer(store, tmp_path, {**ten.to_json(), "previous": None})
     log = Recorder()
     scan = ResumeScan(Checkpointer(store, log=log, allow_rollback=allow_rollback))
-    assert scan.decide(config_hash=CH, horizon_step=30).step == 10
+    assert scan.decide(identity=IDENTITY, horizon_step=30).step == 10
     note = next(line for line in log.lines if line.startswith("auto-resume: note: "))
     assert note.startswith(
         "auto-resume: note: ckpt/checkpoint-20 newer than latest.json (step 10); ckpt/checkpoint-20 verifies (5 files "
@@ -872,7 +869,7 @@ def test_resume_over_a_store_copied_without_its_metadata_refuses_and_changes_not
     log = Recorder()
     with pytest.raises(MetadataMissing, match="but no .specprobe/manifest.json"):
         ResumeScan(Checkpointer(open_store(f"file://{tmp_path}/copied/probe/ckpt-x"), log=log)).decide(
-            config_hash=CH, horizon_step=20
+            identity=IDENTITY, horizon_step=20
         )
     assert not any("fresh start" in line for line in log.lines)
     assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == before

@@ -1,6 +1,6 @@
 """A checkpoint whose files lie is refused naming the file, never a traceback.
 
-What each lie meets is the loader's own checking (trainer/checkpoint_load.py): the hash checks in front of it
+What each lie meets is the loader's own checking (trainer/ckpt/load.py): the hash checks in front of it
 are passed on purpose. Every lie is tried on the loader in this process, against checkpoint 4 of a one-process
 session (the checks of a file do not depend on the rank count); one lie goes the whole way, under real torchrun
 with 2 gloo ranks, through a store whose recorded hashes match it (resealed): exit 3 on every rank.
@@ -35,10 +35,11 @@ from trainer_helpers import (
     trainer_args,
 )
 
-from trainer.checkpoint import seal_trainer_state
-from trainer.checkpoint_load import Unloadable, load_checkpoint
+from trainer.ckpt.checkpointer import seal_trainer_state
+from trainer.ckpt.load import Unloadable, load_checkpoint
 from trainer.dist import Dist
-from trainer.model import GEOMETRIES, Llama
+from trainer.model.model import GEOMETRIES, Llama
+from trainer.runconfig import RunIdentity
 from trainer.store.lease import LEASE_PATH
 
 pytestmark = pytest.mark.slow
@@ -187,8 +188,7 @@ def test_the_loader_refuses_a_checkpoint_file_that_lies_naming_it(tmp_path, tmp_
             ckpt,
             model,
             Dist("cpu", {}),  # one process, no launcher: rank 0 of 1
-            run_config=state["run_config"],
-            config_hash=state["config_hash"],
+            identity=RunIdentity(state["run_config"]),
             tokens_per_step=MICRO * ACCUM * SEQ_LEN,
             total_steps=BASELINE_STEPS,
         )

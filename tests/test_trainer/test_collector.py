@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer
+from trainer.ckpt.checkpointer import CHECKPOINT_FILES, Checkpointer
 from trainer.collector import collect, hub_state
 from trainer.store import sha256_file
 from trainer.store.url import open_store

@@ -1,4 +1,4 @@
-"""trainer/data.py: manifest validation (each error names its shard or field) and pure batch sampling."""
+"""trainer/data/shards.py: manifest validation (each error names its shard or field) and pure batch sampling."""
 
 import hashlib
 import json
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.data import DataError, load_mix, read_manifest, sample_indices, train_batch, val_batches
+from trainer.data.shards import DataError, load_mix, read_manifest, sample_indices, train_batch, val_batches
 
 SEQ = 7  # windows of 8 tokens
 

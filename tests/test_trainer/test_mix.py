@@ -1,4 +1,4 @@
-"""trainer/mix.py: the synthetic mix (deterministic, well-formed, learnable) and build/publish/fetch."""
+"""trainer/data/mix.py: the synthetic mix (deterministic, well-formed, learnable) and build/publish/fetch."""
 
 import json
 import math
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import mix as mixmod
-from trainer.data import load_mix, read_manifest, train_batch
-from trainer.mix import DOC_LEN, EOS_ID, build_synthetic, main
-from trainer.model import GEOMETRIES, Llama
+from trainer.data import mix as mixmod
+from trainer.data.mix import DOC_LEN, EOS_ID, build_synthetic, main
+from trainer.data.shards import load_mix, read_manifest, train_batch
+from trainer.model.model import GEOMETRIES, Llama
 from trainer.store.url import open_store
 
 SMALL = dict(tokens=30_000, val_tokens=5_000, vocab=512, seed=7, shards=3)

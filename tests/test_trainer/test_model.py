@@ -1,6 +1,6 @@
-"""trainer/model.py and the modules applied to it: geometry, loss equivalences, attention paths, the model
-options, the compile policy (trainer/compile.py), the kernels (trainer/kernels.py) and the HF Llama on-disk
-format (trainer/hf.py)."""
+"""trainer/model/model.py and the modules applied to it: geometry, loss equivalences, attention paths, the model
+options, the compile policy (trainer/model/compile.py), the kernels (trainer/model/kernels.py) and the HF Llama on-disk
+format (trainer/model/hf.py)."""
 
 import json
 
@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer import kernels as K
-from trainer import model as M
-from trainer.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
-from trainer.hf import from_hf_config, hf_state_dict, load_hf_state_dict, save_pretrained, to_hf_config
-from trainer.model import GEOMETRIES, Llama, ModelConfig, count_params
-from trainer.options import ModelOptions
+from trainer.model import kernels as K
+from trainer.model import model as M
+from trainer.model.compile import compile_blocks, compile_model, inductor_kernel_settings, keep_grads_allocated
+from trainer.model.hf import from_hf_config, hf_state_dict, load_hf_state_dict, save_pretrained, to_hf_config
+from trainer.model.model import GEOMETRIES, Llama, ModelConfig, count_params
+from trainer.model.options import ModelOptions
 
 TINY = GEOMETRIES["tiny"]
 

@@ -1,4 +1,4 @@
-"""trainer/options.py: the model options come from their environment variables only, a bad value is refused
+"""trainer/model/options.py: the model options come from their environment variables only, a bad value is refused
 naming the variable (exit 2 before any work), and the options are printed, hashed and recorded as they are.
 The trainer runs that show them in RUN_JSON, trainer_state.json and a refused resume are in
 tests/test_trainer/test_resume_exact.py and tests/test_trainer/test_refusals.py."""
@@ -17,7 +17,7 @@ import pytest
 from trainer_helpers import REPO_ROOT
 
 from trainer.log import setup_logging
-from trainer.options import ModelOptions, OptionError, env_names
+from trainer.model.options import ModelOptions, OptionError, env_names
 from trainer.runconfig import config_changes, config_hash
 
 DEFAULTS = {

@@ -17,21 +17,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 from trainer_helpers import REPO_ROOT
 
-from trainer.cli import (
+from trainer.ckpt.snapshot import HostBuffers, copy_runs, snapshot_diff
+from trainer.cli import build_parser
+from trainer.dist import pack_object, unpack_object
+from trainer.plan import (
     UsageError,
-    build_parser,
     checkpoint_steps,
     choose_compile,
     choose_cuda_graphs,
     choose_precision,
-    lr_at,
     snapshot_mode,
     validate_args,
 )
-from trainer.dist import pack_object, unpack_object
 from trainer.preflight import check as preflight_check
-from trainer.snapshot import HostBuffers, copy_runs, snapshot_diff
-from trainer.train import session_tok_per_s
+from trainer.schedule import lr_at
+from trainer.train import Exit, session_tok_per_s
 
 BASE = [
     "--root",
@@ -135,6 +135,12 @@ def test_cli_rejects_before_any_work_with_exit_2():
         timeout=60,
     )
     assert r.returncode == 2 and "--device cuda: CUDA is not available" in r.stderr
+
+
+def test_the_help_names_every_exit_code_the_trainer_returns():
+    named = ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}" for code in Exit)
+    assert named == "0 done, 1 error, 2 usage, 3 refused, 4 push failed"
+    assert build_parser().epilog.endswith(f"Exit codes: {named}.")
 
 
 def test_a_hub_knob_out_of_range_stops_the_trainer_with_exit_2_before_any_work():
@@ -520,7 +526,7 @@ _SYNC_PROBE = r"""
 import json, sys
 import torch, torch.distributed as dist
 from trainer.dist import Dist, GradientSync
-from trainer.model import GEOMETRIES, Llama
+from trainer.model.model import GEOMETRIES, Llama
 
 d = Dist("cpu", __import__("os").environ)
 torch.manual_seed(d.rank)                      # a different init on each rank: the sync must make them equal

@@ -1,7 +1,7 @@
 """Where a session starts. Rank 0 alone reads the store and decides (the pointer to resume from, a fresh
 start, or a refusal) and broadcasts the decision; each host's local rank 0 downloads and verifies the
 pointer's files; every rank then loads the checkpoint, which must have been written under this run's
-configuration (its config_hash), and all ranks agree on any error so that they exit together.
+identity (its config hash), and all ranks agree on any error so that they exit together.
 
 The decision takes the store's lease (rank 0's checkpointer). ``resume`` hands that checkpointer to the
 caller in :class:`Start` when it returns; when it raises instead (a refusal, a crash, a SIGTERM), it has
@@ -19,13 +19,13 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import Checkpointer, Pointer, read_pointer
-from trainer.checkpoint_load import load_checkpoint
-from trainer.cli import RunPlan
+from trainer.ckpt.checkpointer import Checkpointer, Pointer, read_pointer
+from trainer.ckpt.load import load_checkpoint
+from trainer.ckpt.scan import ResumeRefused, ResumeScan, fetch
 from trainer.dist import Dist
 from trainer.log import emit
-from trainer.resume_scan import ResumeRefused, ResumeScan, fetch
-from trainer.runconfig import show_value
+from trainer.plan import RunPlan
+from trainer.runconfig import RunIdentity, show_value
 from trainer.store import RepoMissing, Store, StoreError, open_store, redact_url
 from trainer.store.hub_settings import HubSettings
 
@@ -48,8 +48,7 @@ def resume(
     plan: RunPlan,
     model: torch.nn.Module,
     *,
-    run_config: dict,
-    config_hash: str,
+    identity: RunIdentity,
     log: Callable[[str], None],
     hub: HubSettings | None = None,
 ) -> Start:
@@ -58,8 +57,8 @@ def resume(
     opener = partial(open_store, args.hub_repo, token=os.environ.get("HF_TOKEN") or None, hub=hub)
     held: list[Checkpointer] = []  # rank 0's checkpointer (and its lease) from the moment it exists
     try:
-        pointer = _decide(dist, args, plan, run_config=run_config, config_hash=config_hash, opener=opener, held=held)
-        return _start(dist, args, plan, model, pointer, held[0] if held else None, run_config, config_hash, log, opener)
+        pointer = _decide(dist, args, plan, identity=identity, opener=opener, held=held)
+        return _start(dist, args, plan, model, pointer, held[0] if held else None, identity, log, opener)
     except BaseException:
         for checkpointer in held:
             checkpointer.close()  # the caller never gets it: the lease goes with the failed start
@@ -73,8 +72,7 @@ def _start(
     model: torch.nn.Module,
     pointer: Pointer | None,
     checkpointer: Checkpointer | None,
-    run_config: dict,
-    config_hash: str,
+    identity: RunIdentity,
     log: Callable[[str], None],
     opener: Callable[[], Store],
 ) -> Start:
@@ -82,7 +80,7 @@ def _start(
     ckpt_dir = plan.resume_path if pointer is None else _fetch(dist, args, pointer, checkpointer, opener=opener)
     start, loaded = 0, None
     if ckpt_dir is not None:
-        loaded = _load(dist, Path(ckpt_dir), model, plan, run_config=run_config, config_hash=config_hash)
+        loaded = _load(dist, Path(ckpt_dir), model, plan, identity=identity)
         start = loaded["step"]
         where = pointer.path_in_repo if pointer is not None else str(ckpt_dir)
         log(f"resume from step {start} ({where}) tokens={loaded['tokens']}")
@@ -108,8 +106,7 @@ def _decide(
     args: argparse.Namespace,
     plan: RunPlan,
     *,
-    run_config: dict,
-    config_hash: str,
+    identity: RunIdentity,
     opener: Callable[[], Store],
     held: list[Checkpointer],
 ) -> Pointer | None:
@@ -131,10 +128,7 @@ def _decide(
             if plan.resume_mode in ("auto", "must"):
                 scan = ResumeScan(checkpointer, allow_changes=plan.allowed_changes)
                 decision["pointer"] = scan.decide(
-                    config_hash=config_hash,
-                    horizon_step=plan.total_steps,
-                    run_config=run_config,
-                    require_run=plan.resume_mode == "must",
+                    identity=identity, horizon_step=plan.total_steps, require_run=plan.resume_mode == "must"
                 )
             else:
                 _check_store(store, url, refuse_a_run=plan.resume_mode == "never")
@@ -175,9 +169,9 @@ def _fetch(
 
 
 def _load(
-    dist: Dist, ckpt_dir: Path, model: torch.nn.Module, plan: RunPlan, *, run_config: dict, config_hash: str
+    dist: Dist, ckpt_dir: Path, model: torch.nn.Module, plan: RunPlan, *, identity: RunIdentity
 ) -> dict[str, Any]:
-    """Every rank loads the checkpoint, each file checked (trainer/checkpoint_load.py); Refused on every rank
+    """Every rank loads the checkpoint, each file checked (trainer/ckpt/load.py); Refused on every rank
     when any rank cannot."""
     err, loaded = None, None
     try:
@@ -185,8 +179,7 @@ def _load(
             ckpt_dir,
             model,
             dist,
-            run_config=run_config,
-            config_hash=config_hash,
+            identity=identity,
             tokens_per_step=plan.tokens_per_step,
             total_steps=plan.total_steps,
             allowed=plan.allowed_changes,

@@ -14,11 +14,11 @@ test or a probe can tell exactly which phase a killed process was in:
 
 A crash anywhere leaves the store resumable: before 4 the old pointer still names an intact, verified
 checkpoint (the new files are orphans that the next push of that step overwrites); after 4 the new one does.
-Before the very first pointer there is none to name, and resume recovers (trainer/resume_scan.py).
+Before the very first pointer there is none to name, and resume recovers (trainer/ckpt/scan.py).
 
 Every write goes through the store's lease (trainer/store/lease.py): one writer per store, claimed by
 compare-and-swap, renewed while training, released by ``close()`` (once, on every exit path of a session:
-trainer/resume.py and trainer/checkpoint_session.py call it). A second trainer is refused, naming the holder.
+trainer/ckpt/resume.py and trainer/ckpt/session.py call it). A second trainer is refused, naming the holder.
 
 The checkpoint records itself. ``trainer_state.json`` is written last and carries ``files`` (the sha256 of
 the other four files) and ``manifest_sha256`` (the sha256 of its own canonical JSON without that field), so a
@@ -42,7 +42,7 @@ are never pruned, so every pushed step stays listed under ``ckpt/checkpoint-<ste
 weights, while only the checkpoint(s) a resume can use carry the (large) optimizer state. A failed prune
 is reported and does not fail training: the pointer is already durable.
 
-Resume reads the store through the same checkpointer: trainer/resume_scan.py decides where a session
+Resume reads the store through the same checkpointer: trainer/ckpt/scan.py decides where a session
 starts, and the pointer it finds is the one the next push replaces.
 """
 
@@ -228,7 +228,7 @@ def write_checkpoint_dir(
     """
     import torch
 
-    from trainer.hf import save_pretrained
+    from trainer.model import save_pretrained
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

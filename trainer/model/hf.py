@@ -13,7 +13,7 @@ from typing import Any
 import torch.nn as nn
 from torch import Tensor
 
-from trainer.model import INIT_STD, ModelConfig, unwrap
+from trainer.model.model import INIT_STD, ModelConfig, unwrap
 from trainer.store import sha256_file
 
 
@@ -46,7 +46,7 @@ def to_hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
 
 
 def from_hf_config(d: dict[str, Any]) -> ModelConfig:
-    """Read a LlamaConfig dict; refuse one that describes a model trainer/model.py cannot represent."""
+    """Read a LlamaConfig dict; refuse one that describes a model trainer/model/model.py cannot represent."""
     if d.get("model_type") != "llama":
         raise ValueError(f"config.json model_type is {d.get('model_type')!r}, expected 'llama'")
     # transformers 5 moved rope_theta into rope_parameters; older files have it top-level.

@@ -1,6 +1,6 @@
 """A token mix on disk, checked before use, and batches drawn from it as a pure function of position.
 
-Layout of a mix root (written by `python -m trainer.mix build`):
+Layout of a mix root (written by `python -m trainer.data.mix build`):
 
     manifest.json            {"format": "specprobe-mix/1", "dtype": "uint16"|"uint32", "vocab_size": V,
                               "n_shards": N, "total_tokens": T,

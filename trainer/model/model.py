@@ -3,11 +3,11 @@
 Pre-norm blocks of RMSNorm -> grouped-query attention with rotary positions -> RMSNorm -> SwiGLU MLP,
 no biases, and the output projection tied to the token embedding. Module and parameter names mirror
 Hugging Face's `LlamaForCausalLM` (`modeling_llama.py`), and RoPE uses its `rotate_half` layout, so the
-weights load into transformers unchanged (trainer/hf.py maps the config and the names).
+weights load into transformers unchanged (trainer/model/hf.py maps the config and the names).
 
 The model is pure: a config and `ModelOptions` in, `(logits, loss)` out; no file I/O, no output.
-Compiling it is applied from outside (trainer/compile.py), its custom autograd kernels live in
-trainer/kernels.py, and distributed training, precision and checkpoints in the trainer.
+Compiling it is applied from outside (trainer/model/compile.py), its custom autograd kernels live in
+trainer/model/kernels.py, and distributed training, precision and checkpoints in the trainer.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from trainer.kernels import LinearCrossEntropy, ce_sum, linear, loss_chunk_rows
-from trainer.options import ModelOptions
+from trainer.model.kernels import LinearCrossEntropy, ce_sum, linear, loss_chunk_rows
+from trainer.model.options import ModelOptions
 
 INIT_STD = 0.02  # Llama's initializer_range, used for every Linear and the embedding
 

@@ -6,9 +6,9 @@ pushed twice: ``ckpt/checkpoint-H`` (a pointer like any push) and then ``final/`
 A session resumed at the horizon only completes the final push.
 
 A save, on the training thread: the previous push waited for (every rank learns whether it failed), the
-RNG gather started (every rank), and on rank 0 a snapshot to host memory (trainer/snapshot.py). Then, on
+RNG gather started (every rank), and on rank 0 a snapshot to host memory (trainer/ckpt/snapshot.py). Then, on
 one background thread, the checkpoint folder written from the snapshot and pushed through the checkpoint
-protocol (trainer/checkpoint.py: push -> verify -> pointer -> prune). The next optimizer step waits for an
+protocol (trainer/ckpt/checkpointer.py: push -> verify -> pointer -> prune). The next optimizer step waits for an
 async snapshot's copies on the device (``Snapshotter.before_optimizer_step``), not for the push.
 
 A failed push surfaces at the next save or wait, on every rank, as :class:`PushFailed` (exit code 4).
@@ -24,13 +24,14 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.checkpoint import CHECKPOINT_FILES, Checkpointer, prune_local, write_checkpoint_dir
-from trainer.cli import RunPlan, checkpoint_steps
+from trainer.ckpt.checkpointer import CHECKPOINT_FILES, Checkpointer, prune_local, write_checkpoint_dir
+from trainer.ckpt.rng import rng_state
+from trainer.ckpt.snapshot import Snapshot, Snapshotter, tensor_bytes
 from trainer.dist import Dist
 from trainer.log import emit
 from trainer.model import ModelConfig
-from trainer.rng import rng_state
-from trainer.snapshot import Snapshot, Snapshotter, tensor_bytes
+from trainer.plan import RunPlan, checkpoint_steps
+from trainer.runconfig import RunIdentity
 
 __all__ = ["PushFailed", "CheckpointSession"]
 
@@ -55,14 +56,13 @@ class CheckpointSession:
         out: Path,
         cfg: ModelConfig,
         prune: bool,
-        run_config: dict[str, Any],
-        config_hash: str,
+        identity: RunIdentity,
         model_options: dict[str, Any],
         hub_url: str,
     ) -> None:
         self.dist, self.checkpointer, self.snapshots = dist, checkpointer, snapshots
         self.start, self.plan, self.out, self.cfg, self.prune = start, plan, Path(out), cfg, prune
-        self.run_config, self.config_hash, self.model_options = run_config, config_hash, model_options
+        self.identity, self.model_options = identity, model_options
         self.hub_url = hub_url
         self.push_at = set(checkpoint_steps(start, plan.stop_step, push_every))
         self.push_steps: list[int] = []  # the steps this session pushed to ckpt/ (RUN_JSON push_steps)
@@ -105,8 +105,8 @@ class CheckpointSession:
         trainer_state = {
             "step": step,
             "tokens_consumed": step * self.plan.tokens_per_step,
-            "run_config": self.run_config,
-            "config_hash": self.config_hash,
+            "run_config": self.identity.config,
+            "config_hash": self.identity.hash,
             "model_options": self.model_options,
             "world_size": self.dist.world_size,
             "final": final,
@@ -176,7 +176,7 @@ class CheckpointSession:
                 out_dir,
                 files,
                 tokens=trainer_state["tokens_consumed"],
-                config_hash=self.config_hash,
+                config_hash=self.identity.hash,
                 final=to_final,
             )
         if self.prune:

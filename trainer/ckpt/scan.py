@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from trainer.checkpoint import (
+from trainer.ckpt.checkpointer import (
     CHECKPOINT_FILES,
     CKPT_DIR,
     POINTER_PATH,
@@ -42,7 +42,7 @@ from trainer.checkpoint import (
     unseal_trainer_state,
     utc_now,
 )
-from trainer.runconfig import CONFIG_HASH_FIELDS, judge_config_change
+from trainer.runconfig import RunIdentity, judge_config_change
 from trainer.store import (
     EntryMissing,
     FileInfo,
@@ -93,12 +93,11 @@ class ResumeScan:
         self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
         self._say = checkpointer.say
 
-    def decide(
-        self, *, config_hash: str, horizon_step: int, require_run: bool = False, run_config: dict | None = None
-    ) -> Pointer | None:
-        """The pointer to resume from (None: fresh start), or ResumeRefused. `run_config`, when given, lets a
-        config_hash mismatch name the fields that changed (read from the pointer's trainer_state.json).
-        `require_run` (``--resume must``): a missing repo, or one without a run, is refused, never started."""
+    def decide(self, *, identity: RunIdentity, horizon_step: int, require_run: bool = False) -> Pointer | None:
+        """The pointer to resume from (None: fresh start), or ResumeRefused. A pointer of another config hash
+        than ``identity``'s is refused naming the fields that changed (from the pointer's trainer_state.json),
+        unless ``allow_changes`` covers each. `require_run` (``--resume must``): a missing repo, or one without
+        a run, is refused, never started."""
         if not self.store.exists():
             if require_run:
                 raise ResumeRefused(
@@ -122,9 +121,7 @@ class ResumeScan:
             ) from None
         if pointer is None:
             if any(p.startswith(("ckpt/", "final/")) for p in listing):
-                pointer = self._recover(
-                    listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
-                )
+                pointer = self._recover(listing, identity=identity, horizon_step=horizon_step)
             elif require_run:
                 raise ResumeRefused(
                     f"--resume must: {self.url} holds no run (no {POINTER_PATH}, no checkpoint), and this "
@@ -138,17 +135,13 @@ class ResumeScan:
                 return None
         else:
             listing = self._listing_showing([f"{pointer.path_in_repo}/{n}" for n in pointer.files], listing)
-            self._check_pointer(
-                pointer, listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
-            )
+            self._check_pointer(pointer, listing, identity=identity, horizon_step=horizon_step)
             self.ck.know_pointer(pointer)
             self._note_newer(pointer, listing)
         self._say(f"auto-resume: pointer step={pointer.step} path={pointer.path_in_repo}")
         return pointer
 
-    def _recover(
-        self, listing: dict[str, FileInfo], *, config_hash: str, horizon_step: int, run_config: dict | None = None
-    ) -> Pointer:
+    def _recover(self, listing: dict[str, FileInfo], *, identity: RunIdentity, horizon_step: int) -> Pointer:
         """No pointer, but checkpoints: point at the newest one that fully verifies, or refuse saying why none does."""
         steps = sorted({int(m.group(1)) for p in listing if (m := CKPT_DIR.match(p))}, reverse=True)
         # A ckpt/ folder before final/ at the same step: resuming there only re-does the final push.
@@ -172,9 +165,7 @@ class ResumeScan:
                 terminal=path == "final",
                 revision=self.store.revision(),
             )
-            self._check_pointer(
-                pointer, listing, config_hash=config_hash, horizon_step=horizon_step, run_config=run_config
-            )
+            self._check_pointer(pointer, listing, identity=identity, horizon_step=horizon_step)
             skipped = f"; newer ones do not verify: {'; '.join(found)}" if found else ""
             self._say(
                 f"auto-resume: {self.url} has no {POINTER_PATH}; {path} verifies ({len(files)} files re-hashed "
@@ -242,9 +233,7 @@ class ResumeScan:
             f"batches, and the push of step {newer[-1]} replaces it.{instead}"
         )
 
-    def _check_pointer(
-        self, p: Pointer, listing: dict, *, config_hash: str, horizon_step: int, run_config: dict | None = None
-    ) -> None:
+    def _check_pointer(self, p: Pointer, listing: dict, *, identity: RunIdentity, horizon_step: int) -> None:
         where = f"{POINTER_PATH} in {self.url}"
         if p.terminal:
             if horizon_step > p.step:
@@ -257,16 +246,10 @@ class ResumeScan:
                 f"{where} is terminal: the run already finished at step {p.step} ({p.path_in_repo}); nothing "
                 "to resume. Use a new repo to train again."
             )
-        if p.config_hash != config_hash:
-            if run_config is None:
-                raise ResumeRefused(
-                    f"{where} (step {p.step}) was written with config_hash {p.config_hash}, this run has "
-                    f"{config_hash}: one of {', '.join(CONFIG_HASH_FIELDS)} changed, and resuming would mix "
-                    "two runs. Resume with the original configuration or use a new repo."
-                )
+        if p.config_hash != identity.hash:
             try:
                 self.config_changes = judge_config_change(
-                    self._stored_run_config(p), run_config, self.allow_changes, f"{where} (step {p.step})"
+                    self._stored_run_config(p), p.config_hash, identity, self.allow_changes, f"{where} (step {p.step})"
                 )
             except ValueError as e:
                 raise ResumeRefused(str(e)) from None

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from trainer.model import Llama
-from trainer.options import ModelOptions
+from trainer.model.model import Llama
+from trainer.model.options import ModelOptions
 
 
 def compile_blocks(model: Llama, options: ModelOptions, **kwargs: Any) -> None:

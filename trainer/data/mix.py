@@ -1,25 +1,25 @@
-"""python -m trainer.mix -- build, publish and fetch the token mix that `trainer.train` reads.
+"""python -m trainer.data.mix -- build, publish and fetch the token mix that `trainer.train` reads.
 
 A mix is a directory: `manifest.json`, `train/shard-NNNNN.bin` and `val/val-00000.bin` (raw little-endian
-token ids; the format is described in `trainer/data.py`).
+token ids; the format is described in `trainer/data/shards.py`).
 
-    python -m trainer.mix build --out DIR --synthetic [--tokens N] [--val-tokens M] [--vocab V] [--seed S] [--shards K]
+    python -m trainer.data.mix build --out DIR --synthetic [--tokens N] [--val-tokens M] [--vocab V] [--seed S] [--shards K]
         A deterministic synthetic mix that a small model can learn: documents of DOC_LEN tokens ending in
         EOS (id 0), each a walk of a fixed random sparse Markov chain (every token has 4 likely successors,
         plus 5 % uniform noise), with fixed random 12-token phrases pasted in at random places. The best
         achievable loss is about 1.5-1.8 nats, far below ln(V). Same arguments, same bytes. Defaults:
         50,000,000 train tokens in 4 shards, 2,000,000 val tokens, vocab 49152, seed 0.
 
-    python -m trainer.mix build --out DIR --text FILE... --tokenizer tokenizer.json [--eos-token T] [--val-tokens M] [--shards K]
+    python -m trainer.data.mix build --out DIR --text FILE... --tokenizer tokenizer.json [--eos-token T] [--val-tokens M] [--shards K]
         Tokenise text files with a local Hugging Face `tokenizers` file (needs `pip install tokenizers`).
         A plain file is one document; in a `.jsonl` file each line's "text" field is one. EOS follows every
         document; the last M tokens become the val split.
 
-    python -m trainer.mix publish --from DIR --repo URL
+    python -m trainer.data.mix publish --from DIR --repo URL
         Verify the mix in DIR and put it in the store repo URL as ONE commit (creating the repo if missing,
         deleting files of an older mix). URL forms: see `trainer/store/url.py` (file://ROOT/owner/name, hf://...).
 
-    python -m trainer.mix fetch --repo URL --out ROOT [--if-missing-build-synthetic [synthetic build options]]
+    python -m trainer.data.mix fetch --repo URL --out ROOT [--if-missing-build-synthetic [synthetic build options]]
         Download the mix into ROOT and verify every file's sha256 against the manifest, then print
         `mix at ROOT shards=N total_tokens=T`. Files already in ROOT with the right hash are not downloaded
         again. With --if-missing-build-synthetic a missing repo is first filled with a synthetic mix built
@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.data import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, verify_files
+from trainer.data.shards import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, verify_files
 from trainer.log import setup_logging
 from trainer.store import sha256_file
 
@@ -162,6 +162,8 @@ def build_synthetic(out: Path, *, tokens: int, val_tokens: int, vocab: int, seed
         raise MixError(f"--vocab {vocab} does not fit uint32 token ids")
     source = {
         "kind": "synthetic",
+        # The generator's name as every mix built so far records it in its manifest: a name, not a module path
+        # (a new name would make the same bytes read as another mix).
         "generator": "trainer.mix markov+phrases/1",
         "seed": seed,
         "vocab": vocab,
@@ -331,7 +333,7 @@ def _synthetic_options(p: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m trainer.mix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m trainer.data.mix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build a mix directory")

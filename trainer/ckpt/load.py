@@ -1,16 +1,16 @@
 """A checkpoint folder loaded into a session, every file checked before any of it is believed.
 
-The files' hashes match the pointer by then (trainer/resume_scan.py), but a hash proves only that the bytes
+The files' hashes match the pointer by then (trainer/ckpt/scan.py), but a hash proves only that the bytes
 are the ones written, not that what wrote them told the truth: a safetensors header whose offsets run past
 the end, a header length of 2^62, a dtype the model does not have, a dropped tensor; an optimizer.pt or
 rng.pt that ``torch.load(weights_only=True)`` refuses, or that holds another structure than this trainer
-saves. Each is :class:`Unloadable` naming the file (trainer/resume.py refuses it on every rank, exit 3),
+saves. Each is :class:`Unloadable` naming the file (trainer/ckpt/resume.py refuses it on every rank, exit 3),
 never a traceback at the first optimizer step. What is checked:
 
 - ``trainer_state.json``: step and tokens integers that agree (tokens = step x tokens per step, step within
   the horizon), a config hash, a run config that is an object;
 - ``model.safetensors``: a readable file whose tensors are exactly the model's, each of its dtype and shape;
-- ``optimizer.pt``: the optimizer, scheduler and grad-scaler states: AdamW's two groups (trainer/model.py
+- ``optimizer.pt``: the optimizer, scheduler and grad-scaler states: AdamW's two groups (trainer/model/model.py
   ``decay_groups``) with finite hyperparameters, a moment of each parameter's shape and dtype, the
   scheduler at this step;
 - ``rng.pt``: one RNG state per rank, each of the shape ``rng_state()`` captures.
@@ -24,12 +24,11 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import STATE_MAX_BYTES
+from trainer.ckpt.checkpointer import STATE_MAX_BYTES
+from trainer.ckpt.rng import rng_state_problem
 from trainer.dist import Dist
-from trainer.hf import load_hf_state_dict
-from trainer.model import decay_groups
-from trainer.rng import rng_state_problem
-from trainer.runconfig import judge_config_change
+from trainer.model import decay_groups, load_hf_state_dict
+from trainer.runconfig import RunIdentity, judge_config_change
 from trainer.store.fields import COUNT_MAX, FieldError, Fields, load_doc
 
 __all__ = ["Unloadable", "load_checkpoint"]
@@ -44,8 +43,7 @@ def load_checkpoint(
     model: torch.nn.Module,
     dist: Dist,
     *,
-    run_config: dict,
-    config_hash: str,
+    identity: RunIdentity,
     tokens_per_step: int,
     total_steps: int,
     allowed: frozenset[str] = frozenset(),
@@ -57,8 +55,8 @@ def load_checkpoint(
             raise Unloadable(f"{ckpt_dir / name} is missing")
     state = _trainer_state(ckpt_dir / "trainer_state.json", tokens_per_step, total_steps)
     changes: list[dict[str, Any]] = []
-    if state["config_hash"] != config_hash:
-        changes = judge_config_change(state.get("run_config"), run_config, allowed, str(ckpt_dir))
+    if state["config_hash"] != identity.hash:
+        changes = judge_config_change(state.get("run_config"), state["config_hash"], identity, allowed, str(ckpt_dir))
     _load_weights(ckpt_dir / "model.safetensors", model)
     opt_state = _torch_file(ckpt_dir / "optimizer.pt")
     problem = _optimizer_problem(opt_state, model, state["step"])

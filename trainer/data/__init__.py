@@ -1,0 +1,15 @@
+"""The data: a token mix on disk, and the batches a session draws from it.
+
+- ``shards``  the mix's manifest and shards, checked before use; each batch a pure function of (seed, step, rank, micro)
+- ``mix``     ``python -m trainer.data.mix build|publish|fetch``: make a mix, put it in a store, fetch it back
+
+The names below are the ones callers use, all from ``shards``. ``mix`` is left out because it is a command: a
+package that imported it would have it loaded already when ``python -m trainer.data.mix`` runs it as
+``__main__`` (runpy warns, and the module then exists twice).
+"""
+
+from __future__ import annotations
+
+from trainer.data.shards import DataError, Mix, load_mix, read_manifest, train_batch, val_batches
+
+__all__ = ["DataError", "Mix", "load_mix", "read_manifest", "train_batch", "val_batches"]
