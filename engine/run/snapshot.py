@@ -95,7 +95,12 @@ def take(
             f"the snapshot before {step} would copy {_size(sum(sizes))}, over its limit of {_size(limit)} "
             f"(snapshot.max_bytes; the biggest: {biggest[1]}, {_size(biggest[0])})"
         )
-    home = run_dir / FOLDER / step
+    folder = run_dir / FOLDER
+    if os.path.islink(folder) or (folder.exists() and not folder.is_dir()):
+        raise SnapshotError(
+            f"{folder} is not a folder the engine made (a link or a file): no snapshot is written through it"
+        )
+    home = folder / step
     remove_path(home)
     entries = []
     for n, source in enumerate(paths):

@@ -17,6 +17,7 @@ from engine_runs import EngineRuns, dump
 
 from engine.judge.verdict import Exit
 from engine.spec.load import load_spec
+from engine.spec.located import SpecErrors
 from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,16 +362,22 @@ def test_bad_reference_and_snapshot_blocks_are_refused_with_their_place(tmp_path
     assert all(e.startswith(f"{tmp_path / 'v.yaml'}:") for e in found), found
 
 
-def test_a_hold_that_is_not_a_boolean_is_refused_with_its_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ({"match": "^step 2 ", "signal": "SIGKILL", "hold": "yes"}, "$.steps[2].run.signals[0].hold: 'yes' is not"),
+        (
+            {"match": "^step 2 ", "hold_at": "save-begin", "signal": "SIGKILL"},
+            "$.steps[2].run.signals[0]: a signal rule has a match (a regex over the leg's lines) or a hold_at",
+        ),
+        ({"hold_at": "save begin", "signal": "SIGKILL"}, "$.steps[2].run.signals[0].hold_at: a hold point is letters"),
+    ],
+)
+def test_a_bad_hold_is_refused_with_its_place(tmp_path: Path, rule: dict, message: str) -> None:
     doc = spec_doc()
-    doc["steps"][2]["run"]["signals"] = [{"match": "^step 2 ", "signal": "SIGKILL", "hold": "yes"}]
+    doc["steps"][2]["run"]["signals"] = [rule]
     path = tmp_path / "v.yaml"
     path.write_text(dump(doc))
-    ran = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "validate", str(path)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-    )  # fmt: skip
-    assert ran.returncode == Exit.USAGE
-    assert "$.steps[2].run.signals[0].hold: 'yes' is not valid under any of the given schemas" in ran.stdout or (
-        "$.steps[2].run.signals[0].hold" in ran.stdout
-    ), ran.stdout
+    with pytest.raises(SpecErrors) as caught:
+        load_spec(path)
+    assert f"{path}:" in str(caught.value) and message in str(caught.value), str(caught.value)
