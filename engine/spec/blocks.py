@@ -1,7 +1,7 @@
-"""What validation refuses in a step's `reference:` and `snapshot:` blocks, and in a signal rule's
-`hold`: as written (which kind of step may carry which), then per mode once resolved (a reference
-directory the engine could not safely empty or that changes from run to run, a kept folder outside
-it, a snapshot that would hold the run dir itself).
+"""What validation refuses in a step's `reference:` and `snapshot:` blocks beyond their schema: as
+written (which kind of step may carry which), then per mode once resolved (a reference directory the
+engine could not safely empty or that changes from run to run, a kept folder outside it, a snapshot
+that would hold the run dir itself).
 """
 
 from __future__ import annotations
