@@ -24,8 +24,11 @@ are and which were overridden, and where (-v: every value with where it came fro
 
 The default run directory is runs/<name>-<mode>-<UTC stamp> under the current directory.
 `--from STEP` resumes the run in --run-dir at STEP: that run's mode, values and run id, the steps
-before STEP keep its evidence (refused when the spec changed them, or they did not pass), STEP and
-every step after it run again.
+before STEP keep its evidence (refused when the spec changed them, or they did not pass), what the
+steps from STEP on snapshot (`snapshot:`) is put back as they found it, and STEP and every step after
+it run again. A reference step (`reference:`) is reused from the run that made it while its
+definition and inputs are unchanged (`reusing reference from RUN_DIR (same definition)`);
+`--fresh-reference` makes it anew.
 
 `check` re-evaluates the spec's CURRENT checks, with its current values, against a saved run
 without running anything (results go to <run dir>/check-<stamp>.json; evidence.json is left as it
@@ -221,16 +224,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.spec.validate import budget_error
 
     spec = _valid_spec(args.spec)
+    restores: list = []
     if args.from_step:
         plan, run_dir, resumed = _resumed_plan(args, spec)
+        from engine.judge.rerun import snapshot_restores
+
+        restores = snapshot_restores(run_dir, resumed)  # refused here, before anything moves
     else:
         (plan, run_dir), resumed = _fresh_plan(args, spec), None
     # validate checked the budget with the spec's own values; a --set can still push it over.
     over = budget_error(spec, plan.mode, plan.contributions())
+    if over and not args.fresh_reference:
+        from engine.run.reference import reusable
+
+        # A reference that will be reused costs nothing.
+        over = budget_error(spec, plan.mode, [c for c in plan.contributions() if not reusable(plan, c[0])])
     if over:
         raise SpecErrors([over])
     _check_reports(args)
     reuse = None
+    restored = _restore(run_dir, restores)
     if resumed is not None:
         from engine.judge.rerun import set_aside
 
@@ -245,6 +258,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _out(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}")
     if reuse is not None:
         _out(_resuming_line(reuse))
+    for line in restored:
+        _out(line)
     env_vars = {name: var for var, name in (spec.data.get("env") or {}).items() if var in os.environ}
     _out(
         "\n".join(values_lines(plan.values, plan.sources, plan.secret_names))
@@ -255,7 +270,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     # verdict or its exit code short.
     with StopSignals(linger=True) as stops:
         try:
-            doc = execute(plan, run_dir, sys.stdout, judge=lambda ev: judge(plan, ev), stops=stops, reuse=reuse)
+            doc = execute(
+                plan,
+                run_dir,
+                sys.stdout,
+                judge=lambda ev: judge(plan, ev),
+                stops=stops,
+                reuse=reuse,
+                fresh_reference=args.fresh_reference,
+            )
         except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
             doc = exc.doc
         except KeyboardInterrupt:
@@ -299,6 +322,22 @@ def _resumed_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path, Any]:
     run_dir = Path(args.run_dir).absolute()
     resumed = plan_resume(spec, run_dir, args.from_step, sets=args.set, mode=args.mode, spec_label=str(args.spec))
     return resumed.plan, run_dir, resumed
+
+
+def _restore(run_dir: Path, restores: list) -> list[str]:
+    """`--from`: put back what the steps from STEP on found when they first ran (their snapshots);
+    the lines that say so. Refused (exit 2) when one cannot be put back."""
+    if not restores:
+        return []
+    from engine.judge.rerun import restore_snapshots
+    from engine.run.snapshot import SnapshotError
+
+    said: list[str] = []
+    try:
+        restore_snapshots(run_dir, restores, said.append)
+    except (SnapshotError, OSError) as exc:
+        raise _Refused("\n".join([*said, f"--run-dir {run_dir}: could not restore a snapshot: {exc}"])) from None
+    return said
 
 
 def _resuming_line(reuse: Any) -> str:
@@ -431,7 +470,13 @@ def _run_command(sub: Any) -> None:
         dest="from_step",
         metavar="STEP",
         help="resume the run in --run-dir at STEP: the steps before it keep that run's evidence (refused "
-        "when the spec changed them, or they did not pass); STEP and the steps after it run again",
+        "when the spec changed them, or they did not pass); what the steps from STEP on snapshot is put back "
+        "first; STEP and the steps after it run again",
+    )
+    p.add_argument(
+        "--fresh-reference",
+        action="store_true",
+        help="make every reference step anew instead of reusing the saved reference",
     )
     _reports(p)
 

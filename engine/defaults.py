@@ -38,6 +38,8 @@ DIAGNOSTICS_LIST_MAX = 40
 # The built-in `command` collector; its worst case (timeout + grace) counts in the budget.
 COMMAND_COLLECT_TIMEOUT_S = 300.0
 COMMAND_COLLECT_GRACE_S = 5.0
+# The most a step's snapshot may copy into the run dir (`snapshot.max_bytes` sets another bound).
+SNAPSHOT_MAX_BYTES = 4 << 30
 
 RUN: dict[str, Any] = {
     "grace_s": GRACE_S,

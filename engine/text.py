@@ -1,12 +1,13 @@
 """Values as text in a sentence: compact JSON cut to a length, prose by its words, a code span,
-and the token-level change of a command line. Pure functions, used by every stage that words a value."""
+the token-level change of a command line and the fields that differ between two definitions. Pure
+functions, used by every stage that words a value."""
 
 from __future__ import annotations
 
 import difflib
 import json
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 VALUE_CUT = 240
 
@@ -101,3 +102,40 @@ def utc_second(at: Any) -> str:
     if not isinstance(at, str) or not at:
         return "an unrecorded time"
     return re.sub(r"\.\d+Z$", "Z", at)
+
+
+_ABSENT = "<absent>"
+
+
+def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> dotted keys; lists and empty mappings are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two step definitions."""
+    a, b = flatten(old), flatten(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
+
+
+def describe_change(key: str, old: Any, new: Any) -> str:
+    """One changed field of a step: a command line as the tokens that moved (as `engine diff`
+    shows it), anything else as its old and new values around where they differ."""
+    if scalar_list(old) and scalar_list(new):
+        return f"{key}: {argv_delta(old, new)}"
+    a, b = compact_pair(old, new, 100)
+    return f"{key}: {a} -> {b}"
+
+
+def definition_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Each field that differs between two definitions, worded by `describe_change`
+    (`run.argv: `hello` -> `bonjour``); a field only one side has reads as `<absent>` on the other."""
+    a, b = flatten(old), flatten(new)
+    return [describe_change(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in changed_keys(old, new)]

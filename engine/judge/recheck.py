@@ -11,7 +11,6 @@ on the saved run (engine/run/record.py), masked with the environment it runs in.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,13 +19,14 @@ from typing import Any
 
 from engine.judge.verdict import derive_statuses, judge
 from engine.run import evidence
+from engine.run.digests import run_git
 from engine.run.output import reharvest
 from engine.run.record import Record, RecordError
 from engine.secrets import redact
 from engine.spec.load import Spec
 from engine.spec.located import display_path
 from engine.spec.plan import Plan, replan, run_stamp, stored_definitions, stored_output_rules
-from engine.text import argv_delta, compact_pair, scalar_list
+from engine.text import changed_keys, compact_pair, describe_change, flatten
 from engine.types import CheckResult, Verdict
 
 _ABSENT = "<absent>"
@@ -41,33 +41,6 @@ class Recheck:
     evidence: dict[str, Any]  # the saved document as judged (re-harvested by a replay)
     results: list[CheckResult]
     verdict: Verdict
-
-
-def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings -> dotted keys; lists and empty mappings are leaves."""
-    out: dict[str, Any] = {}
-    for k, v in obj.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
-def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two step definitions."""
-    a, b = flatten(old), flatten(new)
-    return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
-
-
-def describe_change(key: str, old: Any, new: Any) -> str:
-    """One changed field of a step: a command line as the tokens that moved (as `engine diff`
-    shows it), anything else as its old and new values around where they differ."""
-    if scalar_list(old) and scalar_list(new):
-        return f"{key}: {argv_delta(old, new)}"
-    a, b = compact_pair(old, new, 100)
-    return f"{key}: {a} -> {b}"
 
 
 def _change(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
@@ -345,26 +318,14 @@ def _store(
         record.say(f"could not write the {kind} record in {record.run_dir}: {getattr(exc, 'strerror', None) or exc}")
 
 
-def _git(args: list[str], cwd: Path) -> str | None:
-    """`git ARGS` in `cwd`: its output, or None when git is missing, fails or takes too long."""
-    try:
-        # No fsmonitor hook: a repository's config must not run a program because a spec was re-checked.
-        proc = subprocess.run(
-            ["git", "-c", "core.fsmonitor=false", *args], cwd=cwd, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def spec_revision(spec: Spec) -> dict[str, Any]:
     """Which spec judged: `{"git": commit, "dirty": bool, ...}` when the spec file is in a git work tree
     (`dirty`: it or a file it extends or includes differs from that commit), else the spec file's
     sha256 alone; both with `path` and `sha256` of the spec file, and `files` (each file's sha256)."""
     where = Path(spec.path).resolve().parent
     found = {"path": display_path(spec.path), "sha256": spec.sha256, "files": dict(spec.files)}
-    head = _git(["rev-parse", "--verify", "-q", "HEAD"], where)
-    status = _git(["status", "--porcelain", "--", *(str(Path(f).resolve()) for f in spec.files)], where)
+    head = run_git(["rev-parse", "--verify", "-q", "HEAD"], where)
+    status = run_git(["status", "--porcelain", "--", *(str(Path(f).resolve()) for f in spec.files)], where)
     if not head or not head.strip() or status is None:
         return found
     return {"git": head.strip(), "dirty": bool(status.strip()), **found}

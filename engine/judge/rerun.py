@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.judge.recheck import Refused, spec_mismatch, step_changes
 from engine.judge.verdict import derive_statuses
-from engine.run import evidence
+from engine.run import evidence, snapshot
 from engine.spec.load import Spec
 from engine.spec.plan import Plan, replan
 
@@ -163,3 +163,50 @@ def set_aside(run_dir: Path, resumed: Resumed) -> str | None:
         os.replace(source, dest / rel)
         moved = True
     return dest.name if moved else None
+
+
+def snapshot_restores(run_dir: Path, resumed: Resumed) -> list[tuple[str, Mapping[str, Any]]]:
+    """What `--from STEP` puts back before it runs: for each path a step from STEP on snapshots, the
+    copy taken before the first of those steps that ran in the earlier attempt, as (step, entry).
+    Refused, naming it, when that copy is missing, changed since, masked, or was never taken."""
+    flag = f"--from {resumed.reuse.from_step}"
+    steps = resumed.plan.steps
+    start = [s["name"] for s in steps].index(resumed.reuse.from_step)
+    records = resumed.saved.get("steps") or {}
+    done: set[str] = set()
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for step in steps[start:]:
+        name, block = step["name"], step.get("snapshot")
+        record = records.get(name) if isinstance(records.get(name), Mapping) else {}
+        if not block or record.get("status") in (None, "not_run", "skipped") or _stopped_at_snapshot(record):
+            continue  # it did not run in that attempt: it changed nothing
+        wanted = [os.path.abspath(os.path.expanduser(str(p))) for p in block["paths"]]
+        taken = {e.get("path"): e for e in record.get("snapshot") or [] if isinstance(e, Mapping)}
+        for path in wanted:
+            if path in done:
+                continue
+            done.add(path)
+            entry = taken.get(path)
+            if entry is None:
+                raise Refused(
+                    f"refusing {flag}: {name} ran in that attempt without a snapshot of {path} "
+                    f"(it took {', '.join(map(str, taken)) or 'none'}), so what it changed there cannot be "
+                    f"put back; run it whole"
+                )
+            why = snapshot.problem(name, entry, run_dir)
+            if why:
+                raise Refused(f"refusing {flag}: {why}; run it whole")
+            out.append((name, entry))
+    return out
+
+
+def _stopped_at_snapshot(record: Mapping[str, Any]) -> bool:
+    """The step failed taking its snapshot: its leg never started."""
+    return record.get("rc") is None and str(record.get("error") or "").startswith("snapshot:")
+
+
+def restore_snapshots(run_dir: Path, restores: list[tuple[str, Mapping[str, Any]]], say: Callable[[str], None]) -> None:
+    """Put back what `snapshot_restores` found, saying each (`restored ... from the snapshot taken
+    before leg2`); SnapshotError naming the path when one cannot be."""
+    for name, entry in restores:
+        snapshot.restore(name, [entry], run_dir, say)

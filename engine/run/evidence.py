@@ -200,6 +200,8 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "fail_on": (dict,),
     "reused": (bool,),
     "reused_from": (str, type(None)),
+    "reference": (dict,),
+    "snapshot": (list,),
 }
 _JSON_TYPE = {
     dict: "an object",

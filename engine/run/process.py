@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import fcntl
 import os
+import re
 import select
 import signal
 import subprocess
@@ -57,6 +58,11 @@ READER_JOIN_S = 10.0
 POLL_S = 0.1
 # How often the leg's process tree is re-read (one pass over the process table).
 TREE_REFRESH_S = 1.0
+# The hold protocol (docs/running.md): the engine names the points to hold a leg at in HOLD_ENV
+# (comma-separated); a leg that supports it prints `SPECPROBE_HOLD <point> pid=<pid>` at such a point,
+# flushes, and stops itself (SIGSTOP).
+HOLD_ENV = "SPECPROBE_HOLD_AT"
+HOLD_LINE = "SPECPROBE_HOLD"
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class SignalRule:
     pattern: Pattern
     signal: signal.Signals
     after_s: float = 0.0
+    hold: bool = False  # hold the leg's process tree at the line, then signal it there
 
 
 @dataclass
@@ -116,12 +123,38 @@ def parse_signal(name: str | int) -> signal.Signals:
         raise ValueError(f"unknown signal {name!r}") from None
 
 
+def hold_line_pattern(point: str) -> str:
+    """The regex of the line a leg prints when it stops itself at `point` (the hold protocol)."""
+    return f"^{HOLD_LINE} {re.escape(point)}(?: |$)"
+
+
+def hold_points(rules: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """The points a leg's signal rules hold it at (`hold_at`), for its SPECPROBE_HOLD_AT."""
+    return [str(r["hold_at"]) for r in rules or () if isinstance(r, Mapping) and r.get("hold_at")]
+
+
 def compile_signal_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[SignalRule]:
-    """The spec's `signals:` list -> SignalRule objects (regexes compiled, signal names resolved)."""
+    """The spec's `signals:` list -> SignalRule objects (regexes compiled, signal names resolved; a
+    `hold_at` point as the regex of its protocol line, held)."""
     out = []
     for i, rule in enumerate(rules or ()):
+        if rule.get("hold_at"):
+            pattern = Pattern(hold_line_pattern(str(rule["hold_at"])), f"signals[{i}].hold_at")
+            out.append(
+                SignalRule(
+                    pattern, parse_signal(rule.get("signal", "SIGTERM")), float(rule.get("after_s", 0) or 0), True
+                )
+            )
+            continue
         pattern = Pattern(rule["match"], f"signals[{i}].match")
-        out.append(SignalRule(pattern, parse_signal(rule.get("signal", "SIGTERM")), float(rule.get("after_s", 0) or 0)))
+        out.append(
+            SignalRule(
+                pattern,
+                parse_signal(rule.get("signal", "SIGTERM")),
+                float(rule.get("after_s", 0) or 0),
+                bool(rule.get("hold", False)),
+            )
+        )
     return out
 
 
@@ -135,7 +168,7 @@ class _Reader:
         strip: Pattern | None,
         on_block: Callable[[Block], None] | None,
         rules: list[SignalRule],
-        fire: Callable[[int, int], None],
+        fire: Callable[[int, int, str], None],
     ) -> None:
         self.fd, self.log, self.strip = fd, log, strip
         self.on_block, self.rules, self.fire = on_block, rules, fire
@@ -230,7 +263,7 @@ class _Reader:
             hit = matcher.first(block)
             if hit is not None:
                 self.fired.add(idx)
-                self.fire(idx, hit[0])
+                self.fire(idx, hit[0], hit[1])
 
 
 def launch_problem(argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str] | None) -> str | None:
@@ -424,26 +457,37 @@ class _Watch:
         _enlarge_pipe(self.proc.stdout.fileno())
         reader.thread.start()
 
-    def fire(self, idx: int, lineno: int) -> None:
-        """A signal rule matched line `lineno` (the reader's thread): signal now, or after its delay."""
-        delay = self.rules[idx].after_s
-        if delay <= 0:
-            self._send_rule(idx, lineno)
+    def fire(self, idx: int, lineno: int, text: str) -> None:
+        """A signal rule matched line `lineno` (the reader's thread): hold the leg there if the rule
+        says so, then signal now, or after its delay."""
+        rule = self.rules[idx]
+        held = None
+        if rule.hold and self.proc.poll() is None:
+            held = {"at_s": round(time.monotonic() - self.start, 3), **self.tree.hold(self.pgid), "text": text}
+        if rule.after_s <= 0:
+            self._send_rule(idx, lineno, held)
             return
-        timer = threading.Timer(delay, self._send_rule, (idx, lineno))
+        timer = threading.Timer(rule.after_s, self._send_rule, (idx, lineno, held))
         timer.daemon = True
         self.timers.append(timer)
         timer.start()
 
-    def _send_rule(self, idx: int, lineno: int) -> None:
+    def _send_rule(self, idx: int, lineno: int, held: dict[str, Any] | None = None) -> None:
         rule = self.rules[idx]
         if self.proc.poll() is not None:
             return
         self.tree.signal(self.pgid, rule.signal)
+        if held is not None and rule.signal != signal.SIGKILL:
+            self.tree.release(self.pgid)  # a stopped process takes no other signal until it runs
+        sent: dict[str, Any] = {
+            "signal": rule.signal.name,
+            "line": lineno,
+            "at_s": round(time.monotonic() - self.start, 3),
+        }
+        if held is not None:
+            sent["held"] = held
         with self.lock:
-            self.result.signals_sent.append(
-                {"signal": rule.signal.name, "line": lineno, "at_s": round(time.monotonic() - self.start, 3)}
-            )
+            self.result.signals_sent.append(sent)
 
     def wait(self, log: LegLog, timeout_s: float | None, on_tick: Callable[[float], None] | None) -> None:
         """Until the leader exits, or the leg is stopped: its timeout passed, or its log failed."""

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import psutil
 
@@ -22,6 +23,12 @@ from engine.run.reaper import kill_marked, marked
 # leg outlives it" observable when run_command returns.
 GROUP_GONE_S = 5.0
 GONE_POLL_S = 0.02
+# How long a hold waits for every process of the leg to be stopped (one in uninterruptible I/O
+# stops when the I/O ends); the evidence says which were not.
+HOLD_WAIT_S = 5.0
+HOLD_POLL_S = 0.005
+# The states a process cannot run on from: it has stopped, or it is gone.
+_HELD = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def kill_group(pgid: int, sig: int) -> bool:
@@ -102,12 +109,66 @@ class ProcessTree:
             except (psutil.Error, OSError):
                 pass
 
+    def hold(self, pgid: int, wait_s: float = HOLD_WAIT_S) -> dict[str, Any]:
+        """SIGSTOP every process of the leg (its supervisor spared), again for any it started
+        meanwhile, and wait until each one is stopped (at most `wait_s`): what a signal sent next
+        lands on. Returns `{processes: [{pid, name, state}], stopped, waited_s}`: `state` is the one
+        each was in when the hold came (a leg that stopped itself at its point is `stopped`
+        already), `stopped` whether every one of them is stopped now."""
+        start = time.monotonic()
+        seen: dict[int, dict[str, Any]] = {}
+        procs: dict[int, psutil.Process] = {}
+        # The processes known already first, and at once: every millisecond here is one the leg
+        # runs on past its line. Then the whole table for any it started since, until none is new.
+        new = [p for p in self.known.values() if p.pid not in self.exempt and live(p)]
+        while new:
+            for proc in new:
+                procs[proc.pid] = proc
+                seen[proc.pid] = {"pid": proc.pid, "name": _name(proc), "state": _state(proc)}
+            kill_group(pgid, signal.SIGSTOP)
+            for proc in new:
+                try:
+                    proc.suspend()
+                except (psutil.Error, OSError):
+                    pass
+            self.refresh()
+            new = [p for p in self.alive() if p.pid not in self.exempt and p.pid not in procs]
+        deadline = start + wait_s
+        while not all(_state(p) in _HELD for p in procs.values()) and time.monotonic() < deadline:
+            time.sleep(HOLD_POLL_S)
+        stopped = all(_state(p) in _HELD for p in procs.values())
+        return {
+            "processes": [seen[pid] for pid in sorted(seen)],
+            "stopped": stopped,
+            "waited_s": round(time.monotonic() - start, 3),
+        }
+
+    def release(self, pgid: int) -> None:
+        """SIGCONT what a hold stopped: a signal other than SIGKILL is only delivered to a running process."""
+        self.signal(pgid, signal.SIGCONT)
+
     def kill_all(self, pgid: int) -> None:
         """SIGKILL everything of the leg; what carries the marker is stopped first, so that a
         forking process cannot outrun the kill."""
         self.signal(pgid, signal.SIGKILL)
         if self.marker is not None:
             kill_marked(*self.marker, timeout_s=GROUP_GONE_S)
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except (psutil.Error, OSError):
+        return "?"
+
+
+def _state(proc: psutil.Process) -> str:
+    try:
+        return str(proc.status())
+    except psutil.NoSuchProcess:
+        return psutil.STATUS_DEAD
+    except (psutil.Error, OSError):
+        return "unknown"
 
 
 def await_gone(pgid: int, tree: ProcessTree, timeout_s: float) -> bool:

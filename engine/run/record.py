@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 from engine import limits
 from engine.run import evidence
 from engine.run.reaper import Reaper
-from engine.secrets import Mask, PlanSecrets, Scrubber, TreeScrubber
+from engine.secrets import Mask, PlanSecrets, Scrubber, TreeScrubber, mask_file
 from engine.spec.plan import masking, run_stamp
 
 LOG_TAIL_SEGMENTS = 4
@@ -325,6 +325,17 @@ class Record:
         # while its bytes are what the engine wrote (a leg that rewrites it changes that).
         vouch = self._files.vouch if self._files.finder else None
         return LegLog(self.run_dir / relative, self._mask, on_close=vouch)
+
+    def check_copy(self, path: str | os.PathLike[str]) -> bool:
+        """A file the engine copied into the run dir (a snapshot), looked at once by the secret
+        filter: clean, it is vouched for (never searched or rewritten again while its bytes stay);
+        holding a secret, it is masked like any file here. True when it held one."""
+        if not self._files.finder:
+            return False
+        spans, digest = mask_file(path, self._files.finder)
+        if digest is not None:
+            self._files.vouch(path, digest)
+        return bool(spans)
 
     def mask_files(self) -> list[str]:
         """Mask every secret in the files under the run dir, saying which held one; their paths,

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine import defaults, version
-from engine.run import collectors, evidence
+from engine.run import collectors, evidence, snapshot
 from engine.run.console import Console, ProgressDisplay
 from engine.run.diagnostics import collect_diagnostics, report_lines
 from engine.run.output import Capture, compile_rules, exit_text, harvest_problems
-from engine.run.process import Interrupted, ProcessResult, compile_signal_rules, run_command
+from engine.run.process import HOLD_ENV, Interrupted, ProcessResult, compile_signal_rules, hold_points, run_command
 from engine.run.record import Record, RecordError
+from engine.run.reference import ReferenceError, References
 from engine.run.remove import remove_step
 from engine.run.signals import StopSignals
 from engine.spec.plan import step_kind
@@ -63,11 +64,17 @@ class Runner:
     progress (text its leg log masked already); everything else leaves through `record`."""
 
     def __init__(
-        self, plan: evidence.PlanLike, record: Record, console: Console, reuse: evidence.Reuse | None = None
+        self,
+        plan: evidence.PlanLike,
+        record: Record,
+        console: Console,
+        reuse: evidence.Reuse | None = None,
+        fresh_reference: bool = False,
     ) -> None:
         self.plan, self.record, self.console = plan, record, console
         self.t0 = time.monotonic()
         self.doc = evidence.new_document(plan, record.run_dir, version())
+        self.references = References(record.run_dir, self.doc["started_at"], record.mask, self.say, fresh_reference)
         for step in plan.steps:
             self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
         if reuse is not None:
@@ -128,6 +135,7 @@ class Runner:
         except RecordError as exc:
             if "record_error" not in self.doc:
                 self._record_failed(exc, None)
+        self.references.close()
         if judge is not None:
             self._judge(judge)
         self.record.close()
@@ -154,6 +162,7 @@ class Runner:
             self.say(
                 f"=== {name}: reused ({record.get('status')}) from the run of {utc_second(record.get('reused_from'))}"
             )
+            self._carried_reference(step, record)
             return True
         self.say(f"=== {name}")
         if not step.get("enabled", True):
@@ -163,7 +172,12 @@ class Runner:
             return True
         started = time.monotonic()
         try:
-            rc = self.kinds[kind](step, record)
+            reused = self._reference_before(step, record)
+            if reused is False:
+                rc = self.kinds[kind](step, record)
+                self._reference_after(step, record)
+            else:  # reused (its record is the run's that made it), or its directory refused
+                rc = record.get("rc", 0 if record.get("status") == "ok" else 1)
         finally:
             record.setdefault("seconds", round(time.monotonic() - started, 3))
             masked_in = self.record.mask_files()
@@ -207,10 +221,12 @@ class Runner:
         record.update(
             log=log_rel, harvest={}, harvest_errors=[], failure_lines=[], diagnostics=None, progress=None, error=None
         )
+        if step.get("snapshot") and not self._snapshot(step, record):
+            return None
         try:
             result = run_command(
                 [str(a) for a in run["argv"]],
-                env={str(k): _env_text(v) for k, v in (run.get("env") or {}).items()},
+                env=_leg_env(run),
                 cwd=run.get("cwd") or None,
                 timeout_s=run.get("timeout_s"),
                 grace_s=float(run.get("grace_s", defaults.GRACE_S)),
@@ -235,6 +251,59 @@ class Runner:
         display.close()
         self._judge_leg(step, record, result, capture, display.warning)
         return result.rc
+
+    def _reference_before(self, step: Mapping[str, Any], record: dict[str, Any]) -> bool | None:
+        """A step that is (or belongs to) a reference: True when its evidence was reused, None when its
+        directory cannot be used (the step failed, saying why), False when it runs."""
+        try:
+            return self.references.before(step, record, self.doc["state"])
+        except (ReferenceError, OSError) as exc:
+            record.update({"status": "failed", "error": f"reference: {exc}", "rc": None})
+            self.say(f"   {record['error']}")
+            return None
+
+    def _reference_after(self, step: Mapping[str, Any], record: dict[str, Any]) -> None:
+        try:
+            self.references.after(step, record, self.doc["state"])
+        except OSError as exc:  # the run's own evidence stands; only later runs lose the reuse
+            (record.get("reference") or {})["saved"] = False
+            self.say(f"   WARNING: could not save the reference for later runs: {exc}")
+
+    def _carried_reference(self, step: Mapping[str, Any], record: dict[str, Any]) -> None:
+        """A reference taken over from the earlier attempt (`--from` a later step) still holds what
+        that attempt recorded, or the step fails, saying so."""
+        try:
+            problem = self.references.carried(step, record)
+        except (ReferenceError, OSError) as exc:
+            problem = f"reference: {exc}"
+        if problem:
+            record.update({"status": "failed", "error": problem})
+            self.say(f"   {problem}")
+
+    def _snapshot(self, step: Mapping[str, Any], record: dict[str, Any]) -> bool:
+        """Copy what the step declares it changes into the run dir before it runs; False (the step
+        failed, saying why) when the copy is over its limit or cannot be made."""
+        try:
+            record["snapshot"] = snapshot.take(
+                step["name"], step["snapshot"], self.record.run_dir, self.record.check_copy
+            )
+        except (snapshot.SnapshotError, OSError) as exc:
+            record.update({"status": "failed", "error": f"snapshot: {exc}", "rc": None})
+            self.say(f"   SNAPSHOT FAILED: {exc}")
+            return False
+        for entry in record["snapshot"]:
+            if entry["absent"]:
+                self.say(f"   snapshot before {step['name']}: {entry['path']} is absent")
+                continue
+            self.say(
+                f"   snapshot before {step['name']}: {entry['path']} ({entry['files']} files, {entry['bytes']:,} bytes) -> {entry['stored']}"
+            )
+            if entry["masked"]:
+                self.say(
+                    f"   WARNING: the snapshot of {entry['path']} held a secret, masked in {', '.join(entry['masked'][:5])}: "
+                    f"`--from {step['name']}` cannot restore it"
+                )
+        return True
 
     def _judge_leg(
         self, step: Mapping[str, Any], record: dict, result: ProcessResult, capture: Capture, warning: dict | None
@@ -350,6 +419,16 @@ class Runner:
         return 0
 
 
+def _leg_env(run: Mapping[str, Any]) -> dict[str, str]:
+    """The variables a leg gets beyond the engine's: its `env`, and the points its rules hold it at."""
+    env = {str(k): _env_text(v) for k, v in (run.get("env") or {}).items()}
+    points = hold_points(run.get("signals"))
+    if points:
+        given = [p for p in env.get(HOLD_ENV, "").split(",") if p]
+        env[HOLD_ENV] = ",".join(dict.fromkeys(given + points))
+    return env
+
+
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "step"
 
@@ -364,6 +443,7 @@ def execute(
     stops: StopSignals | None = None,
     err: TextIO | None = None,
     reuse: evidence.Reuse | None = None,
+    fresh_reference: bool = False,
 ) -> dict[str, Any]:
     """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
     store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
@@ -371,11 +451,12 @@ def execute(
     interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
     installed and keeps past the run; by default the run installs its own for its duration. `err`:
     where warnings go (stderr). `reuse`: the steps taken over from the earlier run in `run_dir`
-    (`engine run --from`), which do not run again."""
+    (`engine run --from`), which do not run again. `fresh_reference`: make every reference step
+    anew, whatever is saved (`engine run --fresh-reference`)."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
     console = Console(out, is_tty, err)
-    runner = Runner(plan, Record.open(run_path, plan, os.environ, console.line), console, reuse)
+    runner = Runner(plan, Record.open(run_path, plan, os.environ, console.line), console, reuse, fresh_reference)
     if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
         return runner.execute(judge, stops)
     with StopSignals() as own:

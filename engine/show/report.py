@@ -132,6 +132,9 @@ def _step_notes(step: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """What a step row says before and after its outcome: that it was reused, and the progress
     warning of a leg whose ETA passed its timeout."""
     before = [f"reused from the run of {utc_second(step.get('reused_from'))}"] if step.get("reused") is True else []
+    ref = step.get("reference")
+    if isinstance(ref, Mapping) and isinstance(ref.get("reused_from"), str):
+        before.append(f"reused reference from {ref['reused_from']}")
     warning = step.get("progress_warning")
     after = [f"WARNING the ETA passed the timeout: {warning.get('message')}"] if isinstance(warning, Mapping) else []
     return before, after

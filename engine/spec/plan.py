@@ -10,7 +10,6 @@ re-check, the report's plots and the review all start from.
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
 import os
@@ -20,15 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import jsonschema
 from jmespath import exceptions as jexc
 
 from engine import defaults
 from engine.expr import functions
 from engine.expr.trace import trace
 from engine.secrets import REDACTED, PlanSecrets, Scrubber, is_secret, redact, redact_text
-from engine.spec import expand, plotdefs, require
-from engine.spec.load import Spec, best_error, family_of, validator
+from engine.spec import expand, plotdefs, require, resolved
+from engine.spec.load import Spec, family_of
 from engine.spec.located import SpecError, SpecErrors
 from engine.spec.values import (
     PER_RUN_BUILTINS,
@@ -56,6 +54,7 @@ __all__ = [
 ]
 
 KINDS = ("run", "remove", "collect")
+# Blocks a step of any kind may carry beside its kind's: what makes it a reference, what it snapshots.
 # Keys of a step that are not templated: `when` is JMESPath over values, the rest are labels.
 _UNTEMPLATED = ("name", "when", "description")
 
@@ -170,6 +169,16 @@ def step_cost(step: Mapping[str, Any]) -> float:
 
 # The keys of `progress:` that only shape what its line says (the leg's own total, its phases).
 PROGRESS_DISPLAY = ("total", "phases")
+
+
+def snapshot_block(given: Any) -> dict[str, Any]:
+    """`snapshot:` as written (a path, a list, or `{paths, max_bytes}`) -> `{paths: [...]}` plus
+    `max_bytes` when given (a default filled in would move the fingerprint when it changes)."""
+    paths = given.get("paths") if isinstance(given, dict) else given
+    out: dict[str, Any] = {"paths": [paths] if isinstance(paths, str) else list(paths)}
+    if isinstance(given, dict) and given.get("max_bytes") is not None:
+        out["max_bytes"] = given["max_bytes"]
+    return out
 
 
 def step_definition(step: Mapping[str, Any]) -> dict[str, Any]:
@@ -296,6 +305,9 @@ class Plan:
         return redact_text("\n".join(lines), self.values, self.secret_names) + "\n"
 
     def _step_lines(self, s: Mapping[str, Any]) -> list[str]:
+        return self._kind_lines(s) + _block_lines(s)
+
+    def _kind_lines(self, s: Mapping[str, Any]) -> list[str]:
         if s["kind"] == "remove":
             return [f"remove {p}" for p in s["remove"]] + [
                 f"(outside the work and run dirs only under {d})" for d in s.get("remove_also_under", [])
@@ -315,7 +327,13 @@ class Plan:
         if r["precondition"]:
             out.append(f"precondition: {r['precondition']}")
         for sig in r["signals"]:
-            out.append(f"signal {sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
+            if sig.get("hold_at"):
+                out.append(
+                    f"signal {sig['signal']} after {sig['after_s']:g} s at the leg's hold point {sig['hold_at']}"
+                )
+                continue
+            held = "held there, then " if sig.get("hold") else ""
+            out.append(f"signal {held}{sig['signal']} after {sig['after_s']:g} s on /{sig['match']}/")
         if r["output"]["harvest"]:
             out.append(
                 "harvest: "
@@ -331,6 +349,26 @@ class Plan:
         return out
 
 
+def _block_lines(s: Mapping[str, Any]) -> list[str]:
+    """What `engine plan` says of a step's reference and snapshot blocks."""
+    out = []
+    ref = s.get("reference") or {}
+    if ref.get("dir"):
+        out.append(f"reference in {ref['dir']} (reused while its definition and inputs are unchanged)")
+        inputs = ref.get("inputs") or {}
+        out += [
+            f"  input {kind}: {', '.join(map(str, inputs[kind]))}"
+            for kind in ("git", "packages", "files")
+            if inputs.get(kind)
+        ]
+    elif ref.get("of"):
+        out.append(f"part of the reference {ref['of']} (reused with it)")
+    snap = s.get("snapshot")
+    if snap:
+        out.append(f"snapshot before it runs: {', '.join(map(str, snap['paths']))}")
+    return out
+
+
 def _harvest_opts(rule: Mapping[str, Any]) -> str:
     """`last`, plus the opt-ins that keep a harvest problem from failing the verdict."""
     opts = [str(rule["pick"])]
@@ -342,59 +380,6 @@ def _harvest_opts(rule: Mapping[str, Any]) -> str:
 
 def _quote(a: str) -> str:
     return a if a and all(c.isalnum() or c in "-_./=:,@%+${}" for c in a) else json.dumps(a)
-
-
-_VALUE_REF = {"$ref": "#/$defs/value_ref"}
-
-
-def _no_refs(schema: Any) -> Any:
-    """The schema with every `anyOf: [X, value_ref]` reduced to X: after substitution a `${x}` is no longer allowed."""
-    if isinstance(schema, list):
-        return [_no_refs(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _no_refs(v) for k, v in schema.items()}
-    if isinstance(out.get("anyOf"), list) and _VALUE_REF in schema["anyOf"]:
-        rest = [s for s in out.pop("anyOf") if s != _VALUE_REF]
-        if len(rest) == 1:
-            out.update(rest[0])
-        else:
-            out["anyOf"] = rest
-    return out
-
-
-@functools.cache
-def _resolved_step_validator() -> Any:
-    defs = _no_refs(validator().schema["$defs"])
-    # A fresh validator, not evolve(): evolve keeps the resolver of the original root schema.
-    return jsonschema.Draft202012Validator({"$ref": "#/$defs/step", "$defs": defs})
-
-
-def _check_resolved_step(spec: Spec, index: int, step: dict[str, Any], mode: str) -> list[SpecError]:
-    """After substitution, fields must have their real types (e.g. timeout_s a number, not "abc")."""
-    part = {k: v for k, v in step.items() if k in ("name", "when", "description", step_kind(step))}
-    try:
-        problems = _cached_step_problems(json.dumps(part))
-    except TypeError:  # a value JSON cannot hold (a YAML date): checked as it is
-        problems = _step_problems(part)
-    return [
-        spec.error(("steps", index) + path, f"in mode {mode!r} after substitution: {message}")
-        for path, message in problems
-    ]
-
-
-def _step_problems(step: Any) -> tuple[tuple[tuple, str], ...]:
-    """(path, message) of each schema problem of one resolved step."""
-    return tuple(
-        (tuple(e.absolute_path), e.message) for e in map(best_error, _resolved_step_validator().iter_errors(step))
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_step_problems(step_json: str) -> tuple[tuple[tuple, str], ...]:
-    # By the step's JSON: a diff or a review plans the same steps for both sides and every mode, and
-    # the schema walk is most of what a plan costs.
-    return _step_problems(json.loads(step_json))
 
 
 def _enabled(spec: Spec, index: int, when: str | None, values: Mapping[str, Any]) -> tuple[bool, SpecError | None]:
@@ -546,7 +531,7 @@ def resolve_step(
     if raw.get("description"):
         step["description"] = raw["description"]
     step.update(body)
-    errors.extend(_check_resolved_step(spec, index, {**step, "name": raw["name"]}, mode))
+    errors.extend(resolved.check_step(spec, index, {**step, "name": raw["name"]}, mode, step_kind(step)))
     if errors:
         return {}, errors
     if kind == "run":
@@ -560,6 +545,8 @@ def resolve_step(
             step["remove_also_under"] = list(spec_["also_under"])
     else:
         step["collect"] = {"args": {}, **step["collect"]}
+    if "snapshot" in step:
+        step["snapshot"] = snapshot_block(step["snapshot"])
     step["when"] = raw.get("when")
     step["enabled"], err = _enabled(spec, index, raw.get("when"), values)
     if err:

@@ -12,7 +12,7 @@ import re
 from typing import Any, Iterable, Iterator, Mapping
 
 from engine.expr import functions
-from engine.spec import expand, plotdefs, require
+from engine.spec import blocks, expand, plotdefs, require
 from engine.spec.load import Spec, family_of
 from engine.spec.located import SpecError
 from engine.spec.plan import (
@@ -512,7 +512,15 @@ def _regex_errors(
 
 # Where a spec's text reaches what runs: a leg's argv, environment and working directory, the paths a
 # step removes, a collector's arguments, and the values spliced into them.
-_REACHES_A_LEG = (("run", "argv"), ("run", "env"), ("run", "cwd"), ("remove",), ("collect", "args"))
+_REACHES_A_LEG = (
+    ("run", "argv"),
+    ("run", "env"),
+    ("run", "cwd"),
+    ("remove",),
+    ("collect", "args"),
+    ("reference",),
+    ("snapshot",),
+)
 
 
 def _leaves(node: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
@@ -582,6 +590,7 @@ def _mode_pass(
         warnings += warned
     failed = set(defs) - set(res.values)
     costs: list[tuple[str, float]] = []
+    resolved: list[tuple[int, dict[str, Any]]] = []
     complete = not failed
     steps: list[dict[str, Any]] = []
     for i, raw in enumerate(data.get("steps") or []):
@@ -616,8 +625,12 @@ def _mode_pass(
                 )
             )
         steps.append(step)
+        resolved.append((i, step))
         if step["enabled"]:
             costs.append((step["name"], step_cost(step)))
+    if not res.errors:
+        errors += blocks.resolved_errors(spec, resolved, res.values["run_dir"])
+        errors += blocks.run_dependence_errors(spec, mode, environ, resolved)
     if complete:
         err = budget_error(spec, mode, [c for c in costs if c[1] > 0])
         if err:
@@ -644,6 +657,7 @@ def findings(spec: Spec, environ: Mapping[str, str] | None = None) -> tuple[list
     errors += _mode_errors(spec)
     errors += _reference_errors(spec)
     errors += _misread_errors(spec)
+    errors += blocks.written_errors(spec)
     for i, raw in enumerate(spec.data.get("steps") or []):
         if isinstance(raw.get("run"), dict):
             errors += _regex_errors(spec, i, raw["run"])
