@@ -103,6 +103,8 @@ def number(value: Any) -> float | int | None:
         return None if value is None else int(value)
     if isinstance(value, int):
         return value
+    if hasattr(value, "detach"):  # a tensor that still carries its graph
+        value = value.detach()
     return float(value)
 
 
@@ -268,6 +270,12 @@ def step(
         _loop = Emitter.from_env("loop")
     batches = [batch_digest(batch)] if batch is not None else None
     return _loop.step(step, loss, lr=lr, epoch=epoch, samples=samples, batches=batches, **extra)
+
+
+def new_session() -> None:
+    """Forget the plain loop's session: the next :func:`step` starts a new one (a second run in one process)."""
+    global _loop
+    _loop = None
 
 
 def stopped(checkpoint: str | None = None, saved: bool = True) -> None:

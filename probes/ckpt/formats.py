@@ -40,10 +40,8 @@ def numpy_globals() -> list[Any]:
     import numpy as np
 
     found: list[Any] = [np.ndarray, np.dtype]
-    for mod in ("_core", "core"):
-        multiarray = getattr(getattr(np, mod, None), "multiarray", None)
-        if multiarray is not None and hasattr(multiarray, "_reconstruct"):
-            found.append(multiarray._reconstruct)
+    core = np._core if hasattr(np, "_core") else np.core  # numpy 2 renamed numpy.core (1.x pickles name it)
+    found.append(core.multiarray._reconstruct)
     found += [type(np.dtype(t)) for t in ("uint32", "int64", "float64", "uint8", "int32", "float32")]
     return found
 
@@ -290,7 +288,7 @@ def detect(path: Path) -> str:
     if not path.is_dir():
         raise FormatError(f"{path}: no such file or directory")
     names = {p.name for p in path.iterdir()}
-    if ".metadata" in names:
+    if ".metadata" in names or any(n.endswith(".distcp") for n in names):  # a torn save has shards only
         return "dcp"
     if "trainer_state.json" in names:
         try:

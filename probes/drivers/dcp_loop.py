@@ -1,5 +1,5 @@
 """A plain 2-rank training loop that checkpoints with torch.distributed.checkpoint (DCP), as a hand-written
-trainer does: a DDP model, AdamW, a LambdaLR schedule, a ``latest`` pointer file naming the last checkpoint.
+trainer does: a DDP model, AdamW, a LambdaLR schedule, every rank's RNG state, a ``latest`` pointer file naming the last checkpoint.
 
     torchrun --nproc-per-node 2 -m probes.drivers.dcp_loop --output-dir OUT                # uninterrupted, 20 steps
     SPECPROBE_STOP_AT_STEP=10 torchrun --nproc-per-node 2 -m probes.drivers.dcp_loop ...    # session 1 stops at 10
@@ -94,8 +94,18 @@ class Loop:
         self.step = 0
 
     def state(self) -> dict[str, Any]:
+        """What a checkpoint holds; every rank's torch RNG state is gathered so each rank saves all of them (DCP
+        keeps one copy of a replicated tensor) and a resume restores its own."""
         model, optim = get_state_dict(self.model, self.opt)
-        return {"model": model, "optim": optim, "scheduler": self.sched.state_dict(), "loop": {"step": self.step}}
+        rng = [torch.empty_like(torch.get_rng_state()) for _ in range(self.world)]
+        dist.all_gather(rng, torch.get_rng_state())
+        return {
+            "model": model,
+            "optim": optim,
+            "scheduler": self.sched.state_dict(),
+            "rng": {f"rank{r}": t for r, t in enumerate(rng)},
+            "loop": {"step": self.step},
+        }
 
     def save(self) -> None:
         path = os.path.join(self.root, f"step-{self.step}")
@@ -116,6 +126,7 @@ class Loop:
         dcp.load(state, checkpoint_id=os.path.join(self.root, name))
         set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         self.sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"][f"rank{self.rank}"])
         self.step = int(state["loop"]["step"])
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
