@@ -194,7 +194,7 @@ def compare_group(group: str, pa: Part, pb: Part, rtol: float, atol: float, patt
     only_b = [n for n in keep_b if n not in keep_a]
     results = [compare_leaf(n, v, keep_b[n], rtol, atol) for n, v in keep_a.items() if n in keep_b]
     complete = not (pa.missing or pb.missing or doc["error"] or only_a or only_b)
-    biggest = max(results, key=lambda r: r.max_abs_diff or 0.0, default=None)
+    biggest = max((r for r in results if r.max_abs_diff is not None), key=lambda r: r.max_abs_diff, default=None)
     unequal = next((r for r in results if not r.equal), None)
     not_close = next((r for r in results if not r.close), None)
     doc.update(
@@ -209,7 +209,7 @@ def compare_group(group: str, pa: Part, pb: Part, rtol: float, atol: float, patt
             "n_nonfinite": sum(r.nonfinite for r in results),
             "max_abs_diff": biggest.max_abs_diff if biggest else None,
             "max_abs_diff_name": biggest.name if biggest and biggest.max_abs_diff else None,
-            "max_rel_diff": max((r.max_rel_diff or 0.0 for r in results), default=None),
+            "max_rel_diff": max((r.max_rel_diff for r in results if r.max_rel_diff is not None), default=None),
             "first_difference": _first(unequal, "first_unequal"),
             "first_not_close": _first(not_close, "first_not_close"),
             "only_in_a": _shown(only_a),

@@ -48,9 +48,11 @@ def numpy_globals() -> list[Any]:
 
 def _why(exc: BaseException) -> str:
     text = str(exc)
-    found = re.search(r"(Unsupported global: GLOBAL \S+|Unsupported operand \S+|Weights only load failed[^.\n]*)", text)
-    first = found.group(1) if found else (text.strip().splitlines() or [type(exc).__name__])[0]
-    return first[:300]
+    for pattern in (r"Unsupported global: GLOBAL \S+", r"Unsupported operand \S+", r"Weights only load failed[^.\n]*"):
+        found = re.search(pattern, text)
+        if found:  # torch's message is a page of advice; the line that says what was refused is enough
+            return found.group(0)[:300]
+    return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 class Reader:

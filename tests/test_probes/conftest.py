@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from probe_helpers import Run, dcp_session, split_run, whole_run
+from probe_helpers import Run, dcp_session, in_process, split_run, whole_run
 
 # ---- the shared runs -------------------------------------------------------------------------------------------
 
@@ -26,6 +26,8 @@ def hf_runs(probe_dir: Path) -> dict[str, Run]:
         "default": split_run(main, d / "default", 10),
         "broken_max_steps_stop": split_run(main, d / "max_steps", 10, ["--mode", "broken_max_steps_stop"]),
         "broken_no_optimizer_state": split_run(main, d / "no_opt", 10, ["--mode", "broken_no_optimizer_state"]),
+        # a stop at a step the save schedule never saves at: only the callback can make that checkpoint
+        "off_schedule": Run(d / "off", [in_process(main, ["--output-dir", str(d / "off"), "--save-steps", "50"], 7)]),
     }
 
 

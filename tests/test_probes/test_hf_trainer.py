@@ -56,3 +56,13 @@ def test_checkpoint_without_optimizer_state_restarts_adamw_and_the_warmup(hf_run
     at_stop = compare_paths(run.out / "checkpoint-10", hf_runs["default"].out / "checkpoint-10")
     assert at_stop["groups"]["optimizer"]["missing"] == {"a": ["optimizer.pt"], "b": []}
     assert at_stop["groups"]["model"]["equal"] and not at_stop["close"]
+
+
+def test_the_stop_saves_at_a_step_the_save_schedule_skips(hf_runs: dict[str, Run]) -> None:
+    (leg,) = hf_runs["off_schedule"].sessions
+    out = hf_runs["off_schedule"].out
+    assert [s["step"] for s in leg.steps] == list(range(1, 8))
+    assert leg.stop == {"step": 7, "checkpoint": str(out / "checkpoint-7"), "saved": True}
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-7"]
+    state = compare_paths(out / "checkpoint-7", out / "checkpoint-7")
+    assert state["equal"] and set(state["groups"]) == {"model", "optimizer", "scheduler", "rng", "trainer_state"}
