@@ -26,9 +26,8 @@ from typing import Any
 
 import torch
 
+from probes.ckpt import FORMATS
 from probes.ckpt.compare import Loaded, Part, flatten
-
-FORMATS = ("auto", "p4", "hf_trainer", "lightning", "accelerate", "dcp")
 
 
 class FormatError(ValueError):

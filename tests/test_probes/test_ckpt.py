@@ -5,6 +5,8 @@ and another scheduler step are each found and named; a bad or missing file is an
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -396,3 +398,25 @@ def test_command_prints_strict_json_and_refuses_bad_options(hf_runs: dict[str, R
     assert doc["ignore"] == ["trainer_state.*"]
     assert cli_main(["a", "b", "--atol", "nan"]) == 2
     assert "atol must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_without_torch_the_collector_says_what_to_install_in_one_line(tmp_path: Path) -> None:
+    # -S: no site-packages, so torch, numpy and safetensors cannot be imported, as in a core install
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from probes.ckpt.collector import MissingDependencies, collect\n"
+        "assert 'torch' not in sys.modules\n"
+        "try:\n"
+        "    collect({'a': 'x', 'b': 'y'}, {})\n"
+        "except MissingDependencies as exc:\n"
+        "    print(exc)\n"
+        "from probes.ckpt.__main__ import main\n"
+        "sys.exit(main(['x', 'y']))\n"
+    )
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.strip().startswith(
+        "the ckpt_compare collector needs pip install 'specprobe[probes]' (missing: torch"
+    )
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
