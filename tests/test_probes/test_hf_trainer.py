@@ -66,3 +66,28 @@ def test_the_stop_saves_at_a_step_the_save_schedule_skips(hf_runs: dict[str, Run
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-7"]
     state = compare_paths(out / "checkpoint-7", out / "checkpoint-7")
     assert state["equal"] and set(state["groups"]) == {"model", "optimizer", "scheduler", "rng", "trainer_state"}
+
+
+def test_one_line_and_an_explicit_callback_print_each_step_once(tmp_path, capsys, monkeypatch) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    import probes.auto
+    import probes.emit
+    from probes.drivers.common import Regressor, Samples
+
+    monkeypatch.setenv("SPECPROBE_STOP_AT_STEP", "3")
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=5,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    trainer = Trainer(model=Regressor(), args=args, train_dataset=Samples(), callbacks=[probes.emit.hf_callback()])
+    trainer.train()
+    lines = [line.split(" ", 1)[0] for line in capsys.readouterr().out.splitlines() if line.startswith("SPECPROBE_")]
+    assert lines == ["SPECPROBE_SESSION", *["SPECPROBE_STEP"] * 3, "SPECPROBE_STOP"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]  # saved once, though saving is off

@@ -57,3 +57,36 @@ def test_stopped_at_an_epoch_end_without_per_epoch_seeding_the_next_epoch_replay
     assert replayed == first_epoch  # the resumed epoch 1 draws the order the first session drew for epoch 0
     assert [ref[step]["batches"] for step in range(9, 17)] != first_epoch  # the uninterrupted run draws a new one
     assert first_difference(lightning_runs["broken_unseeded_epoch"].by_step(), ref, KEYS)[:2] == (9, "loss")
+
+
+def test_without_a_model_checkpoint_the_stop_saves_into_the_root_and_says_so(tmp_path, capsys, monkeypatch) -> None:
+    import json
+
+    import lightning as L
+    import torch
+
+    import probes.auto
+    import probes.emit
+    from probes.drivers.common import Samples
+    from probes.drivers.lightning_loop import LitRegressor
+
+    monkeypatch.setenv("SPECPROBE_STOP_AT_STEP", "3")
+    trainer = L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[probes.emit.lightning_callback()],
+    )
+    trainer.fit(LitRegressor(6), torch.utils.data.DataLoader(Samples(), batch_size=8))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SPECPROBE_")]
+    assert [line.split(" ", 1)[0] for line in lines] == ["SPECPROBE_SESSION", *["SPECPROBE_STEP"] * 3, "SPECPROBE_STOP"]
+    stop = json.loads(lines[-1].split(" ", 1)[1])
+    assert (
+        stop["checkpoint"] == str(tmp_path / "last.ckpt") and stop["saved"] and stop["via"] == "trainer.save_checkpoint"
+    )
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 3
