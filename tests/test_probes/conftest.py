@@ -1,5 +1,6 @@
 """The probe drivers' runs, made once per test session and shared by the tests that read them (probe_helpers.py
-says how a session runs)."""
+says how a session runs). Each set is built by the first xdist worker that asks, under a file lock, and read by the
+others from its pickle (trainer_helpers.shared): a worker that only compares checkpoints imports no trainer."""
 
 from __future__ import annotations
 
@@ -7,20 +8,19 @@ from pathlib import Path
 
 import pytest
 from probe_helpers import Run, dcp_session, in_process, split_run, whole_run
+from trainer_helpers import shared
 
 # ---- the shared runs -------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("probes")
+def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    return shared("probes-hf", tmp_path_factory, _hf_runs)
 
 
-@pytest.fixture(scope="session")
-def hf_runs(probe_dir: Path) -> dict[str, Run]:
+def _hf_runs(d: Path) -> dict[str, Run]:
     from probes.drivers.hf_trainer import main
 
-    d = probe_dir / "hf"
     return {
         "reference": whole_run(main, d / "reference"),
         "default": split_run(main, d / "default", 10),
@@ -32,10 +32,13 @@ def hf_runs(probe_dir: Path) -> dict[str, Run]:
 
 
 @pytest.fixture(scope="session")
-def lightning_runs(probe_dir: Path) -> dict[str, Run]:
+def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    return shared("probes-lightning", tmp_path_factory, _lightning_runs)
+
+
+def _lightning_runs(d: Path) -> dict[str, Run]:
     from probes.drivers.lightning_loop import main
 
-    d = probe_dir / "lightning"
     unseeded = ["--mode", "broken_unseeded_epoch"]
     return {
         "reference": whole_run(main, d / "reference"),
@@ -48,10 +51,13 @@ def lightning_runs(probe_dir: Path) -> dict[str, Run]:
 
 
 @pytest.fixture(scope="session")
-def accelerate_runs(probe_dir: Path) -> dict[str, Run]:
+def accelerate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    return shared("probes-accelerate", tmp_path_factory, _accelerate_runs)
+
+
+def _accelerate_runs(d: Path) -> dict[str, Run]:
     from probes.drivers.accelerate_loop import main
 
-    d = probe_dir / "accelerate"
     unseeded = ["--mode", "broken_unseeded_sampler"]
     return {
         "reference": whole_run(main, d / "reference"),
@@ -64,8 +70,11 @@ def accelerate_runs(probe_dir: Path) -> dict[str, Run]:
 
 
 @pytest.fixture(scope="session")
-def dcp_runs(probe_dir: Path) -> dict[str, Run]:
-    d = probe_dir / "dcp"
+def dcp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    return shared("probes-dcp", tmp_path_factory, _dcp_runs)
+
+
+def _dcp_runs(d: Path) -> dict[str, Run]:
 
     def argv(name: str, *extra: str) -> list[str]:
         return ["--output-dir", str(d / name), *extra]
