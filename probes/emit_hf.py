@@ -3,7 +3,8 @@
 
 Where each fact comes from, so that it is the one the Trainer itself used:
 
-- ``loss``: the Trainer's own logged training loss. The callback asks for a log every step (``control.should_log``),
+- ``loss``: the Trainer's own logged training loss (transformers 4 rounds it to 4 decimals; the session line then
+  says ``loss_rounded_to_decimals: 4``). The callback asks for a log every step (``control.should_log``),
   so it is that step's loss (averaged over ranks by the Trainer), and turns off ``logging_nan_inf_filter``, which
   otherwise logs a NaN loss as the running mean. Both change what is logged, not what is trained; the session line
   says so.
@@ -20,6 +21,7 @@ what ``trainer.train(resume_from_checkpoint=True)`` resumes from.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import transformers
@@ -64,6 +66,15 @@ class ProbeCallback(TrainerCallback):
             changed.append("logging_nan_inf_filter off")
         if model is not None:
             self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
+        rounded = {}
+        if int(transformers.__version__.split(".")[0]) < 5:
+            # transformers 4 logs round(loss, 4): said in the line and on stderr, never a silently coarse series
+            rounded = {"loss_rounded_to_decimals": 4}
+            if state.is_world_process_zero:
+                print(
+                    f"probes: transformers {transformers.__version__} rounds each logged loss to 4 decimals",
+                    file=sys.stderr,
+                )
         self.emitter.session(
             state.global_step,
             version=transformers.__version__,
@@ -73,6 +84,7 @@ class ProbeCallback(TrainerCallback):
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             output_dir=args.output_dir,
             changed=changed,
+            **rounded,
         )
 
     def _see_batch(self, module: Any, args: tuple, kwargs: dict) -> None:
