@@ -17,8 +17,8 @@ probe, not ``max_steps``, decides where a session stops (a shorter ``max_steps``
 
 - transformers.Trainer (:func:`hf_callback`): the checkpoint of step N is saved as the Trainer saves every checkpoint
   (``checkpoint-N/``, what ``resume_from_checkpoint=True`` picks up) and ``control.should_training_stop`` is set.
-- Lightning (:func:`lightning_callback`): ``trainer.save_checkpoint`` into the ModelCheckpoint's folder as
-  ``last.ckpt`` (what ``fit(ckpt_path="last")`` picks up), then ``trainer.should_stop``.
+- Lightning (:func:`lightning_callback`): the last checkpoint saved through the ModelCheckpoint that keeps one, as
+  its ``every_n_train_steps`` saves are (what ``fit(ckpt_path="last")`` picks up), then ``trainer.should_stop``.
 - A plain loop (:func:`step`): it returns True at step N; the loop saves as it saves at a preemption and leaves.
 
 The one line of a transformers or Lightning script is ``import probes.auto`` (:mod:`probes.auto`); a plain loop
