@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from mkdocs.structure.pages import Page
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "trainer")
+PACKAGES = ("engine", "trainer", "probes")
 MODULE_MAP_MARKER = "<!-- module map: generated from the tree by docs/hooks.py -->"
 
 
