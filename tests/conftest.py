@@ -18,10 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from hubserver import HubServer
-
-HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"  # recognisable: tests grep every output for it
-HUB_LFS_THRESHOLD = 1024  # files from 1 KB up take the LFS path in tests
+from hubserver import HUB_LFS_THRESHOLD, HUB_TOKEN, HubServer
 
 
 class SleepRecorder:
@@ -147,7 +144,7 @@ def pytest_configure(config: pytest.Config) -> None:
     machine can change or delete that cache under a test."""
     # Every process of the session may write bytecode, so each module is compiled once and read back after:
     # the install skips pip's up-front compile of all of torch (--no-compile), and a machine that sets
-    # PYTHONDONTWRITEBYTECODE (as this one does) would make every trainer process compile torch from source.
+    # PYTHONDONTWRITEBYTECODE would make every trainer process compile torch from source.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
     if hasattr(config.option, "loadscopereorder"):

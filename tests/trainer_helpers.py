@@ -12,8 +12,8 @@ import json
 import os
 import pickle
 import re
+import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from filelock import FileLock
+from processes import descendants, kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -39,25 +40,8 @@ def build_tiny_mix(
     out: Path, *, tokens: int = 60_000, val_tokens: int = 4_000, vocab: int = 512, seed: int = 0
 ) -> Path:
     """A synthetic mix for the `tiny` geometry, built by the real CLI; returns its root."""
-    cmd = [
-        PYTHON,
-        "-m",
-        "trainer.mix",
-        "build",
-        "--out",
-        str(out),
-        "--synthetic",
-        "--tokens",
-        str(tokens),
-        "--val-tokens",
-        str(val_tokens),
-        "--vocab",
-        str(vocab),
-        "--seed",
-        str(seed),
-        "--shards",
-        "2",
-    ]
+    cmd = [PYTHON, "-m", "trainer.mix", "build", "--out", str(out), "--synthetic", "--shards", "2"]
+    cmd += shlex.split(f"--tokens {tokens} --val-tokens {val_tokens} --vocab {vocab} --seed {seed}")
     r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"mix build failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -84,43 +68,13 @@ def trainer_args(
 ) -> list[str]:
     """The reference probe's command line (tiny geometry, CPU sizes), without the launcher."""
     tps = nproc * MICRO * ACCUM * SEQ_LEN
-    return [
-        "--root",
-        str(root),
-        "--out",
-        str(out),
-        "--hub-repo",
-        repo,
-        "--prune",
-        "--model",
-        "tiny",
-        "--seq-len",
-        str(SEQ_LEN),
-        "--attn",
-        "eager",
-        "--no-grad-ckpt",
-        "--micro-batch",
-        str(MICRO),
-        "--accum",
-        str(ACCUM),
-        "--tokens",
-        str(steps * tps),
-        "--lr",
-        str(lr),
-        "--warmup-steps",
-        "2",
-        "--push-every-steps",
-        str(push_every),
-        "--val-tokens",
-        str(val_tokens),
-        "--log-every",
-        "1",
-        "--resume",
-        resume,
-        "--stop-after-steps",
-        str(stop),
-        *extra,
-    ]
+    paths = ["--root", str(root), "--out", str(out), "--hub-repo", repo]  # one token each, whatever they hold
+    options = shlex.split(
+        f"--prune --model tiny --seq-len {SEQ_LEN} --attn eager --no-grad-ckpt --micro-batch {MICRO} "
+        f"--accum {ACCUM} --tokens {steps * tps} --lr {lr} --warmup-steps 2 --push-every-steps {push_every} "
+        f"--val-tokens {val_tokens} --log-every 1 --resume {resume} --stop-after-steps {stop}"
+    )
+    return [*paths, *options, *extra]
 
 
 def torchrun_cmd(args: Sequence[str], *, nproc: int = NPROC, log_dir: Path | None = None) -> list[str]:
@@ -157,38 +111,6 @@ class Run:
 
     def starting(self, prefix: str) -> list[str]:
         return [line for line in self.lines if line.startswith(prefix)]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of pid, from /proc (torchrun starts each worker in its OWN session, so
-    killing torchrun's process group alone would leave the ranks running)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL pid's process group and every descendant's group: a crash of the whole job at once."""
-    pids = [pid, *_descendants(pid)]
-    for q in pids:
-        for kill in (lambda q=q: os.killpg(os.getpgid(q), signal.SIGKILL), lambda q=q: os.kill(q, signal.SIGKILL)):
-            try:
-                kill()
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def run_trainer(
@@ -229,7 +151,7 @@ def run_trainer(
 
     def _expire() -> None:
         timed_out.set()
-        for q in [p.pid, *_descendants(p.pid)]:  # where each process sat, for the failure message
+        for q in [p.pid, *descendants(p.pid)]:  # where each process sat, for the failure message
             try:
                 cmdline = Path(f"/proc/{q}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
                 hung.append(f"pid {q} wchan={Path(f'/proc/{q}/wchan').read_text()} {cmdline}")
@@ -267,7 +189,7 @@ def run_trainer(
     if killed_at is not None:
         # Reap the whole tree before the caller touches the store: no rank may still be writing.
         for _ in range(100):
-            if not _descendants(p.pid):
+            if not descendants(p.pid):
                 break
             kill_tree(p.pid)
             time.sleep(0.05)

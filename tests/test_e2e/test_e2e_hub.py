@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
-from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN
-from hubserver import HubServer
+from hubserver import HUB_LFS_THRESHOLD, HUB_TOKEN, HubServer
+from processes import kill_tree
 from test_e2e_local import EngineRun, assert_every_check_passed, engine_env, run_engine, workdir_with_specs
-from trainer_helpers import TEE, kill_tree, tiny_mix, torchrun_cmd, trainer_args
+from trainer_helpers import TEE, tiny_mix, torchrun_cmd, trainer_args
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from trainer_helpers import kill_tree
+from processes import kill_tree
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN
-from hubserver import HubServer
+from hubserver import HUB_LFS_THRESHOLD, HUB_TOKEN, HubServer
 from trainer_helpers import (
     BASELINE_PUSH_EVERY,
     BASELINE_STEPS,
