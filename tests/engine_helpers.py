@@ -1,0 +1,130 @@
+"""Shared helpers for tests that drive the engine: one `engine` command's result, the spec files tests write,
+and the scriptable leg (tests/legs/leg.py).
+
+Import as `from engine_helpers import ...` (pytest puts tests/ on sys.path). The fixtures that run the engine,
+`engine` (in this process) and `engine_process` (a real program), are in tests/test_engine/conftest.py and
+call `in_process` and `as_process` here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LEG = str(Path(__file__).parent / "legs" / "leg.py")
+ENGINE = (sys.executable, "-m", "engine.cli")
+# A hang guard for an engine program, not a deadline: what a test asserts on its time it measures itself.
+HANG_S = 300
+RAN_CHECK = {"name": "ran", "why": "the leg ran", "expr": "steps.leg.rc == `0`"}
+
+
+@dataclass
+class Ran:
+    """What one `engine` command did: its exit code and what it printed on each stream."""
+
+    code: int
+    out: str
+    err: str
+
+    def __str__(self) -> str:
+        return f"exit {self.code}\n--- stdout\n{self.out}--- stderr\n{self.err}"
+
+
+def in_process(
+    args: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    cwd: Path | None = None,
+    env: Mapping[str, str | None] | None = None,
+) -> Ran:
+    """`engine ARGS` run by `engine.cli.main` in this process, in `cwd`, with `env` set (None unsets) for this
+    call only; an exception escaping it fails the test, as a traceback would."""
+    from engine.cli import main
+
+    capsys.readouterr()  # what the test printed before is not the engine's
+    before = _process_state()
+    with monkeypatch.context() as patch:
+        if cwd is not None:
+            patch.chdir(cwd)
+        for name, value in (env or {}).items():
+            if value is None:
+                patch.delenv(name, raising=False)
+            else:
+                patch.setenv(name, value)
+        code = main(list(args))
+    ran = Ran(int(code), *capsys.readouterr())
+    after = _process_state()
+    left = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    assert not left, f"engine {' '.join(args)} left this process changed for the tests after it: {left}\n{ran}"
+    return ran
+
+
+def _process_state() -> dict[str, object]:
+    """What an in-process run must leave as it found it."""
+    return {
+        "SIGINT": signal.getsignal(signal.SIGINT),
+        "SIGTERM": signal.getsignal(signal.SIGTERM),
+        "stdout": sys.stdout,
+        "stderr": sys.stderr,
+        "cwd": os.getcwd(),
+        **{f"${name}": value for name, value in os.environ.items()},
+    }
+
+
+def as_process(
+    args: tuple[str, ...],
+    cwd: Path | None = None,
+    env: Mapping[str, str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    command: tuple[str, ...] = ENGINE,
+    timeout: float = HANG_S,
+) -> Ran:
+    """`engine ARGS` as a program: `command` (python -m engine.cli by default) in `cwd`, its environment
+    `environ` (by default this process's, importing this checkout) with `env` over it (None unsets)."""
+    full = dict(os.environ, PYTHONPATH=str(ROOT)) if environ is None else dict(environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    done = subprocess.run(
+        [*command, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def engine_started(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """`engine ARGS` started as a program in `cwd`, both streams piped: for a test that signals it, or reads
+    and closes its output, while it runs."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [*ENGINE, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def write_spec(path: Path, spec: str | list[dict[str, Any]], /, **top: Any) -> Path:
+    """Write a spec file; its path. YAML text is written as it is (a test about the text: its lines, its
+    layout, a value YAML reads its own way). A list of steps becomes a document: version 1, the name `probe`,
+    a budget of 1000 s, no values, the check that the step `leg` exited 0, each replaced by what `top` gives."""
+    if isinstance(spec, str):
+        assert not top, "a spec given as text takes no fields"
+        path.write_text(spec)
+        return path
+    doc = {"version": 1, "name": "probe", "budget_s": 1000, "values": {}, "steps": spec, "checks": [RAN_CHECK]}
+    doc.update(top)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+    return path
+
+
+def leg(*actions: str, name: str = "leg", timeout_s: float = 60, **run: Any) -> dict[str, Any]:
+    """A step running tests/legs/leg.py with `actions` (see that file), under the spec's `python`."""
+    return {"name": name, "run": {"argv": ["${python}", LEG, *actions], "timeout_s": timeout_s, **run}}
