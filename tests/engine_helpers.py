@@ -8,13 +8,14 @@ call `in_process` and `as_process` here.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pytest
 import yaml
@@ -37,6 +38,10 @@ class Ran:
 
     def __str__(self) -> str:
         return f"exit {self.code}\n--- stdout\n{self.out}--- stderr\n{self.err}"
+
+
+# The fixtures' type: engine(*args, cwd=, env=, expect=) -> Ran.
+Engine = Callable[..., Ran]
 
 
 def in_process(
@@ -102,13 +107,16 @@ def as_process(
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-def engine_started(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    """`engine ARGS` started as a program in `cwd`, both streams piped: for a test that signals it, or reads
-    and closes its output, while it runs."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [*ENGINE, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def engine_started(*args: str, cwd: Path, **popen: Any) -> subprocess.Popen[str]:
+    """`engine ARGS` started as a program in `cwd`, both streams piped unless `popen` says otherwise: for a
+    test that signals it, or reads and closes its output, while it runs."""
+    how: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    return subprocess.Popen([*ENGINE, *args], cwd=cwd, env=dict(os.environ, PYTHONPATH=str(ROOT)), **how)
+
+
+# For engine_started: an engine killed from outside, its output not read, in a session of its own (as a
+# scheduler would start it; a SIGKILL reaches it alone, not the test).
+QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
 
 
 def write_spec(path: Path, spec: str | list[dict[str, Any]], /, **top: Any) -> Path:
@@ -128,3 +136,43 @@ def write_spec(path: Path, spec: str | list[dict[str, Any]], /, **top: Any) -> P
 def leg(*actions: str, name: str = "leg", timeout_s: float = 60, **run: Any) -> dict[str, Any]:
     """A step running tests/legs/leg.py with `actions` (see that file), under the spec's `python`."""
     return {"name": name, "run": {"argv": ["${python}", LEG, *actions], "timeout_s": timeout_s, **run}}
+
+
+def no_traceback(ran: Ran) -> None:
+    """The engine said what went wrong in words, not with a traceback."""
+    assert "Traceback" not in ran.out + ran.err, ran
+
+
+def evidence_of(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "evidence.json").read_text())
+
+
+# A secret the engine's tests hand to legs and look for everywhere afterwards.
+TOKEN = "hf_HOSTILE_TOKEN_5b7c9d1e3f"
+
+
+def mask(n: int) -> str:
+    """What a run-dir file holds where n bytes of a secret were."""
+    return ("<redacted>" + "*" * n)[:n] if n >= 10 else "*" * n
+
+
+def files_holding(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
+
+
+RANKS = str(Path(__file__).parent / "legs" / "ranks.py")
+
+
+def torchrun_leg(*args: str, timeout_s: int = 120) -> dict[str, Any]:
+    """A step running tests/legs/ranks.py with `args` under real torchrun: 2 ranks, their output teed and
+    logged under the run dir, which the diagnostics read when the leg fails."""
+    launch = "-m torch.distributed.run --nproc_per_node=2 --redirects 3 --tee 3 --log-dir ${run_dir}/tlogs"
+    run = {
+        "argv": ["${python}", *launch.split(), RANKS, *args],
+        "timeout_s": timeout_s,
+        "grace_s": 5,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "output": {"strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*"},
+        "on_failure": {"diagnostics": {"dir": "${run_dir}/tlogs"}},
+    }
+    return {"name": "leg", "run": run}

@@ -15,12 +15,10 @@ that runs legs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import pytest
-from engine_helpers import Ran, as_process, in_process
-
-Engine = Callable[..., Ran]
+from engine_helpers import Engine, Ran, as_process, in_process
 
 
 def _expecting(ran: Ran, expect: int | None) -> Ran:

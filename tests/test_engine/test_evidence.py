@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from engine_helpers import LEG, write_spec
 
 from engine.judge.verdict import Exit
 from engine.run import evidence
 
 ROOT = Path(__file__).resolve().parents[2]
-LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
 
 # Python's json (the trainer's) writes NaN and Infinity as bare tokens; the harvest reads them so.
 SPEC = """\
@@ -60,18 +57,9 @@ def strict_loads(text: str) -> object:
     return json.loads(text, parse_constant=refuse)
 
 
-def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
-    )
-
-
-def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(tmp_path: Path) -> None:
-    spec = tmp_path / "n.yaml"
-    spec.write_text(SPEC.format(leg=LEG))
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "n.yaml", SPEC.format(leg=LEG))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
     text = (tmp_path / "r" / "evidence.json").read_text()
     stored = strict_loads(text)["steps"]["leg1"]["harvest"]["run_json"]
     assert stored == {
@@ -88,7 +76,7 @@ def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(tmp_path
         "peak_is_finite": "FAIL",
         "low_below_zero": "PASS",
     }
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
     (record,) = (tmp_path / "r").glob("check-*.json")
     rechecked = {c["name"]: c["outcome"] for c in strict_loads(record.read_text())["checks"]}
     assert rechecked == live
