@@ -92,9 +92,11 @@ def as_process(
     environ: Mapping[str, str] | None = None,
     command: tuple[str, ...] = ENGINE,
     timeout: float = HANG_S,
+    preexec: Callable[[], None] | None = None,
 ) -> Ran:
     """`engine ARGS` as a program: `command` (python -m engine.cli by default) in `cwd`, its environment
-    `environ` (by default this process's, importing this checkout) with `env` over it (None unsets)."""
+    `environ` (by default this process's, importing this checkout) with `env` over it (None unsets);
+    `preexec` runs in the child before it starts (a resource limit)."""
     full = dict(os.environ, PYTHONPATH=str(ROOT)) if environ is None else dict(environ)
     for name, value in (env or {}).items():
         if value is None:
@@ -102,7 +104,7 @@ def as_process(
         else:
             full[name] = value
     done = subprocess.run(
-        [*command, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout, check=False
+        [*command, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec
     )
     return Ran(done.returncode, done.stdout, done.stderr)
 
