@@ -140,6 +140,11 @@ def leg(*actions: str, name: str = "leg", timeout_s: float = 60, **run: Any) -> 
     return {"name": name, "run": {"argv": ["${python}", LEG, *actions], "timeout_s": timeout_s, **run}}
 
 
+def python_leg(code: str, *args: str, name: str = "leg", timeout_s: float = 60, **run: Any) -> dict[str, Any]:
+    """A step running `python -c CODE ARGS` under the spec's `python`."""
+    return {"name": name, "run": {"argv": ["${python}", "-c", code, *args], "timeout_s": timeout_s, **run}}
+
+
 def no_traceback(ran: Ran) -> None:
     """The engine said what went wrong in words, not with a traceback."""
     assert "Traceback" not in ran.out + ran.err, ran

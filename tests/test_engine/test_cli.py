@@ -66,16 +66,7 @@ def last_line(text: str) -> str:
 def test_run_pass_writes_evidence_junit_markdown(engine, tmp_path):
     spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP, checks=CHECK_STEP + CHECK_RC))
     r = engine(
-        "run",
-        str(spec),
-        "--run-dir",
-        "r1",
-        "--junit",
-        "out/j.xml",
-        "--markdown",
-        "out/s.md",
-        cwd=tmp_path,
-        expect=Exit.PASS,
+        "run", str(spec), *"--run-dir r1 --junit out/j.xml --markdown out/s.md".split(), cwd=tmp_path, expect=Exit.PASS
     )
     assert last_line(r.out).startswith("VERDICT demo PASS [] seconds ")
     assert f"run dir: {tmp_path / 'r1'}" in r.out

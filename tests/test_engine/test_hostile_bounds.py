@@ -16,6 +16,7 @@ from engine_helpers import (
     evidence_of,
     leg,
     no_traceback,
+    python_leg,
     write_spec,
 )
 
@@ -174,9 +175,7 @@ def test_a_command_collector_printing_too_much_is_an_error_in_bounded_memory(eng
 
 def test_output_without_newlines_is_cut_per_line_and_kept_small(engine, tmp_path):
     code = "import sys\nfor _ in range(50): sys.stdout.write('y' * (1 << 20))\nsys.exit(1)"
-    spec = write_spec(
-        tmp_path / "s.yaml", [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
-    )
+    spec = write_spec(tmp_path / "s.yaml", [python_leg(code)])
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)
     assert (tmp_path / "r" / "evidence.json").stat().st_size < 200_000
@@ -190,16 +189,7 @@ def test_a_run_json_line_over_the_line_limit_says_so(engine, tmp_path):
     code = "print('RUN_JSON {\"pad\": \"' + 'z' * (3 << 20) + '\"}')"
     spec = write_spec(
         tmp_path / "s.yaml",
-        [
-            {
-                "name": "leg",
-                "run": {
-                    "argv": ["${python}", "-c", code],
-                    "timeout_s": 60,
-                    "output": {"harvest": {"rj": {"marker": "RUN_JSON "}}},
-                },
-            }
-        ],
+        [python_leg(code, output={"harvest": {"rj": {"marker": "RUN_JSON "}}})],
     )
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     no_traceback(proc)

@@ -17,6 +17,7 @@ from engine_helpers import (
     files_holding,
     leg,
     no_traceback,
+    python_leg,
     write_spec,
 )
 
@@ -29,16 +30,12 @@ def test_run_json_nested_100000_deep_or_with_a_5000_digit_integer_is_a_harvest_e
     spec = write_spec(
         tmp_path / "s.yaml",
         [
-            {
-                "name": "leg",
-                "run": {
-                    "argv": ["${python}", "-c", code],
-                    "timeout_s": 60,
-                    "output": {
-                        "harvest": {"deep": {"marker": "DEEP "}, "big": {"marker": "BIG "}, "fine": {"marker": "FINE "}}
-                    },
+            python_leg(
+                code,
+                output={
+                    "harvest": {"deep": {"marker": "DEEP "}, "big": {"marker": "BIG "}, "fine": {"marker": "FINE "}}
                 },
-            }
+            )
         ],
         checks=[{"name": "fine", "why": "the sane marker is still read", "expr": "steps.leg.harvest.fine.n == `1`"}],
     )
@@ -102,9 +99,7 @@ def test_a_report_that_became_unwritable_during_the_run_is_an_error_before_the_v
     # The leg turns the report's directory into a file: the check at the start passed.
     (tmp_path / "out").mkdir()
     code = "import shutil; shutil.rmtree('out'); open('out', 'w').close()"
-    spec = write_spec(
-        tmp_path / "s.yaml", [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
-    )
+    spec = write_spec(tmp_path / "s.yaml", [python_leg(code)])
     proc = engine("run", str(spec), "--run-dir", "r", "--junit", "out/junit.xml", cwd=tmp_path)
     no_traceback(proc)
     assert proc.code == 2 and "could not write the report out/junit.xml" in proc.err
@@ -199,12 +194,7 @@ def test_what_a_replay_writes_from_a_bundle_passes_the_secret_filter(engine, tmp
     proc = engine(
         "replay",
         str(tmp_path / "s.yaml"),
-        "--evidence",
-        "r",
-        "--junit",
-        "j.xml",
-        "--markdown",
-        "m.md",
+        *"--evidence r --junit j.xml --markdown m.md".split(),
         cwd=tmp_path,
         env={"HF_TOKEN": TOKEN},
     )
@@ -269,12 +259,7 @@ def test_control_characters_from_a_leg_reach_neither_the_terminal_nor_the_junit(
     code = f"import sys; print('KEY> ' + {nasty!r}); print('Error ' + {nasty!r}); sys.exit(1)"
     spec = write_spec(
         tmp_path / "s.yaml",
-        [
-            {
-                "name": "leg",
-                "run": {"argv": ["${python}", "-c", code], "timeout_s": 60, "output": {"echo_prefixes": ["KEY>"]}},
-            }
-        ],
+        [python_leg(code, output={"echo_prefixes": ["KEY>"]})],
     )
     proc = engine("run", str(spec), "--run-dir", "r", "--junit", "j.xml", cwd=tmp_path)
     no_traceback(proc)
@@ -290,7 +275,7 @@ BIDI = "\u202e\u2066\u200f\u061c"  # right-to-left override, left-to-right isola
 def test_bidirectional_controls_from_a_spec_or_a_leg_reach_every_report_escaped(engine, tmp_path):
     code = f"import sys; print('Error ' + {BIDI!r} + 'yrros'); sys.exit(1)"
     check = {"name": "ok", "why": f"passes {BIDI}", "expr": f"steps.leg.rc == `0` && 'a{BIDI}b' != ''"}
-    steps = [{"name": "leg", "run": {"argv": ["${python}", "-c", code], "timeout_s": 60}}]
+    steps = [python_leg(code)]
     old = write_spec(tmp_path / "old.yaml", steps)
     new = write_spec(tmp_path / "new.yaml", steps, checks=[check])
     reports = ("--junit", "j.xml", "--markdown", "m.md", "--html", "h.html")

@@ -15,6 +15,7 @@ from engine_helpers import (
     leg,
     mask,
     no_traceback,
+    python_leg,
     torchrun_leg,
     write_spec,
 )
@@ -81,19 +82,12 @@ def test_a_secret_with_a_quote_a_backslash_and_an_umlaut_leaks_in_no_encoded_for
     )
     spec = write_spec(
         tmp_path / "s.yaml",
-        [{"name": "leg", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}}],
+        [python_leg(code, "${run_dir}")],
     )
     proc = engine(
         "run",
         str(spec),
-        "--run-dir",
-        "r",
-        "--junit",
-        "j.xml",
-        "--markdown",
-        "m.md",
-        "--html",
-        "h.html",
+        *"--run-dir r --junit j.xml --markdown m.md --html h.html".split(),
         cwd=tmp_path,
         env={"DB_PASSWORD": ODD_SECRET},
     )
@@ -140,9 +134,7 @@ def test_the_reports_of_a_run_show_a_secret_in_a_step_error_redacted(engine, tmp
         checks=[{"name": "c", "why": "w", "expr": "steps.wipe.status == 'ok'"}],
         values={"api_token": TOKEN},
     )
-    proc = engine(
-        "run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html", cwd=tmp_path
-    )
+    proc = engine("run", str(spec), *"--run-dir r --junit j.xml --markdown m.md --html h.html".split(), cwd=tmp_path)
     no_traceback(proc)
     assert proc.code == 5 and "refusing to remove /etc/<redacted>" in proc.out
     assert TOKEN not in proc.out + proc.err
@@ -199,7 +191,7 @@ def test_masking_a_hard_linked_file_leaves_the_file_outside_the_run_dir_as_it_wa
     code = f"import os, sys; os.link({str(outside)!r}, os.path.join(sys.argv[1], 'linked.txt'))"
     spec = write_spec(
         tmp_path / "s.yaml",
-        [{"name": "leg", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}}],
+        [python_leg(code, "${run_dir}")],
     )
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
     no_traceback(proc)
@@ -224,10 +216,7 @@ def test_a_file_rewritten_with_a_secret_and_its_times_put_back_is_masked(engine,
         "        fh.write(os.environ['HF_TOKEN'])\n"
         "    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
     )
-    steps = [
-        {"name": name, "run": {"argv": ["${python}", "-c", code, "${run_dir}", name], "timeout_s": 60}}
-        for name in ("clean", "dirty")
-    ]
+    steps = [python_leg(code, "${run_dir}", name, name=name) for name in ("clean", "dirty")]
     spec = write_spec(tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.dirty.rc == `0`"}])
     proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"HF_TOKEN": TOKEN})
     no_traceback(proc)
@@ -241,7 +230,7 @@ def test_a_symlink_a_leg_left_at_a_later_steps_log_name_is_replaced_not_written_
     victim.write_text("keep me\n")
     code = f"import os, sys; os.symlink({str(victim)!r}, os.path.join(sys.argv[1], 'logs', 'second.log'))"
     steps = [
-        {"name": "first", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}},
+        python_leg(code, "${run_dir}", name="first"),
         {"name": "second", "run": {"argv": ["${python}", LEG, "the second leg's output"], "timeout_s": 60}},
     ]
     spec = write_spec(
@@ -279,7 +268,7 @@ def test_a_secret_a_later_leg_writes_into_an_earlier_steps_log_is_masked(engine,
     code = "import os, sys; open(os.path.join(sys.argv[1], 'logs', 'first.log'), 'a').write(os.environ['HF_TOKEN'])"
     steps = [
         {"name": "first", "run": {"argv": ["${python}", LEG, "the first leg"], "timeout_s": 60}},
-        {"name": "second", "run": {"argv": ["${python}", "-c", code, "${run_dir}"], "timeout_s": 60}},
+        python_leg(code, "${run_dir}", name="second"),
     ]
     spec = write_spec(
         tmp_path / "s.yaml", steps, checks=[{"name": "ran", "why": "w", "expr": "steps.second.rc == `0`"}]
@@ -297,12 +286,7 @@ def test_a_failing_torchrun_leg_leaves_its_token_in_no_file_and_no_output(engine
     proc = engine_process(
         "run",
         str(spec),
-        "--run-dir",
-        "r",
-        "--junit",
-        "j.xml",
-        "--markdown",
-        "m.md",
+        *"--run-dir r --junit j.xml --markdown m.md".split(),
         cwd=tmp_path,
         timeout=300,
         env={"HF_TOKEN": TOKEN},

@@ -172,24 +172,12 @@ RECHECKED = re.compile(
 def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now(engine, tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "s.yaml", lossy_spec())
     r = engine(
-        "run", str(spec), "--run-dir", "r", "--markdown", "run.md", "--html", "run.html", cwd=tmp_path, expect=Exit.PASS
+        "run", str(spec), *"--run-dir r --markdown run.md --html run.html".split(), cwd=tmp_path, expect=Exit.PASS
     )
     # A run's own reports are not re-checks.
     assert "re-checked" not in (tmp_path / "run.md").read_text() + (tmp_path / "run.html").read_text() + r.out
     write_spec(spec, lossy_spec(ceiling="4.0"))  # the run had 6.0: its loss 5.4 is over the new ceiling
-    r = engine(
-        "check",
-        str(spec),
-        "--evidence",
-        "r",
-        "--markdown",
-        "m.md",
-        "--html",
-        "h.html",
-        "--junit",
-        "j.xml",
-        cwd=tmp_path,
-    )
+    r = engine("check", str(spec), *"--evidence r --markdown m.md --html h.html --junit j.xml".split(), cwd=tmp_path)
     assert r.code == Exit.FAILED, r.out + r.err
     sha = hashlib.sha256(spec.read_bytes()).hexdigest()  # the spec as it is now, not as it ran
     lines = r.out.splitlines()
