@@ -183,3 +183,11 @@ def torchrun_leg(*args: str, timeout_s: int = 120) -> dict[str, Any]:
         "on_failure": {"diagnostics": {"dir": "${run_dir}/tlogs"}},
     }
     return {"name": "leg", "run": run}
+
+
+def git(repo: Path, *args: str) -> str:
+    """`git ARGS` in `repo` as a fixed author, whatever the machine's git configuration; its output."""
+    who = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com"}
+    env = {**os.environ, **who, "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    command = ["git", "-c", "commit.gpgsign=false", *args]
+    return subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True, text=True).stdout

@@ -14,7 +14,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from engine_helpers import Engine
+from engine_helpers import Engine, git
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "specs").glob("*.yaml"))
@@ -81,9 +81,8 @@ def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_ru
 ) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv*", ".git", "*.egg-info", "runs", "__pycache__"))
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
-        assert run(git + cmd, cwd=repo).returncode == 0
+        git(repo, *cmd)
     smoke = repo / "specs" / "p4_smoke.yaml"
     assert "\nchecks:" not in smoke.read_text()  # the check below is the spec's own, after the library's
     smoke.write_text(smoke.read_text() + REGEX_CHECK)

@@ -8,12 +8,11 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from engine_helpers import LEG, write_spec
+from engine_helpers import LEG, git, write_spec
 
 from engine.judge.recheck import describe_change
 from engine.judge.verdict import Exit, run_status
@@ -203,11 +202,10 @@ def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now
 def test_a_recheck_names_the_specs_git_commit_and_says_when_the_spec_differs_from_it(engine, tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "s.yaml", lossy_spec())
     engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
-    subprocess.run([*git, "add", "s.yaml"], cwd=tmp_path, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "spec"], cwd=tmp_path, check=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "s.yaml")
+    git(tmp_path, "commit", "-q", "-m", "spec")
+    commit = git(tmp_path, "rev-parse", "HEAD")
     head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).out.splitlines()[0])
     assert head is not None and head.groups() == (f"git {commit[:12]}", "0")
     write_spec(spec, lossy_spec(ceiling="4.0"))

@@ -14,28 +14,17 @@ import math
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable
 
 import pytest
+from engine_helpers import git
 
 from engine.cli import main as engine_main
 from engine.diff.review import EXIT_INVALID, EXIT_RISKY, EXIT_SAFE, WHY_RISKY, build_review, render_review
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "specs" / "review" / "specs"
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
 def run_probe(repo: Path, run_dir: str = "evidence/probe", mode: str = "smoke") -> None:
