@@ -191,3 +191,37 @@ def git(repo: Path, *args: str) -> str:
     env = {**os.environ, **who, "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
     command = ["git", "-c", "commit.gpgsign=false", *args]
     return subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+# What the spec fuzzers put together into spec texts: YAML's punctuation, anchors and scalars, and the
+# keys of a step. Each fuzzer adds the pieces of its own aim.
+YAML_PIECES = [
+    "---\n",
+    "version: 1\n",
+    "steps:\n",
+    "checks:\n",
+    "values:\n",
+    "modes:\n",
+    "- ",
+    "  ",
+    "run: ",
+    "argv: ",
+    "remove: ",
+    "collect: ",
+    "{",
+    "}",
+    "[",
+    "]",
+    ", ",
+    ": ",
+    "&a ",
+    "*a",
+    "`1`",
+    "'",
+    '"',
+    "\t",
+    "\n",
+    "eval: ",
+    "!!python/object:os.system",
+    "? ",
+]

@@ -34,6 +34,12 @@ TEE = re.compile(r"^\[(?:default|rank|worker)\d*\]:\s*")  # torchrun --tee prefi
 NPROC = 2
 SEQ_LEN, MICRO, ACCUM = 32, 2, 2
 TOKENS_PER_STEP = NPROC * MICRO * ACCUM * SEQ_LEN
+# A valid command line of the tiny recipe (6 steps on 2 ranks) whose paths lead nowhere: for what the trainer
+# decides from its arguments alone, before it reads a mix or a store.
+PLAN_ARGS = shlex.split(
+    "--root /nonexistent/mix --out /tmp/x --hub-repo file:///tmp/s/o/n --model tiny --seq-len 32 --micro-batch 2 "
+    "--accum 2 --tokens 1536"
+)
 
 
 def build_tiny_mix(

@@ -325,21 +325,24 @@ def test_a_gate_the_saved_run_failed_already_at_the_base_is_no_new_risk(repo: Pa
     assert "saved run: FAIL (5/6 gates pass)" in text
 
 
-def test_a_tightened_threshold_is_classified_with_its_numbers(repo: Path) -> None:
-    SAFE["tighten_a_value_threshold"](repo)
-    commit(repo, "tighten")
+def safe_change_reviewed(repo: Path, case: str) -> str:
+    """The review of the safe change `case`, committed on the branch: what it says (it exits 0)."""
+    SAFE[case](repo)
+    commit(repo, case)
     rc, text, _ = review()
-    assert rc == EXIT_SAFE
+    assert rc == EXIT_SAFE, text
+    return text
+
+
+def test_a_tightened_threshold_is_classified_with_its_numbers(repo: Path) -> None:
+    text = safe_change_reviewed(repo, "tighten_a_value_threshold")
     assert "    ~ check loss_below_max (unchanged; reads a changed value) on run " in text
     assert ": tightened  (specs/lib/common.yaml:" in text
     assert "on this run: 2.25 < 3 PASS (margin 0.75) -> 2.25 < 2.5 PASS (margin 0.25)" in text
 
 
 def test_a_let_rewrite_is_unchanged_on_the_saved_run(repo: Path) -> None:
-    SAFE["rewrite_a_check_through_let"](repo)
-    commit(repo, "let")
-    rc, text, _ = review()
-    assert rc == EXIT_SAFE
+    text = safe_change_reviewed(repo, "rewrite_a_check_through_let")
     assert "changed check loss_below_max on run " in text
     assert ": unchanged on this run (the same expression once its `let:` names are written out)" in text
 

@@ -14,7 +14,7 @@ import sys
 import warnings
 
 import pytest
-from trainer_helpers import REPO_ROOT
+from trainer_helpers import PLAN_ARGS, REPO_ROOT
 
 from trainer.log import setup_logging
 from trainer.options import ModelOptions, OptionError, env_names
@@ -140,27 +140,9 @@ def test_config_changes_name_the_field_with_old_and_new_values():
 
 
 def test_trainer_refuses_a_bad_option_value_with_exit_2_before_any_work():
-    args = [
-        "--root",
-        "/nonexistent/mix",
-        "--out",
-        "/tmp/x",
-        "--hub-repo",
-        "file:///tmp/s/o/n",
-        "--model",
-        "tiny",
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--accum",
-        "2",
-        "--tokens",
-        "1536",
-    ]
     env = {"PATH": "/usr/bin:/bin", "SPECPROBE_FP32_WGRAD": "on"}
     r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *args],
+        [sys.executable, "-m", "trainer.train", *PLAN_ARGS],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

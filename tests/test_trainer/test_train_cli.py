@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from trainer_helpers import REPO_ROOT
+from trainer_helpers import PLAN_ARGS, REPO_ROOT
 
 from trainer.cli import (
     UsageError,
@@ -33,26 +33,7 @@ from trainer.preflight import check as preflight_check
 from trainer.snapshot import HostBuffers, copy_runs, snapshot_diff
 from trainer.train import session_tok_per_s
 
-BASE = [
-    "--root",
-    "/nonexistent/mix",
-    "--out",
-    "/tmp/x",
-    "--hub-repo",
-    "file:///tmp/s/o/n",
-    "--model",
-    "tiny",
-    "--seq-len",
-    "32",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "2",
-    "--tokens",
-    "1536",
-    "--push-every-steps",
-    "2",
-]
+BASE = [*PLAN_ARGS, "--push-every-steps", "2"]
 
 
 def plan_of(*extra: str, world_size: int = 2, max_seq: int = 2048):
