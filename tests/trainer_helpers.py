@@ -94,6 +94,15 @@ def single_cmd(args: Sequence[str]) -> list[str]:
     return [PYTHON, "-m", "trainer.train", *args]
 
 
+def trainer_cli(
+    *args: str, env: dict[str, str] | None = None, module: str = "trainer.train"
+) -> subprocess.CompletedProcess[str]:
+    """`python -m MODULE ARGS` (the trainer by default) in one process, for what it decides before any work (a
+    usage error, exit 2; a preflight); `env`, when given, is its whole environment."""
+    command = [PYTHON, "-m", module, *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -127,6 +136,7 @@ def run_trainer(
     on_line: Callable[[str], None] | None = None,
     env: dict[str, str] | None = None,
     kill_after: str | None = None,
+    cwd: Path = REPO_ROOT,
 ) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
@@ -134,11 +144,11 @@ def run_trainer(
     crash at that phase: no handler, no flush, no cleanup); with kill_after, only a match after a line
     matching kill_after counts (the second push of a step: final/). on_line: called with every line as it
     arrives (to change the world at a precise phase, e.g. break the store). env: set on top of the
-    test environment."""
+    test environment. cwd: where it runs (the checkout by default)."""
     t0 = time.time()
     p = subprocess.Popen(
         list(cmd),
-        cwd=REPO_ROOT,
+        cwd=cwd,
         env={**_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -21,8 +21,6 @@ from engine.spec.located import SpecErrors
 from engine.spec.plan import build_plan
 from engine.spec.validate import findings
 
-ROOT = Path(__file__).resolve().parents[2]
-
 # Two legs that report like the trainer; one check written once for both stops.
 SPEC = """\
 version: 1

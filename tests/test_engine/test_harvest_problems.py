@@ -15,33 +15,25 @@ from engine.judge.verdict import Exit
 from engine.run.lines import Block
 from engine.run.output import Capture, compile_rules, harvest_problems
 
-ROOT = Path(__file__).resolve().parents[2]
-
-SPEC = """\
-version: 1
-name: harvesting
-description: a leg whose marker lines may disagree or not parse
-budget_s: 100
-values:
-  want: 12
-steps:
-  - name: leg1
-    run:
-      argv: {argv}
-      timeout_s: 30
-      output:
-        harvest:
-          run_json: {{marker: "RUN_JSON ", pick: last{opts}}}
-checks:
-  - name: final_step_is_wanted
-    why: the leg reports the step it stopped at
-    expr: "steps.leg1.harvest.run_json.final_step == values.want"
-"""
+WANTED = {
+    "name": "harvesting",
+    "budget_s": 100,
+    "values": {"want": 12},
+    "checks": [
+        {
+            "name": "final_step_is_wanted",
+            "why": "the leg reports the step it stopped at",
+            "expr": "steps.leg1.harvest.run_json.final_step == values.want",
+        }
+    ],
+}
 
 
-def harvest_spec(*lines: str, opts: str = "") -> str:
-    argv = json.dumps([sys.executable, LEG, *lines])
-    return SPEC.format(argv=argv.replace("${", "$${"), opts=opts)
+def harvesting(path: Path, *lines: str, **opts: str) -> Path:
+    """A spec whose leg prints `lines` and harvests the last RUN_JSON, with the harvest options `opts`."""
+    rule = {"marker": "RUN_JSON ", "pick": "last", **opts}
+    run = {"argv": [sys.executable, LEG, *lines], "timeout_s": 30, "output": {"harvest": {"run_json": rule}}}
+    return write_spec(path, [{"name": "leg1", "run": run}], **WANTED)
 
 
 def feed(run: dict, *lines: str) -> Capture:
@@ -91,9 +83,7 @@ def test_problems_name_the_log_lines_and_honour_the_opt_ins() -> None:
 
 def test_disagreeing_markers_fail_the_verdict_in_every_report(engine, tmp_path: Path) -> None:
     # The check itself passes on the last marker: only the conflict can fail this run.
-    spec = write_spec(
-        tmp_path / "h.yaml", harvest_spec("hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}')
-    )
+    spec = harvesting(tmp_path / "h.yaml", "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}')
     r = engine(
         "run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "s.md", cwd=tmp_path, expect=Exit.FAILED
     )
@@ -117,12 +107,7 @@ def test_disagreeing_markers_fail_the_verdict_in_every_report(engine, tmp_path: 
     assert "Failed: `harvest:leg1.run_json`" in md
 
     # Opting in later is honoured by `engine check` (the evidence records facts; the spec judges).
-    write_spec(
-        spec,
-        harvest_spec(
-            "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}', opts=", on_conflict: pick"
-        ),
-    )
+    harvesting(spec, "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}', on_conflict="pick")
     r = engine("check", str(spec), "--evidence", "r", "--junit", "j2.xml", cwd=tmp_path, expect=Exit.PASS)
     row = next(x for x in r.out.splitlines() if x.startswith("harvest:leg1.run_json"))
     assert " note " in row and row.endswith("(on_conflict: pick)")
@@ -131,21 +116,19 @@ def test_disagreeing_markers_fail_the_verdict_in_every_report(engine, tmp_path: 
 
 
 def test_a_malformed_marker_after_a_valid_one_fails_unless_skipped(engine, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "h.yaml", harvest_spec('RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1'))
+    spec = harvesting(tmp_path / "h.yaml", 'RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1')
     r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
     assert r.out.splitlines()[-1].startswith('VERDICT harvesting FAIL ["harvest:leg1.run_json"]')
     assert "malformed: logs/leg1.log line 2: 'RUN_JSON ' followed by invalid JSON" in r.out
-    write_spec(
-        spec, harvest_spec('RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1', opts=", on_malformed: skip")
-    )
+    harvesting(spec, 'RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1', on_malformed="skip")
     r = engine("run", str(spec), "--run-dir", "r2", cwd=tmp_path, expect=Exit.PASS)
     assert "(on_malformed: skip)" in r.out
 
 
 def test_harvest_opt_ins_are_validated_and_shown_by_plan(engine, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "h.yaml", harvest_spec("x", opts=", on_conflict: last_wins"))
+    spec = harvesting(tmp_path / "h.yaml", "x", on_conflict="last_wins")
     r = engine("validate", str(spec), cwd=tmp_path, expect=Exit.USAGE)
     assert "on_conflict" in r.out
-    write_spec(spec, harvest_spec("x", opts=", on_conflict: pick"))
+    harvesting(spec, "x", on_conflict="pick")
     r = engine("plan", str(spec), cwd=tmp_path)
     assert "harvest: run_json <- 'RUN_JSON ' (last, on_conflict pick)" in r.out

@@ -111,24 +111,11 @@ def test_changed_output_rules_are_refused_by_check_but_not_the_judging_options(e
 
 def test_evidence_of_another_spec_is_refused_naming_both(engine, tmp_path: Path) -> None:
     shutil.copytree(ROOT / "evidence" / "p4_soak", tmp_path / "p4_soak")
-    r = engine(
-        "check",
-        str(ROOT / "specs" / "p4_smoke.yaml"),
-        "--evidence",
-        str(tmp_path / "p4_soak"),
-        cwd=tmp_path,
-        expect=Exit.USAGE,
-    )
+    saved = ("--evidence", str(tmp_path / "p4_soak"))
+    r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), *saved, cwd=tmp_path, expect=Exit.USAGE)
     assert "evidence of spec 'p4_soak' (specs/p4_soak.yaml), not of spec 'p4_smoke'" in r.err
     assert r.out == "" and not list((tmp_path / "p4_soak").glob("check-*.json"))
-    r = engine(
-        "check",
-        str(ROOT / "specs" / "p4_soak.yaml"),
-        "--evidence",
-        str(tmp_path / "p4_soak"),
-        cwd=tmp_path,
-        expect=Exit.PASS,
-    )
+    engine("check", str(ROOT / "specs" / "p4_soak.yaml"), *saved, cwd=tmp_path, expect=Exit.PASS)
 
 
 def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(engine, tmp_path: Path) -> None:

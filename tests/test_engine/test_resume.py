@@ -13,8 +13,6 @@ from engine_helpers import LEG, Engine, write_spec
 
 from engine.judge.verdict import Exit
 
-ROOT = Path(__file__).resolve().parents[2]
-
 SPEC = """\
 version: 1
 name: resumable

@@ -325,6 +325,13 @@ def test_a_gate_the_saved_run_failed_already_at_the_base_is_no_new_risk(repo: Pa
     assert "saved run: FAIL (5/6 gates pass)" in text
 
 
+def risky_lines() -> tuple[list[str], str]:
+    """The lines `engine review` marks risky, and its whole text (it exits 1 and says nothing on stderr)."""
+    rc, text, err = review()
+    assert (rc, err) == (EXIT_RISKY, ""), text
+    return [line for line in text.splitlines() if line.startswith("  ! ")], text
+
+
 def safe_change_reviewed(repo: Path, case: str) -> str:
     """The review of the safe change `case`, committed on the branch: what it says (it exits 0)."""
     SAFE[case](repo)
@@ -523,9 +530,7 @@ def test_a_let_pinned_to_a_constant_names_what_it_read_before(repo: Path) -> Non
     git(repo, "checkout", "-q", "-B", "pr")
     edit(repo, LIB, "loss: steps.leg2.harvest.run_json.final_loss", 'loss: "sub(values.loss_max, `1`)"')
     commit(repo, "pin the loss one under the ceiling")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    risky = [line for line in text.splitlines() if line.startswith("  ! ")]
+    risky, text = risky_lines()
     assert risky == [
         "  ! gate pinned to a constant in specs/probe.yaml [mode smoke, soak]: gate `loss_below_max`: `loss` is "
         "now ``sub(values.loss_max, `1`)``, the spec's 2.0 on every run (it was "
@@ -570,9 +575,7 @@ def test_a_timeout_cut_below_what_the_saved_run_took_is_risky_with_both_numbers(
     took, run = saved_smoke_leg1()
     assert took > 3
     edit(shipped, SEGMENT, SMOKE_TIMEOUTS, SMOKE_TIMEOUTS.replace("t_leg1: 1200,", "t_leg1: 3,"))
-    rc, text, err = review()
-    assert (rc, err) == (EXIT_RISKY, ""), text
-    risky = [line for line in text.splitlines() if line.startswith("  ! ")]
+    risky, text = risky_lines()
     assert risky == [
         "  ! time limit under the saved run in specs/p4_smoke.yaml [mode smoke]: leg `leg1`'s timeout 1200 s -> 3 s "
         f"(`t_leg1`), and the saved run's leg1 took {took:.1f} s ({run})  "
@@ -603,9 +606,7 @@ def test_a_value_that_leaves_a_gates_when_false_in_every_mode_and_target_is_risk
     """`gate_peak` reads `target`, which SPECPROBE_TARGET sets: true for soak on a GPU target. Changed so that
     no mode and no target the spec lists makes it true, the memory gate never runs."""
     edit(shipped, SEGMENT, "target != 'local'", "target == 'tpu'")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    risky = [line for line in text.splitlines() if line.startswith("  ! ")]
+    risky, text = risky_lines()
     assert risky == [
         "  ! gate never runs in specs/p4_soak.yaml [mode smoke, soak]: gate `peak_memory_during_training_below_gate`: "
         "`when: values.gate_peak` is false in every mode (smoke, soak) and every `target` (gpu, local, real): "

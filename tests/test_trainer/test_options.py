@@ -9,12 +9,10 @@ import dataclasses
 import io
 import logging
 import re
-import subprocess
-import sys
 import warnings
 
 import pytest
-from trainer_helpers import PLAN_ARGS, REPO_ROOT
+from trainer_helpers import PLAN_ARGS, trainer_cli
 
 from trainer.log import setup_logging
 from trainer.options import ModelOptions, OptionError, env_names
@@ -141,14 +139,7 @@ def test_config_changes_name_the_field_with_old_and_new_values():
 
 def test_trainer_refuses_a_bad_option_value_with_exit_2_before_any_work():
     env = {"PATH": "/usr/bin:/bin", "SPECPROBE_FP32_WGRAD": "on"}
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *PLAN_ARGS],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    r = trainer_cli(*PLAN_ARGS, env=env)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "python -m trainer.train: error: SPECPROBE_FP32_WGRAD='on': 1 (on) or 0 (off); unset = on"
