@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 import pytest
+from bundles import Baselines
 from engine_helpers import Engine, Ran, as_process, in_process
 
 
@@ -47,3 +48,9 @@ def engine_process() -> Engine:
         return _expecting(as_process(args, **how), expect)  # type: ignore[arg-type]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def baselines(tmp_path_factory: pytest.TempPathFactory) -> Baselines:
+    """The outcome of every check on each saved P4 bundle, untampered (tests/bundles.py), computed once."""
+    return Baselines(tmp_path_factory.mktemp("baseline"))
