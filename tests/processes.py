@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from subprocess import Popen
+from typing import Callable, Sequence, TypeVar
 
 import psutil
 
@@ -27,6 +28,21 @@ T = TypeVar("T")
 # `python -c pass` (site included, as a leg starts) on a quiet machine of the kind the suite runs on.
 QUIET_START_S = 0.05
 POLL_S = 0.02
+
+
+def start_job(command: Sequence[str], *, cwd: Path, env: dict[str, str], stderr: int = subprocess.STDOUT) -> Popen:
+    """`command` in a session of its own (a kill of its group reaches all of it, and nothing of the test), its
+    output read line by line as it comes (stderr merged in unless `stderr` says otherwise)."""
+    return subprocess.Popen(
+        list(command),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
 
 
 def start_seconds() -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from filelock import FileLock
-from processes import descendants, kill_tree
+from processes import descendants, kill_tree, start_job
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -146,16 +146,7 @@ def run_trainer(
     arrives (to change the world at a precise phase, e.g. break the store). env: set on top of the
     test environment. cwd: where it runs (the checkout by default)."""
     t0 = time.time()
-    p = subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env={**_env(), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-    )
+    p = start_job(cmd, cwd=cwd, env={**_env(), **(env or {})})
     lines: list[str] = []
     killed_at = None
     pat = re.compile(kill_on) if kill_on else None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from processes import kill_tree
+from processes import kill_tree, start_job
 
 pytestmark = pytest.mark.slow
 
@@ -132,16 +132,7 @@ def run_engine(
         argv += ["--set", s]
     argv += options
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env if env is not None else engine_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-    )
+    proc = start_job(argv, cwd=cwd, env=env if env is not None else engine_env(), stderr=subprocess.PIPE)
     out_lines: list[str] = []
     seen_at: dict[str, dict[int, str]] = {}
     run_dir: str | None = None
