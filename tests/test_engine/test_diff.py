@@ -431,7 +431,7 @@ def test_a_leg_added_or_removed_upstream_voids_the_checks_downstream(runs: dict[
     }
 
 
-def test_the_issue_example_on_the_real_soak_spec(tmp_path: Path) -> None:
+def test_a_check_added_to_the_real_soak_spec_is_judged_on_a_saved_soak_run(tmp_path: Path) -> None:
     """specs/p4_soak.yaml gains `leg2_resumed_from_stop`; a saved soak run (an evidence document
     built from the real plan, legs reporting what the trainer's RUN_JSON says) answers it."""
     from engine.run import evidence as evmod

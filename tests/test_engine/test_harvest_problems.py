@@ -43,7 +43,7 @@ def feed(run: dict, *lines: str) -> Capture:
 
 
 def test_a_malformed_line_after_the_kept_one_is_recorded_even_for_pick_first() -> None:
-    # pick: first used to stop parsing at the first valid line, so a later broken one went unseen.
+    # pick: first must go on parsing after the first valid line, or a later broken one goes unseen.
     capture = feed(
         {"output": {"harvest": {"r": {"marker": "R ", "pick": "first"}}}}, 'R {"a": 1}', "noise", "R {broken"
     )

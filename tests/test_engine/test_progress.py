@@ -107,7 +107,7 @@ def test_an_eta_inside_the_timeout_warns_nothing(tmp_path: Path) -> None:
 
 
 def test_a_rule_without_a_total_shows_the_step_and_its_rate() -> None:
-    # The schema's `total` group is optional; a rule without it used to fail the leg at its start.
+    # The schema's `total` group is optional: a rule without it must not fail the leg at its start.
     out = io.StringIO()
     rules = compile_rules({"progress": {"match": r"^step (?P<step>\d+)"}})
     capture = Capture(rules)

@@ -1,8 +1,8 @@
 """What reaches a leg's argv and environment is what was written, or the spec is refused, naming
 where: YAML folds a line break into a space (`owner/name` and `--delete-everything` became one
 argument, silently), drops a `#` comment and the blanks around a plain scalar, and reads `010` as 8
-and `12:30` as 750. None of it happens quietly any more, from the environment, from --set, or from
-the spec file; what is quoted, or written as a block scalar, is taken as written."""
+and `12:30` as 750. None of it may happen quietly, from the environment, from --set, or from the spec
+file; what is quoted, or written as a block scalar, is taken as written."""
 
 from __future__ import annotations
 
