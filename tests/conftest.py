@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -147,6 +148,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # PYTHONDONTWRITEBYTECODE would make every trainer process compile torch from source.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    # A suite started in the background of a non-interactive shell (`nohup ... &`) inherits SIGINT ignored, and so
+    # would every process it starts: the tests of a Ctrl-C (the engine's, the trainer's) need it delivered.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # xdist keeps the collection order (below) as the schedule
     if hasattr(config, "workerinput") or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
