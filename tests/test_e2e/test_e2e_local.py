@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from processes import kill_tree, start_job
 
@@ -95,22 +96,13 @@ class EngineRun:
 
 
 def processes_naming(text: str) -> dict[int, str]:
-    """pid -> cmdline of every live (non-zombie) process whose command line contains `text`."""
+    """pid -> command line of every running process whose command line holds `text` (a run's own directory:
+    nothing of another test or another user names it)."""
     found: dict[int, str] = {}
-    me = os.getpid()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
-            continue
-        try:
-            raw = (d / "cmdline").read_bytes()
-            stat = (d / "stat").read_bytes()
-        except OSError:
-            continue
-        if not raw or stat[stat.rfind(b")") + 2 :][:1] == b"Z":
-            continue
-        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
-        if text in cmd:
-            found[int(d.name)] = cmd
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
+        if proc.pid != os.getpid() and proc.info["status"] != psutil.STATUS_ZOMBIE and text in cmd:
+            found[proc.pid] = cmd
     return found
 
 
