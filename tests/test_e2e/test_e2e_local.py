@@ -277,7 +277,10 @@ def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) ->
     ), run.seen_at["leg1_training"]
     assert "hub_after_leg1" in run.seen_at, sorted(run.seen_at)
     assert run.seen_at["hub_after_leg1"] == {}, run.seen_at["hub_after_leg1"]
-    assert run.seen_at.get("wipe_before_leg2") == {}, run.seen_at.get("wipe_before_leg2")
+    # By the time the test reads the wipe's header the engine may be starting leg 2 (the wipe takes no time):
+    # there, only leg 1's processes count (it resumes `auto`, leg 2 `must`).
+    later = run.seen_at.get("wipe_before_leg2")
+    assert later is not None and [c for c in later.values() if "--resume auto" in c] == [], later
 
     after1, after2 = ev["state"]["hub_after_leg1"], ev["state"]["hub_after_leg2"]
     # The pointer never named the checkpoint whose push was killed.
