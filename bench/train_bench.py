@@ -64,9 +64,9 @@ Each --config is a comma-separated list of key=value (defaults in CONFIG_DEFAULT
 Every optimizer step is the trainer's: `accum` micro-steps of autocast forward + (scaled) backward, grad
 clipping at 1.0, fused AdamW (betas 0.9/0.95, wd 0.1 on matrices), zero_grad (see `zero`). Inputs are
 random tokens already on the device, rotated over 4 batches. Timing: synchronize, wall clock over the
-timed steps, synchronize; tok/s counts every rank's tokens. MFU uses the issue's convention:
-  FLOP/token = 6 * params + 12 * n_layer * d_model * seq_len, against --peak-tflops (790 by default, the
-  issue's H200 figure; the script also measures an 8192^3 bf16 matmul on the card and prints it).
+timed steps, synchronize; tok/s counts every rank's tokens. MFU uses this convention:
+  FLOP/token = 6 * params + 12 * n_layer * d_model * seq_len, against --peak-tflops (790 by default, an
+  H200's bf16 dense figure; the script also measures an 8192^3 bf16 matmul on the card and prints it).
 Memory: torch.cuda.max_memory_allocated / max_memory_reserved per rank over the whole config (warm-up
 included), in GiB (2^30 bytes, as trainer/train.py's peak_stats). Rows go to --jsonl as they finish, so a
 timeout loses only the row in progress.
@@ -932,7 +932,7 @@ def shape_key(r: dict[str, Any]) -> tuple:
 
 def vs_baseline(rows: list[dict[str, Any]]) -> dict[int, float]:
     """{index of a row of ours: its tok/s over the mean tok/s of the HF + torch.compile(model) rows of the same
-    shape among `rows`}: the issue's ratio, only ever against a baseline measured in the same table."""
+    shape among `rows`}: the speed-up, only ever against a baseline measured in the same table."""
     base: dict[tuple, list[float]] = {}
     for r in rows:
         if r.get("impl") == "hf" and r.get("compile") == "full" and r.get("task") == "speed" and r.get("tok_s"):

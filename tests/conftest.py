@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -18,20 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from hubserver import HubServer
-
-HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"  # recognisable: tests grep every output for it
-HUB_LFS_THRESHOLD = 1024  # files from 1 KB up take the LFS path in tests
-
-
-class SleepRecorder:
-    """Stands in for time.sleep in a RetryPolicy: records the backoff delays, waits only a token amount."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
+from hubserver import HUB_LFS_THRESHOLD, HUB_TOKEN, HubServer, SleepRecorder
 
 
 def _parses_commit_urls_of(endpoint: str) -> bool:
@@ -147,9 +135,13 @@ def pytest_configure(config: pytest.Config) -> None:
     machine can change or delete that cache under a test."""
     # Every process of the session may write bytecode, so each module is compiled once and read back after:
     # the install skips pip's up-front compile of all of torch (--no-compile), and a machine that sets
-    # PYTHONDONTWRITEBYTECODE (as this one does) would make every trainer process compile torch from source.
+    # PYTHONDONTWRITEBYTECODE would make every trainer process compile torch from source.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    # A suite started in the background of a non-interactive shell (`nohup ... &`) inherits SIGINT ignored, and so
+    # would every process it starts: the tests of a Ctrl-C (the engine's, the trainer's) need it delivered.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # xdist keeps the collection order (below) as the schedule
     if hasattr(config, "workerinput") or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
@@ -165,7 +157,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # xdist hands out whole files (--dist loadfile), the next one to a worker when its current file has two tests
-# left, in the collection order (pytest_configure turns off its own reorder). That order is xdist's default,
+# left, in the collection order (pytest_configure turns off its own reorder). Whole files, because a module's
+# fixtures are built once by the process that runs it: the core install's venv, the real engine runs of the P4
+# specs (test_e2e_local, test_two_stops), the review's template repo; split across workers, each would build them. That order is xdist's default,
 # the files with the most tests first, which keeps the trainer's long 2-rank runs running beside the engine's
 # many short tests (two 2-rank runs side by side on 2 cores cost far more CPU each: gloo's waits spin). Its one
 # flaw is fixed: the few-but-long end-to-end files went last, and one worker ran them alone for a minute while

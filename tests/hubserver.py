@@ -75,6 +75,22 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 __all__ = ["HubServer", "Fault"]
 
 REDACTED = "<redacted>"
+# The tests' server: a token recognisable wherever it leaks (tests grep every output for it), and LFS for
+# files from 1 KB up, so that small test files take the LFS path too.
+HUB_TOKEN = "hf_FAKE_SECRET_TOKEN_9f8e7d"
+HUB_LFS_THRESHOLD = 1024
+
+
+class SleepRecorder:
+    """Stands in for time.sleep in a RetryPolicy: records the backoff delays, waits only a token amount."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
 REPO_TYPES = ("model", "dataset", "space")
 _URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 # Mirrors the Hub's default .gitattributes: these names are LFS whatever their size.

@@ -12,8 +12,8 @@ import json
 import os
 import pickle
 import re
+import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from filelock import FileLock
+from processes import descendants, kill_tree, start_job
 
 from trainer.runconfig import RunIdentity
 
@@ -35,6 +36,12 @@ TEE = re.compile(r"^\[(?:default|rank|worker)\d*\]:\s*")  # torchrun --tee prefi
 NPROC = 2
 SEQ_LEN, MICRO, ACCUM = 32, 2, 2
 TOKENS_PER_STEP = NPROC * MICRO * ACCUM * SEQ_LEN
+# A valid command line of the tiny recipe (6 steps on 2 ranks) whose paths lead nowhere: for what the trainer
+# decides from its arguments alone, before it reads a mix or a store.
+PLAN_ARGS = shlex.split(
+    "--root /nonexistent/mix --out /tmp/x --hub-repo file:///tmp/s/o/n --model tiny --seq-len 32 --micro-batch 2 "
+    "--accum 2 --tokens 1536"
+)
 
 # A run's identity for the tests of the checkpoint protocol that push and resume without training: what their
 # pointers and trainer_state.json files carry.
@@ -62,25 +69,8 @@ def build_tiny_mix(
     out: Path, *, tokens: int = 60_000, val_tokens: int = 4_000, vocab: int = 512, seed: int = 0
 ) -> Path:
     """A synthetic mix for the `tiny` geometry, built by the real CLI; returns its root."""
-    cmd = [
-        PYTHON,
-        "-m",
-        "trainer.data.mix",
-        "build",
-        "--out",
-        str(out),
-        "--synthetic",
-        "--tokens",
-        str(tokens),
-        "--val-tokens",
-        str(val_tokens),
-        "--vocab",
-        str(vocab),
-        "--seed",
-        str(seed),
-        "--shards",
-        "2",
-    ]
+    cmd = [PYTHON, "-m", "trainer.data.mix", "build", "--out", str(out), "--synthetic", "--shards", "2"]
+    cmd += shlex.split(f"--tokens {tokens} --val-tokens {val_tokens} --vocab {vocab} --seed {seed}")
     r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"mix build failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -107,43 +97,13 @@ def trainer_args(
 ) -> list[str]:
     """The reference probe's command line (tiny geometry, CPU sizes), without the launcher."""
     tps = nproc * MICRO * ACCUM * SEQ_LEN
-    return [
-        "--root",
-        str(root),
-        "--out",
-        str(out),
-        "--hub-repo",
-        repo,
-        "--prune",
-        "--model",
-        "tiny",
-        "--seq-len",
-        str(SEQ_LEN),
-        "--attn",
-        "eager",
-        "--no-grad-ckpt",
-        "--micro-batch",
-        str(MICRO),
-        "--accum",
-        str(ACCUM),
-        "--tokens",
-        str(steps * tps),
-        "--lr",
-        str(lr),
-        "--warmup-steps",
-        "2",
-        "--push-every-steps",
-        str(push_every),
-        "--val-tokens",
-        str(val_tokens),
-        "--log-every",
-        "1",
-        "--resume",
-        resume,
-        "--stop-after-steps",
-        str(stop),
-        *extra,
-    ]
+    paths = ["--root", str(root), "--out", str(out), "--hub-repo", repo]  # one token each, whatever they hold
+    options = shlex.split(
+        f"--prune --model tiny --seq-len {SEQ_LEN} --attn eager --no-grad-ckpt --micro-batch {MICRO} "
+        f"--accum {ACCUM} --tokens {steps * tps} --lr {lr} --warmup-steps 2 --push-every-steps {push_every} "
+        f"--val-tokens {val_tokens} --log-every 1 --resume {resume} --stop-after-steps {stop}"
+    )
+    return [*paths, *options, *extra]
 
 
 def torchrun_cmd(args: Sequence[str], *, nproc: int = NPROC, log_dir: Path | None = None) -> list[str]:
@@ -155,6 +115,15 @@ def torchrun_cmd(args: Sequence[str], *, nproc: int = NPROC, log_dir: Path | Non
 
 def single_cmd(args: Sequence[str]) -> list[str]:
     return [PYTHON, "-m", "trainer.train", *args]
+
+
+def trainer_cli(
+    *args: str, env: dict[str, str] | None = None, module: str = "trainer.train"
+) -> subprocess.CompletedProcess[str]:
+    """`python -m MODULE ARGS` (the trainer by default) in one process, for what it decides before any work (a
+    usage error, exit 2; a preflight); `env`, when given, is its whole environment."""
+    command = [PYTHON, "-m", module, *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
 def _env() -> dict[str, str]:
@@ -182,38 +151,6 @@ class Run:
         return [line for line in self.lines if line.startswith(prefix)]
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of pid, from /proc (torchrun starts each worker in its OWN session, so
-    killing torchrun's process group alone would leave the ranks running)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL pid's process group and every descendant's group: a crash of the whole job at once."""
-    pids = [pid, *_descendants(pid)]
-    for q in pids:
-        for kill in (lambda q=q: os.killpg(os.getpgid(q), signal.SIGKILL), lambda q=q: os.kill(q, signal.SIGKILL)):
-            try:
-                kill()
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def run_trainer(
     cmd: Sequence[str],
     *,
@@ -222,6 +159,7 @@ def run_trainer(
     on_line: Callable[[str], None] | None = None,
     env: dict[str, str] | None = None,
     kill_after: str | None = None,
+    cwd: Path = REPO_ROOT,
 ) -> Run:
     """Run a trainer command in its own process group; output merged, torchrun's tee prefix stripped.
 
@@ -229,18 +167,9 @@ def run_trainer(
     crash at that phase: no handler, no flush, no cleanup); with kill_after, only a match after a line
     matching kill_after counts (the second push of a step: final/). on_line: called with every line as it
     arrives (to change the world at a precise phase, e.g. break the store). env: set on top of the
-    test environment."""
+    test environment. cwd: where it runs (the checkout by default)."""
     t0 = time.time()
-    p = subprocess.Popen(
-        list(cmd),
-        cwd=REPO_ROOT,
-        env={**_env(), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-    )
+    p = start_job(cmd, cwd=cwd, env={**_env(), **(env or {})})
     lines: list[str] = []
     killed_at = None
     pat = re.compile(kill_on) if kill_on else None
@@ -252,7 +181,7 @@ def run_trainer(
 
     def _expire() -> None:
         timed_out.set()
-        for q in [p.pid, *_descendants(p.pid)]:  # where each process sat, for the failure message
+        for q in [p.pid, *descendants(p.pid)]:  # where each process sat, for the failure message
             try:
                 cmdline = Path(f"/proc/{q}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
                 hung.append(f"pid {q} wchan={Path(f'/proc/{q}/wchan').read_text()} {cmdline}")
@@ -290,7 +219,7 @@ def run_trainer(
     if killed_at is not None:
         # Reap the whole tree before the caller touches the store: no rank may still be writing.
         for _ in range(100):
-            if not _descendants(p.pid):
+            if not descendants(p.pid):
                 break
             kill_tree(p.pid)
             time.sleep(0.05)

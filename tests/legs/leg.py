@@ -11,6 +11,7 @@ text            print the text
 @stderr:TEXT    print TEXT on stderr
 @raw:HEX        write raw bytes (hex) to stdout
 @forever        sleep until killed
+@await:PATH     wait until PATH exists (a test creates it once it has seen what it waits for)
 @daemon:PATH    double-fork a setsid() daemon (stdio closed) that sleeps 300 s, its pid in PATH
 @daemon_noenv:PATH  like @daemon, but the daemon re-executes itself with an EMPTY environment:
                 nothing in it says whose it is
@@ -113,9 +114,13 @@ def _forever(_: str) -> None:
         time.sleep(1)
 
 
-def _wait_for_pid(path: str) -> int:
+def _await(path: str) -> None:
     while not os.path.exists(path):
         time.sleep(0.01)
+
+
+def _wait_for_pid(path: str) -> int:
+    _await(path)
     with open(path) as fh:
         return int(fh.read())
 
@@ -183,6 +188,7 @@ ACTIONS: dict[str, Callable[[str], int | None]] = {
     "@line:": _line,
     "@append:": _append,
     "@tee_split:": lambda arg: tee_split(*arg.split(":", 2)),
+    "@await:": _await,
     "@forever": _forever,
 }
 

@@ -17,18 +17,15 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import pytest
-from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN
-from hubserver import HubServer
+from hubserver import HUB_LFS_THRESHOLD, HUB_TOKEN, HubServer
 from test_e2e_local import EngineRun, assert_every_check_passed, engine_env, run_engine, workdir_with_specs
-from trainer_helpers import TEE, kill_tree, tiny_mix, torchrun_cmd, trainer_args
+from trainer_helpers import Run, explain, run_trainer, tiny_mix, torchrun_cmd, trainer_args
 
 pytestmark = pytest.mark.slow
 
@@ -231,54 +228,6 @@ def test_missing_repo_takes_the_fresh_start_branch(hub_smoke: HubSmoke) -> None:
 # ------------------------------------------------------------------- (b) nothing is lost under faults
 
 
-@dataclass
-class TrainerRun:
-    rc: int
-    lines: list[str]
-    seconds: float
-    run_json: dict | None
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-    def explain(self) -> str:
-        return f"rc={self.rc} after {self.seconds:.1f}s; last lines:\n" + "\n".join(self.lines[-50:])
-
-
-def run_hub_trainer(cmd: Sequence[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> TrainerRun:
-    """Run torchrun + ranks in their own session with `env`; merged output, tee prefix stripped."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    try:
-        assert p.stdout is not None
-        for raw in p.stdout:
-            lines.append(TEE.sub("", raw.rstrip("\n"), count=1))
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"{cmd} ran past {timeout}s:\n" + "\n".join(lines[-40:]))
-        rc = p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
-    except BaseException:
-        kill_tree(p.pid)
-        p.wait()
-        raise
-    run_json = None
-    for line in reversed(lines):
-        if line.startswith("RUN_JSON "):
-            run_json = json.loads(line[len("RUN_JSON ") :])
-            break
-    return TrainerRun(rc, lines, time.monotonic() - t0, run_json)
-
-
 STEPS, PUSH_EVERY, STOP = 6, 2, 4
 
 
@@ -288,14 +237,14 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     mix = tiny_mix(tmp_path_factory)
     env = engine_env(hub_env(hub_server))
 
-    def train(repo_id: str, out: Path, stop: int, log_dir: Path) -> TrainerRun:
+    def train(repo_id: str, out: Path, stop: int, log_dir: Path) -> Run:
         args = trainer_args(root=mix, out=out, repo=f"hf://{repo_id}", steps=STEPS, push_every=PUSH_EVERY, stop=stop)
-        return run_hub_trainer(torchrun_cmd(args, log_dir=log_dir), env, cwd=tmp_path)
+        return run_trainer(torchrun_cmd(args, log_dir=log_dir), env=env, cwd=tmp_path, timeout=240)
 
     # -- the fault-free reference: one session to the horizon.
     clean_id = f"probe/{fresh_id('clean')}"
     clean = train(clean_id, tmp_path / "clean-out", 0, tmp_path / "clean-tlogs")
-    assert clean.rc == 0 and clean.run_json is not None, clean.explain()
+    assert clean.rc == 0 and clean.run_json is not None, explain(clean)
     assert clean.run_json["final_step"] == STEPS and clean.run_json["resumed_from_step"] is None
     clean_final = stored_sha(hub_server, clean_id, "final/model.safetensors")
     clean_titles = titles(hub_server, clean_id)
@@ -313,12 +262,12 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     s429 = hub_server.inject("status", commit, method="POST", status=429, retry_after=1, nth=3)
     reset = hub_server.inject("reset", rf"^/__lfs__/upload/datasets/{repo_path}/", method="PUT", nth=4)
     leg1 = train(faulted_id, tmp_path / "out", STOP, tmp_path / "tlogs1")
-    assert leg1.rc == 0 and leg1.run_json is not None, leg1.explain()
+    assert leg1.rc == 0 and leg1.run_json is not None, explain(leg1)
     assert leg1.run_json["final_step"] == STOP and leg1.run_json["segment_stop"] is True
     assert leg1.run_json["push_steps"] == [2, 4]
     # The Hub client's retries are diagnostics through `logging`, each with its time and the rank it ran on.
     retries = [line for line in leg1.lines if "trainer.hub: hub: " in line and "; retrying in " in line]
-    assert len(retries) >= 2, leg1.explain()  # the 503 and the 429
+    assert len(retries) >= 2, explain(leg1)  # the 503 and the 429
     stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} rank 0 WARNING trainer\.hub: hub: ")
     assert all(stamp.match(line) for line in retries), retries
     assert [(f.kind, f.fired) for f in (lost, s503, s429, reset)] == [
@@ -344,7 +293,7 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     )
     lost2 = hub_server.inject("lost_response", commit, method="POST", nth=2)  # checkpoint-6's (after the lease)
     leg2 = train(faulted_id, tmp_path / "out", 0, tmp_path / "tlogs2")
-    assert leg2.rc == 0 and leg2.run_json is not None, leg2.explain()
+    assert leg2.rc == 0 and leg2.run_json is not None, explain(leg2)
     assert leg2.run_json["resumed_from_step"] == STOP and leg2.run_json["first_step"] == STOP + 1
     assert leg2.run_json["final_step"] == STEPS and leg2.run_json["segment_stop"] is False
     assert f"auto-resume: pointer step={STOP} path=ckpt/checkpoint-{STOP}" in leg2.text
@@ -391,8 +340,8 @@ def test_a_push_whose_answer_never_comes_and_a_409_on_its_pointer_both_settle_wi
     stall = hub_server.inject("stall", commit, method="POST", nth=2)
     conflict = hub_server.inject("status", commit, method="POST", status=409, nth=2)
     args = trainer_args(root=mix, out=tmp_path / "out", repo=f"hf://{repo_id}", steps=4, push_every=2, stop=2)
-    leg = run_hub_trainer(torchrun_cmd(args, log_dir=tmp_path / "tlogs"), env, cwd=tmp_path)
-    assert leg.rc == 0 and leg.run_json is not None and leg.run_json["final_step"] == 2, leg.explain()
+    leg = run_trainer(torchrun_cmd(args, log_dir=tmp_path / "tlogs"), env=env, cwd=tmp_path, timeout=240)
+    assert leg.rc == 0 and leg.run_json is not None and leg.run_json["final_step"] == 2, explain(leg)
     # The knob was read once, by main, and said.
     assert leg.text.count("hub client: 6 tries, backoff 0.05s doubling up to 1.6s, timeouts connect 30s read 1s") == 1
     assert (stall.fired, conflict.fired) == (1, 1), hub_server.faults

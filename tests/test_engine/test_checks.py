@@ -142,35 +142,32 @@ def test_a_when_may_ask_whether_a_leg_reported():
     assert (r["outcome"], r["reason"]) == ("SKIPPED", "when `steps.leg2.harvest.run_json != `null`` was false")
 
 
+def no_data(expr: str, missing: list[str]) -> dict:
+    """The check `expr`, which must say NO_DATA naming exactly `missing`."""
+    r = _one(expr)
+    assert (r["outcome"], r["missing"]) == ("NO_DATA", missing), r
+    return r
+
+
 def test_missing_data_never_passes_even_when_the_result_is_true():
-    r = _one("steps.leg9.rc == `null`")  # jmespath alone would say true
-    assert r["value"] is True
-    assert r["outcome"] == "NO_DATA"
-    assert r["missing"] == ["steps.leg9.rc"]
+    assert no_data("steps.leg9.rc == `null`", ["steps.leg9.rc"])["value"] is True  # jmespath alone: true
 
 
 def test_missing_names_the_full_requested_path_below_a_missing_parent():
-    r = _one("steps.leg3.harvest.run_json.final_step == `10`")
-    assert r["missing"] == ["steps.leg3.harvest.run_json.final_step"]
+    no_data("steps.leg3.harvest.run_json.final_step == `10`", ["steps.leg3.harvest.run_json.final_step"])
 
 
 def test_projection_over_missing_keys_is_no_data():
     # `steps.*.rc` silently drops the collect step's absent rc; the check must not count it as data.
-    r = _one("length(steps.*.rc) == `2`")
-    assert r["value"] is True
-    assert r["outcome"] == "NO_DATA"
-    assert r["missing"] == ["steps.hub.rc"]
+    assert no_data("length(steps.*.rc) == `2`", ["steps.hub.rc"])["value"] is True
 
 
 def test_lookup_on_a_null_value_is_missing():
-    r = _one("state.hub.pointer.step == `20`")
-    assert r["outcome"] == "NO_DATA"
-    assert r["missing"] == ["state.hub.pointer.step"]
+    no_data("state.hub.pointer.step == `20`", ["state.hub.pointer.step"])
 
 
 def test_quoted_keys_in_missing_paths():
-    r = _one('steps.leg1.harvest.run_json.losses."15" < `6`')
-    assert r["missing"] == ['steps.leg1.harvest.run_json.losses."15"']
+    no_data('steps.leg1.harvest.run_json.losses."15" < `6`', ['steps.leg1.harvest.run_json.losses."15"'])
 
 
 def test_only_an_exact_false_when_skips():

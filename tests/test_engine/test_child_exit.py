@@ -5,16 +5,13 @@ the lines are torchrun's, as it prints them (the real thing runs in tests/e2e/te
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 import xml.etree.ElementTree as ET
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import yaml
+from engine_helpers import write_spec
 
-from engine.cli import main
 from engine.run.lines import Block
 from engine.run.output import Capture, compile_rules
 from engine.show import html, report
@@ -91,57 +88,30 @@ def test_a_saved_child_exit_of_the_wrong_types_is_reported_without_believing_it(
     assert report.child_exits({"steps": steps}) == ["a: the child failed"]
 
 
-def write_spec(path: Path, rule: dict | None = None) -> Path:
+def launched_spec(path: Path, rule: dict | None = None) -> Path:
     output: dict = {"strip_prefix": r"^\[(?:default|rank|worker)\d*\]:\s*"}
     if rule is not None:
         output["child_exit"] = rule
-    doc = {
-        "version": 1,
-        "name": "launched",
-        "budget_s": 100,
-        "steps": [
-            {
-                "name": "leg",
-                "run": {
-                    "argv": [
-                        sys.executable,
-                        "-c",
-                        "import sys; print(sys.argv[1]); sys.exit(1)",
-                        "\n".join(TORCHRUN_REFUSAL),
-                    ],
-                    "timeout_s": 30,
-                    "output": output,
-                },
-            }
-        ],
-        "checks": [{"name": "ran", "why": "the leg ran", "expr": "steps.leg.rc == `0`"}],
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
-    return path
+    code = "import sys; print(sys.argv[1]); sys.exit(1)"
+    run = {"argv": [sys.executable, "-c", code, "\n".join(TORCHRUN_REFUSAL)], "timeout_s": 30, "output": output}
+    return write_spec(path, [{"name": "leg", "run": run}], name="launched", budget_s=100)
 
 
 RULE = {"name": "the trainer", "code": r"^\s*exitcode\s*:\s*(?P<code>-?\d+)", "message": "^refused: "}
 
 
-def engine(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with redirect_stdout(out), redirect_stderr(io.StringIO()):
-        rc = main(list(args))
-    return rc, out.getvalue()
-
-
-def test_a_spec_that_gains_the_rule_replays_a_saved_run_with_it_and_checks_it_as_it_was(tmp_path):
-    spec = write_spec(tmp_path / "s.yaml")
+def test_a_spec_that_gains_the_rule_replays_a_saved_run_with_it_and_checks_it_as_it_was(engine, tmp_path):
+    spec = launched_spec(tmp_path / "s.yaml")
     run = tmp_path / "r"
-    rc, out = engine("run", str(spec), "--run-dir", str(run))
-    assert rc == 5 and "the trainer" not in out  # no rule, no claim
-    write_spec(spec, RULE)
-    rc, out = engine("check", str(spec), "--evidence", str(run))  # a reporting rule: not a changed harvest
-    assert rc == 5 and "output rules changed" not in out
-    rc, out = engine("replay", str(spec), "--evidence", str(run), "--junit", str(tmp_path / "j.xml"))
+    out = engine("run", str(spec), "--run-dir", str(run), expect=5).out
+    assert "the trainer" not in out  # no rule, no claim
+    launched_spec(spec, RULE)
+    ran = engine("check", str(spec), "--evidence", str(run), expect=5)
+    assert "output rules changed" not in ran.out + ran.err  # a reporting rule: not a changed harvest
+    out = engine("replay", str(spec), "--evidence", str(run), "--junit", str(tmp_path / "j.xml"), expect=5).out
     said = "leg: the trainer exited 3: refused: latest.json in file:///s/o/n is terminal (step 20): the run is finished"
     # The replay says it is one first, then the leg's own exit, before any check.
-    assert rc == 5 and out.splitlines()[0].startswith("replayed (logs re-harvested) and re-checked at ")
+    assert out.splitlines()[0].startswith("replayed (logs re-harvested) and re-checked at ")
     assert out.splitlines()[1] == said
     record = json.loads(next(run.glob("replay-*.json")).read_text())
     assert record["steps"]["leg"]["child_exit"]["code"] == 3
@@ -151,8 +121,7 @@ def test_a_spec_that_gains_the_rule_replays_a_saved_run_with_it_and_checks_it_as
     assert f'<p class="child"><strong>{said}</strong></p>' in page
 
 
-def test_a_code_rule_without_its_named_group_is_an_invalid_spec_naming_where(tmp_path):
-    spec = write_spec(tmp_path / "s.yaml", {**RULE, "code": r"exitcode\s*:\s*(-?\d+)"})
-    rc, out = engine("validate", str(spec))
-    assert rc == 2
+def test_a_code_rule_without_its_named_group_is_an_invalid_spec_naming_where(engine, tmp_path):
+    spec = launched_spec(tmp_path / "s.yaml", {**RULE, "code": r"exitcode\s*:\s*(-?\d+)"})
+    out = engine("validate", str(spec), expect=2).out
     assert f"{spec}:" in out and "$.steps[0].run.output.child_exit.code" in out and "(?P<code>...)" in out

@@ -1,23 +1,22 @@
-"""engine/cli.py end to end: real `engine` subprocesses on small specs whose legs are `python -c`."""
+"""engine/cli.py end to end: `engine` commands on small specs whose legs are `python -c` (in this process;
+as a program where the subject is a signal, or what a fresh interpreter imports)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
-from pathlib import Path
+
+from engine_helpers import engine_started, write_spec
+from processes import file_says
 
 from engine.cli import main
 from engine.judge.recheck import changed_keys
 from engine.judge.verdict import Exit
 
-ENGINE = [sys.executable, "-m", "engine.cli"]
-
-# The leg prints RUN_JSON behind torchrun's `--tee` prefix, as the reference's v5 run saw it.
+# The leg prints RUN_JSON behind torchrun's `--tee` prefix, as a rank's line reaches the engine.
 SPEC = """\
 version: 1
 name: demo
@@ -56,29 +55,23 @@ CHECK_RC = """\
 """
 
 
-def write_spec(path: Path, code: str = TEE_CODE, output: str = "", checks: str = CHECK_STEP) -> Path:
-    path.write_text(SPEC.format(code=code, output=output, checks=checks))
-    return path
-
-
-def engine(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=60, env=full_env)
+def demo_spec(code: str = TEE_CODE, output: str = "", checks: str = CHECK_STEP) -> str:
+    return SPEC.format(code=code, output=output, checks=checks)
 
 
 def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
-def test_run_pass_writes_evidence_junit_markdown(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP, checks=CHECK_STEP + CHECK_RC)
-    r = engine("run", str(spec), "--run-dir", "r1", "--junit", "out/j.xml", "--markdown", "out/s.md", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout + r.stderr
-    assert last_line(r.stdout).startswith("VERDICT demo PASS [] seconds ")
-    assert f"run dir: {tmp_path / 'r1'}" in r.stdout
-    assert "\n8 values (mode quick); none overridden\n" in r.stdout
-    assert "s3cr3t-value" not in r.stdout
+def test_run_pass_writes_evidence_junit_markdown(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP, checks=CHECK_STEP + CHECK_RC))
+    r = engine(
+        "run", str(spec), *"--run-dir r1 --junit out/j.xml --markdown out/s.md".split(), cwd=tmp_path, expect=Exit.PASS
+    )
+    assert last_line(r.out).startswith("VERDICT demo PASS [] seconds ")
+    assert f"run dir: {tmp_path / 'r1'}" in r.out
+    assert "\n8 values (mode quick); none overridden\n" in r.out
+    assert "s3cr3t-value" not in r.out
     doc = json.loads((tmp_path / "r1" / "evidence.json").read_text())
     assert [c["outcome"] for c in doc["checks"]] == ["PASS", "PASS"]
     assert doc["verdict"]["outcome"] == "PASS" and doc["verdict"]["exit_code"] == 0
@@ -88,110 +81,103 @@ def test_run_pass_writes_evidence_junit_markdown(tmp_path):
     assert "**PASS**" in (tmp_path / "out" / "s.md").read_text().splitlines()[0]
 
 
-def test_default_run_dir_is_named_after_spec_and_mode(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    r = engine("run", str(spec), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+def test_default_run_dir_is_named_after_spec_and_mode(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    engine("run", str(spec), cwd=tmp_path, expect=Exit.PASS)
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("demo-quick-") and run_dir.name.endswith("Z")
     assert (run_dir / "evidence.json").is_file()
 
 
-def test_env_override_and_set(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"DEMO_WANT": "11"})
-    assert r.returncode == Exit.FAILED
-    assert last_line(r.stdout).startswith('VERDICT demo FAIL ["leg1_final_step"]')
-    assert "\n8 values (mode quick); overridden: want=11 (env DEMO_WANT)\n" in r.stdout
-    r = engine("run", str(spec), "--run-dir", "r2", "--set", "want=10", cwd=tmp_path, env={"DEMO_WANT": "11"})
-    assert r.returncode == Exit.PASS and "\n8 values (mode quick); overridden: want=10 (--set)\n" in r.stdout
+def test_env_override_and_set(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, env={"DEMO_WANT": "11"}, expect=Exit.FAILED)
+    assert last_line(r.out).startswith('VERDICT demo FAIL ["leg1_final_step"]')
+    assert "\n8 values (mode quick); overridden: want=11 (env DEMO_WANT)\n" in r.out
+    r = engine(
+        "run", str(spec), "--run-dir", "r2", "--set", "want=10", cwd=tmp_path, env={"DEMO_WANT": "11"}, expect=Exit.PASS
+    )
+    assert "\n8 values (mode quick); overridden: want=10 (--set)\n" in r.out
 
 
-def test_run_says_the_values_in_one_line_and_lists_them_with_v(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
+def test_run_says_the_values_in_one_line_and_lists_them_with_v(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
     sets = ["--set", "api_token=t0k3n-from-set", "--set", "want=10"]
-    r = engine("run", str(spec), "--run-dir", "r", *sets, cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout + r.stderr
-    head = r.stdout.split("=== leg1")[0].splitlines()
+    r = engine("run", str(spec), "--run-dir", "r", *sets, cwd=tmp_path, expect=Exit.PASS)
+    head = r.out.split("=== leg1")[0].splitlines()
     assert head[2:] == ['8 values (mode quick); overridden: want=10 (--set), api_token="<redacted>" (--set)']
     r = engine("run", str(spec), "--run-dir", "r2", *sets, "-v", cwd=tmp_path)
-    head = r.stdout.split("=== leg1")[0].splitlines()
+    head = r.out.split("=== leg1")[0].splitlines()
     assert head[2] == "values:" and len(head) == 3 + 8
     assert "  want      = 10  [--set]" in head and '  api_token = "<redacted>"  [--set]' in head
-    assert "t0k3n-from-set" not in r.stdout + r.stderr
+    assert "t0k3n-from-set" not in r.out + r.err
 
 
-def test_failed_leg_fails_the_verdict(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", code="import sys; sys.exit(4)", checks=CHECK_RC)
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED
-    assert last_line(r.stdout).startswith('VERDICT demo FAIL ["step:leg1", "leg1_exit_code"]')
+def test_failed_leg_fails_the_verdict(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(code="import sys; sys.exit(4)", checks=CHECK_RC))
+    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert last_line(r.out).startswith('VERDICT demo FAIL ["step:leg1", "leg1_exit_code"]')
 
 
-def test_precondition_exit_3(tmp_path):
-    text = write_spec(tmp_path / "demo.yaml", code="import sys; sys.exit(1)").read_text()
+def test_precondition_exit_3(engine, tmp_path):
+    text = write_spec(tmp_path / "demo.yaml", demo_spec(code="import sys; sys.exit(1)")).read_text()
     text = text.replace(
         "      timeout_s: 20\n", "      timeout_s: 20\n      precondition: could not fetch the published mix\n"
     )
     (tmp_path / "demo.yaml").write_text(text)
-    r = engine("run", "demo.yaml", "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.PRECONDITION, r.stdout + r.stderr
-    assert last_line(r.stdout).startswith(
+    r = engine("run", "demo.yaml", "--run-dir", "r", cwd=tmp_path, expect=Exit.PRECONDITION)
+    assert last_line(r.out).startswith(
         'VERDICT demo PRECONDITION could not fetch the published mix ["step:leg1"] seconds '
     )
 
 
-def test_invalid_spec_exit_2_names_file_and_line(tmp_path):
+def test_invalid_spec_exit_2_names_file_and_line(engine, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(write_spec(tmp_path / "x.yaml").read_text().replace("    why:", "    whyy:"))
-    r = engine("validate", str(bad), str(tmp_path / "x.yaml"), cwd=tmp_path)
-    assert r.returncode == Exit.USAGE
-    assert "bad.yaml:" in r.stdout and f"OK {tmp_path / 'x.yaml'}" in r.stdout
-    r = engine("run", str(bad), cwd=tmp_path)
-    assert r.returncode == Exit.USAGE and "bad.yaml:" in r.stderr
+    bad.write_text(write_spec(tmp_path / "x.yaml", demo_spec()).read_text().replace("    why:", "    whyy:"))
+    r = engine("validate", str(bad), str(tmp_path / "x.yaml"), cwd=tmp_path, expect=Exit.USAGE)
+    assert "bad.yaml:" in r.out and f"OK {tmp_path / 'x.yaml'}" in r.out
+    r = engine("run", str(bad), cwd=tmp_path, expect=Exit.USAGE)
+    assert "bad.yaml:" in r.err
     assert not (tmp_path / "runs").exists()
 
 
-def test_usage_errors_exit_2(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml")
-    assert engine("run", str(spec), "--mode", "nope", cwd=tmp_path).returncode == Exit.USAGE
-    r = engine("plan", str(spec), "--set", "nothing=1", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE and "nothing" in r.stderr
+def test_usage_errors_exit_2(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec())
+    engine("run", str(spec), "--mode", "nope", cwd=tmp_path, expect=Exit.USAGE)
+    r = engine("plan", str(spec), "--set", "nothing=1", cwd=tmp_path, expect=Exit.USAGE)
+    assert "nothing" in r.err
     assert main(["frobnicate"]) == Exit.USAGE
     assert main(["check", str(spec), "--evidence", str(tmp_path / "none")]) == Exit.USAGE
 
 
-def test_markdown_dash_prints_markdown_instead_of_the_table(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    r = engine("run", str(spec), "--run-dir", "r", "--markdown", "-", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout + r.stderr
-    assert "### ✅ `demo` (quick): **PASS**" in r.stdout and "VERDICT demo" not in r.stdout
+def test_markdown_dash_prints_markdown_instead_of_the_table(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    r = engine("run", str(spec), "--run-dir", "r", "--markdown", "-", cwd=tmp_path, expect=Exit.PASS)
+    assert "### ✅ `demo` (quick): **PASS**" in r.out and "VERDICT demo" not in r.out
     assert not (tmp_path / "-").exists()
-    r = engine("check", str(spec), "--evidence", "r", "--markdown", "-", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stderr
-    assert r.stdout.startswith("### ✅ `demo` (quick): **PASS**") and "| `leg1_final_step` |" in r.stdout
+    r = engine("check", str(spec), "--evidence", "r", "--markdown", "-", cwd=tmp_path, expect=Exit.PASS)
+    assert r.out.startswith("### ✅ `demo` (quick): **PASS**") and "| `leg1_final_step` |" in r.out
     r = engine("check", str(spec), "--evidence", "r", "--markdown", "md/check.md", cwd=tmp_path)
-    assert last_line(r.stdout).startswith("VERDICT demo PASS")
+    assert last_line(r.out).startswith("VERDICT demo PASS")
     assert (tmp_path / "md" / "check.md").read_text().startswith("### ✅ `demo` (quick): **PASS**")
 
 
-def test_evidence_of_a_killed_engine_still_says_what_changed_in_a_step(tmp_path):
+def test_evidence_of_a_killed_engine_still_says_what_changed_in_a_step(engine, tmp_path):
     # The leg copies evidence.json while it runs: what a SIGKILLed engine would leave behind.
     code = "import shutil; shutil.copy('r/evidence.json', 'mid-run.json'); " + TEE_CODE
-    spec = write_spec(tmp_path / "demo.yaml", code=code, output=STRIP)
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(code=code, output=STRIP))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
     killed = tmp_path / "killed"
     killed.mkdir()
     (tmp_path / "mid-run.json").rename(killed / "evidence.json")
     assert "verdict" not in json.loads((killed / "evidence.json").read_text())
-    write_spec(spec, code=code.replace("10", "12"), output=STRIP)
-    r = engine("check", str(spec), "--evidence", "killed", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE
-    assert "step leg1: definition changed (run.argv: " in r.stderr and "fingerprint" not in r.stderr
+    write_spec(spec, demo_spec(code=code.replace("10", "12"), output=STRIP))
+    r = engine("check", str(spec), "--evidence", "killed", cwd=tmp_path, expect=Exit.USAGE)
+    assert "step leg1: definition changed (run.argv: " in r.err and "fingerprint" not in r.err
 
 
 def test_plan_schema_version_help(tmp_path, capsys):
-    spec = write_spec(tmp_path / "demo.yaml")
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec())
     assert main(["plan", str(spec)]) == 0
     out = capsys.readouterr().out
     assert "leg1" in out and "s3cr3t-value" not in out
@@ -203,38 +189,34 @@ def test_plan_schema_version_help(tmp_path, capsys):
     assert "130 interrupted" in help_text and "3 precondition" in help_text
 
 
-def test_check_accepts_a_changed_check_and_leaves_evidence_alone(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 0
+def test_check_accepts_a_changed_check_and_leaves_evidence_alone(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
     saved = (tmp_path / "r" / "evidence.json").read_text()
-    write_spec(spec, output=STRIP, checks=CHECK_STEP.replace("== values.want", "== `11`"))
-    r = engine("check", str(spec), "--evidence", "r", "--junit", "j.xml", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED
-    assert last_line(r.stdout).startswith('VERDICT demo FAIL ["leg1_final_step"]')
-    assert "steps.leg1.harvest.run_json.final_step = 10" in r.stdout
+    write_spec(spec, demo_spec(output=STRIP, checks=CHECK_STEP.replace("== values.want", "== `11`")))
+    r = engine("check", str(spec), "--evidence", "r", "--junit", "j.xml", cwd=tmp_path, expect=Exit.FAILED)
+    assert last_line(r.out).startswith('VERDICT demo FAIL ["leg1_final_step"]')
+    assert "steps.leg1.harvest.run_json.final_step = 10" in r.out
     assert (tmp_path / "r" / "evidence.json").read_text() == saved
     (record,) = (tmp_path / "r").glob("check-*.json")
     assert json.loads(record.read_text())["verdict"]["outcome"] == "FAIL"
     assert ET.parse(tmp_path / "j.xml").getroot().get("failures") == "1"
 
 
-def test_check_reapplies_env_and_set_values(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    r = engine("run", str(spec), "--run-dir", "r", "--set", "want=11", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stderr  # still want=11, from the run's --set
-    assert "values.want = 11" in r.stdout
+def test_check_reapplies_env_and_set_values(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    engine("run", str(spec), "--run-dir", "r", "--set", "want=11", cwd=tmp_path, expect=Exit.FAILED)
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.FAILED)  # want=11: the run's --set
+    assert "values.want = 11" in r.out
 
 
-def test_check_refuses_changed_steps(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 0
-    write_spec(spec, code=TEE_CODE.replace("10", "12"), output=STRIP)
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE
-    assert "step leg1: definition changed (run.argv:" in r.stderr
-    write_spec(spec, output=STRIP)
+def test_check_refuses_changed_steps(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
+    write_spec(spec, demo_spec(code=TEE_CODE.replace("10", "12"), output=STRIP))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.USAGE)
+    assert "step leg1: definition changed (run.argv:" in r.err
+    write_spec(spec, demo_spec(output=STRIP))
     spec.write_text(
         spec.read_text().replace(
             "checks:\n",
@@ -245,25 +227,23 @@ checks:
 """,
         )
     )
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE and "step leg2: added to the spec since the run" in r.stderr
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.USAGE)
+    assert "step leg2: added to the spec since the run" in r.err
 
 
-def test_replay_fixes_the_tee_prefix_without_rerunning_the_leg(tmp_path):
-    # v5: RUN_JSON arrived as "[default0]: RUN_JSON {...}", nothing was harvested, checks failed.
+def test_replay_fixes_the_tee_prefix_without_rerunning_the_leg(engine, tmp_path):
+    # Without strip_prefix, "[default0]: RUN_JSON {...}" harvests nothing and the checks fail.
     marker = tmp_path / "leg-ran"
     code = f"open('{marker}', 'a').write('x'); " + TEE_CODE
-    spec = write_spec(tmp_path / "demo.yaml", code=code)
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED
-    assert "no data: steps.leg1.harvest.run_json.final_step is missing" in r.stdout
-    write_spec(spec, code=code, output=STRIP)
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(code=code))
+    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert "no data: steps.leg1.harvest.run_json.final_step is missing" in r.out
+    write_spec(spec, demo_spec(code=code, output=STRIP))
     r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE  # check does not re-harvest: it refuses the run's stale harvest
-    assert "step leg1: output rules changed (output.strip_prefix: null -> " in r.stderr
-    r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout + r.stderr
-    assert last_line(r.stdout).startswith("VERDICT demo PASS []")
+    assert r.code == Exit.USAGE  # check does not re-harvest: it refuses the run's stale harvest
+    assert "step leg1: output rules changed (output.strip_prefix: null -> " in r.err
+    r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.PASS)
+    assert last_line(r.out).startswith("VERDICT demo PASS []")
     assert marker.read_text() == "x"  # the leg ran once, at `run`
     (record,) = (tmp_path / "r").glob("replay-*.json")
     assert json.loads(record.read_text())["steps"]["leg1"]["harvest"]["run_json"] == {"final_step": 10}
@@ -271,20 +251,9 @@ def test_replay_fixes_the_tee_prefix_without_rerunning_the_leg(tmp_path):
 
 def test_ctrl_c_writes_evidence_and_exits_130(tmp_path):
     code = "import time; print('started', flush=True); time.sleep(30)"
-    spec = write_spec(tmp_path / "demo.yaml", code=code, checks=CHECK_RC)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        ENGINE + ["run", str(spec), "--run-dir", "r"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    log = tmp_path / "r" / "logs" / "leg1.log"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (log.is_file() and "started" in log.read_text()):
-        time.sleep(0.05)
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(code=code, checks=CHECK_RC))
+    proc = engine_started("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    file_says(tmp_path / "r" / "logs" / "leg1.log", "started")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == Exit.INTERRUPTED, out + err
@@ -294,11 +263,11 @@ def test_ctrl_c_writes_evidence_and_exits_130(tmp_path):
     assert doc["verdict"]["exit_code"] == Exit.INTERRUPTED
 
 
-def test_check_never_imports_torch_or_the_trainer(tmp_path):
+def test_check_never_imports_torch_or_the_trainer(engine, tmp_path):
     # `engine check` re-judges a saved run in a fraction of a second on a laptop (bench/engine_bench.py
     # measures it); what would break that is a heavy import, which this names.
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 0
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
     leaked = subprocess.run(
         [
             sys.executable,
@@ -323,30 +292,27 @@ def test_changed_keys():
     ) == ["run.argv", "when"]
 
 
-def test_check_accepts_a_step_that_differs_only_in_a_secret(tmp_path):
+def test_check_accepts_a_step_that_differs_only_in_a_secret(engine, tmp_path):
     code = "import sys; print(len(sys.argv))"
-    spec = write_spec(tmp_path / "demo.yaml", code=code, checks=CHECK_RC)
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(code=code, checks=CHECK_RC))
     spec.write_text(spec.read_text().replace(f'"{code}"]', f'"{code}", "${{api_token}}"]'))
-    r = engine("run", str(spec), "--run-dir", "r", "--set", "api_token=tok-from-cli", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout + r.stderr
+    r = engine("run", str(spec), "--run-dir", "r", "--set", "api_token=tok-from-cli", cwd=tmp_path, expect=Exit.PASS)
     assert "tok-from-cli" not in (tmp_path / "r" / "evidence.json").read_text()
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stderr
-    assert "differs only in a secret value" in r.stderr
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.PASS)
+    assert "differs only in a secret value" in r.err
 
 
 def test_diff_is_dispatched_to_engine_diff(tmp_path, capsys):
-    old = write_spec(tmp_path / "old.yaml")
-    new = write_spec(tmp_path / "new.yaml", code="print('other')")
+    old = write_spec(tmp_path / "old.yaml", demo_spec())
+    new = write_spec(tmp_path / "new.yaml", demo_spec(code="print('other')"))
     assert main(["diff", str(old), str(old)]) == 0
     assert main(["diff", str(old), str(new)]) == 1
     assert "leg1" in capsys.readouterr().out
 
 
-def test_check_with_an_invalid_check_expression_exits_2(tmp_path):
-    spec = write_spec(tmp_path / "demo.yaml", output=STRIP)
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == 0
-    write_spec(spec, output=STRIP, checks=CHECK_STEP.replace("== values.want", "== == values.want"))
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE
-    assert "demo.yaml:" in r.stderr
+def test_check_with_an_invalid_check_expression_exits_2(engine, tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", demo_spec(output=STRIP))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
+    write_spec(spec, demo_spec(output=STRIP, checks=CHECK_STEP.replace("== values.want", "== == values.want")))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.USAGE)
+    assert "demo.yaml:" in r.err

@@ -6,20 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from engine_helpers import LEG, engine_started, write_spec
+from processes import file_says, gone
 
 from engine.judge.verdict import Exit
 from engine.run.signals import StopSignals
-
-ROOT = Path(__file__).resolve().parents[2]
-LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
-ENGINE = [sys.executable, "-m", "engine.cli"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 SPEC = """\
 version: 1
@@ -42,20 +38,14 @@ checks:
 """
 
 
-def write_spec(path: Path, *actions: str, grace: int = 5) -> Path:
-    argv = json.dumps([sys.executable, LEG, *actions])
-    path.write_text(SPEC.format(argv=argv, grace=grace))
-    return path
-
-
-def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(ENGINE + list(args), cwd=cwd, capture_output=True, text=True, timeout=60, env=ENV)
+def cut_short_spec(*actions: str, grace: int = 5) -> str:
+    return SPEC.format(argv=json.dumps([sys.executable, LEG, *actions]), grace=grace)
 
 
 def closed_early(args: list[str], cwd: Path, read_lines: int = 0) -> tuple[int, str]:
     """Run engine with stdout on a real pipe whose reader reads `read_lines` lines, then closes it
     (`engine ... | head -N`); (exit code, stderr)."""
-    proc = subprocess.Popen(ENGINE + args, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = engine_started(*args, cwd=cwd)
     assert proc.stdout is not None and proc.stderr is not None
     for _ in range(read_lines):
         proc.stdout.readline()
@@ -68,8 +58,8 @@ def closed_early(args: list[str], cwd: Path, read_lines: int = 0) -> tuple[int, 
 
 
 def test_run_piped_into_head_exits_with_the_verdicts_code(tmp_path: Path) -> None:
-    # The leg fails after the reader has gone: today's `engine run | head -1` exited 0.
-    spec = write_spec(tmp_path / "s.yaml", "working", "@sleep:1", "@rc:3")
+    # The leg fails after the reader has gone: `engine run | head -1` must still exit with the failure.
+    spec = write_spec(tmp_path / "s.yaml", cut_short_spec("working", "@sleep:1", "@rc:3"))
     rc, err = closed_early(["run", str(spec), "--run-dir", "r"], tmp_path, read_lines=1)
     assert rc == Exit.FAILED, err
     assert 'VERDICT cut_short FAIL ["step:leg1", "leg1_exit_code"]' in err
@@ -78,16 +68,16 @@ def test_run_piped_into_head_exits_with_the_verdicts_code(tmp_path: Path) -> Non
     assert doc["verdict"]["exit_code"] == Exit.FAILED and doc["steps"]["leg1"]["rc"] == 3
 
 
-def test_check_validate_and_diff_keep_their_exit_codes_on_a_closed_pipe(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", "@rc:3")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.FAILED
+def test_check_validate_and_diff_keep_their_exit_codes_on_a_closed_pipe(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", cut_short_spec("@rc:3"))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
     rc, err = closed_early(["check", str(spec), "--evidence", "r"], tmp_path)
     assert rc == Exit.FAILED and "VERDICT cut_short FAIL" in err, err
     bad = tmp_path / "bad.yaml"
     bad.write_text(spec.read_text().replace("budget_s: 100", "budget_s: 1"))
     rc, err = closed_early(["validate", str(spec), str(bad)], tmp_path)
     assert rc == Exit.USAGE and "Traceback" not in err, err
-    other = write_spec(tmp_path / "other.yaml", "@rc:4")
+    other = write_spec(tmp_path / "other.yaml", cut_short_spec("@rc:4"))
     rc, err = closed_early(["diff", str(spec), str(other)], tmp_path)
     assert rc == 1 and "Traceback" not in err, err
 
@@ -95,9 +85,9 @@ def test_check_validate_and_diff_keep_their_exit_codes_on_a_closed_pipe(tmp_path
 # ---------------------------------------------------------------- steps that are not legs
 
 
-def test_a_failed_wipe_or_collector_fails_the_verdict(tmp_path: Path) -> None:
-    # Nothing reads either step, and the leg passes: a failed wipe used to leave a PASS behind.
-    spec = write_spec(tmp_path / "s.yaml", "ran")
+def test_a_failed_wipe_or_collector_fails_the_verdict(engine, tmp_path: Path) -> None:
+    # Nothing reads either step, and the leg passes: only the failed wipe and collector can fail the run.
+    spec = write_spec(tmp_path / "s.yaml", cut_short_spec("ran"))
     spec.write_text(
         spec.read_text().replace(
             "steps:\n",
@@ -110,67 +100,44 @@ def test_a_failed_wipe_or_collector_fails_the_verdict(tmp_path: Path) -> None:
             1,
         )
     )
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1].startswith('VERDICT cut_short FAIL ["step:wipe", "step:state"]')
+    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert r.out.splitlines()[-1].startswith('VERDICT cut_short FAIL ["step:wipe", "step:state"]')
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     doc["steps"]["wipe"]["status"] = doc["steps"]["state"]["status"] = "ok"
     (tmp_path / "r" / "evidence.json").write_text(json.dumps(doc))
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED and 'FAIL ["step:wipe", "step:state"]' in r.stdout, r.stderr
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert 'FAIL ["step:wipe", "step:state"]' in r.out
 
 
 # ---------------------------------------------------------------- the budget at run time
 
 
-def test_a_set_that_breaks_the_budget_is_refused_like_validate(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", "ran")
-    r = engine("run", str(spec), "--run-dir", "r", "--set", "t_leg=200", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE and r.stdout == ""
+def test_a_set_that_breaks_the_budget_is_refused_like_validate(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", cut_short_spec("ran"))
+    r = engine("run", str(spec), "--run-dir", "r", "--set", "t_leg=200", cwd=tmp_path, expect=Exit.USAGE)
+    assert r.out == ""
     assert not (tmp_path / "r").exists()
     same = tmp_path / "same.yaml"
     same.write_text(spec.read_text().replace("t_leg: 30", "t_leg: 200"))
     v = engine("validate", str(same), cwd=tmp_path)
-    message = v.stdout.splitlines()[1]  # after "INVALID same.yaml: 1 problem"
-    assert message.split(": ", 1)[1] == r.stderr.strip().split(": ", 1)[1]
-    assert "mode 'default': worst case 205 s exceeds budget_s 100 s (biggest: leg1 205 s)" in r.stderr
-    assert engine("run", str(spec), "--run-dir", "r", "--set", "t_leg=90", cwd=tmp_path).returncode == Exit.PASS
+    message = v.out.splitlines()[1]  # after "INVALID same.yaml: 1 problem"
+    assert message.split(": ", 1)[1] == r.err.strip().split(": ", 1)[1]
+    assert "mode 'default': worst case 205 s exceeds budget_s 100 s (biggest: leg1 205 s)" in r.err
+    engine("run", str(spec), "--run-dir", "r", "--set", "t_leg=90", cwd=tmp_path, expect=Exit.PASS)
 
 
 # ---------------------------------------------------------------- many Ctrl-Cs
-
-
-def _wait_for(path: Path, text: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.is_file() and text in path.read_text():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never said {text!r}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("gap_s", [0.0, 0.01, 0.05])
 def test_a_storm_of_ctrl_c_still_writes_the_evidence_and_exits_130(tmp_path: Path, gap_s: float) -> None:
     # The leg ignores SIGTERM with a 60 s grace: only the second Ctrl-C's SIGKILL ends it quickly.
     pidfile = tmp_path / "leg.pid"
-    spec = write_spec(tmp_path / "s.yaml", "@ignore_term", f"@pidfile:{pidfile}", "started", "@forever", grace=60)
-    proc = subprocess.Popen(
-        ENGINE + ["run", str(spec), "--run-dir", "r"],
-        cwd=tmp_path,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    spec = write_spec(
+        tmp_path / "s.yaml", cut_short_spec("@ignore_term", f"@pidfile:{pidfile}", "started", "@forever", grace=60)
     )
-    _wait_for(tmp_path / "r" / "logs" / "leg1.log", "started")
+    proc = engine_started("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    file_says(tmp_path / "r" / "logs" / "leg1.log", "started")
     started = time.monotonic()
     for _ in range(30):
         if proc.poll() is not None:
@@ -191,7 +158,7 @@ def test_a_storm_of_ctrl_c_still_writes_the_evidence_and_exits_130(tmp_path: Pat
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     assert doc["verdict"]["outcome"] == "INTERRUPTED" and doc["interrupted"] is True
     assert doc["steps"]["leg1"]["status"] == "interrupted" and doc["steps"]["leg1"]["rc"] == -9
-    assert not _alive(int(pidfile.read_text()))
+    assert gone(int(pidfile.read_text()))
 
 
 def test_stop_signals_raise_once_hold_an_early_one_and_restore_the_handlers() -> None:

@@ -4,6 +4,7 @@ a check calling `regex_match()` included. This is what the spec workflow install
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from engine_helpers import Engine, git
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "specs").glob("*.yaml"))
@@ -43,10 +45,12 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base / "venv" / "bin"
 
 
-def engine(core: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    # A clean environment: no PYTHONPATH pointing back at this checkout, so only the venv's install is seen.
-    env = {"PATH": f"{core}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
-    return run([str(core / "engine"), *args], cwd=cwd, env=env)
+@pytest.fixture
+def core_engine(core: Path, engine_process: Engine) -> Engine:
+    """`engine ARGS` as the core install's program, in a clean environment: no PYTHONPATH pointing back at this
+    checkout, so only the venv's install is seen."""
+    clean = {"PATH": f"{core}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+    return functools.partial(engine_process, command=(str(core / "engine"),), environ=clean, cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -60,41 +64,39 @@ def test_a_core_install_brings_no_torch_and_no_hub_client(core: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_core_install_validates_plans_and_checks_the_shipped_specs(core: Path, tmp_path: Path) -> None:
-    proc = engine(core, "validate", *SPECS)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [line for line in proc.stdout.splitlines() if line.startswith("OK ")] == [f"OK {s}" for s in SPECS]
-    proc = engine(core, "plan", "specs/p4_soak.yaml")
-    assert proc.returncode == 0 and "leg2" in proc.stdout, proc.stderr
+def test_a_core_install_validates_plans_and_checks_the_shipped_specs(core_engine: Engine, tmp_path: Path) -> None:
+    proc = core_engine("validate", *SPECS, expect=0)
+    assert [line for line in proc.out.splitlines() if line.startswith("OK ")] == [f"OK {s}" for s in SPECS]
+    proc = core_engine("plan", "specs/p4_soak.yaml", expect=0)
+    assert "leg2" in proc.out
     for stem in ("p4_smoke", "p4_soak", "p4_preempt"):
         run = shutil.copytree(ROOT / "evidence" / stem, tmp_path / stem)  # a check leaves its record beside the run
-        proc = engine(core, "check", f"specs/{stem}.yaml", "--evidence", str(run))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-        assert f"VERDICT {stem} PASS" in proc.stdout
+        proc = core_engine("check", f"specs/{stem}.yaml", "--evidence", str(run), expect=0)
+        assert f"VERDICT {stem} PASS" in proc.out
 
 
 @pytest.mark.slow
-def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_run(core: Path, tmp_path: Path) -> None:
+def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_run(
+    core_engine: Engine, tmp_path: Path
+) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv*", ".git", "*.egg-info", "runs", "__pycache__"))
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
-        assert run(git + cmd, cwd=repo).returncode == 0
+        git(repo, *cmd)
     smoke = repo / "specs" / "p4_smoke.yaml"
     assert "\nchecks:" not in smoke.read_text()  # the check below is the spec's own, after the library's
     smoke.write_text(smoke.read_text() + REGEX_CHECK)
 
-    proc = engine(core, "check", "specs/p4_smoke.yaml", "--evidence", "evidence/p4_smoke", cwd=repo)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("horizon_pointer_names_the_final_folder"))
+    proc = core_engine("check", "specs/p4_smoke.yaml", "--evidence", "evidence/p4_smoke", cwd=repo, expect=0)
+    row = next(line for line in proc.out.splitlines() if line.startswith("horizon_pointer_names_the_final_folder"))
     assert row.split()[1:] == ["ok", "true"]
 
-    proc = engine(core, "diff", "specs/p4_smoke.yaml", "--base", "HEAD", cwd=repo)
-    assert proc.returncode == 1 and "horizon_pointer_names_the_final_folder" in proc.stdout, proc.stderr
+    proc = core_engine("diff", "specs/p4_smoke.yaml", "--base", "HEAD", cwd=repo, expect=1)
+    assert "horizon_pointer_names_the_final_folder" in proc.out
 
-    proc = engine(core, "review", "--base", "HEAD", cwd=repo)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    proc = core_engine("review", "--base", "HEAD", cwd=repo)
+    out = proc.out + proc.err
+    assert proc.code == 0, out[-3000:]
     assert re.search(r"specs/p4_smoke\.yaml +checks: 1 added\n +saved run: PASS \((\d+)/\1 gates pass\)", out), out
     assert "+ new check horizon_pointer_names_the_final_folder would PASS on run" in out
     assert "ERROR" not in out and "No module named" not in out

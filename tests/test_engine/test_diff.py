@@ -13,10 +13,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from engine_helpers import git
 
 from engine.cli import main as engine_main
 from engine.diff import command as diff
@@ -217,17 +217,6 @@ def test_expressions_compare_by_syntax_tree_and_prose_by_words() -> None:
 # ---------------------------------------------------------------- --base REV (real git history)
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
-
-
 def _put(repo: Path, version: str) -> None:
     shutil.rmtree(repo / "specs", ignore_errors=True)
     shutil.copytree(FIXTURES / "git" / version / "specs", repo / "specs")
@@ -238,10 +227,10 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A repo whose HEAD holds v1 of the spec family; the working tree holds v1 too."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
+    git(repo, "init", "-q", "-b", "main")
     _put(repo, "v1")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "v1")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "v1")
     monkeypatch.chdir(repo)
     return repo
 
@@ -263,11 +252,11 @@ def test_base_revision_with_no_change_exits_0(repo: Path) -> None:
 
 
 def test_base_is_a_merge_base_of_a_branch(repo: Path) -> None:
-    _git(repo, "checkout", "-q", "-b", "feature")
+    git(repo, "checkout", "-q", "-b", "feature")
     _put(repo, "v2")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "v2")
-    merge_base = _git(repo, "merge-base", "main", "HEAD").strip()
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "v2")
+    merge_base = git(repo, "merge-base", "main", "HEAD").strip()
     rc, text, _ = run_diff("specs/probe.yaml", base=merge_base)
     assert rc == 1
     assert "+ leg1_reported_a_segment [gate]" in text and "- leg1_stopped_at_stop [gate]" in text
@@ -297,7 +286,7 @@ def test_a_spec_deleted_since_the_base_is_shown_removed(repo: Path) -> None:
 
 def test_an_invalid_spec_at_the_base_is_located_at_rev_and_path(repo: Path) -> None:
     (repo / "specs/lib/common.yaml").write_text("version: 1\nname: common\nbudget_s: [\n")
-    _git(repo, "commit", "-q", "-am", "broken")
+    git(repo, "commit", "-q", "-am", "broken")
     _put(repo, "v1")
     rc, out, err = run_diff("specs/probe.yaml", base="HEAD")
     assert (rc, out) == (2, "")
@@ -442,7 +431,7 @@ def test_a_leg_added_or_removed_upstream_voids_the_checks_downstream(runs: dict[
     }
 
 
-def test_the_issue_example_on_the_real_soak_spec(tmp_path: Path) -> None:
+def test_a_check_added_to_the_real_soak_spec_is_judged_on_a_saved_soak_run(tmp_path: Path) -> None:
     """specs/p4_soak.yaml gains `leg2_resumed_from_stop`; a saved soak run (an evidence document
     built from the real plan, legs reporting what the trainer's RUN_JSON says) answers it."""
     from engine.run import evidence as evmod

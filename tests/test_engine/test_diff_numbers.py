@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,8 +31,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def specs(tmp_path: Path) -> Path:
     """A copy of the fixture's specs/ to edit into the NEW side."""
-    import shutil
-
     shutil.copytree(FIXTURE, tmp_path / "specs")
     return tmp_path / "specs"
 
@@ -44,10 +42,8 @@ def changed(specs: Path, path: str, old: str, new: str) -> None:
     f.write_text(text.replace(old, new, 1))
 
 
-def diff_text(new: Path, run: Path) -> str:
-    args = argparse.Namespace(
-        old=str(FIXTURE / "probe.yaml"), new=str(new), base=None, evidence=str(run), markdown=None, mode=None
-    )
+def diff_text(new: Path, run: Path, old: Path = FIXTURE / "probe.yaml") -> str:
+    args = argparse.Namespace(old=str(old), new=str(new), base=None, evidence=str(run), markdown=None, mode=None)
     out, err = io.StringIO(), io.StringIO()
     assert diff.diff_main(args, out, err) == 1, err.getvalue()
     return out.getvalue()
@@ -59,7 +55,7 @@ def reviewed(new: Path, run: Path) -> dict:
 
 
 def test_a_value_threshold_loosened_shows_both_outcomes_values_and_margins(specs: Path, run: Path) -> None:
-    # The issue's case: the value a gate compares with moved, and nothing else; the run answers for both.
+    # The value a gate compares with moved, and nothing else: the run answers for both sides.
     changed(specs, "lib/common.yaml", "loss_max: 3.0", "loss_max: 4.5")
     text = diff_text(specs / "probe.yaml", run)
     assert "    ~ check loss_below_max (unchanged; reads a changed value) on run " in text
@@ -77,8 +73,9 @@ def test_a_literal_threshold_tightened_past_the_run_fails_it_and_says_so(specs: 
     assert "on this run: 12.5 <= 13.6 PASS (margin 1.1) -> 12.5 <= 12 FAIL (margin -0.5)" in text
 
 
-def test_a_bound_that_reads_the_run_is_placed_by_the_runs_numbers(specs: Path, run: Path) -> None:
-    # `mul(loss, 1.5)` -> `mul(loss, 2)`: which way it moved depends on the loss; the run gives it.
+@pytest.fixture
+def self_bound(specs: Path) -> Path:
+    """The OLD side, beside `specs`: the loss checked against 1.5 x itself, a bound that reads the run."""
     changed(
         specs,
         "lib/common.yaml",
@@ -86,22 +83,16 @@ def test_a_bound_that_reads_the_run_is_placed_by_the_runs_numbers(specs: Path, r
         "final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)",
     )
     base = specs.parent / "base"
-    import shutil
-
     shutil.copytree(specs, base)
+    return base / "probe.yaml"
+
+
+def test_a_bound_that_reads_the_run_is_placed_by_the_runs_numbers(specs: Path, run: Path, self_bound: Path) -> None:
+    # `mul(loss, 1.5)` -> `mul(loss, 2)`: which way it moved depends on the loss; the run gives it.
     changed(specs, "lib/common.yaml", "`1.5`)", "`2`)")
-    args = argparse.Namespace(
-        old=str(base / "probe.yaml"),
-        new=str(specs / "probe.yaml"),
-        base=None,
-        evidence=str(run),
-        markdown=None,
-        mode=None,
-    )
-    out = io.StringIO()
-    assert diff.diff_main(args, out, io.StringIO()) == 1
-    assert "on this run: 2.25 < 3.375 PASS (margin 1.125) -> 2.25 < 4.5 PASS (margin 2.25)" in out.getvalue()
-    assert ": loosened  (" in out.getvalue()
+    text = diff_text(specs / "probe.yaml", run, old=self_bound)
+    assert "on this run: 2.25 < 3.375 PASS (margin 1.125) -> 2.25 < 4.5 PASS (margin 2.25)" in text
+    assert ": loosened  (" in text
 
 
 def test_a_let_rewrite_is_unchanged_on_this_run_and_a_new_shape_cannot_be_told(specs: Path, run: Path) -> None:
@@ -177,36 +168,17 @@ def test_a_comparison_of_another_quantity_is_not_read_as_a_moved_bound() -> None
     assert s.verdict == UNKNOWN and "what it compares with changed (`a.x` -> `a.y`)" in s.why
 
 
-def test_a_bound_moved_inside_a_let_rewrite_keeps_the_runs_numbers(specs: Path, run: Path) -> None:
+def test_a_bound_moved_inside_a_let_rewrite_keeps_the_runs_numbers(specs: Path, run: Path, self_bound: Path) -> None:
     # Old: the loss against 1.5 x itself, written out; new: the same through `let:`, with 2 x.
-    changed(
-        specs,
-        "lib/common.yaml",
-        "final_loss < values.loss_max",
-        "final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)",
-    )
-    base = specs.parent / "base"
-    import shutil
-
-    shutil.copytree(specs, base)
     changed(
         specs,
         "lib/common.yaml",
         'expr: "steps.leg2.harvest.run_json.final_loss < mul(steps.leg2.harvest.run_json.final_loss, `1.5`)"',
         'expr: "let.loss < mul(let.loss, `2`)"\n    let:\n      loss: steps.leg2.harvest.run_json.final_loss',
     )
-    args = argparse.Namespace(
-        old=str(base / "probe.yaml"),
-        new=str(specs / "probe.yaml"),
-        base=None,
-        evidence=str(run),
-        markdown=None,
-        mode=None,
-    )
-    out = io.StringIO()
-    assert diff.diff_main(args, out, io.StringIO()) == 1
-    assert "changed check loss_below_max on run " in out.getvalue() and ": loosened  (" in out.getvalue()
-    assert "on this run: 2.25 < 3.375 PASS (margin 1.125) -> 2.25 < 4.5 PASS (margin 2.25)" in out.getvalue()
+    text = diff_text(specs / "probe.yaml", run, old=self_bound)
+    assert "changed check loss_below_max on run " in text and ": loosened  (" in text
+    assert "on this run: 2.25 < 3.375 PASS (margin 1.125) -> 2.25 < 4.5 PASS (margin 2.25)" in text
 
 
 def test_a_when_added_loosens_and_dropped_tightens() -> None:
@@ -214,10 +186,10 @@ def test_a_when_added_loosens_and_dropped_tightens() -> None:
     assert shift({"expr": "a < `1`", "when": "b"}, {"expr": "a < `1`"}, {}, {}).verdict == TIGHTENED
 
 
-def test_markdown_numbers_are_code_spans(specs: Path, run: Path, tmp_path: Path) -> None:
+def test_markdown_numbers_are_code_spans(specs: Path, run: Path, tmp_path: Path, monkeypatch) -> None:
     changed(specs, "lib/common.yaml", "loss_max: 3.0", "loss_max: 4.5")
     md = tmp_path / "d.md"
-    os.environ.pop("NO_COLOR", None)
+    monkeypatch.delenv("NO_COLOR", raising=False)
     assert (
         engine_main(
             [

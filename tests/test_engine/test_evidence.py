@@ -5,50 +5,24 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from engine_helpers import leg, write_spec
 
 from engine.judge.verdict import Exit
 from engine.run import evidence
 
-ROOT = Path(__file__).resolve().parents[2]
-LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
-
 # Python's json (the trainer's) writes NaN and Infinity as bare tokens; the harvest reads them so.
-SPEC = """\
-version: 1
-name: nonfinite
-description: a leg whose loss went NaN
-budget_s: 100
-steps:
-  - name: leg1
-    run:
-      argv: ["${{python}}", "{leg}", 'RUN_JSON {{"final_loss": NaN, "peak": Infinity, "low": -Infinity, "ok": 1.5}}']
-      timeout_s: 30
-      output:
-        harvest:
-          run_json: {{marker: "RUN_JSON ", pick: last}}
-checks:
-  - name: loss_is_finite
-    why: a NaN loss is a diverged run
-    expr: "is_finite(steps.leg1.harvest.run_json.final_loss)"
-  - name: loss_below_ceiling
-    why: NaN never passes a comparison
-    expr: "steps.leg1.harvest.run_json.final_loss < `6`"
-  - name: loss_not_above_ceiling
-    why: nor its negation
-    expr: "!(steps.leg1.harvest.run_json.final_loss >= `6`)"
-  - name: peak_is_finite
-    why: an infinite peak is no measurement
-    expr: "is_finite(steps.leg1.harvest.run_json.peak)"
-  - name: low_below_zero
-    why: minus infinity still compares
-    expr: "steps.leg1.harvest.run_json.low < `0`"
-"""
+DIVERGED = 'RUN_JSON {"final_loss": NaN, "peak": Infinity, "low": -Infinity, "ok": 1.5}'
+RUN_JSON = {"harvest": {"run_json": {"marker": "RUN_JSON ", "pick": "last"}}}
+NONFINITE_CHECKS = [
+    ("loss_is_finite", "a NaN loss is a diverged run", "is_finite(steps.leg1.harvest.run_json.final_loss)"),
+    ("loss_below_ceiling", "NaN never passes a comparison", "steps.leg1.harvest.run_json.final_loss < `6`"),
+    ("loss_not_above_ceiling", "nor its negation", "!(steps.leg1.harvest.run_json.final_loss >= `6`)"),
+    ("peak_is_finite", "an infinite peak is no measurement", "is_finite(steps.leg1.harvest.run_json.peak)"),
+    ("low_below_zero", "minus infinity still compares", "steps.leg1.harvest.run_json.low < `0`"),
+]
 
 
 def strict_loads(text: str) -> object:
@@ -60,18 +34,11 @@ def strict_loads(text: str) -> object:
     return json.loads(text, parse_constant=refuse)
 
 
-def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
-    )
-
-
-def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(tmp_path: Path) -> None:
-    spec = tmp_path / "n.yaml"
-    spec.write_text(SPEC.format(leg=LEG))
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(engine, tmp_path: Path) -> None:
+    checks = [{"name": name, "why": why, "expr": expr} for name, why, expr in NONFINITE_CHECKS]
+    steps = [leg(DIVERGED, name="leg1", timeout_s=30, output=RUN_JSON)]
+    spec = write_spec(tmp_path / "n.yaml", steps, name="nonfinite", budget_s=100, checks=checks)
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
     text = (tmp_path / "r" / "evidence.json").read_text()
     stored = strict_loads(text)["steps"]["leg1"]["harvest"]["run_json"]
     assert stored == {
@@ -88,7 +55,7 @@ def test_nonfinite_numbers_are_stored_as_standard_json_and_judged_alike(tmp_path
         "peak_is_finite": "FAIL",
         "low_below_zero": "PASS",
     }
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
+    engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
     (record,) = (tmp_path / "r").glob("check-*.json")
     rechecked = {c["name"]: c["outcome"] for c in strict_loads(record.read_text())["checks"]}
     assert rechecked == live

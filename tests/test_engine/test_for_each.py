@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from engine_helpers import git
 
 from engine.cli import main
 from engine.judge.verdict import Exit
@@ -21,8 +20,6 @@ from engine.spec.load import load_spec
 from engine.spec.located import SpecErrors
 from engine.spec.plan import build_plan
 from engine.spec.validate import findings
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Two legs that report like the trainer; one check written once for both stops.
 SPEC = """\
@@ -410,17 +407,11 @@ def test_override_replaces_one_expansion_or_the_whole_family(capsys):
 # ------------------------------------------------------------------ engine review
 
 
-def git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t"}
-    env["GIT_COMMITTER_EMAIL"] = "t@e"
-    subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
-
-
-def test_engine_review_names_a_removed_expansion_as_a_removed_gate(tmp_path, capsys):
+def test_engine_review_names_a_removed_expansion_as_a_removed_gate(tmp_path, capsys, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "specs").mkdir(parents=True)
     (repo / "specs" / "stops.yaml").write_text(SPEC)
-    os.chdir(repo)
+    monkeypatch.chdir(repo)
     assert main(["run", "specs/stops.yaml", "--run-dir", "evidence/stops"]) == Exit.PASS
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")

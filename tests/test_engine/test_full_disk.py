@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
-import yaml
+from engine_helpers import write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
-ENGINE = [sys.executable, "-m", "engine.cli"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 KiB = 1024
 
@@ -41,45 +41,36 @@ def leg(name: str, *actions: str, marker_json: int = 0) -> dict:
     }
 
 
-def write_spec(path: Path, steps: list[dict]) -> Path:
-    doc = {
-        "version": 1,
-        "name": "full",
-        "budget_s": 10_000,
-        "steps": steps,
-        "checks": [{"name": "ran", "why": "the first leg ran", "expr": "steps.leg1.rc == `0`"}],
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
-    return path
+FULL = {
+    "name": "full",
+    "budget_s": 10_000,
+    "checks": [{"name": "ran", "why": "the first leg ran", "expr": "steps.leg1.rc == `0`"}],
+}
 
 
-def limited_engine(args: list[str], cwd: Path, file_size: int) -> subprocess.CompletedProcess:
-    """`engine ARGS` whose files may not grow past `file_size` bytes (RLIMIT_FSIZE)."""
+def file_size_limit(size: int) -> Callable[[], None]:
+    """For a child process: its files may not grow past `size` bytes (RLIMIT_FSIZE)."""
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
-    return subprocess.run(
-        ENGINE + args, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300, preexec_fn=limit
-    )
+    return limit
 
 
 def stray_temp_files(run_dir: Path) -> list[str]:
     return [p.name for p in run_dir.rglob(".evidence.*")]
 
 
-def test_a_log_that_cannot_grow_stops_the_run_with_an_error_verdict_naming_it(tmp_path):
+def test_a_log_that_cannot_grow_stops_the_run_with_an_error_verdict_naming_it(engine_process, tmp_path):
     # 20,000 lines of 100 bytes: the log hits the 1 MiB limit long before the leg ends.
     spec = write_spec(
-        tmp_path / "s.yaml",
-        [leg("leg1", "@repeat:20000:" + "y" * 100, "@forever"), leg("leg2", "never")],
+        tmp_path / "s.yaml", [leg("leg1", "@repeat:20000:" + "y" * 100, "@forever"), leg("leg2", "never")], **FULL
     )
-    proc = limited_engine(["run", str(spec), "--run-dir", "r"], tmp_path, 1024 * KiB)
+    proc = engine_process("run", str(spec), "--run-dir", "r", cwd=tmp_path, preexec=file_size_limit(1024 * KiB))
     log = tmp_path / "r" / "logs" / "leg1.log"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-    verdict_line = proc.stdout.strip().splitlines()[-1]
+    assert "Traceback" not in proc.err and proc.code == 4, proc
+    verdict_line = proc.out.strip().splitlines()[-1]
     assert verdict_line.startswith(f"VERDICT full ERROR could not write {log}: File too large (EFBIG)")
     assert "the run stopped at step leg1" in verdict_line
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())  # a small file: still writable
@@ -94,19 +85,15 @@ def test_a_log_that_cannot_grow_stops_the_run_with_an_error_verdict_naming_it(tm
     assert log.stat().st_size <= 1024 * KiB and stray_temp_files(tmp_path / "r") == []
 
 
-def test_evidence_that_cannot_grow_keeps_its_last_complete_version(tmp_path):
+def test_evidence_that_cannot_grow_keeps_its_last_complete_version(engine_process, tmp_path):
     # Each leg adds a 20 KiB RUN_JSON to the evidence; it outgrows the 64 KiB limit at leg 3 or 4.
-    spec = write_spec(tmp_path / "s.yaml", [leg(f"leg{i}", marker_json=20 * KiB) for i in range(1, 7)])
-    proc = limited_engine(["run", str(spec), "--run-dir", "r"], tmp_path, 64 * KiB)
+    spec = write_spec(tmp_path / "s.yaml", [leg(f"leg{i}", marker_json=20 * KiB) for i in range(1, 7)], **FULL)
+    proc = engine_process("run", str(spec), "--run-dir", "r", cwd=tmp_path, preexec=file_size_limit(64 * KiB))
     target = tmp_path / "r" / "evidence.json"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert (
-        proc.stdout.strip()
-        .splitlines()[-1]
-        .startswith(f"VERDICT full ERROR could not write {target}: File too large (EFBIG)")
-    )
-    assert f"ERROR: the verdict could not be stored: could not write {target}" in proc.stdout
+    assert "Traceback" not in proc.err and proc.code == 4, proc
+    verdict_line = proc.out.strip().splitlines()[-1]
+    assert verdict_line.startswith(f"VERDICT full ERROR could not write {target}: File too large (EFBIG)")
+    assert f"ERROR: the verdict could not be stored: could not write {target}" in proc.out
     doc = json.loads(target.read_text())  # the last version that fit, whole
     statuses = [doc["steps"][f"leg{i}"]["status"] for i in range(1, 7)]
     done = statuses.index("not_run")
@@ -128,7 +115,7 @@ def _private_tmpfs_works() -> bool:
 
 @pytest.mark.skipif(not _private_tmpfs_works(), reason="no unprivileged tmpfs (user namespaces) on this machine")
 def test_a_really_full_disk_takes_the_same_path(tmp_path):
-    write_spec(tmp_path / "s.yaml", [leg("leg1", "@repeat:20000:" + "y" * 100, "@forever")])
+    write_spec(tmp_path / "s.yaml", [leg("leg1", "@repeat:20000:" + "y" * 100, "@forever")], **FULL)
     disk, kept = tmp_path / "disk", tmp_path / "kept"
     disk.mkdir()
     # In a mount namespace of its own: a 256 KiB tmpfs as the run dir's disk, copied out afterwards.

@@ -1,56 +1,39 @@
 """Harvest problems (engine/run/output.py -> engine/judge/verdict.py -> engine/show/report.py): a malformed marker
 line, or marker lines that disagree, fail the verdict unless the spec opts in, and every report
-names the lines. Real `engine` subprocesses over tests/legs/leg.py."""
+names the lines. Real `engine` runs over tests/legs/leg.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from engine_helpers import LEG, write_spec
 
 from engine.judge.verdict import Exit
 from engine.run.lines import Block
 from engine.run.output import Capture, compile_rules, harvest_problems
 
-ROOT = Path(__file__).resolve().parents[2]
-LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
-
-SPEC = """\
-version: 1
-name: harvesting
-description: a leg whose marker lines may disagree or not parse
-budget_s: 100
-values:
-  want: 12
-steps:
-  - name: leg1
-    run:
-      argv: {argv}
-      timeout_s: 30
-      output:
-        harvest:
-          run_json: {{marker: "RUN_JSON ", pick: last{opts}}}
-checks:
-  - name: final_step_is_wanted
-    why: the leg reports the step it stopped at
-    expr: "steps.leg1.harvest.run_json.final_step == values.want"
-"""
+WANTED = {
+    "name": "harvesting",
+    "budget_s": 100,
+    "values": {"want": 12},
+    "checks": [
+        {
+            "name": "final_step_is_wanted",
+            "why": "the leg reports the step it stopped at",
+            "expr": "steps.leg1.harvest.run_json.final_step == values.want",
+        }
+    ],
+}
 
 
-def write_spec(path: Path, *lines: str, opts: str = "") -> Path:
-    argv = json.dumps([sys.executable, LEG, *lines])
-    path.write_text(SPEC.format(argv=argv.replace("${", "$${"), opts=opts))
-    return path
-
-
-def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
-    )
+def harvesting(path: Path, *lines: str, **opts: str) -> Path:
+    """A spec whose leg prints `lines` and harvests the last RUN_JSON, with the harvest options `opts`."""
+    rule = {"marker": "RUN_JSON ", "pick": "last", **opts}
+    run = {"argv": [sys.executable, LEG, *lines], "timeout_s": 30, "output": {"harvest": {"run_json": rule}}}
+    return write_spec(path, [{"name": "leg1", "run": run}], **WANTED)
 
 
 def feed(run: dict, *lines: str) -> Capture:
@@ -60,7 +43,7 @@ def feed(run: dict, *lines: str) -> Capture:
 
 
 def test_a_malformed_line_after_the_kept_one_is_recorded_even_for_pick_first() -> None:
-    # pick: first used to stop parsing at the first valid line, so a later broken one went unseen.
+    # pick: first must go on parsing after the first valid line, or a later broken one goes unseen.
     capture = feed(
         {"output": {"harvest": {"r": {"marker": "R ", "pick": "first"}}}}, 'R {"a": 1}', "noise", "R {broken"
     )
@@ -98,16 +81,17 @@ def test_problems_name_the_log_lines_and_honour_the_opt_ins() -> None:
     assert not opted["malformed"]["fails"] and opted["malformed"]["message"].endswith("(on_malformed: skip)")
 
 
-def test_disagreeing_markers_fail_the_verdict_in_every_report(tmp_path: Path) -> None:
+def test_disagreeing_markers_fail_the_verdict_in_every_report(engine, tmp_path: Path) -> None:
     # The check itself passes on the last marker: only the conflict can fail this run.
-    spec = write_spec(tmp_path / "h.yaml", "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}')
-    r = engine("run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "s.md", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
-    lines = r.stdout.splitlines()
+    spec = harvesting(tmp_path / "h.yaml", "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}')
+    r = engine(
+        "run", str(spec), "--run-dir", "r", "--junit", "j.xml", "--markdown", "s.md", cwd=tmp_path, expect=Exit.FAILED
+    )
+    lines = r.out.splitlines()
     assert lines[-1].startswith('VERDICT harvesting FAIL ["harvest:leg1.run_json"]')
     row = next(x for x in lines if x.startswith("harvest:leg1.run_json"))
     assert "FAIL" in row and "(lines 2, 4); pick last kept line 4" in row
-    assert "final_step_is_wanted" in r.stdout and "HARVEST FAILED run_json (conflict)" in r.stdout
+    assert "final_step_is_wanted" in r.out and "HARVEST FAILED run_json (conflict)" in r.out
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     assert doc["verdict"]["failed"] == ["harvest:leg1.run_json"]
     (problem,) = doc["verdict"]["harvest"]
@@ -123,33 +107,28 @@ def test_disagreeing_markers_fail_the_verdict_in_every_report(tmp_path: Path) ->
     assert "Failed: `harvest:leg1.run_json`" in md
 
     # Opting in later is honoured by `engine check` (the evidence records facts; the spec judges).
-    write_spec(
-        spec, "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}', opts=", on_conflict: pick"
-    )
-    r = engine("check", str(spec), "--evidence", "r", "--junit", "j2.xml", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout + r.stderr
-    row = next(x for x in r.stdout.splitlines() if x.startswith("harvest:leg1.run_json"))
+    harvesting(spec, "hello", 'RUN_JSON {"final_step": 10}', "mid", 'RUN_JSON {"final_step": 12}', on_conflict="pick")
+    r = engine("check", str(spec), "--evidence", "r", "--junit", "j2.xml", cwd=tmp_path, expect=Exit.PASS)
+    row = next(x for x in r.out.splitlines() if x.startswith("harvest:leg1.run_json"))
     assert " note " in row and row.endswith("(on_conflict: pick)")
     suite = ET.parse(tmp_path / "j2.xml").getroot()
     assert suite.get("failures") == "0" and "NOTE (opted in)" in ET.tostring(suite, encoding="unicode")
 
 
-def test_a_malformed_marker_after_a_valid_one_fails_unless_skipped(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "h.yaml", 'RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1')
-    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED
-    assert r.stdout.splitlines()[-1].startswith('VERDICT harvesting FAIL ["harvest:leg1.run_json"]')
-    assert "malformed: logs/leg1.log line 2: 'RUN_JSON ' followed by invalid JSON" in r.stdout
-    write_spec(spec, 'RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1', opts=", on_malformed: skip")
-    r = engine("run", str(spec), "--run-dir", "r2", cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stdout
-    assert "(on_malformed: skip)" in r.stdout
+def test_a_malformed_marker_after_a_valid_one_fails_unless_skipped(engine, tmp_path: Path) -> None:
+    spec = harvesting(tmp_path / "h.yaml", 'RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1')
+    r = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert r.out.splitlines()[-1].startswith('VERDICT harvesting FAIL ["harvest:leg1.run_json"]')
+    assert "malformed: logs/leg1.log line 2: 'RUN_JSON ' followed by invalid JSON" in r.out
+    harvesting(spec, 'RUN_JSON {"final_step": 12}', 'RUN_JSON {"final_step": 1', on_malformed="skip")
+    r = engine("run", str(spec), "--run-dir", "r2", cwd=tmp_path, expect=Exit.PASS)
+    assert "(on_malformed: skip)" in r.out
 
 
-def test_harvest_opt_ins_are_validated_and_shown_by_plan(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "h.yaml", "x", opts=", on_conflict: last_wins")
-    r = engine("validate", str(spec), cwd=tmp_path)
-    assert r.returncode == Exit.USAGE and "on_conflict" in r.stdout
-    write_spec(spec, "x", opts=", on_conflict: pick")
+def test_harvest_opt_ins_are_validated_and_shown_by_plan(engine, tmp_path: Path) -> None:
+    spec = harvesting(tmp_path / "h.yaml", "x", on_conflict="last_wins")
+    r = engine("validate", str(spec), cwd=tmp_path, expect=Exit.USAGE)
+    assert "on_conflict" in r.out
+    harvesting(spec, "x", on_conflict="pick")
     r = engine("plan", str(spec), cwd=tmp_path)
-    assert "harvest: run_json <- 'RUN_JSON ' (last, on_conflict pick)" in r.stdout
+    assert "harvest: run_json <- 'RUN_JSON ' (last, on_conflict pick)" in r.out

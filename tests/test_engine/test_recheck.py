@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from engine_helpers import LEG, git, write_spec
 
 from engine.judge.recheck import describe_change
 from engine.judge.verdict import Exit, run_status
 
 ROOT = Path(__file__).resolve().parents[2]
-LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
 
 SPEC = """\
 version: 1
@@ -48,30 +45,19 @@ checks:
 """
 
 
-def write_spec(
-    path: Path, name: str = "lossy", rc: int = 0, ceiling: str = "6.0", steps: str = "20", extra: str = ""
-) -> Path:
-    path.write_text(SPEC.format(name=name, leg=LEG, rc=rc, ceiling=ceiling, steps=steps, extra=extra))
-    return path
+def lossy_spec(name: str = "lossy", rc: int = 0, ceiling: str = "6.0", steps: str = "20", extra: str = "") -> str:
+    return SPEC.format(name=name, leg=LEG, rc=rc, ceiling=ceiling, steps=steps, extra=extra)
 
 
-def engine(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env
-    )
-
-
-def test_check_uses_the_specs_current_values_and_lists_each_change(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
-    write_spec(spec, ceiling="0.01", extra="\n  note: added later")  # only checks could read them
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1].startswith('VERDICT lossy FAIL ["loss_below_ceiling"]')
-    assert "values.ceiling = 0.01" in r.stdout
-    assert "ceiling: run had 6.0, spec has 0.01" in r.stderr
-    assert 'note: run had no such value, spec has "added later"' in r.stderr
+def test_check_uses_the_specs_current_values_and_lists_each_change(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec())
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
+    write_spec(spec, lossy_spec(ceiling="0.01", extra="\n  note: added later"))  # only checks could read them
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert r.out.splitlines()[-1].startswith('VERDICT lossy FAIL ["loss_below_ceiling"]')
+    assert "values.ceiling = 0.01" in r.out
+    assert "ceiling: run had 6.0, spec has 0.01" in r.err
+    assert 'note: run had no such value, spec has "added later"' in r.err
     (record,) = (tmp_path / "r").glob("check-*.json")
     changed = json.loads(record.read_text())["values_changed"]
     assert {"name": "ceiling", "run": 6.0, "spec": 0.01} in changed
@@ -79,27 +65,26 @@ def test_check_uses_the_specs_current_values_and_lists_each_change(tmp_path: Pat
     assert saved["values"]["ceiling"] == 6.0  # the evidence itself is never rewritten
 
 
-def test_a_value_edited_in_the_evidence_cannot_pass_a_failed_gate(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", ceiling="5.0")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.FAILED
+def test_a_value_edited_in_the_evidence_cannot_pass_a_failed_gate(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec(ceiling="5.0"))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
     path = tmp_path / "r" / "evidence.json"
     doc = json.loads(path.read_text())
     doc["values"]["ceiling"] = 100
     path.write_text(json.dumps(doc))
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED and "values.ceiling = 5.0" in r.stdout
-    assert "ceiling: run had 100, spec has 5.0" in r.stderr
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.FAILED)
+    assert "values.ceiling = 5.0" in r.out
+    assert "ceiling: run had 100, spec has 5.0" in r.err
 
 
-def test_a_changed_leg_is_refused_showing_the_tokens_that_moved(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
-    write_spec(spec, steps="30")
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE
-    # The argv is longer than a cut of 100 characters: both sides used to read the same.
-    assert "step leg1: definition changed (run.argv: `--steps 20` -> `--steps 30`)" in r.stderr
-    assert "values changed since the run:\n  steps: run had 20, spec has 30" in r.stderr
+def test_a_changed_leg_is_refused_showing_the_tokens_that_moved(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec())
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
+    write_spec(spec, lossy_spec(steps="30"))
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.USAGE)
+    # The argv is longer than a cut of 100 characters: the cut shows where the two sides differ.
+    assert "step leg1: definition changed (run.argv: `--steps 20` -> `--steps 30`)" in r.err
+    assert "values changed since the run:\n  steps: run had 20, spec has 30" in r.err
 
 
 def test_describe_change_cuts_long_values_around_their_difference() -> None:
@@ -110,45 +95,42 @@ def test_describe_change_cuts_long_values_around_their_difference() -> None:
     assert describe_change("run.argv", ["a", "--n", "1"], ["a", "--n", "2"]) == "run.argv: `--n 1` -> `--n 2`"
 
 
-def test_changed_output_rules_are_refused_by_check_but_not_the_judging_options(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+def test_changed_output_rules_are_refused_by_check_but_not_the_judging_options(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec())
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
     spec.write_text(spec.read_text().replace("pick: last}", "pick: last, on_conflict: pick}"))
-    assert engine("check", str(spec), "--evidence", "r", cwd=tmp_path).returncode == Exit.PASS
+    engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.PASS)
     spec.write_text(spec.read_text().replace('marker: "RUN_JSON "', 'marker: "RUN "'))
-    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path)
-    assert r.returncode == Exit.USAGE
+    r = engine("check", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.USAGE)
     assert (
         'step leg1: output rules changed (output.harvest.run_json.marker: "RUN_JSON " -> "RUN ")'
-    ) in r.stderr and "engine replay" in r.stderr
+    ) in r.err and "engine replay" in r.err
     r = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)  # re-harvested: no "RUN " line
-    assert r.returncode == Exit.FAILED and "steps.leg1.harvest.run_json.final_loss is missing" in r.stdout
+    assert r.code == Exit.FAILED and "steps.leg1.harvest.run_json.final_loss is missing" in r.out
 
 
-def test_evidence_of_another_spec_is_refused_naming_both(tmp_path: Path) -> None:
+def test_evidence_of_another_spec_is_refused_naming_both(engine, tmp_path: Path) -> None:
     shutil.copytree(ROOT / "evidence" / "p4_soak", tmp_path / "p4_soak")
-    r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), "--evidence", str(tmp_path / "p4_soak"), cwd=tmp_path)
-    assert r.returncode == Exit.USAGE, r.stdout
-    assert "evidence of spec 'p4_soak' (specs/p4_soak.yaml), not of spec 'p4_smoke'" in r.stderr
-    assert r.stdout == "" and not list((tmp_path / "p4_soak").glob("check-*.json"))
-    r = engine("check", str(ROOT / "specs" / "p4_soak.yaml"), "--evidence", str(tmp_path / "p4_soak"), cwd=tmp_path)
-    assert r.returncode == Exit.PASS, r.stderr
+    saved = ("--evidence", str(tmp_path / "p4_soak"))
+    r = engine("check", str(ROOT / "specs" / "p4_smoke.yaml"), *saved, cwd=tmp_path, expect=Exit.USAGE)
+    assert "evidence of spec 'p4_soak' (specs/p4_soak.yaml), not of spec 'p4_smoke'" in r.err
+    assert r.out == "" and not list((tmp_path / "p4_soak").glob("check-*.json"))
+    engine("check", str(ROOT / "specs" / "p4_soak.yaml"), *saved, cwd=tmp_path, expect=Exit.PASS)
 
 
-def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", rc=3)
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.FAILED
+def test_a_hand_edited_status_does_not_turn_a_failed_leg_into_a_pass(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec(rc=3))
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
     path = tmp_path / "r" / "evidence.json"
     doc = json.loads(path.read_text())
     doc["steps"]["leg1"]["status"] = "ok"
     path.write_text(json.dumps(doc))
-    r = engine("check", str(spec), "--evidence", "r", "--junit", "j.xml", cwd=tmp_path)
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1].startswith('VERDICT lossy FAIL ["step:leg1"]')
-    lines = r.stdout.splitlines()
+    r = engine("check", str(spec), "--evidence", "r", "--junit", "j.xml", cwd=tmp_path, expect=Exit.FAILED)
+    assert r.out.splitlines()[-1].startswith('VERDICT lossy FAIL ["step:leg1"]')
+    lines = r.out.splitlines()
     assert lines[0].startswith("re-checked at ") and lines[1].startswith("check ")  # a re-check says so first
     assert lines[2].split()[:2] == ["step:leg1", "failed"]
-    assert "the evidence says status 'ok', but it recorded rc 3 (ok_exit_codes [0]): counted as failed" in r.stderr
+    assert "the evidence says status 'ok', but it recorded rc 3 (ok_exit_codes [0]): counted as failed" in r.err
 
 
 @pytest.mark.parametrize(
@@ -173,29 +155,18 @@ RECHECKED = re.compile(
 )
 
 
-def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml")
-    r = engine("run", str(spec), "--run-dir", "r", "--markdown", "run.md", "--html", "run.html", cwd=tmp_path)
-    assert r.returncode == Exit.PASS
-    # A run's own reports are not re-checks.
-    assert "re-checked" not in (tmp_path / "run.md").read_text() + (tmp_path / "run.html").read_text() + r.stdout
-    write_spec(spec, ceiling="4.0")  # the run had 6.0: its loss 5.4 is over the new ceiling
+def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec())
     r = engine(
-        "check",
-        str(spec),
-        "--evidence",
-        "r",
-        "--markdown",
-        "m.md",
-        "--html",
-        "h.html",
-        "--junit",
-        "j.xml",
-        cwd=tmp_path,
+        "run", str(spec), *"--run-dir r --markdown run.md --html run.html".split(), cwd=tmp_path, expect=Exit.PASS
     )
-    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+    # A run's own reports are not re-checks.
+    assert "re-checked" not in (tmp_path / "run.md").read_text() + (tmp_path / "run.html").read_text() + r.out
+    write_spec(spec, lossy_spec(ceiling="4.0"))  # the run had 6.0: its loss 5.4 is over the new ceiling
+    r = engine("check", str(spec), *"--evidence r --markdown m.md --html h.html --junit j.xml".split(), cwd=tmp_path)
+    assert r.code == Exit.FAILED, r.out + r.err
     sha = hashlib.sha256(spec.read_bytes()).hexdigest()  # the spec as it is now, not as it ran
-    lines = r.stdout.splitlines()
+    lines = r.out.splitlines()
     head = RECHECKED.fullmatch(lines[0])
     assert head is not None, lines[0]
     assert head.groups() == (f"sha256 {sha[:12]} of s.yaml (not in a git work tree)", "1")
@@ -211,32 +182,31 @@ def test_a_recheck_says_so_in_every_report_with_each_changed_value_as_run_to_now
     assert props["value.ceiling"] == "6.0 -> 4.0" and props["spec_revision"] == head.group(1)
     (record,) = (tmp_path / "r").glob("check-*.json")
     assert json.loads(record.read_text())["spec_revision"]["sha256"] == sha
-    replayed = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()
+    replayed = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path).out.splitlines()
     assert replayed[0].startswith("replayed (logs re-harvested) and re-checked at ") and replayed[1] == lines[1]
 
 
-def test_a_recheck_names_the_specs_git_commit_and_says_when_the_spec_differs_from_it(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
-    subprocess.run([*git, "add", "s.yaml"], cwd=tmp_path, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "spec"], cwd=tmp_path, check=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
-    head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()[0])
+def test_a_recheck_names_the_specs_git_commit_and_says_when_the_spec_differs_from_it(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec())
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "s.yaml")
+    git(tmp_path, "commit", "-q", "-m", "spec")
+    commit = git(tmp_path, "rev-parse", "HEAD")
+    head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).out.splitlines()[0])
     assert head is not None and head.groups() == (f"git {commit[:12]}", "0")
-    write_spec(spec, ceiling="4.0")
-    head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()[0])
+    write_spec(spec, lossy_spec(ceiling="4.0"))
+    head = RECHECKED.fullmatch(engine("check", str(spec), "--evidence", "r", cwd=tmp_path).out.splitlines()[0])
     assert head is not None and head.group(2) == "1"
     assert re.fullmatch(rf"git {commit[:12]} with uncommitted changes \(spec sha256 [0-9a-f]{{12}}\)", head.group(1))
 
 
-def test_a_rechecked_note_inside_the_saved_evidence_is_not_believed(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml")
-    assert engine("run", str(spec), "--run-dir", "r", cwd=tmp_path).returncode == Exit.PASS
+def test_a_rechecked_note_inside_the_saved_evidence_is_not_believed(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", lossy_spec())
+    engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.PASS)
     path = tmp_path / "r" / "evidence.json"
     doc = json.loads(path.read_text())
     doc["rechecked"] = {"kind": "check", "at": "1999-01-01T00:00:00Z", "revision": {"git": "f" * 40}}
     path.write_text(json.dumps(doc))
-    line = engine("check", str(spec), "--evidence", "r", cwd=tmp_path).stdout.splitlines()[0]
+    line = engine("check", str(spec), "--evidence", "r", cwd=tmp_path).out.splitlines()[0]
     assert RECHECKED.fullmatch(line) and "1999" not in line and "ffffff" not in line

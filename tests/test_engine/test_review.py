@@ -14,28 +14,17 @@ import math
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable
 
 import pytest
+from engine_helpers import git
 
 from engine.cli import main as engine_main
 from engine.diff.review import EXIT_INVALID, EXIT_RISKY, EXIT_SAFE, WHY_RISKY, build_review, render_review
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "specs" / "review" / "specs"
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
 def run_probe(repo: Path, run_dir: str = "evidence/probe", mode: str = "smoke") -> None:
@@ -336,21 +325,31 @@ def test_a_gate_the_saved_run_failed_already_at_the_base_is_no_new_risk(repo: Pa
     assert "saved run: FAIL (5/6 gates pass)" in text
 
 
-def test_a_tightened_threshold_is_classified_with_its_numbers(repo: Path) -> None:
-    SAFE["tighten_a_value_threshold"](repo)
-    commit(repo, "tighten")
+def risky_lines() -> tuple[list[str], str]:
+    """The lines `engine review` marks risky, and its whole text (it exits 1 and says nothing on stderr)."""
+    rc, text, err = review()
+    assert (rc, err) == (EXIT_RISKY, ""), text
+    return [line for line in text.splitlines() if line.startswith("  ! ")], text
+
+
+def safe_change_reviewed(repo: Path, case: str) -> str:
+    """The review of the safe change `case`, committed on the branch: what it says (it exits 0)."""
+    SAFE[case](repo)
+    commit(repo, case)
     rc, text, _ = review()
-    assert rc == EXIT_SAFE
+    assert rc == EXIT_SAFE, text
+    return text
+
+
+def test_a_tightened_threshold_is_classified_with_its_numbers(repo: Path) -> None:
+    text = safe_change_reviewed(repo, "tighten_a_value_threshold")
     assert "    ~ check loss_below_max (unchanged; reads a changed value) on run " in text
     assert ": tightened  (specs/lib/common.yaml:" in text
     assert "on this run: 2.25 < 3 PASS (margin 0.75) -> 2.25 < 2.5 PASS (margin 0.25)" in text
 
 
 def test_a_let_rewrite_is_unchanged_on_the_saved_run(repo: Path) -> None:
-    SAFE["rewrite_a_check_through_let"](repo)
-    commit(repo, "let")
-    rc, text, _ = review()
-    assert rc == EXIT_SAFE
+    text = safe_change_reviewed(repo, "rewrite_a_check_through_let")
     assert "changed check loss_below_max on run " in text
     assert ": unchanged on this run (the same expression once its `let:` names are written out)" in text
 
@@ -531,9 +530,7 @@ def test_a_let_pinned_to_a_constant_names_what_it_read_before(repo: Path) -> Non
     git(repo, "checkout", "-q", "-B", "pr")
     edit(repo, LIB, "loss: steps.leg2.harvest.run_json.final_loss", 'loss: "sub(values.loss_max, `1`)"')
     commit(repo, "pin the loss one under the ceiling")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    risky = [line for line in text.splitlines() if line.startswith("  ! ")]
+    risky, text = risky_lines()
     assert risky == [
         "  ! gate pinned to a constant in specs/probe.yaml [mode smoke, soak]: gate `loss_below_max`: `loss` is "
         "now ``sub(values.loss_max, `1`)``, the spec's 2.0 on every run (it was "
@@ -578,9 +575,7 @@ def test_a_timeout_cut_below_what_the_saved_run_took_is_risky_with_both_numbers(
     took, run = saved_smoke_leg1()
     assert took > 3
     edit(shipped, SEGMENT, SMOKE_TIMEOUTS, SMOKE_TIMEOUTS.replace("t_leg1: 1200,", "t_leg1: 3,"))
-    rc, text, err = review()
-    assert (rc, err) == (EXIT_RISKY, ""), text
-    risky = [line for line in text.splitlines() if line.startswith("  ! ")]
+    risky, text = risky_lines()
     assert risky == [
         "  ! time limit under the saved run in specs/p4_smoke.yaml [mode smoke]: leg `leg1`'s timeout 1200 s -> 3 s "
         f"(`t_leg1`), and the saved run's leg1 took {took:.1f} s ({run})  "
@@ -611,9 +606,7 @@ def test_a_value_that_leaves_a_gates_when_false_in_every_mode_and_target_is_risk
     """`gate_peak` reads `target`, which SPECPROBE_TARGET sets: true for soak on a GPU target. Changed so that
     no mode and no target the spec lists makes it true, the memory gate never runs."""
     edit(shipped, SEGMENT, "target != 'local'", "target == 'tpu'")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    risky = [line for line in text.splitlines() if line.startswith("  ! ")]
+    risky, text = risky_lines()
     assert risky == [
         "  ! gate never runs in specs/p4_soak.yaml [mode smoke, soak]: gate `peak_memory_during_training_below_gate`: "
         "`when: values.gate_peak` is false in every mode (smoke, soak) and every `target` (gpu, local, real): "

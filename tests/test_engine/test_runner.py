@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from legs.plan_stub import PlanStub, run_step
+from processes import pid_in
 
 from engine.run import evidence
 from engine.run.remove import check_removable
@@ -238,6 +238,13 @@ def test_no_secret_reaches_evidence_logs_or_output(tmp_path: Path, monkeypatch) 
     assert doc["steps"]["leg1"]["harvest"]["rj"] == {"token": "<redacted>"}
 
 
+def stub_started(steps: Path, run_dir: Path) -> subprocess.Popen[str]:
+    """tests/legs/plan_stub.py running `steps` into `run_dir`, a program of its own to signal."""
+    command = [sys.executable, STUB, str(steps), str(run_dir)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+
+
 def test_ctrl_c_kills_the_leg_group_and_evidence_says_interrupted(tmp_path: Path) -> None:
     pidfile, child = tmp_path / "pid", tmp_path / "child"
     steps = [
@@ -246,17 +253,8 @@ def test_ctrl_c_kills_the_leg_group_and_evidence_says_interrupted(tmp_path: Path
     ]
     (tmp_path / "steps.json").write_text(json.dumps(steps))
     run_dir = tmp_path / "run"
-    engine = subprocess.Popen(
-        [sys.executable, STUB, str(tmp_path / "steps.json"), str(run_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    deadline = time.monotonic() + 20
-    while not (child.exists() and child.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    engine = stub_started(tmp_path / "steps.json", run_dir)
+    pid_in(child)
     engine.send_signal(signal.SIGINT)
     output, _ = engine.communicate(timeout=30)
     assert engine.returncode == 130, output
@@ -291,17 +289,8 @@ def test_sigterm_to_the_engine_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     steps = [run_step("leg1", f"@pidfile:{pidfile}", "@forever", timeout_s=60, grace_s=5)]
     (tmp_path / "steps.json").write_text(json.dumps(steps))
-    engine = subprocess.Popen(
-        [sys.executable, STUB, str(tmp_path / "steps.json"), str(tmp_path / "run")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    deadline = time.monotonic() + 20
-    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    engine = stub_started(tmp_path / "steps.json", tmp_path / "run")
+    pid_in(pidfile)
     engine.terminate()
     output, _ = engine.communicate(timeout=30)
     assert engine.returncode == 130, output

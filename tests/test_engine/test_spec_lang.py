@@ -105,8 +105,8 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_a_name_repeated_in_one_file_is_refused_naming_both_places(section, text, tmp_path, capsys):
-    """With `extends` the second copy used to replace the first silently: a copy-pasted check that was
-    not renamed removed a gate and `engine validate` said OK."""
+    """With `extends` a second copy must not replace the first silently: a copy-pasted check that was not
+    renamed would remove a gate while `engine validate` said OK."""
     path = child(tmp_path, text)
     rc, out, _ = validate_cli(path, capsys)
     assert rc == Exit.USAGE

@@ -10,60 +10,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
+from engine_helpers import LEG, engine_started, leg, write_spec
+from processes import gone, pid_in, still_alive
 
-from engine.cli import main
 from engine.run import reaper, subreaper
 from engine.run.process import run_command
 
-ROOT = Path(__file__).resolve().parents[2]
-LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
-ENGINE = [sys.executable, "-m", "engine.cli"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def pid_in(path: Path, timeout: float = 20.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never written")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def still_alive(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
-
 
 def spec_file(path: Path, *actions: str, grace_s: int = 5) -> Path:
-    doc = {
-        "version": 1,
-        "name": "guarded",
-        "budget_s": 1000,
-        "steps": [
-            {"name": "leg", "run": {"argv": [sys.executable, LEG, *actions], "timeout_s": 120, "grace_s": grace_s}}
-        ],
-        "checks": [{"name": "ran", "why": "the leg ran", "expr": "steps.leg.rc == `0`"}],
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=10_000))
-    return path
+    return write_spec(path, [leg(*actions, timeout_s=120, grace_s=grace_s)], name="guarded")
 
 
 @pytest.fixture
@@ -72,7 +31,7 @@ def cleanup():
     files: list[Path] = []
     yield files
     for path in files:
-        if path.exists() and path.read_text().strip() and alive(int(path.read_text())):
+        if path.exists() and path.read_text().strip() and not gone(int(path.read_text())):
             os.kill(int(path.read_text()), signal.SIGKILL)
 
 
@@ -101,14 +60,7 @@ def test_the_second_ctrl_c_takes_a_daemon_the_leg_started_during_its_grace(tmp_p
     spec = spec_file(
         tmp_path / "s.yaml", f"@on_term:@daemon_noenv:{daemon}", f"@pidfile:{leader}", "@forever", grace_s=60
     )
-    proc = subprocess.Popen(
-        ENGINE + ["run", str(spec), "--run-dir", "r"],
-        cwd=tmp_path,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = engine_started("run", str(spec), "--run-dir", "r", cwd=tmp_path)
     try:
         pid_in(leader)
         proc.send_signal(signal.SIGINT)
@@ -157,12 +109,11 @@ def test_a_reaper_that_cannot_start_refuses_the_leg_naming_why(tmp_path, broken_
     assert result.error in (tmp_path / "leg.log").read_text()
 
 
-def test_engine_run_without_a_reaper_fails_the_leg_and_says_why(tmp_path, broken_reaper, capsys):
+def test_engine_run_without_a_reaper_fails_the_leg_and_says_why(engine, tmp_path, broken_reaper):
     started = tmp_path / "started.pid"
     spec = spec_file(tmp_path / "s.yaml", f"@pidfile:{started}")
-    rc = main(["run", str(spec), "--run-dir", str(tmp_path / "r")])
-    out = capsys.readouterr().out
-    assert rc == 5 and not started.exists()
+    out = engine("run", str(spec), "--run-dir", str(tmp_path / "r"), expect=5).out
+    assert not started.exists()
     error = json.loads((tmp_path / "r" / "evidence.json").read_text())["steps"]["leg"]["error"]
     assert "without the reaper" in error and "No module named 'engine.run'" in error
     assert "WARNING: the reaper" in out and "did not start" in out

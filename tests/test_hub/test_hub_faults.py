@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 from blobs import sha, write
-from conftest import HUB_TOKEN, SleepRecorder
-from hubserver import HubServer
+from hubserver import HUB_TOKEN, HubServer
 from trainer_helpers import IDENTITY
 
 from trainer.ckpt.checkpointer import (
@@ -49,7 +48,7 @@ def commit_posts(server: HubServer) -> list[dict]:
 
 @pytest.mark.parametrize("status", [500, 503])
 def test_5xx_on_commit_is_retried_with_exponential_backoff(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, status: int
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path, status: int
 ) -> None:
     store = ready(hub_store, "s5xx")
     before = hub_server.commit_count("tester/s5xx")
@@ -61,21 +60,21 @@ def test_5xx_on_commit_is_retried_with_exponential_backoff(
     assert len(sleeps.delays) == 2 and sleeps.delays[1] > sleeps.delays[0] * 1.4  # 0.01 -> 0.02 (jittered)
 
 
-def test_429_honours_retry_after(hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path) -> None:
+def test_429_honours_retry_after(hub_server: HubServer, hub_store, sleeps, tmp_path: Path) -> None:
     store = ready(hub_store, "s429")
     hub_server.inject("status", COMMIT, status=429, retry_after=7)
     store.commit({"a.json": write(tmp_path, "a", b"{}")})
     assert sleeps.delays == [7.0]
 
 
-def test_transient_read_errors_are_retried(hub_server: HubServer, hub_store, sleeps: SleepRecorder) -> None:
+def test_transient_read_errors_are_retried(hub_server: HubServer, hub_store, sleeps) -> None:
     store = ready(hub_store, "sread")
     hub_server.inject("status", r"^/api/datasets/tester/sread$", method="GET", status=502, times=3)
     assert store.exists() is True
     assert len(sleeps.delays) == 3
 
 
-def test_retries_are_bounded(hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path) -> None:
+def test_retries_are_bounded(hub_server: HubServer, hub_store, sleeps, tmp_path: Path) -> None:
     store = ready(hub_store, "sbound")
     before = hub_server.commit_count("tester/sbound")
     hub_server.inject("status", COMMIT, status=503, times=100)
@@ -143,7 +142,7 @@ def test_a_commit_whose_answer_never_comes_settles_through_the_history_within_th
 
 
 def test_a_read_whose_answer_never_comes_is_tried_again_after_the_read_timeout(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder
+    hub_server: HubServer, hub_store, sleeps
 ) -> None:
     ready(hub_store, "sstallget")
     store = HubStore(
@@ -172,7 +171,7 @@ def test_an_lfs_upload_whose_answer_never_comes_is_sent_again(hub_server: HubSer
 
 
 def test_a_409_from_the_commit_endpoint_is_read_back_and_retried(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     store = ready(hub_store, "s409")
     before = hub_server.commit_count("tester/s409")
@@ -434,7 +433,7 @@ def pointed_at_20(store: HubStore, tmp: Path) -> None:
 
 
 def test_a_listing_that_lags_is_read_again_and_the_resume_goes_on(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     store = hub_store("cklag")
     pointed_at_20(store, tmp_path)
@@ -449,7 +448,7 @@ def test_a_listing_that_lags_is_read_again_and_the_resume_goes_on(
 
 
 def test_a_file_the_listing_keeps_hiding_is_refused_saying_so_never_advising_deletion(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     store = hub_store("cklagged")
     pointed_at_20(store, tmp_path)
@@ -537,7 +536,7 @@ LFS_PUT = r"^/__lfs__/upload/"
 
 
 def test_a_4xx_in_the_upload_phase_is_retried_and_the_commit_lands_once(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     store = ready(hub_store, "sup400")
     before = hub_server.commit_count("tester/sup400")
@@ -564,7 +563,7 @@ def test_an_upload_4xx_that_persists_fails_with_the_servers_cause(
 
 
 def test_a_401_names_hf_token_and_hf_auth_login_and_is_not_retried(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import huggingface_hub.constants as hf_constants
 
@@ -610,7 +609,7 @@ def test_the_token_hf_auth_login_saved_is_used_without_hf_token(
 
 
 def test_retry_backoff_never_touches_the_global_random(
-    hub_server: HubServer, hub_store, sleeps: SleepRecorder, tmp_path: Path
+    hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     import random
 

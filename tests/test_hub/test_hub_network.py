@@ -18,8 +18,7 @@ from typing import Any, Callable
 
 import pytest
 from blobs import sha, write
-from conftest import HUB_LFS_THRESHOLD, HUB_TOKEN, SleepRecorder
-from hubserver import HubServer
+from hubserver import HUB_LFS_THRESHOLD, HUB_TOKEN, HubServer, SleepRecorder
 
 from trainer.store import RepoMissing, StoreError
 from trainer.store.hub import HubStore, RetryPolicy, Timeouts

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 from blobs import write
-from conftest import HUB_TOKEN
-from hubserver import HubServer
+from hubserver import HUB_TOKEN, HubServer
 from test_hub_faults import make_ckpt, run_pushes
 from trainer_helpers import run_trainer, tiny_mix, torchrun_cmd, trainer_args
 

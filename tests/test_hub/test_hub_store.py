@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 from blobs import sha, write
-from conftest import HUB_TOKEN
-from hubserver import HubServer
+from hubserver import HUB_TOKEN, HubServer
 from trainer_helpers import IDENTITY
 
 from trainer.store import EntryMissing, FileInfo, RepoMissing, StoreError

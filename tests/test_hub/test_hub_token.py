@@ -10,8 +10,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from conftest import HUB_TOKEN
-from hubserver import HubServer
+from hubserver import HUB_TOKEN, HubServer
 
 from trainer.store import RepoMissing, StoreError
 from trainer.store.hub import HubStore, RetryPolicy

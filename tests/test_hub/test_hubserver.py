@@ -11,8 +11,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from conftest import HUB_TOKEN
-from hubserver import HubServer, git_blob_sha1
+from hubserver import HUB_TOKEN, HubServer, git_blob_sha1
 from huggingface_hub import CommitOperationAdd, HfApi
 from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 

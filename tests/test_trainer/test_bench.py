@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The bench on the CPU, the tiny model at the tests' sequence length.
+BENCH = [sys.executable, str(ROOT / "bench" / "train_bench.py"), *"--device cpu --model tiny --seq-len 32".split()]
 spec = importlib.util.spec_from_file_location("train_bench", ROOT / "bench" / "train_bench.py")
 train_bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(train_bench)
@@ -54,19 +56,7 @@ def test_every_bench_task_runs_on_cpu_and_writes_its_rows(tmp_path):
         "task=drift,micro=2,warmup=1,windows=1/2/3",
         "task=graphs,micro=2,accum=2,compile=regional,steps=2,gsteps=2",
     ]
-    cmd = [
-        sys.executable,
-        str(ROOT / "bench" / "train_bench.py"),
-        "--device",
-        "cpu",
-        "--model",
-        "tiny",
-        "--seq-len",
-        "32",
-        "--jsonl",
-        str(jsonl),
-        "--verbose",
-    ]
+    cmd = [*BENCH, "--jsonl", str(jsonl), "--verbose"]
     for c in configs:
         cmd += ["--config", c]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -121,18 +111,7 @@ def test_inductor_flags_are_set_by_dotted_name_with_typed_values_and_unknown_nam
 def test_check_killed_by_its_budget_logs_its_progress_and_every_threads_stack(tmp_path):
     # What device_all.sh's part timeout does to a row that overruns: SIGTERM. The row must leave behind how
     # far it got (the progress lines) and where it was (the stacks), then die of the signal as before.
-    cmd = [
-        sys.executable,
-        str(ROOT / "bench" / "train_bench.py"),
-        "--device",
-        "cpu",
-        "--model",
-        "tiny",
-        "--seq-len",
-        "32",
-        "--config",
-        "task=check,micro=2,steps=100000",
-    ]
+    cmd = [*BENCH, "--config", "task=check,micro=2,steps=100000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         seen = []

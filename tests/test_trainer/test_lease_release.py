@@ -12,10 +12,10 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from trainer_helpers import (
     BASELINE_STEPS,
-    _descendants,
     baseline,
     copy_repo,
     explain,
@@ -134,8 +134,8 @@ def test_torchrun_stopping_rank_0_because_rank_1_exited_releases_the_lease(tmp_p
     def kill_rank_1(line: str) -> None:
         if line.startswith("lease: ") and " holds " in line and not killed:
             rank0 = int(line.split()[1].split(":")[1])
-            agent = int(Path(f"/proc/{rank0}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            rank1 = [p for p in _descendants(agent) if p != rank0 and b"RANK=1\0" in _environ(p)]
+            siblings = psutil.Process(rank0).parent().children()
+            rank1 = [p.pid for p in siblings if p.pid != rank0 and p.environ().get("RANK") == "1"]
             assert len(rank1) == 1, rank1
             os.kill(rank1[0], signal.SIGKILL)
             killed.append(rank1[0])
@@ -146,13 +146,6 @@ def test_torchrun_stopping_rank_0_because_rank_1_exited_releases_the_lease(tmp_p
     assert "terminated: SIGTERM stopped the session (rank 0); ending by SIGTERM" in run.lines, explain(run)
     assert not run.starting("latest.json -> "), explain(run)
     assert_released_once(run, repo + SLOW_LINK)
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_a_release_the_hub_refuses_is_said_once(tmp_path, tmp_path_factory, hub_server):

@@ -9,12 +9,10 @@ import dataclasses
 import io
 import logging
 import re
-import subprocess
-import sys
 import warnings
 
 import pytest
-from trainer_helpers import REPO_ROOT
+from trainer_helpers import PLAN_ARGS, trainer_cli
 
 from trainer.log import setup_logging
 from trainer.model.options import ModelOptions, OptionError, env_names
@@ -140,33 +138,8 @@ def test_config_changes_name_the_field_with_old_and_new_values():
 
 
 def test_trainer_refuses_a_bad_option_value_with_exit_2_before_any_work():
-    args = [
-        "--root",
-        "/nonexistent/mix",
-        "--out",
-        "/tmp/x",
-        "--hub-repo",
-        "file:///tmp/s/o/n",
-        "--model",
-        "tiny",
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--accum",
-        "2",
-        "--tokens",
-        "1536",
-    ]
     env = {"PATH": "/usr/bin:/bin", "SPECPROBE_FP32_WGRAD": "on"}
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    r = trainer_cli(*PLAN_ARGS, env=env)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "python -m trainer.train: error: SPECPROBE_FP32_WGRAD='on': 1 (on) or 0 (off); unset = on"

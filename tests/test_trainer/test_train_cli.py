@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from trainer_helpers import REPO_ROOT
+from trainer_helpers import PLAN_ARGS, REPO_ROOT, trainer_cli
 
 from trainer.ckpt.snapshot import HostBuffers, copy_runs, snapshot_diff
 from trainer.cli import build_parser
@@ -33,26 +32,7 @@ from trainer.preflight import check as preflight_check
 from trainer.schedule import lr_at
 from trainer.train import Exit, session_tok_per_s
 
-BASE = [
-    "--root",
-    "/nonexistent/mix",
-    "--out",
-    "/tmp/x",
-    "--hub-repo",
-    "file:///tmp/s/o/n",
-    "--model",
-    "tiny",
-    "--seq-len",
-    "32",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "2",
-    "--tokens",
-    "1536",
-    "--push-every-steps",
-    "2",
-]
+BASE = [*PLAN_ARGS, "--push-every-steps", "2"]
 
 
 def plan_of(*extra: str, world_size: int = 2, max_seq: int = 2048):
@@ -105,35 +85,17 @@ def test_resume_modes(tmp_path):
 
 def test_cli_rejects_before_any_work_with_exit_2():
     # The mix root does not exist: a rejection that happened after any work would say so instead.
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *BASE, "--grad-ckpt", "--no-grad-ckpt"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = trainer_cli(*BASE, "--grad-ckpt", "--no-grad-ckpt")
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "python -m trainer.train: error: --grad-ckpt and --no-grad-ckpt both given: ambiguous, pass exactly one"
     )
     assert r.stdout == ""
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *BASE, "--tokens", "1000"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = trainer_cli(*BASE, "--tokens", "1000")
     # one process: world_size 1, tokens_per_step 128
     assert r.returncode == 2 and "--tokens 1000 is not a multiple of tokens_per_step 128" in r.stderr
     assert "nearest: 896 or 1024" in r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *BASE, "--device", "cuda"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = trainer_cli(*BASE, "--device", "cuda")
     assert r.returncode == 2 and "--device cuda: CUDA is not available" in r.stderr
 
 
@@ -144,14 +106,7 @@ def test_the_help_names_every_exit_code_the_trainer_returns():
 
 
 def test_a_hub_knob_out_of_range_stops_the_trainer_with_exit_2_before_any_work():
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *BASE],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "SPECPROBE_HUB_READ_TIMEOUT_S": "inf"},
-    )
+    r = trainer_cli(*BASE, env={"PATH": "/usr/bin:/bin", "SPECPROBE_HUB_READ_TIMEOUT_S": "inf"})
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "python -m trainer.train: error: SPECPROBE_HUB_READ_TIMEOUT_S='inf': must be a number of seconds > 0 "
@@ -250,13 +205,7 @@ def test_cuda_graphs_on_where_they_cannot_run_is_refused_naming_what_is_missing(
 
 
 def test_cli_refuses_cuda_graphs_on_cpu_with_exit_2():
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *BASE, "--device", "cpu", "--cuda-graphs", "on"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = trainer_cli(*BASE, "--device", "cpu", "--cuda-graphs", "on")
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "python -m trainer.train: error: --cuda-graphs on needs cuda and the whole-model "
@@ -480,27 +429,15 @@ def test_preflight_reports_each_missing_requirement():
 
 def test_preflight_cli_exit_3_without_printing_the_token(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HF_TOKEN": "", "HF_HOME": str(tmp_path / "no-login")}
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.preflight", "--gpus", "1", "--repo", "hf://o/n"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    r = trainer_cli("--gpus", "1", "--repo", "hf://o/n", env=env, module="trainer.preflight")
     assert r.returncode == 3
     assert r.stderr.splitlines() == [
         "preflight: CUDA is not available (torch sees no GPU), 1 GPU(s) required",
         "preflight: no Hugging Face token: HF_TOKEN is not set in the environment and `hf auth login` saved "
         "none (--repo hf://o/n is a Hub repo)",
     ]
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.preflight", "--repo", "o/n"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_topsecretvalue99"},
+    r = trainer_cli(
+        "--repo", "o/n", env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_topsecretvalue99"}, module="trainer.preflight"
     )
     assert r.returncode == 0 and "hf_topsecretvalue99" not in r.stdout + r.stderr
     assert r.stdout.strip() == "preflight ok: repo=o/n (hub) HF_TOKEN=set"
@@ -509,13 +446,12 @@ def test_preflight_cli_exit_3_without_printing_the_token(tmp_path):
 def test_preflight_accepts_the_token_hf_auth_login_saved(tmp_path):
     # What `hf auth login` leaves behind: $HF_HOME/token. No HF_TOKEN in the environment.
     (tmp_path / "token").write_text("hf_savedbyloginvalue42\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.preflight", "--need-token", "--repo", "o/n"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    r = trainer_cli(
+        "--need-token",
+        "--repo",
+        "o/n",
         env={"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path)},
+        module="trainer.preflight",
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "preflight ok: repo=o/n (hub) token=saved (hf auth login)"

@@ -109,7 +109,6 @@ from trainer.store.protocol import (
 __all__ = ["HubStore", "RetryPolicy", "Timeouts", "DEFAULT_ENDPOINT", "TRANSIENT_STATUS", "COMMIT_MARKER"]
 
 log = logging.getLogger("trainer.hub")  # the name its warnings carry in the log lines (readers grep it)
-log.setLevel(logging.INFO)  # a long transfer's progress lines are INFO: shown by the trainer's log handler
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT_MARKER = "specprobe-commit"

@@ -28,6 +28,10 @@ from trainer.store.hub_settings import ENV, Timeouts
 __all__ = ["Transfer", "TransferTooSlow", "transfer_scope", "scoped_transfer"]
 
 log = logging.getLogger("trainer.hub")
+# A long transfer's progress lines are INFO on a logger of their own, shown at that level by the trainer's
+# log handler, while the rest of trainer.hub keeps the root's WARNING.
+progress_log = logging.getLogger("trainer.hub.progress")
+progress_log.setLevel(logging.INFO)
 _MB = 1024.0 * 1024.0
 
 
@@ -77,7 +81,7 @@ class Transfer:
             if now >= self._next_progress:
                 self._next_progress = now + self.limits.progress_s
                 share = f" ({100.0 * self.done / self.size:.0f}%)" if self.size else ""
-                log.info(
+                progress_log.info(
                     "hub: %s: %s of %s%s after %.1fs, %s/s; it must end within %.0fs (%s)",
                     self.label,
                     _size(self.done),
