@@ -34,33 +34,37 @@ import time
 from functools import partial
 from typing import Any, Sequence
 
-import numpy as np
-import torch
+from trainer.deps import command_imports
 
-from trainer import sigterm
-from trainer.ckpt.resume import Refused, resume
-from trainer.ckpt.rng import set_rng_state
-from trainer.ckpt.session import CheckpointSession, PushFailed
-from trainer.ckpt.snapshot import Snapshotter
-from trainer.cli import build_parser
-from trainer.data import DataError, load_mix, train_batch, val_batches
-from trainer.dist import Dist, GradientSync
-from trainer.heap import FullCollections, freeze_heap
-from trainer.log import emit, setup_logging
-from trainer.model import (
-    GEOMETRIES,
-    Llama,
-    compile_blocks,
-    compile_model,
-    count_params,
-    decay_groups,
-    inductor_kernel_settings,
-    keep_grads_allocated,
-)
-from trainer.plan import RunPlan, Runtime, UsageError, choose_runtime, run_identity, validate_args
-from trainer.schedule import lr_factor
-from trainer.steptime import StepTimer
-from trainer.store import parse_store_url, redact_url
+# A core-only install says which dependency is missing, in one line (trainer/deps.py).
+with command_imports("python -m trainer.train", __name__):
+    import numpy as np
+    import torch
+
+    from trainer import sigterm
+    from trainer.ckpt.resume import Refused, resume
+    from trainer.ckpt.rng import set_rng_state
+    from trainer.ckpt.session import CheckpointSession, PushFailed
+    from trainer.ckpt.snapshot import Snapshotter
+    from trainer.cli import build_parser
+    from trainer.data import DataError, load_mix, train_batch, val_batches
+    from trainer.dist import Dist, GradientSync
+    from trainer.heap import FullCollections, freeze_heap
+    from trainer.log import emit, setup_logging
+    from trainer.model import (
+        GEOMETRIES,
+        Llama,
+        compile_blocks,
+        compile_model,
+        count_params,
+        decay_groups,
+        inductor_kernel_settings,
+        keep_grads_allocated,
+    )
+    from trainer.plan import RunPlan, Runtime, UsageError, choose_runtime, run_identity, validate_args
+    from trainer.schedule import lr_factor
+    from trainer.steptime import StepTimer
+    from trainer.store import parse_store_url, redact_url
 
 
 class Exit(enum.IntEnum):
