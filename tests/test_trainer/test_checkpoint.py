@@ -534,6 +534,7 @@ def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
     assert config_hash(shuffled) == CH and len(CH) == 64
     assert config_hash({**RUN_CONFIG, "push_every": 99, "log_every": 3}) == CH
     for key, value in (
+        ("mix", "1" * 64),
         ("seq_len", 128),
         ("world_size", 2),
         ("seed", 2),

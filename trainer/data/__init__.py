@@ -16,9 +16,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.data.shards import DataError, Mix, load_mix, read_manifest, train_batch, val_batches
+    from trainer.data.shards import DataError, Mix, load_mix, mix_hash, read_manifest, train_batch, val_batches
 
-__all__ = ["DataError", "Mix", "load_mix", "read_manifest", "train_batch", "val_batches"]
+__all__ = ["DataError", "Mix", "load_mix", "mix_hash", "read_manifest", "train_batch", "val_batches"]
 
 
 def __getattr__(name: str) -> Any:
