@@ -203,6 +203,22 @@ def test_an_empty_lease_json_folder_is_tidied_away_like_any_empty_folder(tmp_pat
     lease.release()
 
 
+def test_a_stray_file_where_a_committed_files_folder_goes_refuses_the_commit_before_publishing(tmp_path):
+    store, _ = store_with_pointer(tmp_path)
+    (store.dir / "ckpt").write_text("a note left here by hand")
+    src = tmp_path / "model.safetensors"
+    src.write_bytes(b"weights")
+    before = store.revision()
+    with pytest.raises(StoreError) as refused:
+        store.commit({"ckpt/checkpoint-2/model.safetensors": src})
+    assert str(refused.value) == (
+        f"cannot commit ckpt/checkpoint-2/model.safetensors to {store.url}: {store.dir / 'ckpt'} is a file the "
+        "store did not write, where a folder of ckpt/checkpoint-2/model.safetensors must be. Nothing was committed. "
+        "Move it out of the repo folder (the store deletes only files it wrote), then try again."
+    )
+    assert store.revision() == before and (store.dir / "ckpt").read_text() == "a note left here by hand"
+
+
 @pytest.mark.slow
 def test_a_trainer_refuses_a_store_whose_lease_json_is_a_folder_and_leaves_it_out_of_the_manifest(
     tmp_path, tmp_path_factory

@@ -56,7 +56,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from trainer.store.fields import REVISION, SHA256, FieldError, Fields, load_doc
 from trainer.store.protocol import (
@@ -472,13 +472,19 @@ class LocalStore:
         placement may not remove because the store did not write it. Published, the commit would then fail to
         place the file, and so would every commit after it. An empty folder, or the store's own files of a path
         that changes between file and folder, are tidied away: no blocker."""
-        own = self._own_inodes()
+        own: set[tuple[int, int]] = set()  # listed once, and only when something is in the way
+
+        def owned(path: Path, rel: str) -> bool:
+            if not own:
+                own.update(self._own_inodes())
+            return self._is_own_file(path, own, rel in known)
+
         for p in adds:
             parts = p.split("/")
             for i in range(1, len(parts)):
                 folder = self.dir.joinpath(*parts[:i])
                 if os.path.lexists(folder) and not folder.is_dir():
-                    if not self._is_own_file(folder, own, "/".join(parts[:i]) in known):
+                    if not owned(folder, "/".join(parts[:i])):
                         raise StoreError(
                             f"cannot commit {p} to {redact_url(self.url)}: {folder} is a file the store did not "
                             f"write, where a folder of {p} must be. Nothing was committed. Move it out of the repo "
@@ -486,7 +492,7 @@ class LocalStore:
                         )
             target = self.dir / p
             if target.is_dir() and not target.is_symlink():
-                strays = self._strays_under(target, p, own, known)
+                strays = _strays_under(target, p, owned)
                 if strays:
                     shown = ", ".join(strays[:5]) + (", ..." if len(strays) > 5 else "")
                     raise StoreError(
@@ -495,21 +501,6 @@ class LocalStore:
                         "published and then fail, and so would every commit after it. Nothing was committed. Move "
                         f"{target} out of the repo folder (the store deletes only files it wrote), then try again."
                     )
-
-    def _strays_under(self, folder: Path, rel: str, own: set[tuple[int, int]], known: set[str]) -> list[str]:
-        """What under ``folder`` (repo path ``rel``) the tidying would leave: files that are not the store's own,
-        and links (a link to a folder is not a file it removes either). Relative to ``folder``, sorted."""
-        strays: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(folder):
-            d = Path(dirpath)
-            for name in sorted(dirnames):
-                if (d / name).is_symlink():
-                    strays.append((d / name).relative_to(folder).as_posix())
-            for name in sorted(filenames):
-                sub = (d / name).relative_to(folder).as_posix()
-                if not self._is_own_file(d / name, own, f"{rel}/{sub}" in known):
-                    strays.append(sub)
-        return strays
 
     def _is_own_file(self, path: Path, own_inodes: set[tuple[int, int]], known_path: bool) -> bool:
         if path.name.startswith(".") and path.name.endswith(".specprobe-tmp"):
@@ -559,6 +550,21 @@ def _files_under(root: Path, *, skip: Path | None = None, limit: int) -> list[st
             if len(out) >= limit:
                 return out
     return out
+
+
+def _strays_under(folder: Path, rel: str, owned: Callable[[Path, str], bool]) -> list[str]:
+    """What under ``folder`` (repo path ``rel``) the tidying before placement would leave: files that are not
+    the store's own (``owned``), and links (a link to a folder is not a file it removes either). Relative to
+    ``folder``, sorted per folder."""
+    strays: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        d = Path(dirpath)
+        strays += [(d / n).relative_to(folder).as_posix() for n in sorted(dirnames) if (d / n).is_symlink()]
+        for name in sorted(filenames):
+            sub = (d / name).relative_to(folder).as_posix()
+            if not owned(d / name, f"{rel}/{sub}"):
+                strays.append(sub)
+    return strays
 
 
 def _apply_deletes(files: dict[str, dict], deletes: Sequence[str], url: str) -> set[str]:
