@@ -145,15 +145,16 @@ def test_a_plugin_collector_that_blocks_fails_its_step_at_its_timeout_and_the_ve
 
 def test_a_plugin_collector_returns_its_document_or_its_error_through_the_bound(tmp_path: Path) -> None:
     site = installed_plugin(tmp_path / "site")
+    fifo = tmp_path / "answered.fifo"
+    os.mkfifo(fifo)
     sys.path.insert(0, str(site))
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('hello')"])
     try:
-        fifo = tmp_path / "answered.fifo"
-        os.mkfifo(fifo)
-        writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('hello')"])
         assert collect("blocking", {"fifo": str(fifo)}, {}, timeout_s=60) == {"read": "hello"}
-        writer.wait(timeout=30)
         with pytest.raises(CollectorError, match=r"^collector 'blocking' failed: FileNotFoundError: .*absent\.fifo"):
             collect("blocking", {"fifo": str(tmp_path / "absent.fifo")}, {}, timeout_s=60)
     finally:
+        writer.kill()  # a writer nobody read from would wait on the FIFO forever
+        writer.wait(timeout=30)
         sys.path.remove(str(site))
         sys.modules.pop("blocking_collector", None)
