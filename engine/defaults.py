@@ -40,6 +40,11 @@ COMMAND_COLLECT_TIMEOUT_S = 300.0
 COMMAND_COLLECT_GRACE_S = 5.0
 # The most a step's snapshot may copy into the run dir (`snapshot.max_bytes` sets another bound).
 SNAPSHOT_MAX_BYTES = 4 << 30
+# A plugin collector's bound when its step gives no `collect.timeout_s`: long enough for the hub collector to
+# read back a checkpoint of gigabytes (hash_stored_bytes) over the Hub. Only a given timeout_s counts in the
+# budget: a bound against a hang, not a planned duration (counted, it would put the shipped multi-stop specs,
+# with a hub collector after every leg, over their budget_s).
+PLUGIN_COLLECT_TIMEOUT_S = 600.0
 
 RUN: dict[str, Any] = {
     "grace_s": GRACE_S,

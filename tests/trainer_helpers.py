@@ -46,6 +46,7 @@ PLAN_ARGS = shlex.split(
 # A run's identity for the tests of the checkpoint protocol that push and resume without training: what their
 # pointers and trainer_state.json files carry.
 RUN_CONFIG = {
+    "mix": "0" * 64,
     "model": "tiny",
     "seq_len": 64,
     "micro_batch": 2,

@@ -92,7 +92,7 @@ def _add_session(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FIELD[,FIELD...]",
-        help="let a resume change these run-config fields on purpose (lr, min_lr, warmup_steps, "
+        help="let a resume change these run-config fields on purpose (mix, lr, min_lr, warmup_steps, "
         "weight_decay, grad_clip, schedule, precision, tokens, numerics or numerics.OPTION); "
         "each change is logged and recorded in RUN_JSON config_changes",
     )

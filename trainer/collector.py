@@ -10,14 +10,13 @@ also reads back every file the pointer names and hashes those bytes (``pointer_t
 the only way to see a stored object corrupted after its upload. It costs a download of the target.
 
 The engine loads this module to find the collector, so it imports nothing heavy; without the trainer's
-dependencies (``TRAINER_DEPENDENCIES``) the collector raises :class:`MissingDependencies`, one line naming the
+dependencies (trainer/deps.py) the collector raises :class:`MissingDependencies`, one line naming the
 missing ones and the install command, and the command exits with 3 (2: a bad argument).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -25,26 +24,11 @@ import sys
 from typing import Any, Sequence
 
 from trainer.ckpt import Pointer, read_pointer
+from trainer.deps import EXIT_MISSING, MissingDependencies, require_trainer_dependencies
 from trainer.log import setup_logging
 from trainer.store import FileInfo, LocalStore, RepoMissing, Store, open_store, redact_url
 
 _CKPT_DIR = re.compile(r"^ckpt/checkpoint-(\d+)/")
-# What the trainer's checkpoints and stores need beyond the engine (pyproject's trainer extra).
-TRAINER_DEPENDENCIES = ("huggingface_hub", "torch", "safetensors", "numpy")
-
-
-class MissingDependencies(RuntimeError):
-    """The trainer's dependencies are not installed; the message is one line naming them and the fix."""
-
-
-def require_trainer_dependencies() -> None:
-    """MissingDependencies naming every one of TRAINER_DEPENDENCIES that cannot be imported here."""
-    missing = [name for name in TRAINER_DEPENDENCIES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise MissingDependencies(
-            "the hub collector needs the trainer's dependencies: pip install 'specprobe[trainer]' "
-            f"(missing: {', '.join(missing)})"
-        )
 
 
 def sha256_source(store: Store) -> str:
@@ -127,7 +111,7 @@ def collect(args: dict, context: dict) -> dict[str, Any]:
     unknown = sorted(set(args) - {"repo", "hash_stored_bytes"})
     if unknown:
         raise ValueError(f"collector 'hub': unknown args {', '.join(unknown)}; it takes repo, hash_stored_bytes")
-    require_trainer_dependencies()
+    require_trainer_dependencies("the hub collector")
     return hub_state(open_store(repo), hash_stored_bytes=hash_bytes)
 
 
@@ -149,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except MissingDependencies as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3
+        return EXIT_MISSING
     print(json.dumps(doc, sort_keys=True, separators=(",", ":")), flush=True)
     return 0
 

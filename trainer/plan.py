@@ -286,13 +286,15 @@ def choose_runtime(args: argparse.Namespace, environ: Mapping[str, str]) -> Runt
     return Runtime(device_type, precision, compile_mode, compile_why, graphs, graphs_why, snapshot, check, options, hub)
 
 
-def run_identity(args: argparse.Namespace, plan: RunPlan, runtime: Runtime) -> RunIdentity:
-    """What defines the run (trainer.runconfig.RunIdentity), from the flags, the plan and the machine. Every
-    field is recorded in each checkpoint's trainer_state.json; a resume compares all but the two derived step
-    counts (tokens_per_step, total_steps: functions of the others) through the identity's hash. `numerics`
-    holds the model options that change what is computed (trainer/model/options.py)."""
+def run_identity(args: argparse.Namespace, plan: RunPlan, runtime: Runtime, *, mix: str) -> RunIdentity:
+    """What defines the run (trainer.runconfig.RunIdentity), from the flags, the plan, the machine and the data
+    (``mix``: the mix's hash, trainer/data/shards.py mix_hash). Every field is recorded in each checkpoint's
+    trainer_state.json; a resume compares all but the two derived step counts (tokens_per_step, total_steps:
+    functions of the others) through the identity's hash. `numerics` holds the model options that change what
+    is computed (trainer/model/options.py)."""
     return RunIdentity(
         {
+            "mix": mix,
             "model": args.model,
             "seq_len": args.seq_len,
             "micro_batch": args.micro_batch,

@@ -2,6 +2,7 @@
 target's requirements, before a long session is spent finding out?
 
 Checks, each reported on its own line when it fails:
+  (always)        the trainer's dependencies are installed (a core-only `pip install .` lacks them)
   --gpus N        CUDA is available and at least N GPUs are visible (N=0 skips the GPU checks)
   --need-token    a Hugging Face token is available: HF_TOKEN, or the token `hf auth login` saved (what
                   huggingface_hub.get_token() finds; never printed, only whether and where it was found)
@@ -18,7 +19,9 @@ import os
 import sys
 from typing import Callable, Mapping, Sequence
 
-EXIT_OK, EXIT_USAGE, EXIT_MISSING = 0, 2, 3
+from trainer.deps import EXIT_MISSING, missing_dependencies, missing_message
+
+EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def _cuda_probe() -> tuple[bool, int, list[str]]:
@@ -46,12 +49,16 @@ def check(
     environ: Mapping[str, str],
     cuda: Callable[[], tuple[bool, int, list[str]]] = _cuda_probe,
     login_token: Callable[[], str | None] = _login_token,
+    missing: Callable[[], list[str]] = missing_dependencies,
 ) -> tuple[list[str], str]:
-    """Returns (problems, summary). Pure apart from `cuda()` and `login_token()`; the token's value is never
-    used in output. A token counts from ``environ``'s HF_TOKEN or, failing that, from ``login_token()``."""
-    problems: list[str] = []
+    """Returns (problems, summary). Pure apart from `cuda()`, `login_token()` and `missing()` (the trainer's
+    dependencies not installed); the token's value is never used in output. A token counts from ``environ``'s
+    HF_TOKEN or, failing that, from ``login_token()``. The GPU and saved-token probes need torch and
+    huggingface_hub: without them, the missing dependencies are the problem said."""
+    absent = missing()
+    problems: list[str] = [missing_message("this run", absent)] if absent else []
     parts: list[str] = []
-    if gpus > 0:
+    if gpus > 0 and "torch" not in absent:
         available, n, names = cuda()
         if not available:
             problems.append(f"CUDA is not available (torch sees no GPU), {gpus} GPU(s) required")
@@ -59,11 +66,12 @@ def check(
             problems.append(f"{n} GPU(s) visible, {gpus} required ({', '.join(names) or 'none'})")
         else:
             parts.append(f"gpus={n} ({', '.join(sorted(set(names)))})")
-    token_from = (
-        "HF_TOKEN=set"
-        if environ.get("HF_TOKEN", "").strip()
-        else ("token=saved (hf auth login)" if (login_token() or "").strip() else None)
-    )
+    # Without huggingface_hub no saved token can be read: HF_TOKEN alone counts.
+    token_from = None
+    if environ.get("HF_TOKEN", "").strip():
+        token_from = "HF_TOKEN=set"
+    elif "huggingface_hub" not in absent and (login_token() or "").strip():
+        token_from = "token=saved (hf auth login)"
     hub_repo = False
     if repo is not None:
         from trainer.store import parse_store_url, redact_url

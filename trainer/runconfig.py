@@ -26,10 +26,12 @@ __all__ = [
 ]
 
 # What a resume cannot silently change: every run_config field that changes the weights the run ends
-# with (the token stream, the step shape, the optimisation recipe, the precision and the model options that
-# change what is computed, trainer/model/options.py). Left out: tokens_per_step and total_steps, which are
-# functions of the fields here.
+# with (the data mix and the token stream, the step shape, the optimisation recipe, the precision and the model
+# options that change what is computed, trainer/model/options.py). `mix` is the mix's hash
+# (trainer/data/shards.py mix_hash): another mix of the same shape reads other documents at every position.
+# Left out: tokens_per_step and total_steps, which are functions of the fields here.
 CONFIG_HASH_FIELDS = (
+    "mix",
     "model",
     "seq_len",
     "micro_batch",
@@ -46,10 +48,12 @@ CONFIG_HASH_FIELDS = (
     "precision",
     "numerics",
 )
-# What `--allow-config-change` may let a resume change on purpose: the recipe. The others decide which
-# samples each rank reads and the tensors' shapes (model, seq_len, micro_batch, accum, world_size) or the
-# data order and the init (seed): a resume with another of them is another run, not a changed one.
+# What `--allow-config-change` may let a resume change on purpose: the recipe, and the mix (training on in
+# another mix is a choice: a curriculum, a fine-tune). The others decide which samples each rank reads and the
+# tensors' shapes (model, seq_len, micro_batch, accum, world_size) or the data order and the init (seed): a
+# resume with another of them is another run, not a changed one.
 CHANGEABLE_FIELDS = (
+    "mix",
     "tokens",
     "lr",
     "min_lr",

@@ -34,33 +34,38 @@ import time
 from functools import partial
 from typing import Any, Sequence
 
-import numpy as np
-import torch
+from trainer.deps import command_imports
 
-from trainer import sigterm
-from trainer.ckpt.resume import Refused, resume
-from trainer.ckpt.rng import set_rng_state
-from trainer.ckpt.session import CheckpointSession, PushFailed
-from trainer.ckpt.snapshot import Snapshotter
-from trainer.cli import build_parser
-from trainer.data import DataError, load_mix, train_batch, val_batches
-from trainer.dist import Dist, GradientSync
-from trainer.heap import FullCollections, freeze_heap
-from trainer.log import emit, setup_logging
-from trainer.model import (
-    GEOMETRIES,
-    Llama,
-    compile_blocks,
-    compile_model,
-    count_params,
-    decay_groups,
-    inductor_kernel_settings,
-    keep_grads_allocated,
-)
-from trainer.plan import RunPlan, Runtime, UsageError, choose_runtime, run_identity, validate_args
-from trainer.schedule import lr_factor
-from trainer.steptime import StepTimer
-from trainer.store import parse_store_url, redact_url
+# A core-only install says which dependency is missing, in one line (trainer/deps.py).
+with command_imports("python -m trainer.train", __name__):
+    import numpy as np
+    import torch
+
+    from trainer import sigterm
+    from trainer.ckpt.resume import Refused, resume
+    from trainer.ckpt.rng import set_rng_state
+    from trainer.ckpt.session import CheckpointSession, PushFailed
+    from trainer.ckpt.snapshot import Snapshotter
+    from trainer.cli import build_parser
+    from trainer.data import DataError, load_mix, train_batch, val_batches
+    from trainer.dist import Dist, GradientSync
+    from trainer.heap import FullCollections, freeze_heap
+    from trainer.log import emit, setup_logging
+    from trainer.model import (
+        GEOMETRIES,
+        Llama,
+        compile_blocks,
+        compile_model,
+        count_params,
+        decay_groups,
+        inductor_kernel_settings,
+        keep_grads_allocated,
+    )
+    from trainer.plan import RunPlan, Runtime, UsageError, choose_runtime, run_identity, validate_args
+    from trainer.runconfig import RunIdentity
+    from trainer.schedule import lr_factor
+    from trainer.steptime import StepTimer
+    from trainer.store import parse_store_url, redact_url
 
 
 class Exit(enum.IntEnum):
@@ -125,7 +130,7 @@ class Trainer:
         self.args, self.plan, self.rt = args, plan, runtime
         self.t_start = time.time()
         self.cfg = GEOMETRIES[args.model]
-        self.identity = run_identity(args, plan, runtime)
+        self.identity: RunIdentity | None = None  # from setup() on, once the mix is read: its hash is part of it
         self.hub_url = redact_url(args.hub_repo)
         self.saves: CheckpointSession | None = None  # from the resume on: it holds the store's lease
         self.losses: dict[str, float] = {}
@@ -221,8 +226,12 @@ class Trainer:
         if err := self.dist.agree(err):
             raise Refused(err)
         self.mix = mix
+        self.identity = run_identity(args, plan, rt, mix=mix.sha256)
         n_shards = mix.manifest.get("n_shards", len(mix.manifest.get("shards", [])))
-        self.log(f"mix: {args.root} shards={n_shards} total_tokens={mix.total_tokens} vocab={mix.vocab_size}")
+        self.log(
+            f"mix: {args.root} shards={n_shards} total_tokens={mix.total_tokens} vocab={mix.vocab_size} "
+            f"sha256={mix.sha256}"
+        )
         # The same seed on every rank for the init (DDP also broadcasts rank 0's weights).
         torch.manual_seed(args.seed)
         self.raw_model = Llama(self.cfg, attn=args.attn, grad_ckpt=plan.grad_ckpt, options=rt.options)
@@ -458,6 +467,7 @@ class Trainer:
             "seconds": round(time.time() - self.t_start, 1),
             "nonfinite_losses": sum(v is None for v in losses.values()),
             "config_changes": self.config_changes,
+            "mix_sha256": self.mix.sha256,  # the mix in the run's identity (its config_hash covers it)
         }
 
     def validate(self) -> dict[str, Any]:

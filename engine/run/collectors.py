@@ -3,13 +3,21 @@
 Built-ins: `json_file` {path} and `command` {argv, timeout_s, env}. Others come from the
 `specprobe.collectors` entry-point group; each entry point loads `collect(args, context) -> dict`.
 Built-ins win a name clash, so an installed package cannot silently change their meaning.
+
+A plugin runs in this process, on a thread of its own, for at most its step's `collect.timeout_s`
+(`defaults.PLUGIN_COLLECT_TIMEOUT_S` when the spec gives none): a plugin that blocks (a read from a FIFO,
+a server that never answers) would otherwise hold the run forever and its verdict would never be written.
+Past the bound the step fails naming the collector and the bound, and the run goes on; the thread, which
+Python cannot stop, is left to end with the engine (it is a daemon thread).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
@@ -163,16 +171,23 @@ def context_of(
     }
 
 
-def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any]) -> Any:
-    """Run collector `name`; its JSON-serialisable result, or CollectorError saying why not.
+def collect(
+    name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any], timeout_s: float | None = None
+) -> Any:
+    """Run collector `name`; its JSON-serialisable result, or CollectorError saying why not. A plugin
+    gets at most `timeout_s` seconds (default `defaults.PLUGIN_COLLECT_TIMEOUT_S`; module docstring).
 
     `context` carries `cwd`, `run_dir`, `step`, `log_path`, `scrub` (the run's secret filter: text,
     or a JSON-like document, masked) and `leg_log` (opens the step's log at `log_path`, masked,
     through the run's record: what a collector that runs a command writes its output into).
     """
     func = _load(name)
+    call = partial(func, dict(args or {}), context)
     try:
-        result = func(dict(args or {}), context)
+        if name in BUILTINS:  # each bounds itself: a command by its own timeout, a JSON file by its size
+            result = call()
+        else:
+            result = _within(call, defaults.PLUGIN_COLLECT_TIMEOUT_S if timeout_s is None else timeout_s, name)
     except (CollectorError, RecordError):  # RecordError: the run's own record failed, not the collector
         raise
     except Exception as exc:
@@ -184,3 +199,28 @@ def collect(name: str, args: Mapping[str, Any] | None, context: Mapping[str, Any
     except (TypeError, ValueError, RecursionError) as exc:
         raise CollectorError(f"collector {name!r} returned a value that is not JSON: {exc}") from None
     return result
+
+
+def _within(call: Callable[[], Any], timeout_s: float, name: str) -> Any:
+    """`call()` on a daemon thread, waited for at most `timeout_s` seconds; what it returned or raised, or
+    CollectorError naming the collector and the bound when it is still running then."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["result"] = call()
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            done["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"collector-{name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise CollectorError(
+            f"collector {name!r} did not finish within {timeout_s:g} s (its step's collect.timeout_s, default "
+            f"{defaults.PLUGIN_COLLECT_TIMEOUT_S:g} s): abandoned, the run goes on without its document. Something "
+            "it reads may block (a FIFO, a server that does not answer); raise collect.timeout_s if it is only slow"
+        )
+    if "error" in done:
+        raise done["error"]
+    return done["result"]

@@ -407,7 +407,7 @@ class Runner:
             name, run_dir, run_dir / log_rel, self.record.mask, lambda: self.record.leg_log(log_rel)
         )
         try:
-            state = collectors.collect(collector, spec.get("args") or {}, context)
+            state = collectors.collect(collector, spec.get("args") or {}, context, spec.get("timeout_s"))
         except collectors.CollectorError as exc:
             record.update({"status": "failed", "error": str(exc)})
             self.say(f"   COLLECT FAILED: {exc}")

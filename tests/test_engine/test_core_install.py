@@ -45,12 +45,15 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base / "venv" / "bin"
 
 
+def clean_env(core: Path) -> dict[str, str]:
+    """No PYTHONPATH pointing back at this checkout: only the venv's install is seen."""
+    return {"PATH": f"{core}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+
+
 @pytest.fixture
 def core_engine(core: Path, engine_process: Engine) -> Engine:
-    """`engine ARGS` as the core install's program, in a clean environment: no PYTHONPATH pointing back at this
-    checkout, so only the venv's install is seen."""
-    clean = {"PATH": f"{core}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
-    return functools.partial(engine_process, command=(str(core / "engine"),), environ=clean, cwd=ROOT)
+    """`engine ARGS` as the core install's program, in a clean environment (`clean_env`)."""
+    return functools.partial(engine_process, command=(str(core / "engine"),), environ=clean_env(core), cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -100,6 +103,29 @@ def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_ru
     assert re.search(r"specs/p4_smoke\.yaml +checks: 1 added\n +saved run: PASS \((\d+)/\1 gates pass\)", out), out
     assert "+ new check horizon_pointer_names_the_final_folder would PASS on run" in out
     assert "ERROR" not in out and "No module named" not in out
+
+
+@pytest.mark.slow
+def test_a_core_install_says_in_one_line_what_the_trainer_needs(core: Path, core_engine: Engine, tmp_path: Path) -> None:
+    """The trainer's commands, and `engine run` of a P4 spec, name the missing dependencies and the install
+    command in one line: no import traceback blamed on the data mix."""
+    src = core.parent.parent / "src"  # the copy the venv installed: a run writes under its folder, not ours
+    hint = (
+        "needs the trainer's dependencies, missing here: huggingface_hub, torch, safetensors, numpy. Install "
+        "them: pip install '.[trainer]' (from the specprobe checkout)"
+    )
+    py, repo, mix = str(core / "python"), f"file://{tmp_path}/store/o/x", str(tmp_path / "mix")
+    fetch = ["trainer.data.mix", "fetch", "--repo", repo, "--out", mix]
+    train = ["trainer.train", "--root", mix, "--out", str(tmp_path / "out"), "--hub-repo", repo, "--tokens", "1024"]
+    preflight = ["trainer.preflight", "--gpus", "0", "--repo", repo]
+    prefixes = ("error: python -m trainer.data.mix", "error: python -m trainer.train", "preflight: this run")
+    for argv, said in zip((fetch, train, preflight), prefixes):
+        proc = run([py, "-m", *argv], cwd=src, env=clean_env(core))
+        assert (proc.returncode, proc.stdout, proc.stderr.splitlines()) == (3, "", [f"{said} {hint}"]), proc.stderr
+    proc = core_engine("run", "specs/p4_smoke.yaml", "--run-dir", str(tmp_path / "run"), cwd=src, expect=3)
+    out = proc.out + proc.err
+    assert "VERDICT p4_smoke PRECONDITION" in out, out[-3000:]
+    assert f"! error: python -m trainer.data.mix {hint}" in out and "Traceback" not in out
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from trainer.ckpt.checkpointer import (
     seal_trainer_state,
 )
 from trainer.ckpt.scan import ResumeRefused, ResumeScan, fetch
-from trainer.runconfig import RunIdentity, config_hash
+from trainer.runconfig import RunIdentity, config_hash, judge_config_change
 from trainer.store import StoreError, sha256_file
 from trainer.store.url import open_store
 
@@ -269,6 +269,7 @@ def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
     assert config_hash(shuffled) == CH and len(CH) == 64
     assert config_hash({**RUN_CONFIG, "push_every": 99, "log_every": 3}) == CH
     for key, value in (
+        ("mix", "1" * 64),
         ("seq_len", 128),
         ("world_size", 2),
         ("seed", 2),
@@ -282,6 +283,15 @@ def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
         assert config_hash({**RUN_CONFIG, key: value}) != CH
     with pytest.raises(ValueError, match="lacks \\['schedule'\\]"):
         config_hash({k: v for k, v in RUN_CONFIG.items() if k != "schedule"})
+
+def test_a_checkpoint_written_before_the_mix_was_part_of_the_identity_names_it_absent():
+    before = {k: v for k, v in RUN_CONFIG.items() if k != "mix"}
+    with pytest.raises(ValueError) as refused:
+        judge_config_change(before, "h", IDENTITY, frozenset(), "ckpt/checkpoint-4")
+    assert f'(changed: mix: (absent) -> "{RUN_CONFIG["mix"]}")' in str(refused.value)
+    assert "resume with --allow-config-change mix" in str(refused.value)
+    allowed = judge_config_change(before, "h", IDENTITY, frozenset({"mix"}), "ckpt/checkpoint-4")
+    assert allowed == [{"field": "mix", "old": None, "new": RUN_CONFIG["mix"]}]
 
 
 # ------------------------------------------------------------------- pointer history and cross-checks

@@ -24,6 +24,7 @@ FLOORS = ("ground", "store", "model, data", "plan", "ckpt", "train")
 TOP = {
     "trainer": "ground",
     "trainer.cli": "ground",
+    "trainer.deps": "ground",
     "trainer.dist": "ground",
     "trainer.heap": "ground",
     "trainer.log": "ground",

@@ -30,12 +30,15 @@ from trainer_helpers import (
     repo_dir,
     run_trainer,
     segment_one_process,
+    shared,
     single_cmd,
     store_url,
     torchrun_cmd,
     trainer_args,
     weights_sha256,
 )
+
+from trainer.data import mix_hash, read_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -182,6 +185,45 @@ def test_an_allowed_change_is_logged_recorded_and_takes_effect(tmp_path, tmp_pat
     assert weights_sha256(changed) != weights_sha256(same)
     # The next session resumes from the changed run's own checkpoints: no change left to allow.
     assert pointer(changed)["terminal"] is True
+
+
+def other_mix_of_the_same_shape(tmp_path_factory) -> Path:
+    """A second tiny mix built like the tests' mix (same vocab, tokens, shards and val split) from another seed:
+    other documents at every position. Built once per test session."""
+    return shared("mix-seed1", tmp_path_factory, lambda d: build_tiny_mix(d / "mix", seed=1))
+
+
+def test_a_resume_on_another_mix_of_the_same_shape_is_refused_naming_both_hashes(tmp_path, tmp_path_factory):
+    mix, seg = segment_one_process(tmp_path_factory)
+    other = other_mix_of_the_same_shape(tmp_path_factory)
+    ours, theirs = read_manifest(mix), read_manifest(other)
+    assert {k: ours[k] for k in ("dtype", "vocab_size", "n_shards", "total_tokens")} == {
+        k: theirs[k] for k in ("dtype", "vocab_size", "n_shards", "total_tokens")
+    }
+    assert ours["val"]["tokens"] == theirs["val"]["tokens"] and mix_hash(ours) != mix_hash(theirs)
+    repo = copy_repo(seg, tmp_path)
+    _refused(
+        _train(other, repo, tmp_path),
+        f'another configuration (changed: mix: "{mix_hash(ours)}" -> "{mix_hash(theirs)}")',
+        "--allow-config-change mix",
+    )
+    assert pointer(repo)["step"] == 4
+
+
+def test_a_mix_change_allowed_by_name_trains_on_the_new_mix_and_is_recorded(tmp_path, tmp_path_factory):
+    mix, seg = segment_one_process(tmp_path_factory)
+    other = other_mix_of_the_same_shape(tmp_path_factory)
+    old, new = mix_hash(read_manifest(mix)), mix_hash(read_manifest(other))
+    repo = copy_repo(seg, tmp_path)
+    run = _train(other, repo, tmp_path, extra=["--allow-config-change", "mix"])
+    assert run.rc == 0, explain(run)
+    assert run.starting("config change allowed: ") == [
+        f'config change allowed: mix: "{old}" -> "{new}" (--allow-config-change)'
+    ]
+    assert run.run_json["config_changes"] == [{"field": "mix", "old": old, "new": new}]
+    assert run.run_json["mix_sha256"] == new and f"sha256={new}" in run.starting("mix: ")[0]
+    state = json.loads(open_repo(repo).read_bytes("final/trainer_state.json"))
+    assert state["run_config"]["mix"] == new and pointer(repo)["config_hash"] == state["config_hash"]
 
 
 def test_a_field_that_defines_the_run_cannot_be_allowed_to_change(tmp_path, tmp_path_factory):

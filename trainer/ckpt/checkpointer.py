@@ -52,8 +52,10 @@ starts, and the pointer it finds is the one the next push replaces.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -64,7 +66,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from trainer import sigterm
-from trainer.store import EntryMissing, Store, StoreError, redact_url, sha256_file
+from trainer.store import EntryMissing, Store, StoreError, file_of_bytes, redact_url, sha256_file
 from trainer.store.fields import SHA256, FieldError, Fields, load_doc
 from trainer.store.lease import Lease
 from trainer.store.protocol import repo_path_problem
@@ -82,6 +84,8 @@ __all__ = [
     "parse_pointer",
     "read_pointer",
     "write_checkpoint_dir",
+    "DiskFull",
+    "disk_full",
     "Checkpointer",
     "prune_plan",
     "prune_local",
@@ -223,19 +227,44 @@ def unseal_trainer_state(raw: bytes | str, where: str) -> dict:
 
 
 def write_checkpoint_dir(
-    out_dir: Path, *, model: Any, cfg: Any, trainer_state: dict, optimizer_state: dict, rng_states: list[dict]
+    out_dir: Path,
+    *,
+    model: Any,
+    cfg: Any,
+    trainer_state: dict,
+    optimizer_state: dict,
+    rng_states: list[dict],
+    expect_bytes: int = 0,
 ) -> dict[str, str]:
     """Write the five checkpoint files into ``out_dir``; returns {file name: sha256}.
 
     ``optimizer_state`` is saved as given (the caller bundles optimizer, scheduler and scaler state dicts);
     ``rng_states`` is the list of every rank's RNG state, saved as given so ``torch.load`` returns it.
     trainer_state.json is written last, sealed with the other files' hashes (:func:`seal_trainer_state`).
+    A write that fails because the disk is full raises :class:`DiskFull` naming the folder (``expect_bytes``:
+    about what the checkpoint takes, to tell a full disk from another failure; see :func:`disk_full`).
     """
+    out_dir = Path(out_dir)
+    try:
+        return _write_checkpoint_files(out_dir, model, cfg, trainer_state, optimizer_state, rng_states)
+    except Exception as e:
+        why = disk_full(out_dir, e, expect_bytes)
+        if why is None:
+            raise
+        raise DiskFull(
+            f"cannot write the checkpoint of step {trainer_state.get('step')} into {out_dir}: the disk is full "
+            f"({why}). Free space there or give --out a folder on a larger disk; nothing of this checkpoint was "
+            f"pushed. ({type(e).__name__}: {str(e)[:300]})"
+        ) from e
+
+
+def _write_checkpoint_files(
+    out_dir: Path, model: Any, cfg: Any, trainer_state: dict, optimizer_state: dict, rng_states: list[dict]
+) -> dict[str, str]:
     import torch
 
     from trainer.model import save_pretrained
 
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hashes = dict(save_pretrained(model, cfg, out_dir))
     torch.save(optimizer_state, out_dir / "optimizer.pt")
@@ -246,6 +275,39 @@ def write_checkpoint_dir(
     (out_dir / STATE_FILE).write_text(json.dumps(sealed, indent=1, sort_keys=True) + "\n")
     hashes[STATE_FILE] = sha256_file(out_dir / STATE_FILE)
     return {name: hashes[name] for name in CHECKPOINT_FILES}
+
+
+class DiskFull(OSError):
+    """A checkpoint could not be written because the disk holding its folder is full; the message names it."""
+
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NEARLY_NOTHING = 1 << 20  # free bytes under which a file system counts as full, whatever was being written
+
+
+def disk_full(folder: Path, error: BaseException, expect_bytes: int = 0) -> str | None:
+    """Why a failed write into ``folder`` is a full disk, in words, or None when it is not one. Either an
+    ENOSPC/EDQUOT anywhere in the error's chain, or, since torch reports a short write as "unexpected pos
+    N vs M" without its errno, less free space left on the folder's file system than the checkpoint takes
+    (``expect_bytes``; 1 MiB when unknown)."""
+    chain: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    found = next((x for x in chain if isinstance(x, OSError) and x.errno in _DISK_FULL_ERRNOS), None)
+    try:
+        fs = os.statvfs(folder if folder.exists() else folder.parent)
+        free: int | None = fs.f_bavail * fs.f_frsize
+    except OSError:
+        free = None
+    room = "" if free is None else f"{free:,} bytes free on its file system"
+    need = f", the checkpoint takes about {expect_bytes:,}" if expect_bytes else ""
+    if found is not None:
+        return f"{os.strerror(found.errno or 0)}{'; ' + room if room else ''}{need}"
+    if free is not None and free < max(expect_bytes, _NEARLY_NOTHING):
+        return f"{room}{need}"
+    return None
 
 
 def prune_plan(paths: Iterable[str], *, keep_step: int | None, keep_newest: int) -> list[str]:
@@ -508,9 +570,10 @@ class Checkpointer:
 
     def write_pointer(self, pointer: Pointer) -> None:
         """Commit ``pointer`` as latest.json (under the lease) and read it back."""
-        with tempfile.TemporaryDirectory(prefix="specprobe-pointer-") as tmp:
-            path = Path(tmp) / POINTER_PATH
-            path.write_text(json.dumps(pointer.to_json(), indent=1, sort_keys=True) + "\n")
+        # An in-memory file: a kill inside the commit leaves nothing in the system's temp dir.
+        with file_of_bytes(
+            POINTER_PATH, (json.dumps(pointer.to_json(), indent=1, sort_keys=True) + "\n").encode()
+        ) as path:
             self.lease.commit(
                 {POINTER_PATH: path}, message=f"latest.json -> step {pointer.step} {pointer.path_in_repo}"
             )

@@ -19,6 +19,7 @@ never a traceback at the first optimizer step. What is checked:
 from __future__ import annotations
 
 import math
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from trainer.ckpt.rng import rng_state_problem
 from trainer.dist import Dist
 from trainer.model import decay_groups, load_hf_state_dict
 from trainer.runconfig import RunIdentity, judge_config_change
+from trainer.store import NotRegularFile, file_kind, open_regular
 from trainer.store.fields import COUNT_MAX, FieldError, Fields, load_doc
 
 __all__ = ["Unloadable", "load_checkpoint"]
@@ -51,8 +53,9 @@ def load_checkpoint(
     """Weights into `model`; the optimizer/scheduler/scaler state and this rank's RNG state read and checked.
     Unloadable (a ValueError) naming the file when any of them is not what this trainer saves."""
     for name in ("trainer_state.json", "model.safetensors", "optimizer.pt", "rng.pt"):
-        if not (ckpt_dir / name).is_file():
-            raise Unloadable(f"{ckpt_dir / name} is missing")
+        problem = _not_a_file(ckpt_dir / name)
+        if problem:
+            raise Unloadable(problem)
     state = _trainer_state(ckpt_dir / "trainer_state.json", tokens_per_step, total_steps)
     changes: list[dict[str, Any]] = []
     if state["config_hash"] != identity.hash:
@@ -78,9 +81,24 @@ def load_checkpoint(
     }
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded as a checkpoint file, or None: missing, or not a regular file (a FIFO
+    would block the loader until a writer comes, a character device never end)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"{path} is missing"
+    return None if stat.S_ISREG(mode) else f"{path} is {file_kind(mode)}, not a regular file"
+
+
 def _trainer_state(path: Path, tokens_per_step: int, total_steps: int) -> dict[str, Any]:
     try:
-        doc = load_doc(path.read_bytes(), str(path), max_bytes=STATE_MAX_BYTES)
+        with open_regular(path) as f:
+            raw = f.read(STATE_MAX_BYTES + 1)
+    except NotRegularFile as e:
+        raise Unloadable(str(e)) from None
+    try:
+        doc = load_doc(raw, str(path), max_bytes=STATE_MAX_BYTES)
         f = Fields(doc, str(path))
         step = f.int("step", 0, total_steps)
         tokens = f.int("tokens_consumed", 0, COUNT_MAX)

@@ -169,6 +169,7 @@ class CheckpointSession:
             trainer_state=trainer_state,
             optimizer_state=snap.opt_state,
             rng_states=rngs,
+            expect_bytes=nbytes,
         )
         for to_final in ([False] if push_ckpt else []) + ([True] if final else []):
             self.checkpointer.push(

@@ -26,7 +26,7 @@ token ids; the format is described in `trainer/data/shards.py`).
         from the build options (how a default setup gets its mix on first use).
 
 Exit codes: 0 done; 1 the mix or the store is bad (the message names the file); 2 usage error or the repo
-does not exist.
+does not exist; 3 the trainer's dependencies are not installed (the message names them and the install command).
 """
 
 from __future__ import annotations
@@ -39,11 +39,15 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from trainer.data.shards import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, verify_files
+from trainer.deps import command_imports
 from trainer.log import setup_logging
 from trainer.store import sha256_file
+
+# A core-only install says which dependency is missing, in one line (trainer/deps.py).
+with command_imports("python -m trainer.data.mix", __name__):
+    import numpy as np
+
+    from trainer.data.shards import DTYPES, FORMAT, DataError, parse_manifest, read_manifest, verify_files
 
 EOS_ID = 0  # the synthetic mix's end-of-document token
 DOC_LEN = 2048  # synthetic tokens per document, EOS included

@@ -19,8 +19,10 @@ and no window is read twice before the horizon.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
@@ -30,9 +32,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trainer.store import sha256_file
+from trainer.store import NotRegularFile, file_kind, open_regular, sha256_file
 
 FORMAT = "specprobe-mix/1"
+MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists its shards: megabytes would be a million of them
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # explicit little-endian, on any host
 
 
@@ -62,9 +65,14 @@ def read_manifest(root: Path) -> dict[str, Any]:
     """Load and structurally validate `root/manifest.json` (no shard is opened)."""
     path = Path(root) / "manifest.json"
     try:
-        text = path.read_text()
+        with open_regular(path) as f:
+            text = f.read(MANIFEST_MAX_BYTES + 1)
     except FileNotFoundError:
         raise DataError(f"{path}: no manifest.json in the mix root") from None
+    except NotRegularFile as e:
+        raise DataError(f"{e}: a mix's manifest.json must be one") from None
+    if len(text) > MANIFEST_MAX_BYTES:
+        raise DataError(f"{path}: more than {MANIFEST_MAX_BYTES:,} bytes, not a mix's manifest")
     return parse_manifest(text, where=str(path))
 
 
@@ -106,14 +114,32 @@ def _entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [*manifest["shards"], manifest["val"]]
 
 
+def mix_hash(manifest: dict[str, Any]) -> str:
+    """The mix's identity: sha256 over canonical JSON of what decides the tokens a run reads and is validated
+    on: the dtype, the vocab size, and each train shard's and the val split's token count and sha256, in their
+    order. File names and ``source`` (how the mix was built) are left out: the same tokens under other names
+    are the same mix, and two mixes of one shape (same vocab, tokens and shards, other documents) differ."""
+    canon = {
+        "dtype": manifest["dtype"],
+        "vocab_size": manifest["vocab_size"],
+        "shards": [[e["tokens"], e["sha256"]] for e in manifest["shards"]],
+        "val": [manifest["val"]["tokens"], manifest["val"]["sha256"]],
+    }
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def verify_files(root: Path, manifest: dict[str, Any], *, hashes: bool = True) -> None:
     """Every shard and the val split exist with the manifest's length and (if `hashes`) sha256."""
     itemsize = DTYPES[manifest["dtype"]].itemsize
     for e in _entries(manifest):
         path = Path(root) / e["path"]
-        if not path.is_file():
-            raise DataError(f"{e['path']}: listed in manifest.json but missing under {root}")
-        size = path.stat().st_size
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise DataError(f"{e['path']}: listed in manifest.json but missing under {root}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise DataError(f"{e['path']}: listed in manifest.json, but {path} is {file_kind(st.st_mode)}")
+        size = st.st_size
         if size != e["tokens"] * itemsize:
             raise DataError(
                 f"{e['path']}: {size} bytes = {size / itemsize:g} tokens of {manifest['dtype']}, "
@@ -141,6 +167,7 @@ def _check_token_ids(e: dict[str, Any], tokens: np.ndarray, model_vocab: int) ->
 class Mix:
     root: Path
     manifest: dict[str, Any]
+    sha256: str  # mix_hash(manifest): the mix in the run's identity (trainer/runconfig.py)
     vocab_size: int
     total_tokens: int
     n_samples: int
@@ -205,6 +232,7 @@ def load_mix(root: Path, *, seq_len: int, model_vocab: int, need_samples: int, v
     return Mix(
         root=root,
         manifest=m,
+        sha256=mix_hash(m),
         vocab_size=m["vocab_size"],
         total_tokens=m["total_tokens"],
         n_samples=n_samples,

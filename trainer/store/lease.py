@@ -36,20 +36,20 @@ objects in one process are the same writer. ``release()`` ends the lease for goo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 from trainer.store.fields import TIME_MAX, FieldError, Fields, load_doc
-from trainer.store.protocol import Conflict, EntryMissing, Store, StoreError, redact_url
+from trainer.store.protocol import Conflict, EntryMissing, Store, StoreError, file_of_bytes, redact_url
 
 __all__ = [
     "LEASE_PATH",
@@ -72,6 +72,7 @@ _LEASE_MAX_BYTES = 64 << 10
 _PID_NS = re.compile(r"^(pid:\[\d{1,20}\])?$")
 _DIGITS = re.compile(r"^\d{0,20}$")
 _CAS_TRIES = 8  # compare-and-swap rounds before giving up (each lost round means another commit landed)
+CLOCK_SKEW_S = 60.0  # two clocks kept by NTP agree far closer; a lease renewed further in the future is news
 
 
 class LeaseHeld(StoreError):
@@ -208,6 +209,22 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
+def _clock_ahead(doc: LeaseDoc, now: float) -> str:
+    """What to say when a lease was renewed later than this machine's clock reads now: the holder's clock is
+    ahead (or this one behind), and the expiry, written by the holder's clock, lies that much further out than
+    its TTL. "" when the two clocks agree to within CLOCK_SKEW_S."""
+    ahead = doc.renewed - now
+    if ahead <= CLOCK_SKEW_S:
+        return ""
+    return (
+        f". The holder's clock is ahead of this machine's: it renewed the lease at {_iso(doc.renewed)} by its "
+        f"clock, {ahead:.0f}s after now by this machine's ({_iso(now)}); by its own clock the lease expires "
+        f"{doc.expires - doc.renewed:.0f}s after that renewal, by this one's in {doc.expires - now:.0f}s. Set "
+        f"the clock of host {doc.writer.host} right (or this machine's, if it is the one behind). If that "
+        f"trainer is gone, delete {LEASE_PATH} from the repo to take the store over now"
+    )
+
+
 def checked_ttl(ttl: float, what: str, shown: str | None = None) -> float:
     """``ttl`` when it is a number of seconds in (0, MAX_TTL_S] (not NaN, not inf); ValueError naming ``what``
     and the value (``shown``: as written) otherwise."""
@@ -286,23 +303,24 @@ class Lease:
 
     def describe(self, doc: LeaseDoc) -> str:
         w = doc.writer
+        now = self._clock()
         return (
             f"writer {w.id} (host {w.host}, pid {w.pid}), acquired {_iso(doc.acquired)}, renewed "
-            f"{_iso(doc.renewed)}, expires {_iso(doc.expires)} (in {doc.expires - self._clock():.0f}s)"
-        )
+            f"{_iso(doc.renewed)}, expires {_iso(doc.expires)} (in {doc.expires - now:.0f}s)"
+        ) + _clock_ahead(doc, now)
 
     # -- writing ------------------------------------------------------------------------------------
-    def _file(self, doc: LeaseDoc, tmp: Path) -> Path:
-        path = tmp / LEASE_PATH
-        path.write_text(json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n")
-        return path
+    @staticmethod
+    def _file(doc: LeaseDoc) -> ContextManager[Path]:
+        """``doc`` as a lease.json file to commit, gone with the process however it ends (file_of_bytes)."""
+        return file_of_bytes(LEASE_PATH, (json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n").encode())
 
     def _cas_write(self, doc: LeaseDoc, rev: str, message: str) -> bool:
         """Commit ``doc`` as lease.json on revision ``rev`` only (compare-and-swap); False when another
         commit came first and nothing was committed."""
         try:
-            with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
-                self.store.commit({LEASE_PATH: self._file(doc, Path(tmp))}, expect_revision=rev, message=message)
+            with self._file(doc) as path:
+                self.store.commit({LEASE_PATH: path}, expect_revision=rev, message=message)
         except Conflict:
             return False
         return True
@@ -365,9 +383,9 @@ class Lease:
                 self._check_mine(doc)
                 files = dict(add)
                 renewed = self._new_doc() if self._due(2 / 3) else None
-                with tempfile.TemporaryDirectory(prefix="specprobe-lease-") as tmp:
+                with contextlib.ExitStack() as lease_file:
                     if renewed is not None:
-                        files[LEASE_PATH] = self._file(renewed, Path(tmp))
+                        files[LEASE_PATH] = lease_file.enter_context(self._file(renewed))
                     try:
                         out = self.store.commit(files, delete, message=message, expect_revision=rev)
                     except Conflict:

@@ -34,7 +34,8 @@ Nothing in the manifest is believed unchecked: every path must stay inside the r
 integer; a manifest that breaks this is refused with :class:`StoreError` naming the entry. The store writes
 only a metadata folder that is its own: a ``.specprobe/`` (or its ``objects/``, ``staging/``, manifest or
 journal) that is a symbolic link is refused at the next write, and so is a visible folder that is a link
-out of the repo. Objects are opened without following a symbolic link.
+out of the repo. Objects are opened without following a symbolic link, and every file the store reads (the
+manifest, the journal, an object) must be a regular file: a FIFO or a device there is refused, never waited on.
 
 A repo folder that holds files but no ``.specprobe/manifest.json`` (copied with ``cp -r repo/*``, or by an
 rsync that skipped dot-folders) is refused with :class:`MetadataMissing`, never taken for a missing repo: a
@@ -55,7 +56,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from trainer.store.fields import REVISION, SHA256, FieldError, Fields, load_doc
 from trainer.store.protocol import (
@@ -63,8 +64,11 @@ from trainer.store.protocol import (
     EntryMissing,
     FileInfo,
     MetadataMissing,
+    NotRegularFile,
     RepoMissing,
     StoreError,
+    file_kind,
+    open_regular,
     redact_url,
     repo_path_problem,
     sha256_file,
@@ -122,10 +126,18 @@ class LocalStore:
 
     # -- reading ----------------------------------------------------------------------------------
     def exists(self) -> bool:
-        if self._manifest.is_file():
-            return True
-        self._refuse_unmanaged()
-        return False
+        try:
+            mode = os.stat(self._manifest).st_mode
+        except FileNotFoundError:
+            self._refuse_unmanaged()
+            return False
+        if not stat.S_ISREG(mode):
+            raise StoreError(
+                f"{redact_url(self.url)}: {self._manifest} is {file_kind(mode)}, not the store's manifest file; "
+                "refusing to read the repo through it or to start a new one over it. Restore "
+                f"{META_DIR}/manifest.json from a copy of the repo."
+            )
+        return True
 
     def _refuse_unmanaged(self) -> None:
         """MetadataMissing when the repo folder holds files (or store objects) but no manifest."""
@@ -148,7 +160,7 @@ class LocalStore:
 
     def _load(self) -> dict:
         try:
-            raw = self._manifest.read_bytes()
+            raw = self._read_meta(self._manifest, "manifest")
         except FileNotFoundError:
             self._refuse_unmanaged()
             raise RepoMissing(f"repo {redact_url(self.url)} does not exist (no {self._manifest})") from None
@@ -158,6 +170,19 @@ class LocalStore:
             raise StoreError(
                 f"{e}. The manifest is the store's record of what the repo holds; refusing to read or write "
                 f"through it. Restore {META_DIR}/ from a copy of the repo, or mend the entry by hand."
+            ) from None
+
+    def _read_meta(self, path: Path, what: str) -> bytes:
+        """The bytes of a metadata file, at most one past the manifest's size limit (load_doc refuses a longer
+        one); FileNotFoundError when absent, StoreError when it is not a regular file: a FIFO there would block
+        every reader, a character device never end."""
+        try:
+            with open_regular(path) as f:
+                return f.read(_MANIFEST_MAX_BYTES + 1)
+        except NotRegularFile as e:
+            raise StoreError(
+                f"{redact_url(self.url)}: its {what} {path} is {e.kind}, not a file the store wrote; refusing to "
+                f"read the repo through it. Restore {META_DIR}/ from a copy of the repo."
             ) from None
 
     def list_files(self) -> dict[str, FileInfo]:
@@ -181,13 +206,18 @@ class LocalStore:
         for attempt in (0, 1):
             obj = self._objects / self._entry(path)["sha256"]
             try:
-                f = os.fdopen(os.open(obj, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+                f = open_regular(obj, follow_links=False)
             except FileNotFoundError:
                 if attempt:
                     raise StoreError(
                         f"{path} in {redact_url(self.url)}: its stored object {obj} is missing (the store is damaged)"
                     ) from None
                 continue
+            except NotRegularFile as e:
+                raise StoreError(
+                    f"{path} in {redact_url(self.url)}: its stored object {obj} is {e.kind}, not bytes the store "
+                    "wrote (the store is damaged); refusing to read it"
+                ) from None
             except OSError as e:
                 if e.errno != errno.ELOOP:
                     raise
@@ -307,7 +337,8 @@ class LocalStore:
             raise StoreError(f"empty commit to {redact_url(self.url)}: nothing to add or delete")
         for p, src in adds.items():
             if not src.is_file():
-                raise StoreError(f"cannot commit {p} to {redact_url(self.url)}: local file {src} does not exist")
+                what = "is not a regular file" if src.exists() else "does not exist"
+                raise StoreError(f"cannot commit {p} to {redact_url(self.url)}: local file {src} {what}")
         if not self.exists():
             raise RepoMissing(f"cannot commit to {redact_url(self.url)}: the repo does not exist")
         with self._locked():
@@ -325,10 +356,12 @@ class LocalStore:
             if clash is not None:
                 raise StoreError(f"commit to {redact_url(self.url)} would make {clash} both a file and a folder")
             self._refuse_linked_parents([*files, *adds])
+            log = list(doc.get("log", []))[-(_LOG_KEEP - 1) :]
+            known = set(doc["files"]) | {p for e in log for p in e.get("added", ())}
+            self._refuse_blocked_places(adds, known)
             files.update(self._store_objects(adds))
             revision = doc.get("revision", 0) + 1
             rev_id = _revision_id(revision, files)
-            log = list(doc.get("log", []))[-(_LOG_KEEP - 1) :]
             log.append(
                 {
                     "revision": revision,
@@ -343,7 +376,7 @@ class LocalStore:
                 {"format": MANIFEST_FORMAT, "revision": revision, "revision_id": rev_id, "files": files, "log": log}
             )
             # Published. Everything below only tidies the visible tree and the object pool.
-            self._sync_visible(files, known=set(doc["files"]) | {p for e in log for p in e.get("added", ())})
+            self._sync_visible(files, known=known | set(adds))
             self._gc_objects(files, previous=doc["files"])
             shutil.rmtree(self._staging, ignore_errors=True)
             return rev_id
@@ -370,7 +403,7 @@ class LocalStore:
     def _journaled(self) -> list[str]:
         """The objects commits wrote that no manifest may name yet (a killed commit's), from the journal."""
         try:
-            raw = self._journal.read_bytes()
+            raw = self._read_meta(self._journal, "journal")
         except FileNotFoundError:
             return []
         where = f"{self._journal} of {redact_url(self.url)}"
@@ -403,9 +436,7 @@ class LocalStore:
         # only when it is the store's own: a link to one of its objects, or, at a path the store wrote
         # (``known``: the previous commit's and the log's), a copy of one (the previous commit's objects are
         # still there, collected after this). Anything else is left where it is.
-        own_inodes = {
-            (st.st_dev, st.st_ino) for st in (o.lstat() for o in self._objects.iterdir()) if stat.S_ISREG(st.st_mode)
-        }
+        own_inodes = self._own_inodes()
         for dirpath, _dirnames, filenames in os.walk(self.dir, topdown=False):
             d = Path(dirpath)
             if d == self._meta or self._meta in d.parents:
@@ -428,6 +459,48 @@ class LocalStore:
             except OSError:  # filesystems without hard links get a copy
                 shutil.copyfile(obj, tmp)
             os.replace(tmp, visible)
+
+    def _own_inodes(self) -> set[tuple[int, int]]:
+        """(device, inode) of every object: a visible file that is one of them is a link the store placed."""
+        return {
+            (st.st_dev, st.st_ino) for st in (o.lstat() for o in self._objects.iterdir()) if stat.S_ISREG(st.st_mode)
+        }
+
+    def _refuse_blocked_places(self, adds: Iterable[str], known: set[str]) -> None:
+        """StoreError, before anything is published, when a file of this commit could not be placed in the
+        visible tree: a folder at its path, or a file where one of its folders must be, that the tidying before
+        placement may not remove because the store did not write it. Published, the commit would then fail to
+        place the file, and so would every commit after it. An empty folder, or the store's own files of a path
+        that changes between file and folder, are tidied away: no blocker."""
+        own: set[tuple[int, int]] = set()  # listed once, and only when something is in the way
+
+        def owned(path: Path, rel: str) -> bool:
+            if not own:
+                own.update(self._own_inodes())
+            return self._is_own_file(path, own, rel in known)
+
+        for p in adds:
+            parts = p.split("/")
+            for i in range(1, len(parts)):
+                folder = self.dir.joinpath(*parts[:i])
+                if os.path.lexists(folder) and not folder.is_dir():
+                    if not owned(folder, "/".join(parts[:i])):
+                        raise StoreError(
+                            f"cannot commit {p} to {redact_url(self.url)}: {folder} is a file the store did not "
+                            f"write, where a folder of {p} must be. Nothing was committed. Move it out of the repo "
+                            "folder (the store deletes only files it wrote), then try again."
+                        )
+            target = self.dir / p
+            if target.is_dir() and not target.is_symlink():
+                strays = _strays_under(target, p, owned)
+                if strays:
+                    shown = ", ".join(strays[:5]) + (", ..." if len(strays) > 5 else "")
+                    raise StoreError(
+                        f"cannot commit {p} to {redact_url(self.url)}: {target} is a folder on disk, holding files "
+                        f"the store did not write ({shown}); a file cannot be placed there, so the commit would be "
+                        "published and then fail, and so would every commit after it. Nothing was committed. Move "
+                        f"{target} out of the repo folder (the store deletes only files it wrote), then try again."
+                    )
 
     def _is_own_file(self, path: Path, own_inodes: set[tuple[int, int]], known_path: bool) -> bool:
         if path.name.startswith(".") and path.name.endswith(".specprobe-tmp"):
@@ -477,6 +550,21 @@ def _files_under(root: Path, *, skip: Path | None = None, limit: int) -> list[st
             if len(out) >= limit:
                 return out
     return out
+
+
+def _strays_under(folder: Path, rel: str, owned: Callable[[Path, str], bool]) -> list[str]:
+    """What under ``folder`` (repo path ``rel``) the tidying before placement would leave: files that are not
+    the store's own (``owned``), and links (a link to a folder is not a file it removes either). Relative to
+    ``folder``, sorted per folder."""
+    strays: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        d = Path(dirpath)
+        strays += [(d / n).relative_to(folder).as_posix() for n in sorted(dirnames) if (d / n).is_symlink()]
+        for name in sorted(filenames):
+            sub = (d / name).relative_to(folder).as_posix()
+            if not owned(d / name, f"{rel}/{sub}"):
+                strays.append(sub)
+    return strays
 
 
 def _apply_deletes(files: dict[str, dict], deletes: Sequence[str], url: str) -> set[str]:

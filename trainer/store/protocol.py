@@ -1,5 +1,5 @@
-"""What every checkpoint store is: the :class:`Store` protocol, its errors and :class:`FileInfo`, and the two
-helpers every backend and caller shares: :func:`sha256_file` and :func:`redact_url`.
+"""What every checkpoint store is: the :class:`Store` protocol, its errors and :class:`FileInfo`, and the
+helpers every backend and caller shares: :func:`open_regular` (and :func:`sha256_file` over it) and :func:`redact_url`.
 
 Two backends implement the protocol: a local directory (trainer/store/local.py) and a Hugging Face Hub repo
 (trainer/store/hub.py); trainer/store/url.py turns a URL into the right one (``open_store``). The token is
@@ -8,12 +8,15 @@ never printed: every URL that reaches a message goes through :func:`redact_url`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import BinaryIO, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = [
     "StoreError",
@@ -23,7 +26,10 @@ __all__ = [
     "StoreUnavailable",
     "MetadataMissing",
     "FileInfo",
+    "NotRegularFile",
     "Store",
+    "file_of_bytes",
+    "open_regular",
     "redact_url",
     "sha256_file",
     "repo_path_problem",
@@ -55,6 +61,14 @@ class StoreUnavailable(StoreError):
 
 class MetadataMissing(StoreError):
     """A local repo folder holds files but not the store's metadata (``.specprobe/``): refused, never recreated."""
+
+
+class NotRegularFile(OSError):
+    """A path that must hold a file's bytes is something else: ``kind`` says what (a FIFO, a device, a folder)."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(f"{path} is {kind}, not a regular file")
+        self.path, self.kind = path, kind
 
 
 @dataclass(frozen=True)
@@ -141,10 +155,68 @@ def repo_path_problem(path: object) -> str | None:
     return None
 
 
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a FIFO", "a folder", ...)."""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return f"of an unknown type (mode {mode:o})"
+
+
+def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True) -> BinaryIO:
+    """``path`` opened for reading once it is known to be a regular file; :class:`NotRegularFile` naming what
+    it is otherwise. Opening a FIFO blocks until a writer comes and a character device never ends, so the
+    open does not block (O_NONBLOCK) and the kind is read from the open descriptor (a check by path, then an
+    open, could meet two different files). ``follow_links=False``: a symbolic link fails the open (ELOOP)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(os.fspath(path), file_kind(mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def sha256_file(path: Path) -> str:
-    """The sha256 of a local file, read in chunks."""
+    """The sha256 of a local regular file, read in chunks (NotRegularFile for anything else)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def file_of_bytes(name: str, data: bytes) -> Iterator[Path]:
+    """A path whose file holds ``data``, for a commit (stores commit files by path), that no exit leaves
+    behind: an anonymous in-memory file (memfd) reached through /proc/self/fd, which the kernel frees when the
+    process ends, however it ends. A temporary folder would stay in the system's temp dir after every
+    SIGKILL that lands inside a commit. Where memfd is missing (not Linux), a temporary folder it is."""
+    if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
+        with tempfile.TemporaryDirectory(prefix="specprobe-") as tmp:
+            path = Path(tmp) / name
+            path.write_bytes(data)
+            yield path
+        return
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
