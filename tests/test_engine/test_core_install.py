@@ -106,7 +106,9 @@ def test_a_core_install_reviews_a_change_with_a_regex_check_against_the_saved_ru
 
 
 @pytest.mark.slow
-def test_a_core_install_says_in_one_line_what_the_trainer_needs(core: Path, core_engine: Engine, tmp_path: Path) -> None:
+def test_a_core_install_says_in_one_line_what_the_trainer_needs(
+    core: Path, core_engine: Engine, tmp_path: Path
+) -> None:
     """The trainer's commands, and `engine run` of a P4 spec, name the missing dependencies and the install
     command in one line: no import traceback blamed on the data mix."""
     src = core.parent.parent / "src"  # the copy the venv installed: a run writes under its folder, not ours

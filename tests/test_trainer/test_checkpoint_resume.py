@@ -284,6 +284,7 @@ def test_config_hash_is_canonical_and_covers_only_the_resume_fields():
     with pytest.raises(ValueError, match="lacks \\['schedule'\\]"):
         config_hash({k: v for k, v in RUN_CONFIG.items() if k != "schedule"})
 
+
 def test_a_checkpoint_written_before_the_mix_was_part_of_the_identity_names_it_absent():
     before = {k: v for k, v in RUN_CONFIG.items() if k != "mix"}
     with pytest.raises(ValueError) as refused:
