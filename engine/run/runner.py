@@ -320,8 +320,7 @@ class Runner:
         return report
 
     def _remove(self, step: Mapping[str, Any], record: dict[str, Any]) -> int:
-        also_under = step.get("remove_also_under") or ()
-        return remove_step(step["remove"], record, self.record.run_dir, also_under, self.say)
+        return remove_step(step, record, self.record.run_dir, self.say, self.plan)
 
     def _collect(self, step: Mapping[str, Any], record: dict[str, Any]) -> int:
         name, spec = step["name"], step["collect"]
