@@ -675,7 +675,7 @@ def test_the_reports_of_a_run_show_a_secret_in_a_step_error_redacted(tmp_path):
     assert TOKEN not in proc.stdout + proc.stderr
     for report, shown in (
         ("j.xml", "/etc/&lt;redacted&gt;"),
-        ("m.md", "/etc/<redacted>"),
+        ("m.md", "/etc/&lt;redacted&gt;"),  # escaped, as the HTML report escapes it
         ("h.html", "/etc/&lt;redacted&gt;"),
     ):
         text = (tmp_path / report).read_text(encoding="utf-8")
@@ -858,7 +858,7 @@ def test_a_child_orphaned_at_once_dies_with_the_leg(tmp_path):
 # ------------------------------------------------------------------ also
 
 
-def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(tmp_path):
+def test_remove_refuses_paths_outside_the_run_dir_unless_allowed(tmp_path):
     outside = tmp_path / "outside"
     (outside / "victim").mkdir(parents=True)
     work = tmp_path / "work"
@@ -866,7 +866,7 @@ def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(tmp_p
     spec = write_spec(work / "s.yaml", [leg("hi"), {"name": "wipe", "remove": ["../outside/victim"]}])
     proc = engine("run", str(spec), "--run-dir", "r", cwd=work)
     no_traceback(proc)
-    assert "outside the working directory" in evidence(work / "r")["steps"]["wipe"]["error"]
+    assert "outside the run directory" in evidence(work / "r")["steps"]["wipe"]["error"]
     assert (outside / "victim").exists()
     spec = write_spec(
         work / "s2.yaml",
@@ -875,6 +875,37 @@ def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(tmp_p
     proc = engine("run", str(spec), "--run-dir", "r2", cwd=work)
     no_traceback(proc)
     assert evidence(work / "r2")["steps"]["wipe"]["status"] == "ok" and not (outside / "victim").exists()
+
+
+@pytest.mark.parametrize("target", [".git", "specs", ".", "specs/s.yaml"])
+def test_remove_of_the_checkout_or_its_specs_is_refused_naming_the_value(tmp_path, target):
+    """`--set train_out=.git` turns a wipe into `rm -rf .git`: refused, naming the value, even where the
+    step allows the working tree (`also_under`), and the run fails."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".git" / "objects").mkdir(parents=True)
+    (checkout / "specs").mkdir()
+    wipe = {"name": "wipe", "remove": {"paths": ["${train_out}"], "also_under": ["${work_dir}"]}}
+    spec = write_spec(checkout / "specs" / "s.yaml", [leg("hi"), wipe], values={"train_out": "${run_dir}/train"})
+    proc = engine("run", str(spec), "--run-dir", str(tmp_path / "r"), "--set", f"train_out={target}", cwd=checkout)
+    no_traceback(proc)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    error = evidence(tmp_path / "r")["steps"]["wipe"]["error"]
+    assert error.startswith(f"refusing to remove {os.path.abspath(checkout / target)} (from `${{train_out}}`: ")
+    assert f'train_out = "{target}" (given by --set))' in error
+    assert (checkout / ".git" / "objects").is_dir() and (checkout / "specs" / "s.yaml").is_file()
+
+
+def test_remove_still_takes_what_the_run_dir_holds_and_a_declared_scratch_root(tmp_path):
+    scratch = tmp_path / "scratch"
+    (scratch / "old").mkdir(parents=True)
+    wipe = {
+        "name": "wipe",
+        "remove": {"paths": ["${run_dir}/train", str(scratch / "old")], "also_under": [str(scratch)]},
+    }
+    spec = write_spec(tmp_path / "s.yaml", [leg("@append:${run_dir}/train:x"), wipe])
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert evidence(tmp_path / "r")["steps"]["wipe"]["removed"] == [str(tmp_path / "r" / "train"), str(scratch / "old")]
 
 
 def test_control_characters_from_a_leg_reach_neither_the_terminal_nor_the_junit(tmp_path):
