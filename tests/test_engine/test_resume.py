@@ -7,10 +7,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
+import shutil
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 from engine.judge.verdict import Exit
 
@@ -178,3 +184,176 @@ def test_from_refuses_what_it_cannot_resume(tmp_path: Path) -> None:
     assert "refusing to resume" in r.stderr and "evidence of spec 'resumable'" in r.stderr, r.stderr
     r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--mode", "soak", cwd=tmp_path)
     assert r.returncode == Exit.USAGE, r.stderr
+
+
+# ---------------------------------------------------------------- hostile resumes
+
+
+SLOW = SPEC.replace('"leg 2 exits ${{leg2_rc}}"', '"@sleep:${{leg2_sleep}}", "leg 2 exits ${{leg2_rc}}"').replace(
+    "  greeting: hello\n", "  greeting: hello\n  leg2_sleep: 0\n"
+)
+
+
+def test_a_second_engine_in_a_run_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "resumable.yaml", SLOW)
+    assert engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path).returncode == Exit.FAILED
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_sleep=8", "--set", "leg2_rc=0"]
+    first = subprocess.Popen(
+        ENGINE + args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        lock = tmp_path / "r" / ".engine.lock"
+        deadline = time.monotonic() + 60
+        while not (lock.is_file() and lock.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = engine(*args, cwd=tmp_path)
+        assert second.returncode == Exit.USAGE, second.stdout + second.stderr
+        holder = json.loads(lock.read_text())
+        assert f"another engine is running in it (pid {first.pid} on host {holder['host']}, since " in second.stderr
+        assert second.stdout == ""
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == Exit.PASS, out + err
+    # Only the first one ran: one evidence of it, one set-aside of the earlier run, and no lock left.
+    assert lines(tmp_path / "r" / "leg2.count") == ["ran", "ran"]
+    assert len(list((tmp_path / "r").glob("previous-*"))) == 1 and not lock.exists()
+
+
+def test_the_lock_of_an_engine_that_is_gone_is_taken_over_and_said(tmp_path: Path) -> None:
+    spec, _ = failed_first_run(tmp_path)
+    gone = {"pid": 4_000_000, "host": "elsewhere", "started_at": "2026-12-01T00:00:00Z"}
+    (tmp_path / "r" / ".engine.lock").write_text(json.dumps(gone))  # left by a killed engine: unlocked
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stdout + r.stderr
+    assert (
+        "took over the lock of" in r.stderr
+        and "(pid 4000000 on host elsewhere, since 2026-12-01T00:00:00Z)" in r.stderr
+    )
+    assert not (tmp_path / "r" / ".engine.lock").exists()
+
+
+HARVESTING = SPEC.replace(
+    '"${{greeting}}"]\n      timeout_s: 20\n',
+    '"${{greeting}}", "RUN_JSON {{\\"loss\\": 2.0}}"]\n      timeout_s: 20\n'
+    "      output: {{harvest: {{run_json: {{marker: 'RUN_JSON '}}}}}}\n",
+).replace(
+    "checks:\n",
+    'checks:\n  - name: loss_low\n    why: leg 1 learned\n    expr: "steps.leg1.harvest.run_json.loss < `2.5`"\n',
+)
+
+
+def test_from_re_harvests_a_reused_leg_with_the_output_rules_of_now(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "resumable.yaml", HARVESTING)
+    assert engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path).returncode == Exit.FAILED
+    spec.write_text(spec.read_text().replace("marker: 'RUN_JSON '", "marker: 'METRICS '"))
+    replay = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    # As replay judges it: the rule of now finds no loss in leg 1's log.
+    assert replay.returncode == r.returncode == Exit.FAILED, r.stdout + r.stderr
+    assert "leg1: re-harvested from logs/leg1.log with the current output rules" in r.stdout
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    assert doc["steps"]["leg1"]["harvest"] == {} and doc["verdict"]["failed"] == ["loss_low"]
+
+
+def test_from_does_not_believe_an_edited_harvest_of_a_reused_leg(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "resumable.yaml", HARVESTING.replace("`2.5`", "`1.5`"))
+    assert engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path).returncode == Exit.FAILED
+    saved = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    saved["steps"]["leg1"]["harvest"]["run_json"]["loss"] = 1.0  # the log says 2.0
+    (tmp_path / "r" / "evidence.json").write_text(json.dumps(saved))
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    assert r.returncode == Exit.FAILED, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    assert doc["steps"]["leg1"]["harvest"]["run_json"] == {"loss": 2.0} and doc["verdict"]["failed"] == ["loss_low"]
+    assert engine("replay", str(spec), "--evidence", "r", cwd=tmp_path).returncode == Exit.FAILED
+
+
+def test_from_refuses_a_secret_it_is_not_given_again_naming_it(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path / "resumable.yaml",
+        SPEC.replace("  greeting: hello\n", "  greeting: hello\n  api_token: none\n  repo: none\n"),
+    )
+    url = "https://bob:PaSsWoRd-4242@git.example.com/x.git"
+    sets = ["--set", "api_token=tok_abcdef123456", "--set", f"repo={url}"]
+    assert (
+        engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", *sets, cwd=tmp_path).returncode == Exit.FAILED
+    )
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    assert r.returncode == Exit.USAGE, r.stdout + r.stderr
+    assert "the later steps would get the text '<redacted>' instead" in r.stderr
+    assert "api_token (given by --set; give it again: --set api_token=...)" in r.stderr
+    assert "repo (given by --set; give it again: --set repo=...)" in r.stderr
+    assert lines(tmp_path / "r" / "leg2.count") == ["ran"]  # nothing ran
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", *sets, cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stdout + r.stderr
+
+
+def limited(args: list[str], cwd: Path, file_size: int) -> subprocess.CompletedProcess:
+    """`engine ARGS` whose files may not grow past `file_size` bytes (RLIMIT_FSIZE): a full disk."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        ENGINE + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, preexec_fn=limit
+    )
+
+
+def test_from_on_a_full_disk_puts_the_earlier_run_back_and_says_where_it_is(tmp_path: Path) -> None:
+    spec, first = failed_first_run(tmp_path)
+    run = tmp_path / "r"
+    before = {p: (run / p).read_bytes() for p in ("evidence.json", "logs/leg1.log", "logs/leg2.log")}
+    r = limited(["run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0"], tmp_path, 200)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == Exit.ERROR, r.stdout + r.stderr
+    verdict = r.stdout.strip().splitlines()[-1]
+    assert verdict.startswith(f"VERDICT resumable ERROR could not write {run}/evidence.json: File too large (EFBIG)")
+    assert "and was not judged: no evidence.json of it could be written" in verdict
+    assert "the earlier run's files are back where they were: evidence.json holds the run of" in r.stderr
+    # Nothing lost: every file as it was, nothing set aside, and the run can be resumed again.
+    assert {p: (run / p).read_bytes() for p in before} == before
+    assert list(run.glob("previous-*")) == [] and list(run.glob(".evidence.*")) == []
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    assert r.returncode == Exit.PASS, r.stdout + r.stderr
+
+
+def test_a_set_aside_that_cannot_move_every_file_moves_none(tmp_path: Path) -> None:
+    spec, first = failed_first_run(tmp_path)
+    run = tmp_path / "r"
+    elsewhere = tmp_path / "logs-elsewhere"
+    shutil.copytree(run / "logs", elsewhere)
+    # In a mount namespace of its own, the run's logs/ is a bind mount: no file moves out of it
+    # by rename (EXDEV), as on a run dir whose logs are on a disk of their own.
+    script = 'mount --bind "$1" "$2/logs" || exit 99; exec "$3" -m engine.cli run "$4" --run-dir "$2" --from wipe'
+    proc = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            elsewhere,
+            run,
+            sys.executable,
+            spec,
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode == 99 or "unshare:" in proc.stderr:
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == Exit.USAGE, proc.stdout + proc.stderr
+    assert "cannot set the earlier run's files aside in previous-" in proc.stderr
+    assert "nothing was moved" in proc.stderr
+    assert json.loads((run / "evidence.json").read_text()) == first and list(run.glob("previous-*")) == []
+    assert lines(run / "leg2.count") == ["ran"]
