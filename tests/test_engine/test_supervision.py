@@ -88,8 +88,8 @@ def test_a_daemon_that_clears_its_environment_dies_with_the_leg(tmp_path, cleanu
 
 
 # N chains; in each, a generation forks, calls setsid() and exits, until SECONDS have passed. The first
-# takes an flock on LOCK and clears its environment: the lock is free again only once the last process
-# of the last chain is gone, and nothing in any of them says whose it is.
+# takes an flock on LOCK, closes its output and clears its environment: the lock is free again only once
+# the last process of the last chain is gone, and nothing in any of them says whose it is.
 FORK_CHAINS = r"""
 #include <fcntl.h>
 #include <stdio.h>
@@ -102,6 +102,8 @@ int main(int argc, char **argv) {  /* chains LOCK SECONDS N */
     if (argc == 4) {
         int fd = open(argv[1], O_RDWR | O_CREAT, 0644);
         flock(fd, LOCK_EX);
+        int null = open("/dev/null", O_RDWR);  /* like a daemon: nothing left to read from it */
+        dup2(null, 0), dup2(null, 1), dup2(null, 2);
         char end[64];
         snprintf(end, sizeof end, "%f", now() + atof(argv[2]));
         char *args[] = {argv[0], end, argv[3], 0};
@@ -110,12 +112,17 @@ int main(int argc, char **argv) {  /* chains LOCK SECONDS N */
         return 127;
     }
     double end = atof(argv[1]);
-    for (int i = 1; i < atoi(argv[2]); i++) if (fork() == 0) break;
-    while (now() < end) {
-        pid_t pid = fork();
-        if (pid > 0) _exit(0);
-        if (pid == 0) setsid();
+    for (int i = 0; i < atoi(argv[2]); i++) {
+        if (fork() == 0) {
+            while (now() < end) {
+                pid_t pid = fork();
+                if (pid > 0) _exit(0);
+                if (pid == 0) setsid();
+            }
+            _exit(0);
+        }
     }
+    sleep(1);  /* the leader ends once the chains are in full swing */
     return 0;
 }
 """
@@ -134,7 +141,7 @@ def test_a_runaway_fork_chain_is_gone_when_the_run_ends(tmp_path):
         "version": 1,
         "name": "chains",
         "budget_s": 1000,
-        "steps": [{"name": "leg", "run": {"argv": [str(tmp_path / "chains"), str(lock), "20", "32"], "timeout_s": 60}}],
+        "steps": [{"name": "leg", "run": {"argv": [str(tmp_path / "chains"), str(lock), "40", "32"], "timeout_s": 60}}],
         "checks": [{"name": "ran", "why": "the leg ran", "expr": "steps.leg.rc == `0`"}],
     }
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -157,6 +164,9 @@ def test_a_runaway_fork_chain_is_gone_when_the_run_ends(tmp_path):
         os.close(fd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "still forking" not in (tmp_path / "r" / "logs" / "leg.log").read_text()
+    # Nor did the leg wait for the chains to stop by themselves (40 s): they were killed.
+    seconds = json.loads((tmp_path / "r" / "evidence.json").read_text())["steps"]["leg"]["seconds"]
+    assert seconds < 30, seconds
 
 
 def test_a_supervisor_that_cannot_end_its_leg_s_processes_in_time_says_so(tmp_path):
