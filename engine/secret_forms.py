@@ -212,14 +212,16 @@ def _held(run: Any, most: int = 8) -> set[Any] | None:
 
 def _needed(forms: Iterable[Any], fragment: int) -> Any:
     """A byte (character) in every window of `fragment` of every form (in a shorter form, found
-    whole, anywhere), or None."""
+    whole, anywhere), or None: one the form holds with no stretch of `fragment` without it."""
     common: set[Any] | None = None
     for form in forms:
-        for i in range(max(len(form) - fragment, 0) + 1):
-            window = set(form[i : i + fragment])
-            common = window if common is None else common & window
-            if not common:
-                return None
+        if not form:
+            return None
+        unit = (lambda c: bytes([c])) if isinstance(form, bytes) else (lambda c: c)
+        candidates = set(form[:fragment]) if common is None else common
+        common = {c for c in candidates if c in form and max(map(len, form.split(unit(c)))) < fragment}
+        if not common:
+            return None
     return min(common) if common else None
 
 

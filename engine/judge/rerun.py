@@ -5,10 +5,15 @@ A resumed run is the same run: the earlier run's mode, overrides and builtins (r
 store a later leg resumes from is named after them), with the user's own `--set` over them. It is
 refused, before anything moves, for another spec's run, a directory without a run, an unknown
 step, an earlier step whose definition changed (the saved fingerprints say so, `step_changes` says
-how), failed or never ran, and for a STEP that a `remove` step prepares (resume at the wipe: the
-failed attempt left its files where the wipe would have removed them). The earlier run's evidence
-and the logs of the steps that run again are set aside in `previous-<stamp>/`, so nothing in the
-run dir describes a step that did not run this time; the reused steps' logs stay where they are.
+how), failed or never ran, for a STEP that a `remove` step prepares (resume at the wipe: the
+failed attempt left its files where the wipe would have removed them), and for a value the run was
+given that its evidence keeps only masked (a secret) and this run does not give again. The reused
+legs are re-harvested from their logs with the spec's output rules of now, as `engine replay`
+does. The earlier run's evidence and the logs of the steps that run again are set aside in
+`previous-<stamp>/`, all or none (`SetAside`, which the caller undoes when the run stored nothing of
+its own), so nothing in the run dir describes a step that did not run this time; the reused steps'
+logs stay where they are. The caller holds the run dir (engine/run/record.py prepare_run_dir)
+before any of this.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 built once from the plan, and leaves masked by the plan's secret filter (engine/spec/plan.py
 `masking`): console lines (`say`), evidence.json (`save`, atomic), the leg logs (`leg_log`), the
 re-check records beside the evidence (`write`), and, after each step and at the end, the files the
-legs wrote into the run dir themselves (`mask_files`, `close`). A new output path goes through one
-of these, so the secret filter holds by construction, not by its author remembering it.
+legs wrote into the run dir themselves and their names (`after_step`, `finish`: what could not be
+checked makes the verdict ERROR). A new output path goes through one of these, so the secret filter
+holds by construction, not by its author remembering it. `prepare_run_dir` takes the run dir for
+one engine (a lock) before anything in it is touched.
 
 A write that fails (a full disk) raises RecordError naming the file; the run stops there and its
 verdict is ERROR. `engine check` and `engine replay` open a Record on the saved run, masked with the
