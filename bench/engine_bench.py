@@ -15,7 +15,7 @@ Prints one table row per measurement (best and median wall seconds of --repeat r
     three secrets in the engine's environment (what the secret filter adds);
   * the secret filter itself, in this process, in CPU seconds (`--no-secrets` skips it): a 1 MiB
     block of short lines and one 3 MiB line, with 3 and with 2,000 secrets, and the run-dir
-    scrubber on a 64 MiB file.
+    scrubber on a 64 MiB file (searched, hashed, only stat()ed) and on a 16 GiB sparse file.
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ def secret_rows(repeat: int) -> list[tuple[str, float, float, int]]:
         )
     )
     with tempfile.TemporaryDirectory(prefix="engine-bench-scrub-") as tmp:
-        (Path(tmp) / "blob.bin").write_bytes(os.urandom(64 << 20))
+        blob = Path(tmp) / "blob.bin"
+        blob.write_bytes(os.urandom(64 << 20))
         rows.append(
             (
                 "run-dir scrubber, one 64 MiB binary file, 3 secrets: searched",
@@ -218,7 +219,27 @@ def secret_rows(repeat: int) -> list[tuple[str, float, float, int]]:
         )
         files = TreeScrubber(tmp, three)
         files.scrub()
-        rows.append(("  again, unchanged (its SHA-256 only)", *_best_median(files.scrub, repeat)))
+
+        def touched() -> None:
+            os.utime(blob)  # new times, the same bytes: hashed, not searched
+            files.scrub()
+
+        rows.append(("  again, its times changed (its SHA-256 only)", *_best_median(touched, repeat)))
+        time.sleep(2.1)  # its times settle (a file changed in the last 2 s is hashed again)
+        files.scrub()
+        rows.append(("  again, unchanged (its inode, size and times only)", *_best_median(files.scrub, repeat)))
+    with tempfile.TemporaryDirectory(prefix="engine-bench-sparse-") as tmp:
+
+        def sparse() -> None:
+            with open(Path(tmp) / "sparse.bin", "wb") as fh:
+                fh.truncate(16 << 30)
+                fh.seek(8 << 30)
+                fh.write(three[0].encode())
+            TreeScrubber(tmp, three).scrub()
+
+        rows.append(
+            ("  a 16 GiB sparse file holding a secret: found, masked (holes kept)", *_best_median(sparse, repeat))
+        )
     return rows
 
 

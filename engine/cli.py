@@ -214,24 +214,24 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine.judge.verdict import judge
-    from engine.run import evidence
-    from engine.run.record import RunDirError, prepare_run_dir
-    from engine.run.runner import RunInterrupted, execute
-    from engine.run.signals import StopSignals
+    spec = _valid_spec(args.spec)
+    if args.from_step:
+        return _run_resumed(args, spec)
+    plan, run_dir = _fresh_plan(args, spec)
+    _refuse_before_running(args, spec, plan)
+    lock = _hold(run_dir, force=args.force)
+    try:
+        return _run(args, spec, plan, run_dir)
+    finally:
+        lock.release()
+
+
+def _refuse_before_running(args: argparse.Namespace, spec: Any, plan: Any) -> None:
+    """What a run refuses before it touches the run dir: a budget a --set broke, a report it
+    could not write."""
     from engine.spec.located import SpecErrors
-    from engine.spec.plan import values_lines, values_summary
     from engine.spec.validate import budget_error
 
-    spec = _valid_spec(args.spec)
-    restores: list = []
-    if args.from_step:
-        plan, run_dir, resumed = _resumed_plan(args, spec)
-        from engine.judge.rerun import snapshot_restores
-
-        restores = snapshot_restores(run_dir, resumed)  # refused here, before anything moves
-    else:
-        (plan, run_dir), resumed = _fresh_plan(args, spec), None
     # validate checked the budget with the spec's own values; a --set can still push it over.
     over = budget_error(spec, plan.mode, plan.contributions())
     if over and not args.fresh_reference:
@@ -242,24 +242,71 @@ def cmd_run(args: argparse.Namespace) -> int:
     if over:
         raise SpecErrors([over])
     _check_reports(args)
-    reuse = None
-    restored = _restore(run_dir, restores)
-    if resumed is not None:
-        from engine.judge.rerun import set_aside
 
-        try:
-            reuse = dataclasses.replace(resumed.reuse, set_aside=set_aside(run_dir, resumed))
-        except OSError as exc:
-            raise _Refused(f"--run-dir {run_dir}: cannot set the earlier run's files aside: {exc}") from None
+
+def _hold(run_dir: Path, force: bool = False, resuming: bool = False) -> Any:
+    """The run dir, taken for this engine (engine/run/record.py prepare_run_dir); a lock a gone
+    engine left is taken over, and said."""
+    from engine.run.record import RunDirError, prepare_run_dir
+
     try:
-        prepare_run_dir(run_dir, force=args.force or resumed is not None)
+        lock = prepare_run_dir(run_dir, force=force, resuming=resuming)
     except RunDirError as exc:
         raise _Refused(str(exc)) from None
+    if lock.took_over:
+        _err(f"engine: took over the lock of {run_dir} from an engine that is gone ({lock.took_over})")
+    return lock
+
+
+def _run_resumed(args: argparse.Namespace, spec: Any) -> int:
+    """`--from STEP`: the run dir held before the earlier run is read or anything is set aside;
+    when the run could not store any evidence of its own (a full disk), the set-aside is undone."""
+    from engine.judge.rerun import plan_resume, set_aside, snapshot_restores
+    from engine.text import utc_second
+
+    if not args.run_dir:
+        raise _Refused(f"--from {args.from_step}: needs --run-dir DIR, the directory of the run to resume")
+    if args.force:
+        raise _Refused("--from resumes the run in --run-dir; --force (run over it) contradicts it")
+    run_dir = Path(args.run_dir).absolute()
+    lock = _hold(run_dir, resuming=True)
+    try:
+        resumed = plan_resume(spec, run_dir, args.from_step, sets=args.set, mode=args.mode, spec_label=str(args.spec))
+        restores = snapshot_restores(run_dir, resumed)  # refused here, before anything moves
+        _refuse_before_running(args, spec, resumed.plan)
+        restored = _restore(run_dir, restores)
+        aside = set_aside(run_dir, resumed)
+        reuse = dataclasses.replace(resumed.reuse, set_aside=aside.folder if aside else None)
+        try:
+            return _run(args, spec, resumed.plan, run_dir, reuse, [*restored, *resumed.notes])
+        finally:
+            if aside is not None and not (run_dir / "evidence.json").is_file():
+                left = aside.undo()
+                _err(
+                    f"engine: this run stored no evidence of its own, so the earlier run's files are back where "
+                    f"they were: evidence.json holds the run of {utc_second(reuse.run_started_at)} again"
+                    + (f" (but {'; '.join(left)})" if left else "")
+                    + f"; resume it again with --from {args.from_step}"
+                )
+    finally:
+        lock.release()
+
+
+def _run(
+    args: argparse.Namespace, spec: Any, plan: Any, run_dir: Path, reuse: Any = None, notes: Sequence[str] = ()
+) -> int:
+    """The run itself, in a run dir this engine holds: its report, and its exit code."""
+    from engine.judge.verdict import judge
+    from engine.run import evidence
+    from engine.run.runner import RunInterrupted, execute
+    from engine.run.signals import StopSignals
+    from engine.spec.plan import values_lines, values_summary
+
     _out(f"spec {plan.name} mode {plan.mode}\nrun dir: {run_dir}")
     if reuse is not None:
         _out(_resuming_line(reuse))
-    for line in restored:
-        _out(line)
+    for note in notes:
+        _out(note)
     env_vars = {name: var for var, name in (spec.data.get("env") or {}).items() if var in os.environ}
     _out(
         "\n".join(values_lines(plan.values, plan.sources, plan.secret_names))
@@ -309,19 +356,6 @@ def _fresh_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path]:
         spec, mode=mode, sets=args.set, environ=os.environ, builtins={"run_dir": str(run_dir), "run_id": run_id}
     )
     return plan, run_dir
-
-
-def _resumed_plan(args: argparse.Namespace, spec: Any) -> tuple[Any, Path, Any]:
-    """`--from STEP`: the plan of the run in --run-dir resumed at STEP, and what it reuses."""
-    from engine.judge.rerun import plan_resume
-
-    if not args.run_dir:
-        raise _Refused(f"--from {args.from_step}: needs --run-dir DIR, the directory of the run to resume")
-    if args.force:
-        raise _Refused("--from resumes the run in --run-dir; --force (run over it) contradicts it")
-    run_dir = Path(args.run_dir).absolute()
-    resumed = plan_resume(spec, run_dir, args.from_step, sets=args.set, mode=args.mode, spec_label=str(args.spec))
-    return resumed.plan, run_dir, resumed
 
 
 def _restore(run_dir: Path, restores: list) -> list[str]:

@@ -21,6 +21,7 @@ SPEC_MAX_NODES = 100_000  # YAML nodes of one file once aliases are expanded (an
 SPEC_MAX_DEPTH = 50  # nesting of a spec's mappings and lists
 VALUE_MAX_CHAIN = 100  # values resolving through values (`${a}` -> `${b}` -> ...)
 FOR_EACH_MAX_ELEMENTS = 1000  # checks (or plot series) one `for_each` expands to
+EXPANDED_CHECKS_MAX = 20_000  # checks (or plot series) of one mode once every `for_each` is expanded
 EXPR_MAX_DEPTH = 100  # nesting of one JMESPath expression's syntax tree
 
 # --- evaluating expressions
@@ -34,6 +35,10 @@ LOG_HEAD_BYTES = 32 * MiB  # a leg's log keeps its first LOG_HEAD_BYTES ...
 LOG_TAIL_BYTES = 32 * MiB  # ... and (up to) its last LOG_TAIL_BYTES, with a marker line between
 EVIDENCE_LINE_MAX_CHARS = 4096  # one line of a tail, failure lines or diagnostics in the evidence
 CUT_MARKER = " [specprobe: line longer than 1 MiB, the rest of it dropped]"
+
+# --- the run dir's files, checked for secrets after every step (engine/secrets.py TreeScrubber)
+SCRUB_MIN_S = 120.0  # the pass after a step ends with the leg's timeout and grace, or this long from its start
+SCRUB_SAY_S = 1.0  # a pass this long is said on the console (its time is in every step's `scrub_s`)
 
 # --- JSON documents
 JSON_MAX_DEPTH = 100  # harvested RUN_JSON, a collector's document

@@ -72,6 +72,26 @@ def code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+# What Markdown (GitHub's) reads as markup inside a line: escapes, code spans, emphasis, links and
+# images (`[`...`]`), table cells, strikethrough. `(`, `)` and `!` are markup only after a `]`.
+_MARKUP = re.compile(r"([\\`*_\[\]|~])")
+
+
+def markdown_text(text: Any) -> str:
+    """`text` as plain text inside a line of Markdown, never as markup: `&`, `<` and `>` as HTML
+    entities (no tag or comment reaches the page: `<img src=x>` shows as written), every character
+    Markdown reads as markup backslash-escaped (no link, image, emphasis, code span or table cell
+    break), line breaks as spaces. What a leg printed reaches a PR comment as text only."""
+    text = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKUP.sub(r"\\\1", " ".join(text.splitlines()))
+
+
+def markdown_code(text: Any) -> str:
+    """`text` as a code span on one line of a Markdown table (`code`, with `|` escaped as GitHub's
+    tables want even inside a span)."""
+    return code(" ".join(str(text).splitlines())).replace("|", "\\|")
+
+
 def scalar_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v)
 

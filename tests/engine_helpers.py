@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -148,6 +149,16 @@ def python_leg(code: str, *args: str, name: str = "leg", timeout_s: float = 60, 
 def no_traceback(ran: Ran) -> None:
     """The engine said what went wrong in words, not with a traceback."""
     assert "Traceback" not in ran.out + ran.err, ran
+
+
+def file_size_limit(size: int) -> Callable[[], None]:
+    """For a child process: its files may not grow past `size` bytes (RLIMIT_FSIZE)."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return limit
 
 
 def evidence_of(run_dir: Path) -> dict[str, Any]:

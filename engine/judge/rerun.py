@@ -5,24 +5,31 @@ A resumed run is the same run: the earlier run's mode, overrides and builtins (r
 store a later leg resumes from is named after them), with the user's own `--set` over them. It is
 refused, before anything moves, for another spec's run, a directory without a run, an unknown
 step, an earlier step whose definition changed (the saved fingerprints say so, `step_changes` says
-how), failed or never ran, and for a STEP that a `remove` step prepares (resume at the wipe: the
-failed attempt left its files where the wipe would have removed them). The earlier run's evidence
-and the logs of the steps that run again are set aside in `previous-<stamp>/`, so nothing in the
-run dir describes a step that did not run this time; the reused steps' logs stay where they are.
+how), failed or never ran, for a STEP that a `remove` step prepares (resume at the wipe: the
+failed attempt left its files where the wipe would have removed them), and for a value the run was
+given that its evidence keeps only masked (a secret) and this run does not give again. The reused
+legs are re-harvested from their logs with the spec's output rules of now, as `engine replay`
+does. The earlier run's evidence and the logs of the steps that run again are set aside in
+`previous-<stamp>/`, all or none (`SetAside`, which the caller undoes when the run stored nothing of
+its own), so nothing in the run dir describes a step that did not run this time; the reused steps'
+logs stay where they are. The caller holds the run dir (engine/run/record.py prepare_run_dir)
+before any of this.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.judge.recheck import Refused, spec_mismatch, step_changes
+from engine.judge.recheck import Refused, reharvest_steps, spec_mismatch, step_changes
 from engine.judge.verdict import derive_statuses
 from engine.run import evidence, snapshot
+from engine.secrets import REDACTED
 from engine.spec.load import Spec
 from engine.spec.plan import Plan, replan
 
@@ -35,6 +42,7 @@ class Resumed:
     plan: Plan
     reuse: evidence.Reuse
     saved: dict[str, Any]  # the earlier run's evidence, as it was before anything was set aside
+    notes: list[str] = field(default_factory=list)  # what the caller says before the run
 
 
 def plan_resume(
@@ -60,6 +68,7 @@ def plan_resume(
         raise Refused(f"{flag}: the run in {run_dir} ran in mode {saved.get('mode')!r}, not {mode!r}")
     _same_dir(saved, run_dir, flag)
     plan = replan(spec, saved, sets=sets)
+    _refuse_lost_secrets(saved, plan, sets, flag)
     names = [s["name"] for s in plan.steps]
     if from_step not in names:
         raise Refused(f"{flag}: spec {plan.name!r} has no step {from_step!r}; its steps: {', '.join(names)}")
@@ -68,13 +77,61 @@ def plan_resume(
     _refuse_unfinished(saved, plan, earlier, flag)
     _refuse_a_wipe_before(plan, from_step, flag)
     state = saved.get("state") or {}
+    records = {n: copy.deepcopy(saved["steps"][n]) for n in earlier}
+    notes = _reharvest(records, plan, run_dir, flag)
     reuse = evidence.Reuse(
         from_step=from_step,
         run_started_at=saved.get("started_at") if isinstance(saved.get("started_at"), str) else None,
-        records={n: saved["steps"][n] for n in earlier},
+        records=records,
         state={n: state[n] for n in earlier if n in state},
     )
-    return Resumed(plan, reuse, saved)
+    return Resumed(plan, reuse, saved, notes)
+
+
+def _refuse_lost_secrets(saved: Mapping[str, Any], plan: Plan, sets: Sequence[str], flag: str) -> None:
+    """A value the run was given (`--set`, or the environment) that its evidence keeps only masked
+    (a secret, or a URL's password) would reach the later legs as the text `<redacted>`: refused,
+    naming each, unless this run gives it again."""
+    given = {s.partition("=")[0].strip() for s in sets}
+    values: Mapping[str, Any] = saved.get("values") or {}
+    env_of = {name: var for var, name in (plan.spec.data.get("env") or {}).items()}
+    lost = []
+    for name, source in (saved.get("sources") or {}).items():
+        if source not in ("--set", "env") or name in given or name not in values:
+            continue
+        # The plan has the masked text back unless the environment gave the value again.
+        if REDACTED in evidence.dumps(plan.values.get(name), indent=None):
+            again = f"export {env_of[name]}" if source == "env" and name in env_of else f"--set {name}=..."
+            lost.append(f"{name} (given by {source}; give it again: {again})")
+    if lost:
+        raise Refused(
+            f"refusing {flag}: the run was given values its evidence keeps only masked (a secret is never "
+            f"stored), and the later steps would get the text {REDACTED!r} instead: " + "; ".join(lost)
+        )
+
+
+def _reharvest(records: dict[str, Any], plan: Plan, run_dir: Path, flag: str) -> list[str]:
+    """Each reused leg's harvest re-derived from its log with the spec's CURRENT output rules (as
+    `engine replay` does), in place: a changed rule or an edited evidence.json cannot carry a
+    harvest its log does not give. Refused when a log cannot be read; one note per leg whose
+    harvest differs from what the evidence said."""
+    legs = {n: r for n, r in records.items() if isinstance(r, dict) and r.get("kind") == "run" and r.get("log")}
+    for name, record in legs.items():
+        if not os.path.lexists(run_dir / str(record["log"])):
+            raise Refused(
+                f"refusing {flag}: the log of {name} ({record['log']}) is gone, and a reused step is "
+                f"re-harvested from it; resume at {name} (--from {name}) or earlier"
+            )
+    before = {n: copy.deepcopy(r.get("harvest")) for n, r in legs.items()}
+    try:
+        reharvest_steps({"steps": legs}, plan, run_dir)
+    except evidence.EvidenceError as exc:
+        raise Refused(f"refusing {flag}: {exc}; resume at the step whose log it is, or earlier") from None
+    return [
+        f"{n}: re-harvested from {r['log']} with the current output rules; the saved evidence said otherwise"
+        for n, r in legs.items()
+        if r.get("harvest") != before[n]
+    ]
 
 
 def _same_dir(saved: Mapping[str, Any], run_dir: Path, flag: str) -> None:
@@ -138,9 +195,39 @@ def _refuse_a_wipe_before(plan: Plan, from_step: str, flag: str) -> None:
         )
 
 
-def set_aside(run_dir: Path, resumed: Resumed) -> str | None:
+@dataclass
+class SetAside:
+    """The earlier run's files moved into `folder` (relative to the run dir) by `set_aside`."""
+
+    run_dir: Path
+    folder: str
+    moved: list[str]  # relative to the run dir, in the order they were moved
+
+    def undo(self) -> list[str]:
+        """Every moved file back where it was, and the folder removed; one line per file that could
+        not go back (a file of the same name there now), naming where it is."""
+        left = []
+        dest = self.run_dir / self.folder
+        for rel in reversed(self.moved):
+            home = self.run_dir / rel
+            try:
+                if os.path.lexists(home):
+                    raise FileExistsError(f"{home} exists")
+                os.replace(dest / rel, home)
+            except OSError as exc:
+                left.append(f"{rel} stays in {self.folder}/ ({getattr(exc, 'strerror', None) or exc})")
+        for folder in sorted((p for p in dest.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [dest]:
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        return left
+
+
+def set_aside(run_dir: Path, resumed: Resumed) -> SetAside | None:
     """Move the earlier run's evidence (and its re-check records) and the logs of the steps that
-    run again into `previous-<stamp>/`; its path relative to the run dir, None when nothing moved."""
+    run again into `previous-<stamp>/`: all of them, or, when one cannot move (a full disk), none
+    (Refused, saying so). None when there was nothing to move."""
     saved = resumed.saved
     stamp = re.sub(r"[^0-9A-Za-z]", "", str(saved.get("started_at") or ""))[:15] or "run"
     dest, n = run_dir / f"previous-{stamp}", 1
@@ -154,15 +241,23 @@ def set_aside(run_dir: Path, resumed: Resumed) -> str | None:
     for name in rerun:
         logs = {f"logs/{name}.log", (records.get(name) or {}).get("log")}
         moving += sorted(str(p) for p in logs if isinstance(p, str) and (run_dir / p).is_file())
-    moved = False
-    for rel in dict.fromkeys(moving):
-        source = run_dir / rel
-        if not source.is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(source, dest / rel)
-        moved = True
-    return dest.name if moved else None
+    aside = SetAside(run_dir, dest.name, [])
+    try:
+        for rel in dict.fromkeys(moving):
+            source = run_dir / rel
+            if not source.is_file():
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, dest / rel)
+            aside.moved.append(rel)
+    except OSError as exc:
+        left = aside.undo()
+        raise Refused(
+            f"--run-dir {run_dir}: cannot set the earlier run's files aside in {dest.name}/: "
+            f"{exc.strerror or exc}; "
+            + ("nothing was moved" if not left else "and these could not be moved back: " + "; ".join(left))
+        ) from None
+    return aside if aside.moved else None
 
 
 def snapshot_restores(run_dir: Path, resumed: Resumed) -> list[tuple[str, Mapping[str, Any]]]:

@@ -191,8 +191,12 @@ def verdict(
         out["harvest"] = [dict(p) for p in harvest]
     precondition = _precondition_failure(evidence, preconditions or {})
     record_error = evidence.get("record_error")
+    unscrubbed = evidence.get("unscrubbed")
     if isinstance(record_error, Mapping):
         out.update(outcome="ERROR", exit_code=int(Exit.ERROR), message=_record_message(record_error))
+    elif unscrubbed:
+        # A run dir that may still hold a secret is never a pass, whatever the checks say.
+        out.update(outcome="ERROR", exit_code=int(Exit.ERROR), message=_unscrubbed_message(unscrubbed))
     elif evidence.get("interrupted") or any(s.get("status") == "interrupted" for s in steps.values()):
         out.update(outcome="INTERRUPTED", exit_code=int(Exit.INTERRUPTED))
     elif precondition:
@@ -207,11 +211,24 @@ def verdict(
     return out
 
 
+def _unscrubbed_message(unscrubbed: Any) -> str:
+    files = [str(u) for u in unscrubbed] if isinstance(unscrubbed, list) else [str(unscrubbed)]
+    shown = "; ".join(files[:5]) + (f"; and {len(files) - 5} more" if len(files) > 5 else "")
+    return (
+        f"the run dir holds {len(files)} file{'s' if len(files) != 1 else ''} the engine could not check "
+        f"for secrets (they may hold one; make them readable to it, or remove them): {shown}"
+    )
+
+
 def _record_message(record_error: Mapping[str, Any]) -> str:
     step = record_error.get("step")
+    kept = (
+        "no evidence.json of it could be written"
+        if record_error.get("stored") is False
+        else "evidence.json holds what was written before"
+    )
     return (
-        f"{record_error.get('error')}; the run stopped{f' at step {step}' if step else ''} and was not judged: "
-        "evidence.json holds what was written before"
+        f"{record_error.get('error')}; the run stopped{f' at step {step}' if step else ''} and was not judged: {kept}"
     )
 
 

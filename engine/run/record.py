@@ -2,8 +2,10 @@
 built once from the plan, and leaves masked by the plan's secret filter (engine/spec/plan.py
 `masking`): console lines (`say`), evidence.json (`save`, atomic), the leg logs (`leg_log`), the
 re-check records beside the evidence (`write`), and, after each step and at the end, the files the
-legs wrote into the run dir themselves (`mask_files`, `close`). A new output path goes through one
-of these, so the secret filter holds by construction, not by its author remembering it.
+legs wrote into the run dir themselves and their names (`after_step`, `finish`: what could not be
+checked makes the verdict ERROR). A new output path goes through one of these, so the secret filter
+holds by construction, not by its author remembering it. `prepare_run_dir` takes the run dir for
+one engine (a lock) before anything in it is touched.
 
 A write that fails (a full disk) raises RecordError naming the file; the run stops there and its
 verdict is ERROR. `engine check` and `engine replay` open a Record on the saved run, masked with the
@@ -13,9 +15,13 @@ environment they run in, and write their `check-`/`replay-<stamp>.json` through 
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
+import json
 import os
+import socket
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import cached_property
@@ -27,6 +33,7 @@ from engine.run import evidence
 from engine.run.reaper import Reaper
 from engine.secrets import Mask, PlanSecrets, Scrubber, TreeScrubber, mask_file
 from engine.spec.plan import masking, run_stamp
+from engine.text import utc_second
 
 LOG_TAIL_SEGMENTS = 4
 
@@ -44,33 +51,125 @@ class RecordError(Exception):
 
 
 class RunDirError(Exception):
-    """The run directory cannot be used (a file, not writable, or holding another run)."""
+    """The run directory cannot be used (a file, not writable, held by another engine, or holding
+    another run)."""
 
 
-def prepare_run_dir(run_dir: Path, force: bool = False) -> None:
-    """Create the run directory and prove it writable before anything runs; refuse one that
-    holds files already unless `force` (a run would silently mix its evidence with theirs)."""
+# The file whose lock holds a run dir for one engine; it says who holds it (pid, host, start).
+LOCK_NAME = ".engine.lock"
+
+
+class RunDirLock:
+    """A run dir held by this engine: an exclusive lock (flock) on LOCK_NAME in it, which the
+    kernel lets go when the engine ends, however it ends, so a lock left by a killed engine is
+    taken over at once. `took_over` names the gone engine whose lock file was there, if one was."""
+
+    def __init__(self, path: Path, fd: int, took_over: str | None) -> None:
+        self.path, self._fd, self.took_over = path, fd, took_over
+
+    def release(self) -> None:
+        """Let the run dir go: the lock file removed (while still ours), then unlocked."""
+        if self._fd < 0:
+            return
+        try:
+            if os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._fd).st_ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = -1
+
+
+def _holder(fd: int) -> str:
+    """Who a lock file says holds it: `pid 4242 on host gpu-7, since 2026-12-02T07:01:02Z`."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        doc = json.loads(os.read(fd, 4096) or b"null")
+        return f"pid {int(doc['pid'])} on host {doc['host']}, since {doc['started_at']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "it has not said who it is yet"
+
+
+def _take_lock(run_dir: Path) -> RunDirLock:
+    """The run dir's lock, or RunDirError naming the engine that holds it."""
+    path = run_dir / LOCK_NAME
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise RunDirError(
+                f"--run-dir {run_dir}: cannot create its lock {LOCK_NAME}: {exc.strerror or exc}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunDirError(
+                f"--run-dir {run_dir}: another engine is running in it ({holder}); wait for it to end, "
+                f"or choose another run dir"
+            ) from None
+        try:  # its holder may have removed it between our open and our lock: lock the file there now
+            same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            continue
+        left = _holder(fd)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": utc_second(evidence.now_iso())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        took_over = None if left.startswith("it has not") else left
+        return RunDirLock(path, fd, took_over)
+
+
+def prepare_run_dir(run_dir: Path, force: bool = False, resuming: bool = False) -> RunDirLock:
+    """Take the run directory for this engine before anything in it is touched (RunDirLock: a
+    second engine is refused, naming the first), creating it; refuse one that holds files already
+    unless `force` (a run would silently mix its evidence with theirs), and prove it writable.
+    `resuming` (`engine run --from`): it must exist, and what it holds is the caller's to judge."""
     if run_dir.exists() or run_dir.is_symlink():
         if not run_dir.is_dir():
             raise RunDirError(f"--run-dir {run_dir}: exists and is not a directory")
+    elif resuming:
+        raise RunDirError(f"--run-dir {run_dir}: no such directory, so it holds no run to resume")
+    else:
         try:
-            entries = sorted(os.listdir(run_dir))
+            run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RunDirError(f"--run-dir {run_dir}: cannot list it: {exc.strerror or exc}") from None
-        if entries and not force:
-            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-            raise RunDirError(
-                f"--run-dir {run_dir}: exists and is not empty ({shown}); choose "
-                f"another, empty it, or pass --force to run into it (the run's "
-                f"evidence.json and logs replace theirs, other files stay)"
-            )
+            raise RunDirError(f"--run-dir {run_dir}: cannot create it: {exc.strerror or exc}") from None
+    lock = _take_lock(run_dir)
+    if resuming:
+        return lock
     try:
+        _refuse_a_used_dir(run_dir, force)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".writable.", dir=run_dir)
         os.close(fd)
         os.unlink(probe)
     except (OSError, ValueError) as exc:
+        lock.release()
         raise RunDirError(f"--run-dir {run_dir}: cannot write there: {getattr(exc, 'strerror', None) or exc}") from None
+    except RunDirError:
+        lock.release()
+        raise
+    return lock
+
+
+def _refuse_a_used_dir(run_dir: Path, force: bool) -> None:
+    try:
+        entries = sorted(e for e in os.listdir(run_dir) if e != LOCK_NAME)
+    except OSError as exc:
+        raise RunDirError(f"--run-dir {run_dir}: cannot list it: {exc.strerror or exc}") from None
+    if entries and not force:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise RunDirError(
+            f"--run-dir {run_dir}: exists and is not empty ({shown}); choose "
+            f"another, empty it, or pass --force to run into it (the run's "
+            f"evidence.json and logs replace theirs, other files stay)"
+        )
 
 
 def _new_file(path: Path) -> BinaryIO:
@@ -261,6 +360,7 @@ class Record:
         self.run_dir, self.console = run_dir, console
         self._mask = mask
         self._reaper_told = False
+        self.stored = False  # whether an evidence.json of this run was ever written
 
     @classmethod
     def open(
@@ -298,6 +398,7 @@ class Record:
             evidence.write(self.run_dir, stored)
         except OSError as exc:
             raise RecordError(evidence.path_of(self.run_dir), exc) from None
+        self.stored = True
         return stored
 
     def write(self, kind: str, doc: Mapping[str, Any]) -> Path:
@@ -332,25 +433,64 @@ class Record:
         holding a secret, it is masked like any file here. True when it held one."""
         if not self._files.finder:
             return False
-        spans, digest = mask_file(path, self._files.finder)
-        if digest is not None:
-            self._files.vouch(path, digest)
-        return bool(spans)
+        checked = mask_file(path, self._files.finder)
+        if checked.digest is not None:
+            self._files.vouch(path, checked.digest)
+        return checked.masked > 0
 
-    def mask_files(self) -> list[str]:
-        """Mask every secret in the files under the run dir, saying which held one; their paths,
-        relative to the run dir. A file that could not be checked is said too."""
-        found = self._files.scrub()
+    def mask_files(self, deadline: float | None = None) -> list[str]:
+        """Mask every secret in the files under the run dir and in their names, saying which held
+        one; their paths, relative to the run dir. What could not be checked (by `deadline`, a
+        time.monotonic()) is said too, and named by `unchecked` until a later pass checks it."""
+        files = self._files
+        found = files.scrub(deadline)
+        for path in files.renamed:
+            self.say(f"   renamed {path}: its name held a secret")
         for path in found:
             self.say(f"   masked a secret in {path}")
-        for problem in self._files.problems:
-            self.say(f"   WARNING: could not check for secrets (it may hold one): {problem}")
-        self._files.problems.clear()
+        for path, why in files.problems.items():
+            self.say(f"   WARNING: could not check for secrets (it may hold one): {path}: {why}")
+        if files.seconds >= limits.SCRUB_SAY_S:
+            self.say(
+                f"   checked the run dir for secrets in {files.seconds:.1f} s: {files.files_read:,} files "
+                f"read ({files.bytes_read / 1e6:,.1f} MB)"
+            )
         return found
 
+    @property
+    def unchecked(self) -> list[str]:
+        """`path: why` of each file under the run dir the last pass could not check for secrets."""
+        return [f"{path}: {why}" for path, why in self._files.problems.items()] if "_files" in self.__dict__ else []
+
+    def after_step(self, step: Mapping[str, Any], record: dict[str, Any], started: float) -> None:
+        """The run dir masked after a step, within the step's time: a leg's timeout and grace
+        (the worst case the budget counts for it), but at least limits.SCRUB_MIN_S from now. The
+        step's `record` says what held a secret and what the pass took (`scrub_s`)."""
+        run = step.get("run") if isinstance(step.get("run"), Mapping) else {}
+        deadline = None
+        if run and run.get("timeout_s"):
+            allowed = started + float(run["timeout_s"]) + float(run.get("grace_s") or 0)
+            deadline = max(allowed, time.monotonic() + limits.SCRUB_MIN_S)
+        found = self.mask_files(deadline)
+        if found:
+            record["secrets_masked_in"] = found
+        if self._files.renamed:
+            record["names_masked"] = list(self._files.renamed)
+        record["scrub_s"] = round(self._files.seconds, 3)
+
+    def finish(self, doc: dict[str, Any]) -> None:
+        """The end of the run, before it is judged: the files the legs left, masked (within
+        limits.SCRUB_MIN_S); those that could not be checked are named in `doc` (`unscrubbed`),
+        and the verdict is then ERROR: a run dir that may hold a secret is never a pass."""
+        self.mask_files(time.monotonic() + limits.SCRUB_MIN_S)
+        unchecked = self.unchecked
+        if unchecked:
+            doc["unscrubbed"] = unchecked
+        else:
+            doc.pop("unscrubbed", None)
+
     def close(self) -> None:
-        """The end of the run: the files the legs left, masked; the reaper told it need not."""
-        self.mask_files()
+        """The run is over: the reaper told it need not mask the run dir (`finish` did)."""
         if self._reaper_told:
             self._tell_reaper(lambda reaper: reaper.scrubbed(self.run_dir))
 

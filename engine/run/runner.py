@@ -123,13 +123,19 @@ class Runner:
     def _record_failed(self, exc: RecordError, step: str | None) -> None:
         """The run's record could not be written (a full disk): the run stops here, and its verdict
         is ERROR, naming the file and why. evidence.json keeps its last complete version."""
-        self.doc["record_error"] = {"path": str(exc.path), "error": str(exc), "step": step}
+        self.doc["record_error"] = {
+            "path": str(exc.path),
+            "error": str(exc),
+            "step": step,
+            "stored": self.record.stored,
+        }
         self.say(f"ERROR: {exc}; the run stops{f' at {step}' if step else ''}, later steps not run")
 
     def _finish(self, judge: Judge | None) -> None:
         """Store the end of the run, then its checks and verdict: the verdict's seconds are the
         run's, so the clock stops before judging. A write that fails makes the verdict ERROR; it
         is then only said, and evidence.json keeps the last version that could be written."""
+        self.record.finish(self.doc)
         try:
             self.save()
         except RecordError as exc:
@@ -180,9 +186,7 @@ class Runner:
                 rc = record.get("rc", 0 if record.get("status") == "ok" else 1)
         finally:
             record.setdefault("seconds", round(time.monotonic() - started, 3))
-            masked_in = self.record.mask_files()
-            if masked_in:
-                record["secrets_masked_in"] = masked_in
+            self.record.after_step(step, record, started)
         self.say(f"{name}_RC {rc} seconds {time.monotonic() - started:.1f} elapsed {time.monotonic() - self.t0:.0f}")
         go_on = True
         if record["status"] == "failed":
@@ -394,8 +398,7 @@ class Runner:
         return report
 
     def _remove(self, step: Mapping[str, Any], record: dict[str, Any]) -> int:
-        also_under = step.get("remove_also_under") or ()
-        return remove_step(step["remove"], record, self.record.run_dir, also_under, self.say)
+        return remove_step(step, record, self.record.run_dir, self.say, self.plan)
 
     def _collect(self, step: Mapping[str, Any], record: dict[str, Any]) -> int:
         name, spec = step["name"], step["collect"]

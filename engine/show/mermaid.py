@@ -20,6 +20,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from engine.show.plots import Figure, Number, Series, number_text
+from engine.text import markdown_text
 
 # Up to this many x values get a category each (a labelled tick per rank, say); more consecutive
 # integers get a numeric range, whose ticks Mermaid spaces itself.
@@ -128,9 +129,9 @@ def block(figure: Figure) -> str | None:
 
 def markdown(figure: Figure, heading: str = "####") -> str:
     """The figure for a Markdown report: a heading, what to look for, then `chart`."""
-    out = [f"{heading} {figure.title}", ""]
+    out = [f"{heading} {markdown_text(figure.title)}", ""]
     if figure.why:
-        out += [" ".join(figure.why.split()), ""]
+        out += [markdown_text(" ".join(figure.why.split())), ""]
     return "\n".join(out) + "\n" + chart(figure)
 
 
@@ -162,7 +163,7 @@ def chart(figure: Figure) -> str:
     notes = legend + left_out + figure.notes
     if not source:
         notes.insert(0, "nothing to draw")
-    out += [f"- {note}" for note in notes]
+    out += [f"- {markdown_text(note)}" for note in notes]  # notes quote the evidence
     return "\n".join(out).rstrip("\n") + "\n"
 
 

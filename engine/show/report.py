@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from engine.run.output import exit_text, printed_failure
-from engine.text import compact_pair, printable, unhidden, utc_second
+from engine.text import compact_pair, markdown_code, markdown_text, printable, unhidden, utc_second
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
 # would make the whole JUnit file unparsable.
@@ -332,32 +332,41 @@ def _recheck_properties(suite: ET.Element, evidence: Mapping[str, Any]) -> None:
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text from the evidence (a harvested string, a failure line, a path) in a Markdown table:
+    escaped as the HTML report escapes it, so it reaches the job summary or a PR comment as
+    text, never as HTML, a link or an image (engine/text.py markdown_text)."""
+    return markdown_text(text)
+
+
+def _fence(lines: Sequence[str]) -> str:
+    """A code fence longer than any run of backticks in `lines`: they cannot close it."""
+    longest = max((len(m) for line in lines for m in re.findall(r"`+", line)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def markdown(
     evidence: Mapping[str, Any], results: list[dict], verdict: Mapping[str, Any], figures: Sequence[Any] = ()
 ) -> str:
     """A PR-comment / step-summary table with the verdict on top, then the plots (`figures`,
-    engine/show/plots.py) as Mermaid charts."""
+    engine/show/plots.py) as Mermaid charts. Every text from the run is escaped (`_cell`)."""
     name = _spec_name(evidence)
     head = (
-        f"### {_ICON.get(verdict['outcome'], '')} `{name}` ({evidence.get('mode', '?')}): "
+        f"### {_ICON.get(verdict['outcome'], '')} {markdown_code(name)} ({_cell(evidence.get('mode', '?'))}): "
         f"**{verdict['outcome']}** in {verdict.get('seconds', 0)} s"
     )
     lines = [head, ""]
     recheck = recheck_header(evidence)
     if recheck is not None:
         changed = evidence["rechecked"].get("values_changed") or []
-        lines += [f"> {recheck}", ""]
+        lines += [f"> {_cell(recheck)}", ""]
         if changed:
             lines += ["| value | the run had | the spec has now |", "|---|---|---|"]
             lines += [
-                f"| `{_cell(i.get('name'))}` | {' | '.join(_cell(v) for v in value_change(i))} |" for i in changed
+                f"| {markdown_code(i.get('name'))} | {' | '.join(_cell(v) for v in value_change(i))} |" for i in changed
             ]
             lines.append("")
     if verdict.get("message"):
-        lines += [f"> {verdict['message']}", ""]
+        lines += [f"> {_cell(verdict['message'])}", ""]
     said = child_exits(evidence)
     if said:
         lines += [f"- {_cell(text)}" for text in said] + [""]
@@ -365,21 +374,24 @@ def markdown(
     if reused:
         lines += [f"> {_cell(reused)}", ""]
     if verdict.get("failed"):
-        lines += ["Failed: " + ", ".join(f"`{f}`" for f in verdict["failed"]), ""]
+        lines += ["Failed: " + ", ".join(markdown_code(f) for f in verdict["failed"]), ""]
     lines += ["| step | status | detail |", "|---|---|---|"]
-    lines += [f"| `{_cell(n[5:])}` | {_cell(s)} | {_cell(d)} |" for n, s, d in _step_rows(evidence)]
+    lines += [f"| {markdown_code(n[5:])} | {_cell(s)} | {_cell(d)} |" for n, s, d in _step_rows(evidence)]
     lines += [
-        f"| `{_cell(n)}` | {'❌ FAIL' if m == 'FAIL' else 'note'} | {_cell(d)} |" for n, m, d in _harvest_rows(verdict)
+        f"| {markdown_code(n)} | {'❌ FAIL' if m == 'FAIL' else 'note'} | {_cell(d)} |"
+        for n, m, d in _harvest_rows(verdict)
     ]
     lines += ["", "| check | outcome | value / reason |", "|---|---|---|"]
     for r in results:
         outcome = f"{_ICON[r['outcome']]} {r['outcome']}" + (" (warn)" if r.get("severity") == "warn" else "")
-        lines.append(f"| `{_cell(r['name'])}` | {outcome} | {_cell(_shown(r, 120))} |")
+        lines.append(f"| {markdown_code(r['name'])} | {outcome} | {_cell(_shown(r, 120))} |")
     failing = [r for r in results if r["outcome"] in ("FAIL", "NO_DATA", "ERROR")]
     if failing:
         lines += ["", "<details><summary>why the failing checks failed</summary>", ""]
         for r in failing:
-            lines += [f"**{r['name']}** ({_where(r)})", "```", *explain_lines(r, verbose=True), "```"]
+            explained = explain_lines(r, verbose=True)
+            fence = _fence(explained)
+            lines += [f"**{_cell(r['name'])}** ({_cell(_where(r))})", fence, *explained, fence]
         lines += ["</details>"]
     if figures:
         from engine.show import mermaid

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from jmespath import exceptions as jexc
 
@@ -162,6 +162,48 @@ def elements(
             seen[label] = n
             out.append(Element(var, item, label))
     return ([], problems) if problems else (out, [])
+
+
+def _length(for_each: Any, values: Mapping[str, Any], memo: dict[str, int]) -> int:
+    """How many expansions a `for_each` makes (1 for none, or for one `elements` will refuse)."""
+    if not isinstance(for_each, Mapping) or len(for_each) != 1:
+        return 1
+    ((_, text),) = for_each.items()
+    if not isinstance(text, str):
+        return 1
+    if text not in memo:
+        try:
+            items = functions.search(functions.compile_expr(text), {"values": dict(values)})
+        except (jexc.JMESPathError, TypeError, ValueError, OverflowError):
+            items = None
+        memo[text] = len(items) if isinstance(items, list) and items else 1
+    return memo[text]
+
+
+def over_limit(
+    declared: Iterable[tuple[tuple, Any]], values: Mapping[str, Any], what: tuple[str, str] = ("checks", "check")
+) -> Problem | None:
+    """Before anything is expanded: the problem when the declarations (the spec path of each, and
+    its `for_each` or None) expand to more than limits.EXPANDED_CHECKS_MAX together, named at the
+    `for_each` that passes the limit, with the total they would reach. Only the lists' lengths are
+    read: 3,000 checks over a list of 1,000 cost 3,000 lookups here, not 3 million expansions."""
+    memo: dict[str, int] = {}
+    counts = [(path, for_each, _length(for_each, values, memo) if for_each else 1) for path, for_each in declared]
+    total = sum(n for _, _, n in counts)
+    if total <= limits.EXPANDED_CHECKS_MAX:
+        return None
+    running = 0
+    for path, for_each, n in counts:
+        running += n
+        if running > limits.EXPANDED_CHECKS_MAX:
+            where = path + ("for_each",) if for_each else path
+            return (
+                where,
+                f"the {what[0]} expand to {total:,} in mode {values.get('mode')!r}, over the limit of "
+                f"{limits.EXPANDED_CHECKS_MAX:,} (this one, {n:,} of them, passes it): each expansion is "
+                f"a {what[1]} in every report; fewer for_each lists, or shorter ones",
+            )
+    return None  # pragma: no cover - the total is over, so one of them passes it
 
 
 def bind(text: str, element: Element | None, splice: bool) -> str:

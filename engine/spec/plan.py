@@ -453,8 +453,12 @@ def _expanded(spec: Spec, values: Mapping[str, Any]) -> tuple[list[dict[str, Any
     expansion (`name[var=label]` with `override: true`), by name -> index, applied after."""
     checks: list[dict[str, Any]] = []
     overrides: dict[str, int] = {}
+    declared = list(enumerate(spec.data.get("checks") or []))
+    too_many = expand.over_limit([(("checks", i), c.get("for_each")) for i, c in declared], values)
+    if too_many:
+        return [], {}, [spec.error(*too_many)]
     errors: list[SpecError] = []
-    for i, c in enumerate(spec.data.get("checks") or []):
+    for i, c in declared:
         if family_of(c["name"]) is not None:
             overrides[c["name"]] = i
             continue
@@ -638,7 +642,7 @@ def replan(
         if source not in ("--set", "env") or name not in values:
             continue
         value = values[name]
-        if value == REDACTED and name in env_names and env_names[name] in environ:
+        if REDACTED in str(value) and name in env_names and env_names[name] in environ:
             # Secrets are not stored; the caller's environment is the only place they live.
             overrides[env_names[name]] = environ[env_names[name]]
         else:

@@ -74,6 +74,15 @@ def resolve(
     (None: as written, for a spec whose series use neither `for_each` nor `${x}`); `locate` is
     `Spec.locate_key`, which gives each plot the file and line its name is written at."""
     out, problems = [], []
+    if values is not None:
+        declared = [
+            (("plots", name, "series", i), s.get("for_each"))
+            for name, raw in (data.get("plots") or {}).items()
+            for i, s in enumerate(raw.get("series") or [])
+        ]
+        too_many = expand.over_limit(declared, values, ("plot series", "series"))
+        if too_many:
+            return [], [too_many]
     for name, raw in (data.get("plots") or {}).items():
         file, line = locate(("plots", name))[:2] if locate else (None, None)
         markers = []

@@ -71,7 +71,9 @@ def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started
         "steps:\n"
         "  - name: wipe_before_leg2\n"
         "    override: true\n"
-        '    remove: ["${train_out}", "${tlog}", "${store_root}/probe/ckpt-${run_id}"]\n'
+        "    remove:\n"
+        '      paths: ["${train_out}", "${tlog}", "${store_root}/probe/ckpt-${run_id}"]\n'
+        '      also_under: ["${store_root}"]\n'
     )
     proc = engine_run(tmp_path, "deleted.yaml", "--run-dir", "r")
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -243,6 +243,41 @@ def test_a_for_each_past_the_limit_is_refused_before_it_makes_a_check():
     assert len(checks_of(path)) == 1 + 1000
 
 
+def test_checks_that_would_expand_past_the_total_limit_are_refused_before_one_is_expanded(engine_process):
+    """3,000 checks over a list of 1,000 are 3 million checks: counted from the lists' lengths, refused
+    at the for_each that passes the limit, before the first is made (a subprocess with a timeout: made
+    one by one, they take minutes and gigabytes)."""
+    checks = "".join(
+        f'  - name: c{i}\n    for_each: {{x: "values.items"}}\n    why: element ${{x}} holds\n'
+        f'    expr: "steps.leg1.rc == `0`"\n'
+        for i in range(3000)
+    )
+    body = SPEC[: SPEC.index("checks:\n")].replace(
+        "  stop1: 10\n", '  stop1: 10\n  items: {eval: "range(`0`, `1000`)"}\n'
+    )
+    path = write("many.yaml", body + "checks:\n" + checks)
+    ran = engine_process("validate", str(path), timeout=120, expect=Exit.USAGE)
+    line = body.count("\n") + 1 + 20 * 4 + 2  # the 21st check's for_each: 20 lists of 1,000 fit
+    assert f"many.yaml:{line}:15: $.checks[20].for_each: the checks expand to 3,000,000 in mode 'default'" in ran.out
+    assert "over the limit of 20,000 (this one, 1,000 of them, passes it)" in ran.out
+
+
+def test_plot_series_that_would_expand_past_the_total_limit_are_refused_too():
+    series = "".join(
+        f'      - {{label: "s{i} ${{x}}", for_each: {{x: "values.items"}}, points: "steps.leg1.harvest.run_json.losses"}}\n'
+        for i in range(21)
+    )
+    body = SPEC.replace("  stop1: 10\n", '  stop1: 10\n  items: {eval: "range(`0`, `1000`)"}\n')
+    path = write(
+        "plots.yaml",
+        body
+        + "plots:\n  loss:\n    title: Loss\n    why: the loss falls\n    x: {label: step}\n    y: {label: loss}\n    series:\n"
+        + series,
+    )
+    (error,) = errors_of(path)
+    assert "$.plots.loss.series[20].for_each: the plot series expand to 21,000 in mode 'default'" in error
+
+
 @pytest.mark.parametrize(
     "old, new, path, message",
     [

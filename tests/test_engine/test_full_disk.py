@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from engine_helpers import write_spec
+from engine_helpers import file_size_limit, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 LEG = str(Path(__file__).parents[1] / "legs" / "leg.py")
@@ -46,16 +43,6 @@ FULL = {
     "budget_s": 10_000,
     "checks": [{"name": "ran", "why": "the first leg ran", "expr": "steps.leg1.rc == `0`"}],
 }
-
-
-def file_size_limit(size: int) -> Callable[[], None]:
-    """For a child process: its files may not grow past `size` bytes (RLIMIT_FSIZE)."""
-
-    def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-
-    return limit
 
 
 def stray_temp_files(run_dir: Path) -> list[str]:

@@ -235,7 +235,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly(engine_process, tmp_path):
     assert proc.code == 2 and "expands to more than 100,000 nodes (a YAML alias bomb?)" in proc.out
 
 
-def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(engine, tmp_path):
+def test_remove_refuses_paths_outside_the_run_dir_unless_allowed(engine, tmp_path):
     outside = tmp_path / "outside"
     (outside / "victim").mkdir(parents=True)
     work = tmp_path / "work"
@@ -243,7 +243,7 @@ def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(engin
     spec = write_spec(work / "s.yaml", [leg("hi"), {"name": "wipe", "remove": ["../outside/victim"]}])
     proc = engine("run", str(spec), "--run-dir", "r", cwd=work)
     no_traceback(proc)
-    assert "outside the working directory" in evidence_of(work / "r")["steps"]["wipe"]["error"]
+    assert "outside the run directory" in evidence_of(work / "r")["steps"]["wipe"]["error"]
     assert (outside / "victim").exists()
     spec = write_spec(
         work / "s2.yaml",
@@ -252,6 +252,40 @@ def test_remove_refuses_paths_outside_the_work_and_run_dirs_unless_allowed(engin
     proc = engine("run", str(spec), "--run-dir", "r2", cwd=work)
     no_traceback(proc)
     assert evidence_of(work / "r2")["steps"]["wipe"]["status"] == "ok" and not (outside / "victim").exists()
+
+
+@pytest.mark.parametrize("target", [".git", "specs", ".", "specs/s.yaml"])
+def test_remove_of_the_checkout_or_its_specs_is_refused_naming_the_value(engine, tmp_path, target):
+    """`--set train_out=.git` turns a wipe into `rm -rf .git`: refused, naming the value, even where the
+    step allows the working tree (`also_under`), and the run fails."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".git" / "objects").mkdir(parents=True)
+    (checkout / "specs").mkdir()
+    wipe = {"name": "wipe", "remove": {"paths": ["${train_out}"], "also_under": ["${work_dir}"]}}
+    spec = write_spec(checkout / "specs" / "s.yaml", [leg("hi"), wipe], values={"train_out": "${run_dir}/train"})
+    proc = engine("run", str(spec), "--run-dir", str(tmp_path / "r"), "--set", f"train_out={target}", cwd=checkout)
+    no_traceback(proc)
+    assert proc.code == 5, proc
+    error = evidence_of(tmp_path / "r")["steps"]["wipe"]["error"]
+    assert error.startswith(f"refusing to remove {os.path.abspath(checkout / target)} (from `${{train_out}}`: ")
+    assert f'train_out = "{target}" (given by --set))' in error
+    assert (checkout / ".git" / "objects").is_dir() and (checkout / "specs" / "s.yaml").is_file()
+
+
+def test_remove_still_takes_what_the_run_dir_holds_and_a_declared_scratch_root(engine, tmp_path):
+    scratch = tmp_path / "scratch"
+    (scratch / "old").mkdir(parents=True)
+    wipe = {
+        "name": "wipe",
+        "remove": {"paths": ["${run_dir}/train", str(scratch / "old")], "also_under": [str(scratch)]},
+    }
+    spec = write_spec(tmp_path / "s.yaml", [leg("@append:${run_dir}/train:x"), wipe])
+    proc = engine("run", str(spec), "--run-dir", "r", cwd=tmp_path)
+    assert proc.code == 0, proc
+    assert evidence_of(tmp_path / "r")["steps"]["wipe"]["removed"] == [
+        str(tmp_path / "r" / "train"),
+        str(scratch / "old"),
+    ]
 
 
 def test_control_characters_from_a_leg_reach_neither_the_terminal_nor_the_junit(engine, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -114,3 +115,35 @@ def test_markdown_escapes_pipes():
     md = markdown(evidence, results, verdict(evidence, results))
     assert "a \\|\\| b" not in md.splitlines()[0]
     assert all(line.count("|") - line.count("\\|") == 4 for line in md.splitlines() if line.startswith("| `p`"))
+
+
+def test_harvested_html_and_links_reach_the_markdown_report_as_text(tmp_path: Path) -> None:
+    """A leg's strings go into the job summary and the PR comment: escaped as the HTML report escapes
+    them, never an image that loads, a link that reads PASS, or a table cell broken out of."""
+    nasty = {
+        "img": "<img src=https://evil.example/x.png onerror=alert(1)>",
+        "link": "[PASS: signed-off](https://evil.example/approve)",
+        "code": "``` </details> <script>x()</script>",
+        "cell": "a | b",
+    }
+    evidence = {
+        "spec": {"name": "t"},
+        "mode": "smoke",
+        "steps": {"leg": {"kind": "run", "status": "failed", "rc": 1, "error": nasty["img"] + " " + nasty["link"]}},
+        "harvest": nasty,
+    }
+    checks = [
+        {"name": name, "why": "w", "expr": f"harvest.{name} == 'ok'", "file": "s.yaml", "line": 1} for name in nasty
+    ]
+    results = evaluate(checks, evidence, OPTIONS)
+    md = markdown(evidence, results, verdict(evidence, results))
+    # Outside code fences (where nothing renders) no tag, and no link, is left.
+    text = re.sub(r"^(`{3,})$.*?^\1$", "", md, flags=re.M | re.S)
+    assert "<img" not in text and "<script" not in text and not re.search(r"(?<!\\)\]\(", text)
+    assert "&lt;img src=https://evil.example/x.png onerror=alert(1)&gt;" in md
+    assert "\\[PASS: signed-off\\](https://evil.example/approve)" in md
+    # The explanations are fenced past any backtick run they hold: ``` inside cannot close them.
+    fences = [line for line in md.splitlines() if set(line) == {"`"}]
+    assert fences.count("````") == 2 and fences.count("```") == 6
+    tags = [line for line in md.splitlines() if "</details>" in line and not line.startswith(("| ", "  "))]
+    assert tags == ["</details>"], tags

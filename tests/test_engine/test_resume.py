@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from engine_helpers import LEG, Engine, write_spec
+import pytest
+from engine_helpers import LEG, Engine, engine_started, file_size_limit, write_spec
+from processes import wait_until
 
 from engine.judge.verdict import Exit
 
@@ -176,3 +180,147 @@ def test_from_refuses_what_it_cannot_resume(engine, tmp_path: Path) -> None:
     r = engine("run", str(other), "--run-dir", "r", "--from", "wipe", cwd=tmp_path, expect=Exit.USAGE)
     assert "refusing to resume" in r.err and "evidence of spec 'resumable'" in r.err, r.err
     r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--mode", "soak", cwd=tmp_path, expect=Exit.USAGE)
+
+
+# ---------------------------------------------------------------- hostile resumes
+
+
+SLOW = SPEC.replace('"leg 2 exits ${{leg2_rc}}"', '"@sleep:${{leg2_sleep}}", "leg 2 exits ${{leg2_rc}}"').replace(
+    "  greeting: hello\n", "  greeting: hello\n  leg2_sleep: 0\n"
+)
+
+
+def test_a_second_engine_in_a_run_dir_is_refused_naming_the_first(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "resumable.yaml", resumable_spec(SLOW))
+    engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path, expect=Exit.FAILED)
+    args = ["run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_sleep=8", "--set", "leg2_rc=0"]
+    first = engine_started(*args, cwd=tmp_path)
+    try:
+        lock = tmp_path / "r" / ".engine.lock"
+        wait_until(lambda: lock.is_file() and lock.read_text().strip(), 60, "the first engine never took the lock")
+        second = engine(*args, cwd=tmp_path, expect=Exit.USAGE)
+        holder = json.loads(lock.read_text())
+        assert f"another engine is running in it (pid {first.pid} on host {holder['host']}, since " in second.err
+        assert second.out == ""
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == Exit.PASS, out + err
+    # Only the first one ran: one evidence of it, one set-aside of the earlier run, and no lock left.
+    assert lines(tmp_path / "r" / "leg2.count") == ["ran", "ran"]
+    assert len(list((tmp_path / "r").glob("previous-*"))) == 1 and not lock.exists()
+
+
+def test_the_lock_of_an_engine_that_is_gone_is_taken_over_and_said(engine, tmp_path: Path) -> None:
+    spec, _ = failed_first_run(engine, tmp_path)
+    gone = {"pid": 4_000_000, "host": "elsewhere", "started_at": "2026-12-01T00:00:00Z"}
+    (tmp_path / "r" / ".engine.lock").write_text(json.dumps(gone))  # left by a killed engine: unlocked
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    assert r.code == Exit.PASS, r
+    assert "took over the lock of" in r.err and "(pid 4000000 on host elsewhere, since 2026-12-01T00:00:00Z)" in r.err
+    assert not (tmp_path / "r" / ".engine.lock").exists()
+
+
+HARVESTING = SPEC.replace(
+    '"${{greeting}}"]\n      timeout_s: 20\n',
+    '"${{greeting}}", "RUN_JSON {{\\"loss\\": 2.0}}"]\n      timeout_s: 20\n'
+    "      output: {{harvest: {{run_json: {{marker: 'RUN_JSON '}}}}}}\n",
+).replace(
+    "checks:\n",
+    'checks:\n  - name: loss_low\n    why: leg 1 learned\n    expr: "steps.leg1.harvest.run_json.loss < `2.5`"\n',
+)
+
+
+def test_from_re_harvests_a_reused_leg_with_the_output_rules_of_now(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "resumable.yaml", resumable_spec(HARVESTING))
+    engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path, expect=Exit.FAILED)
+    spec.write_text(spec.read_text().replace("marker: 'RUN_JSON '", "marker: 'METRICS '"))
+    replay = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    # As replay judges it: the rule of now finds no loss in leg 1's log.
+    assert replay.code == r.code == Exit.FAILED, r
+    assert "leg1: re-harvested from logs/leg1.log with the current output rules" in r.out
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    assert doc["steps"]["leg1"]["harvest"] == {} and doc["verdict"]["failed"] == ["loss_low"]
+
+
+def test_from_does_not_believe_an_edited_harvest_of_a_reused_leg(engine, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "resumable.yaml", resumable_spec(HARVESTING.replace("`2.5`", "`1.5`")))
+    engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path, expect=Exit.FAILED)
+    saved = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    saved["steps"]["leg1"]["harvest"]["run_json"]["loss"] = 1.0  # the log says 2.0
+    (tmp_path / "r" / "evidence.json").write_text(json.dumps(saved))
+    engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path, expect=Exit.FAILED)
+    doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
+    assert doc["steps"]["leg1"]["harvest"]["run_json"] == {"loss": 2.0} and doc["verdict"]["failed"] == ["loss_low"]
+    engine("replay", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.FAILED)
+
+
+def test_from_refuses_a_secret_it_is_not_given_again_naming_it(engine, tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path / "resumable.yaml",
+        resumable_spec(SPEC.replace("  greeting: hello\n", "  greeting: hello\n  api_token: none\n  repo: none\n")),
+    )
+    url = "https://bob:PaSsWoRd-4242@git.example.com/x.git"
+    sets = ["--set", "api_token=tok_abcdef123456", "--set", f"repo={url}"]
+    engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", *sets, cwd=tmp_path, expect=Exit.FAILED)
+    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    assert r.code == Exit.USAGE, r
+    assert "the later steps would get the text '<redacted>' instead" in r.err
+    assert "api_token (given by --set; give it again: --set api_token=...)" in r.err
+    assert "repo (given by --set; give it again: --set repo=...)" in r.err
+    assert lines(tmp_path / "r" / "leg2.count") == ["ran"]  # nothing ran
+    engine(
+        "run",
+        str(spec),
+        "--run-dir",
+        "r",
+        "--from",
+        "wipe",
+        "--set",
+        "leg2_rc=0",
+        *sets,
+        cwd=tmp_path,
+        expect=Exit.PASS,
+    )
+
+
+def test_from_on_a_full_disk_puts_the_earlier_run_back_and_says_where_it_is(
+    engine, engine_process, tmp_path: Path
+) -> None:
+    spec, first = failed_first_run(engine, tmp_path)
+    run = tmp_path / "r"
+    before = {p: (run / p).read_bytes() for p in ("evidence.json", "logs/leg1.log", "logs/leg2.log")}
+    args = ("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0")
+    r = engine_process(*args, cwd=tmp_path, timeout=120, preexec=file_size_limit(200))
+    assert "Traceback" not in r.err, r
+    assert r.code == Exit.ERROR, r
+    verdict = r.out.strip().splitlines()[-1]
+    assert verdict.startswith(f"VERDICT resumable ERROR could not write {run}/evidence.json: File too large (EFBIG)")
+    assert "and was not judged: no evidence.json of it could be written" in verdict
+    assert "the earlier run's files are back where they were: evidence.json holds the run of" in r.err
+    # Nothing lost: every file as it was, nothing set aside, and the run can be resumed again.
+    assert {p: (run / p).read_bytes() for p in before} == before
+    assert list(run.glob("previous-*")) == [] and list(run.glob(".evidence.*")) == []
+    engine(*args, cwd=tmp_path, expect=Exit.PASS)
+
+
+def test_a_set_aside_that_cannot_move_every_file_moves_none(engine, engine_process, tmp_path: Path) -> None:
+    spec, first = failed_first_run(engine, tmp_path)
+    run = tmp_path / "r"
+    elsewhere = tmp_path / "logs-elsewhere"
+    shutil.copytree(run / "logs", elsewhere)
+    # In a mount namespace of its own, the run's logs/ is a bind mount: no file moves out of it
+    # by rename (EXDEV), as on a run dir whose logs are on a disk of their own.
+    script = 'mount --bind "$1" "$2/logs" || exit 99; exec "$3" -m engine.cli run "$4" --run-dir "$2" --from wipe'
+    unshared = ("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh")
+    r = engine_process(
+        command=(*unshared, str(elsewhere), str(run), sys.executable, str(spec)), cwd=tmp_path, timeout=120
+    )
+    if r.code == 99 or "unshare:" in r.err:
+        pytest.skip(f"no private mount namespace here: {r.err.strip()}")
+    assert r.code == Exit.USAGE, r
+    assert "cannot set the earlier run's files aside in previous-" in r.err
+    assert "nothing was moved" in r.err
+    assert json.loads((run / "evidence.json").read_text()) == first and list(run.glob("previous-*")) == []
+    assert lines(run / "leg2.count") == ["ran"]

@@ -152,19 +152,26 @@ def test_stop_on_failure_stops_later_steps(tmp_path: Path) -> None:
 
 def test_remove_deletes_and_refuses_dangerous_paths(tmp_path: Path, monkeypatch) -> None:
     work = tmp_path / "work"
+    (tmp_path / "run" / "sub").mkdir(parents=True)
+    (tmp_path / "run" / "sub" / "f").write_text("x")
     (work / "sub").mkdir(parents=True)
-    (work / "sub" / "f").write_text("x")
     monkeypatch.chdir(work)
     doc, printed = run_plan(
         tmp_path,
         [
-            {"name": "wipe", "enabled": True, "remove": ["sub", str(tmp_path / "run" / "absent")]},
+            {
+                "name": "wipe",
+                "enabled": True,
+                "remove": [str(tmp_path / "run" / "sub"), str(tmp_path / "run" / "absent")],
+            },
             {"name": "wipe_cwd", "enabled": True, "remove": str(work)},
             {"name": "wipe_run", "enabled": True, "remove": str(tmp_path / "run")},
+            {"name": "wipe_in_cwd", "enabled": True, "remove": "sub"},
         ],
     )
-    assert not (work / "sub").exists()
+    assert not (tmp_path / "run" / "sub").exists()
     assert doc["steps"]["wipe"]["status"] == "ok"
+    assert "outside the run directory" in doc["steps"]["wipe_in_cwd"]["error"] and (work / "sub").exists()
     assert doc["steps"]["wipe"]["absent"] == [str(tmp_path / "run" / "absent")]
     assert doc["steps"]["wipe_cwd"]["status"] == "failed"
     assert "working directory" in doc["steps"]["wipe_cwd"]["error"]

@@ -209,7 +209,7 @@ def test_secrets_and_their_pieces_across_file_chunks_are_masked_in_a_copy_of_the
     log.chmod(0o640)
     before = log.stat().st_ino
     scrubber = TreeScrubber(tmp_path, [TOKEN])
-    assert scrubber.scrub() == ["rank0.log"] and scrubber.problems == []
+    assert scrubber.scrub() == ["rank0.log"] and scrubber.problems == {}
     masked = log.read_text()
 
     def stars(n: int) -> str:
