@@ -148,6 +148,19 @@ def val(doc: dict, name: str) -> Any:
     return doc["values"][name]
 
 
+def first_resume(doc: dict) -> dict:
+    """The run's first resume, {leg, stop, next}: leg 1's stop in a segment probe, its kill in p4_preempt."""
+    return val(doc, "resumes")[0]
+
+
+def relog(doc: dict, leg: str) -> None:
+    """The leg's progress lines say what its RUN_JSON losses now say (to 4 decimals, as the trainer
+    prints them): a tamper that models a trainer that really trained other losses changes both."""
+    losses = run_json(doc, leg)["losses"]
+    for line in doc["steps"][leg]["harvest"]["progress"]:
+        line["loss"] = round(losses[str(line["step"])], 4)
+
+
 def _drop_checkpoint(state: dict, step: int) -> bool:
     """The store lost ckpt/checkpoint-<step>/ (pruned too far): gone from the list and the listing, and
     from what the collector found under the pointer's target when it was that. Returns whether it was."""
@@ -233,6 +246,26 @@ def _leg1_pointer_stale(d: dict) -> None:
     hub(d, "hub_after_leg1")["pointer"]["step"] = val(d, "stop1") - val(d, "push_every")
 
 
+def _leg1_pointer_names_an_older_complete_checkpoint(d: dict) -> None:
+    # The pointer says the stop's step but names an older checkpoint, complete in the store (weights,
+    # state, optimizer and RNG, each with the hash the pointer records): a resume would read that one.
+    stop, every = val(d, "stop1"), val(d, "push_every")
+    older = stop - every if stop > every else stop // 2
+    state = hub(d, "hub_after_leg1")
+    pointer, path = state["pointer"], f"ckpt/checkpoint-{older}"
+    for name in pointer["files"]:
+        key = f"{path}/{name}"
+        if key not in state["sha256"]:
+            state["files"].append(key)
+            state["sha256"][key] = hashlib.sha256(key.encode()).hexdigest()
+    state["files"].sort()
+    files = {name: state["sha256"][f"{path}/{name}"] for name in pointer["files"]}
+    pointer.update(path_in_repo=path, files=files)
+    for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
+        if key in state:
+            state[key] = dict(files)
+
+
 def _leg1_pointer_terminal(d: dict) -> None:
     hub(d, "hub_after_leg1")["pointer"]["terminal"] = True
 
@@ -250,6 +283,7 @@ def _leg2_first_loss_jumped(d: dict) -> None:
     # A resume onto the wrong weights: the first loss after the stop jumps 50 % above leg 1's last.
     first = str(val(d, "stop1") + 1)
     run_json(d, "leg2")["losses"][first] = run_json(d, "leg1")["final_loss"] * 1.5
+    relog(d, "leg2")
 
 
 def _leg2_restarted_from_random_weights(d: dict) -> None:
@@ -260,6 +294,8 @@ def _leg2_restarted_from_random_weights(d: dict) -> None:
         replayed = leg1_losses.get(str(int(k) - stop1))
         if replayed is not None:
             leg2["losses"][k] = replayed
+    leg2["final_loss"] = leg2["losses"][str(leg2["final_step"])]
+    relog(d, "leg2")
 
 
 def _leg1_tokens_one_step_short(d: dict) -> None:
@@ -300,6 +336,8 @@ def _leg1_ended_on_a_spike(d: dict) -> None:
     leg1 = run_json(d, "leg1")
     leg1["final_loss"] = leg1["losses"][str(val(d, "stop1"))] = spike
     run_json(d, "leg2")["losses"][str(val(d, "stop1") + 1)] = spike * 0.98
+    relog(d, "leg1")
+    relog(d, "leg2")
 
 
 def _leg1_nan_as_the_trainer_writes_it(d: dict) -> None:
@@ -321,11 +359,15 @@ def _leg2_nan_as_the_trainer_writes_it(d: dict) -> None:
     leg2["nonfinite_losses"] = 1
 
 
-def _leg2_loss_barely_moved(d: dict) -> None:
+def _leg2_loss_barely_moved(d: dict) -> Mapping[str, str]:
     # Finite and below ln(vocab), but only 5 % under the loss at step 1.
     step1 = run_json(d, "leg1")["losses"]["1"]
     leg2 = run_json(d, "leg2")
     leg2["final_loss"] = leg2["losses"][str(val(d, "steps"))] = step1 * 0.95
+    relog(d, "leg2")
+    # Validation's loss, near the real training loss, may now sit far from the tampered one.
+    far = abs(leg2["val_loss"] - leg2["final_loss"]) > leg2["final_loss"] * val(d, "val_loss_gap_max")
+    return {"validation_loss_near_the_training_loss": "FAIL"} if far else {}
 
 
 def _leg2_stopped_one_step_early(d: dict) -> None:
@@ -382,7 +424,12 @@ def _soak_peak_over_gate_on_gpu(d: dict) -> None:
     # What a GPU soak reports (gate_peak is true off the local target): 13.7 GB reserved on the
     # worst rank of leg 1, over the 13.6 GB gate.
     _arm_peak_gate(d)
-    run_json(d, "leg1").update(peak_gpu_gb=12.4, peak_gpu_gb_max_rank=12.5, peak_reserved_gb_max_rank=13.7)
+    run_json(d, "leg1").update(
+        peak_gpu_gb=12.4,
+        peak_gpu_gb_max_rank=12.5,
+        peak_reserved_gb_max_rank=13.7,
+        peak_reserved_gb_by_rank=[13.7, 13.2],
+    )
 
 
 def _leg1_collector_stalled(d: dict) -> None:
@@ -407,8 +454,18 @@ def _killed_by_someone_else(d: dict) -> None:
 
 def _leg1_ran_to_the_end(d: dict) -> None:
     leg1 = d["steps"]["leg1"]
-    leg1["harvest"] = {"run_json": {"final_step": val(d, "steps"), "segment_stop": False}}
+    leg1["harvest"]["run_json"] = {"final_step": val(d, "steps"), "segment_stop": False}
     leg1["harvest_errors"] = []
+
+
+def _pointer_step_right_path_of_the_killed_push(d: dict) -> Mapping[str, str]:
+    # The pointer's step is the last verified one, but its path names the checkpoint whose push was
+    # killed; the store's listing of that directory decides whether the retention check sees it too.
+    state = hub(d, "hub_after_leg1")
+    path = f"ckpt/checkpoint-{val(d, 'kill_step')}"
+    state["pointer"]["path_in_repo"] = path
+    complete = all(f"{path}/{n}" in state["files"] for n in ("optimizer.pt", "rng.pt", "model.safetensors"))
+    return {} if complete else {"checkpoints_complete_after[leg=leg1]": "FAIL"}
 
 
 def _pointer_moved_before_verify(d: dict) -> None:
@@ -437,13 +494,32 @@ def _leg2_resumed_from_half_pushed(d: dict) -> None:
     run_json(d, "leg2").update(resumed_from_step=kill, first_step=kill + 1)
 
 
-def _leg2_lost_a_step(d: dict) -> None:
-    del run_json(d, "leg2")["losses"][str(val(d, "kill_step"))]
+def _next_leg_lost_a_middle_step(d: dict) -> None:
+    # One step after the resume never trained (its loss, lr and batch all absent): the step between
+    # the resume and the horizon that the progress lines also show.
+    resume = first_resume(d)
+    run = run_json(d, resume["next"])
+    step = next(line["step"] for line in d["steps"][resume["next"]]["harvest"]["progress"][1:])
+    for per_step in ("losses", "lrs", "batches"):
+        del run[per_step][str(step)]
 
 
-def _leg2_repeated_a_step(d: dict) -> None:
-    # Resumed one push early but reported the right resume point: step last_verified is trained again.
-    run_json(d, "leg2")["losses"][str(val(d, "last_verified_step"))] = 5.0
+def _next_leg_also_reported(offset: int) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        # The resumed leg reports a step at or before the resume point too (here `offset` steps before
+        # it), only in its losses: the trainer trained it again, or the report mixes two runs.
+        resume = first_resume(d)
+        run_json(d, resume["next"])["losses"][str(resume["stop"] - offset)] = 5.0
+
+    return apply
+
+
+def _next_leg_trained_the_stop_again(d: dict) -> None:
+    # A resume from the checkpoint before the stop's trains the stop step again, with its lr and batch.
+    resume = first_resume(d)
+    before, after, stop = run_json(d, resume["leg"]), run_json(d, resume["next"]), str(resume["stop"])
+    for per_step in ("losses", "lrs", "batches"):
+        after[per_step] = {stop: before[per_step][stop], **after[per_step]}
 
 
 def _leg1_nan_mid_run(d: dict) -> None:
@@ -561,7 +637,163 @@ def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], Non
     return apply
 
 
+def _final_published_at_the_stop(d: dict) -> None:
+    # The trainer pushed final/ (all of it, the collector says so) at the stop, not only at the horizon.
+    state = hub(d, f"hub_after_{first_resume(d)['leg']}")
+    target = state["pointer"]["path_in_repo"]
+    state["has_final"] = True
+    for name in ("config.json", "model.safetensors", "trainer_state.json", "optimizer.pt", "rng.pt"):
+        state["files"].append(f"final/{name}")
+        state["sha256"][f"final/{name}"] = state["sha256"][f"{target}/{name}"]
+    state["files"].sort()
+
+
+def _final_listed_at_the_stop(d: dict) -> None:
+    # The collector's flag says no final/, but the listing shows its weights.
+    state = hub(d, f"hub_after_{first_resume(d)['leg']}")
+    state["files"] = sorted(state["files"] + ["final/model.safetensors"])
+    state["sha256"]["final/model.safetensors"] = hashlib.sha256(b"half-trained").hexdigest()
+
+
+def _final_leg_lost_its_last_step(d: dict) -> None:
+    run = run_json(d, val(d, "final_leg"))
+    for per_step in ("losses", "lrs", "batches"):
+        del run[per_step][str(val(d, "steps"))]
+
+
+def _leg1_progress_starts_after_step_one(d: dict) -> None:
+    d["steps"]["leg1"]["harvest"]["progress"].pop(0)
+
+
+def _validation_over_fewer_tokens(tokens: int) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        run_json(d, val(d, "final_leg"))["val_tokens"] = tokens
+
+    return apply
+
+
+def _final_val(d: dict, **fields: Any) -> None:
+    run_json(d, val(d, "final_leg")).update(fields)
+
+
+def _ppl_is_not_exp_of_the_loss(d: dict) -> None:
+    run = run_json(d, val(d, "final_leg"))
+    run["val_ppl"] = math.exp(run["val_loss"]) * 1.01
+
+
+def _val_loss_far_from_training(d: dict) -> None:
+    # A consistent pair (ppl = exp(loss)), but half the training loss at the horizon.
+    run = run_json(d, val(d, "final_leg"))
+    run["val_loss"] = run["final_loss"] * 0.5
+    run["val_ppl"] = math.exp(run["val_loss"])
+
+
+def _final_loss_not_the_last_logged(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        run_json(d, leg)["final_loss"] = 1.0
+
+    return apply
+
+
+def _run_json_contradicts_a_logged_line(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        # RUN_JSON's loss at a step the progress lines show (not the leg's last) is another one.
+        line = d["steps"][leg]["harvest"]["progress"][1]
+        run_json(d, leg)["losses"][str(line["step"])] += 0.01
+
+    return apply
+
+
+def _peak_max_below_a_rank(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        run_json(d, leg).update(
+            peak_gpu_gb=11.0,
+            peak_gpu_gb_max_rank=11.5,
+            peak_reserved_gb_max_rank=12.0,
+            peak_reserved_gb_by_rank=[12.0, 14.2],
+        )
+
+    return apply
+
+
+def _lr_missing_at_the_last_step(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        lrs = run_json(d, leg)["lrs"]
+        del lrs[max(lrs, key=int)]
+
+    return apply
+
+
+def _lrs_scaled(leg: str, factor: float) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        # The leg ran at another peak lr (a resume that changed --lr): every lr off by the same factor.
+        lrs = run_json(d, leg)["lrs"]
+        for k in lrs:
+            lrs[k] *= factor
+
+    return apply
+
+
+def _lr_spike_after_warmup(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        lrs = run_json(d, leg)["lrs"]
+        inner = sorted(lrs, key=int)[len(lrs) // 2]
+        lrs[inner] *= 1.5
+
+    return apply
+
+
+def _schedule_restarted_at_the_resume(d: dict) -> None:
+    # The resumed leg's first step trains at warm-up's first lr, as a fresh scheduler would.
+    resume = first_resume(d)
+    lrs = run_json(d, resume["next"])["lrs"]
+    lrs[str(resume["stop"] + 1)] = val(d, "lr") / val(d, "warmup_steps")
+
+
+def _batch_repeated_in_leg(leg: str) -> Callable[[dict], None]:
+    def apply(d: dict) -> None:
+        batches = run_json(d, leg)["batches"]
+        steps = sorted(batches, key=int)
+        batches[steps[-1]] = batches[steps[0]]
+
+    return apply
+
+
+def _leg1_logged_past_its_stop(d: dict) -> None:
+    # Leg 1 trained (and reported) the step after its stop too.
+    leg1, stop = run_json(d, "leg1"), val(d, "stop1")
+    leg1["losses"][str(stop + 1)] = leg1["losses"][str(stop)]
+
+
+def _leg1_lost_its_last_step(d: dict) -> None:
+    leg1 = run_json(d, "leg1")
+    for per_step in ("losses", "lrs", "batches"):
+        del leg1[per_step][str(val(d, "stop1"))]
+
+
+def _data_order_restarted_at_the_resume(d: dict) -> None:
+    # Leg 2 trains leg 1's batches again from the start of the data stream.
+    leg1, leg2 = run_json(d, "leg1")["batches"], run_json(d, "leg2")["batches"]
+    first = sorted(leg1, key=int)
+    for i, step in enumerate(sorted(leg2, key=int)):
+        leg2[step] = leg1[first[i % len(first)]]
+
+
+def _killed_leg_skipped_a_logged_step(d: dict) -> None:
+    progress = d["steps"]["leg1"]["harvest"]["progress"]
+    d["steps"]["leg1"]["harvest"]["progress"] = [line for line in progress if line["step"] != 5]
+
+
 LEG2_LOSS_READERS = {"loss_at_horizon_below_step_one": "FAIL"}
+# Each leg's summary figures and its logged lines, read against its per-step losses.
+SUMMARY_LEG1 = {"summary_agrees_with_the_logged_losses[leg=leg1]": "FAIL"}
+SUMMARY_LEG2 = {"summary_agrees_with_the_logged_losses[leg=leg2]": "FAIL"}
+LINES_LEG1 = {"logged_lines_agree_with_run_json[leg=leg1]": "FAIL"}
+LINES_LEG2 = {"logged_lines_agree_with_run_json[leg=leg2]": "FAIL"}
+SERIES_LEG1 = {"every_logged_step_has_its_lr_and_batch[leg=leg1]": "FAIL"}
+SERIES_LEG2 = {"every_logged_step_has_its_lr_and_batch[leg=leg2]": "FAIL"}
+VAL_NEAR = {"validation_loss_near_the_training_loss": "FAIL"}
+PPL = {"perplexity_is_exp_of_the_validation_loss": "FAIL"}
 READ_BACK_LEG1 = {"pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
 READ_BACK_LEG2 = {"pointer_target_read_back_intact_after[leg=leg2]": "FAIL"}
 # The horizon's pointer target compared with the listing.
@@ -570,7 +802,7 @@ HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_common (all three specs)
     "final_leg_reached_the_horizon": (
-        Tamper("leg 2 stopped one step before the horizon", _leg2_stopped_one_step_early),
+        Tamper("leg 2 stopped one step before the horizon", _leg2_stopped_one_step_early, also=SUMMARY_LEG2),
     ),
     "final_leg_was_not_a_segment": (Tamper("leg 2 reported a segment boundary", _leg2_reported_a_segment),),
     "final_pushed": (
@@ -633,10 +865,11 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     ),
     "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", _leg2_wrong_geometry),),
     "final_leg_validation_actually_ran": (
-        Tamper("validation skipped on leg 2", _leg2_validation_skipped),
-        Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error),
-        Tamper("validation gave an infinite perplexity", _leg2_validation_gave_infinity),
-        Tamper("validation gave a NaN perplexity", _leg2_validation_gave_nan),
+        Tamper("validation skipped on leg 2", _leg2_validation_skipped, also={**PPL, **VAL_NEAR}),
+        Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error, also={**PPL, **VAL_NEAR}),
+        # exp(1000) overflows to the same infinity: the perplexity follows from the loss, which is absurd.
+        Tamper("validation gave an infinite perplexity", _leg2_validation_gave_infinity, also=VAL_NEAR),
+        Tamper("validation gave a NaN perplexity", _leg2_validation_gave_nan, also={**PPL, **VAL_NEAR}),
     ),
     "horizon_tokens_match_the_arithmetic": (
         Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short),
@@ -646,13 +879,22 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper(
             "leg 2 ended on a NaN loss (JSON NaN)",
             _leg2_nan_literal,
-            also={**LEG2_LOSS_READERS, "every_logged_loss_finite[leg=leg2]": "FAIL"},
+            # NaN equals nothing, not even the NaN it summarises.
+            also={
+                **LEG2_LOSS_READERS,
+                **SUMMARY_LEG2,
+                **LINES_LEG2,
+                **VAL_NEAR,
+                "every_logged_loss_finite[leg=leg2]": "FAIL",
+            },
         ),
         Tamper(
             "leg 2 ended on a non-finite loss (null, as the trainer writes it)",
             _leg2_nan_as_the_trainer_writes_it,
             also={
                 **LEG2_LOSS_READERS,
+                **LINES_LEG2,
+                **VAL_NEAR,
                 "no_nonfinite_loss[leg=leg2]": "FAIL",
                 "every_logged_loss_finite[leg=leg2]": "FAIL",
             },
@@ -663,7 +905,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper(
             "a NaN in the middle of leg 1, recovered from (final loss finite)",
             _leg1_nan_mid_run,
-            also={"every_logged_loss_finite[leg=leg1]": "FAIL"},
+            also={**LINES_LEG1, "every_logged_loss_finite[leg=leg1]": "FAIL"},
         ),
     ),
     "no_nonfinite_loss[leg=leg2]": (
@@ -671,18 +913,28 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper(
             "a NaN in the middle of leg 2, recovered from (final loss finite)",
             _leg2_nan_mid_run,
-            also={"every_logged_loss_finite[leg=leg2]": "FAIL"},
+            also={**LINES_LEG2, "every_logged_loss_finite[leg=leg2]": "FAIL"},
         ),
     ),
     "every_logged_loss_finite[leg=leg1]": (
-        Tamper("a NaN in the middle of leg 1 that the count missed", _leg1_nan_the_count_missed(float("nan"))),
-        Tamper("an infinite loss in the middle of leg 1 that the count missed", _leg1_nan_the_count_missed(math.inf)),
+        Tamper(
+            "a NaN in the middle of leg 1 that the count missed",
+            _leg1_nan_the_count_missed(float("nan")),
+            also=LINES_LEG1,
+        ),
+        Tamper(
+            "an infinite loss in the middle of leg 1 that the count missed",
+            _leg1_nan_the_count_missed(math.inf),
+            also=LINES_LEG1,
+        ),
     ),
     "every_logged_loss_finite[leg=leg2]": (
-        Tamper("a NaN in the middle of leg 2 that the count missed", _leg2_nan_the_count_missed),
+        Tamper("a NaN in the middle of leg 2 that the count missed", _leg2_nan_the_count_missed, also=LINES_LEG2),
     ),
     # ---- p4_segment (p4_smoke, p4_soak): the checks of every stop, here the one stop after leg 1
-    "stopped_at_the_stop_step[leg=leg1]": (Tamper("leg 1 stopped one step late", _leg1_one_step_late),),
+    "stopped_at_the_stop_step[leg=leg1]": (
+        Tamper("leg 1 stopped one step late", _leg1_one_step_late, also=SUMMARY_LEG1),
+    ),
     "reported_a_segment[leg=leg1]": (Tamper("leg 1 reported the horizon, not a segment", _leg1_reported_horizon),),
     "pushed_every_interval[leg=leg1]": (
         Tamper("checkpoint push_every is missing after leg 1", _leg1_checkpoint_missing),
@@ -690,10 +942,14 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     "pointer_at_the_stop[leg=leg1]": (
         Tamper("the pointer after leg 1 is stale", _leg1_pointer_stale),
         Tamper("the pointer after leg 1 is terminal", _leg1_pointer_terminal),
+        Tamper(
+            "the pointer after leg 1 says the stop but names an older, complete checkpoint",
+            _leg1_pointer_names_an_older_complete_checkpoint,
+        ),
     ),
     "next_leg_resumed_from_exactly_the_stop[leg=leg1]": (
-        Tamper("leg 2 resumed one push before the stop", _leg2_resumed_one_push_early),
-        Tamper("leg 2 started fresh", _leg2_fresh_start),
+        Tamper("leg 2 resumed one push before the stop", _leg2_resumed_one_push_early, also=SUMMARY_LEG2),
+        Tamper("leg 2 started fresh", _leg2_fresh_start, also=SUMMARY_LEG2),
     ),
     "next_leg_continues_the_trajectory[leg=leg1]": (
         Tamper("leg 2's first loss jumped 50 % above leg 1's last", _leg2_first_loss_jumped),
@@ -715,6 +971,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
             "leg 1 ended on a non-finite loss (null, as the trainer writes it)",
             _leg1_nan_as_the_trainer_writes_it,
             also={
+                **LINES_LEG1,
                 "next_leg_continues_the_trajectory[leg=leg1]": "FAIL",
                 "no_nonfinite_loss[leg=leg1]": "FAIL",
                 "every_logged_loss_finite[leg=leg1]": "FAIL",
@@ -744,14 +1001,115 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     ),
     "pointer_never_named_the_unfinished_checkpoint": (
         Tamper("the pointer names the checkpoint whose push was killed", _pointer_moved_before_verify),
+        Tamper(
+            "the pointer's step is the verified one, its path the killed push's",
+            _pointer_step_right_path_of_the_killed_push,
+        ),
     ),
     "leg2_resumed_from_last_verified": (
-        Tamper("leg 2 resumed from the half-pushed checkpoint", _leg2_resumed_from_half_pushed),
-        Tamper("leg 2 started fresh", _leg2_fresh_start),
+        Tamper("leg 2 resumed from the half-pushed checkpoint", _leg2_resumed_from_half_pushed, also=SUMMARY_LEG2),
+        Tamper("leg 2 started fresh", _leg2_fresh_start, also=SUMMARY_LEG2),
     ),
-    "nothing_was_lost": (
-        Tamper("leg 2 has no loss for one step", _leg2_lost_a_step),
-        Tamper("leg 2 trained the last verified step again", _leg2_repeated_a_step),
+    "killed_leg_logged_each_step_up_to_the_resume_once": (
+        Tamper("leg 1's progress lines skip a step before the resume point", _killed_leg_skipped_a_logged_step),
+    ),
+    # ---- every resume, every leg's figures, validation, each step's lr and batch (p4_common)
+    "no_final_before_the_horizon[leg=leg1]": (
+        Tamper("final/ was published at the stop", _final_published_at_the_stop),
+        Tamper("the listing shows final/ weights at the stop (the flag says none)", _final_listed_at_the_stop),
+    ),
+    "resumed_leg_logged_each_step_after_the_resume_once[leg=leg1]": (
+        Tamper("leg 2 also reports the resume step", _next_leg_also_reported(0), also={**SUMMARY_LEG2, **SERIES_LEG2}),
+        Tamper(
+            "leg 2 also reports a step 5 before the resume",
+            _next_leg_also_reported(5),
+            also={**SUMMARY_LEG2, **SERIES_LEG2},
+        ),
+        Tamper("leg 2 skipped a step after the resume", _next_leg_lost_a_middle_step, also=LINES_LEG2),
+    ),
+    "run_logged_step_one_first_and_the_horizon_last": (
+        Tamper(
+            "the horizon leg lost its last step", _final_leg_lost_its_last_step, also={**SUMMARY_LEG2, **LINES_LEG2}
+        ),
+        Tamper(
+            "leg 1's logged steps start after step 1",
+            _leg1_progress_starts_after_step_one,
+            also={"killed_leg_logged_each_step_up_to_the_resume_once": "FAIL"},
+        ),
+    ),
+    "validation_covered_the_tokens_asked_for": (
+        Tamper("validation averaged over one window", _validation_over_fewer_tokens(64)),
+        Tamper("validation averaged over no tokens", _validation_over_fewer_tokens(0)),
+    ),
+    "perplexity_is_exp_of_the_validation_loss": (
+        Tamper("val_ppl 0.5", lambda d: _final_val(d, val_ppl=0.5)),
+        Tamper("val_ppl 1 % off exp(val_loss)", _ppl_is_not_exp_of_the_loss),
+        Tamper("val_ppl 1.0 from a val_loss of 0.0", lambda d: _final_val(d, val_loss=0.0, val_ppl=1.0), also=VAL_NEAR),
+        Tamper("a NaN val_loss beside a finite val_ppl", lambda d: _final_val(d, val_loss=math.nan), also=VAL_NEAR),
+    ),
+    "validation_loss_near_the_training_loss": (
+        Tamper("a consistent val_loss/val_ppl at half the training loss", _val_loss_far_from_training),
+    ),
+    "summary_agrees_with_the_logged_losses[leg=leg1]": (
+        Tamper(
+            "leg 1's final_loss is 1.0, its last logged loss not",
+            _final_loss_not_the_last_logged("leg1"),
+            also={"next_leg_continues_the_trajectory[leg=leg1]": "FAIL"},
+        ),
+    ),
+    "summary_agrees_with_the_logged_losses[leg=leg2]": (
+        Tamper(
+            "leg 2's final_loss is 1.0, its last logged loss not",
+            _final_loss_not_the_last_logged("leg2"),
+            also=VAL_NEAR,
+        ),
+    ),
+    "logged_lines_agree_with_run_json[leg=leg1]": (
+        Tamper("leg 1's RUN_JSON contradicts a logged line", _run_json_contradicts_a_logged_line("leg1")),
+    ),
+    "logged_lines_agree_with_run_json[leg=leg2]": (
+        Tamper("leg 2's RUN_JSON contradicts a logged line", _run_json_contradicts_a_logged_line("leg2")),
+    ),
+    "peak_memory_figures_agree_with_the_ranks[leg=leg1]": (
+        Tamper("leg 1's ranks peaked at [12.0, 14.2] under a max of 12.0", _peak_max_below_a_rank("leg1")),
+    ),
+    "peak_memory_figures_agree_with_the_ranks[leg=leg2]": (
+        Tamper("leg 2's ranks peaked at [12.0, 14.2] under a max of 12.0", _peak_max_below_a_rank("leg2")),
+    ),
+    "every_logged_step_has_its_lr_and_batch[leg=leg1]": (
+        Tamper("leg 1's last step has no lr", _lr_missing_at_the_last_step("leg1")),
+    ),
+    "every_logged_step_has_its_lr_and_batch[leg=leg2]": (
+        Tamper("leg 2's last step has no lr", _lr_missing_at_the_last_step("leg2")),
+    ),
+    "lr_follows_the_schedule[leg=leg1]": (
+        Tamper("leg 1 ran at 1.2 x the peak lr", _lrs_scaled("leg1", 1.2)),
+        Tamper("leg 1's lr rose in the middle of the decay", _lr_spike_after_warmup("leg1")),
+    ),
+    "lr_follows_the_schedule[leg=leg2]": (
+        Tamper("leg 2 resumed on 1.2 x the lr", _lrs_scaled("leg2", 1.2)),
+        Tamper("leg 2's schedule restarted its warm-up at the resume", _schedule_restarted_at_the_resume),
+    ),
+    "no_batch_trained_twice_in_a_leg[leg=leg1]": (
+        Tamper("leg 1's last step trained its first step's batch", _batch_repeated_in_leg("leg1")),
+    ),
+    "no_batch_trained_twice_in_a_leg[leg=leg2]": (
+        Tamper("leg 2's last step trained its first step's batch", _batch_repeated_in_leg("leg2")),
+    ),
+    "stopped_leg_logged_each_step_up_to_the_stop_once[leg=leg1]": (
+        Tamper(
+            "leg 1 lost its last step (the stop)",
+            _leg1_lost_its_last_step,
+            also={**SUMMARY_LEG1, **LINES_LEG1},
+        ),
+        Tamper(
+            "leg 1 also logged the step after its stop",
+            _leg1_logged_past_its_stop,
+            also={**SUMMARY_LEG1, **SERIES_LEG1},
+        ),
+    ),
+    "next_leg_trained_other_batches_than_the_stopped_one[leg=leg1]": (
+        Tamper("leg 2's data order restarted at the resume", _data_order_restarted_at_the_resume),
     ),
 }
 
@@ -926,7 +1284,9 @@ def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path, capsys: pyt
         bundle = copy_bundle("p4_soak", tmp_path / str(peak))
         doc = read_evidence(bundle)
         _arm_peak_gate(doc)
-        run_json(doc, "leg1")["peak_reserved_gb_max_rank"] = peak
+        run_json(doc, "leg1").update(
+            peak_reserved_gb_max_rank=peak, peak_reserved_gb_by_rank=[peak, peak - 0.5], peak_gpu_gb_max_rank=peak - 1
+        )
         write_evidence(bundle, doc)
         got = engine_check("p4_soak", bundle, capsys)
         assert got.result("peak_memory_during_training_below_gate")["outcome"] == "PASS", peak
@@ -1050,7 +1410,7 @@ ERROR_ON_MISSING = {
     "loss_at_horizon_below_step_one": "steps.leg1.harvest.run_json.losses",  # mul(get(..))
     "leg1_was_killed_mid_push": "steps.leg1.signals_sent",  # length()
     "leg1_left_no_run_json": "steps.leg1.harvest_errors",  # length()
-    "nothing_was_lost": "steps.leg2.harvest.run_json.losses",  # keys()
+    "resumed_leg_logged_each_step_after_the_resume_once[leg=leg1]": "steps.leg2.harvest.run_json.losses",  # keys()
 }
 
 
@@ -1139,7 +1499,7 @@ def test_leg_without_run_json_is_no_data_for_every_reader(
     step): every check that reads leg 2's RUN_JSON is NO_DATA and names it."""
     bundle = copy_bundle("p4_smoke", tmp_path)
     doc = read_evidence(bundle)
-    doc["steps"]["leg2"]["harvest"] = {}
+    del doc["steps"]["leg2"]["harvest"]["run_json"]  # its progress lines stay: they were printed
     doc["steps"]["leg2"]["harvest_errors"] = [
         {"name": "run_json", "marker": "RUN_JSON ", "line": None, "error": "missing", "text": None}
     ]
