@@ -147,13 +147,32 @@ def json_depth(value: Any, stop_at: int = 10_000) -> int:
     return deepest
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice: which of its values the writer meant is not for the
+    engine to guess (Python's json keeps the last one, silently)."""
+
+
+def _unique_keys(object_hook: Callable[[dict], Any] | None) -> Callable[[list[tuple[str, Any]]], Any]:
+    def build(pairs: list[tuple[str, Any]]) -> Any:
+        obj: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in obj:
+                first, again = (cut_text(json.dumps(v, default=str), 60) for v in (obj[key], value))
+                raise DuplicateKey(f"duplicate key {json.dumps(key)} in one object ({first}, then {again})")
+            obj[key] = value
+        return obj if object_hook is None else object_hook(obj)
+
+    return build
+
+
 def loads_json(
     text: str | bytes, max_depth: int = JSON_MAX_DEPTH, object_hook: Callable[[dict], Any] | None = None
 ) -> Any:
     """json.loads for documents the engine did not write: ValueError (json.JSONDecodeError for bad
-    syntax, LimitError for a limit) instead of a RecursionError or a 5,000-digit integer."""
+    syntax, DuplicateKey for an object that names a key twice, LimitError for a limit) instead of a
+    RecursionError, a 5,000-digit integer or a value silently dropped."""
     try:
-        value = json.loads(text, parse_int=_parse_int, object_hook=object_hook)
+        value = json.loads(text, parse_int=_parse_int, object_pairs_hook=_unique_keys(object_hook))
     except RecursionError:
         raise LimitError(f"nested deeper than the interpreter can parse (limit {max_depth} levels)") from None
     depth = json_depth(value, max_depth)

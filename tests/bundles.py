@@ -122,3 +122,8 @@ def hub(doc: dict, name: str) -> dict:
 
 def val(doc: dict, name: str) -> Any:
     return doc["values"][name]
+
+
+def first_resume(doc: dict) -> dict:
+    """The run's first resume, {leg, stop, next}: leg 1's stop in a segment probe, its kill in p4_preempt."""
+    return val(doc, "resumes")[0]

@@ -1,71 +1,105 @@
 """Every check of the P4 specs, and the realistic ways its fact can be false: a tamper edits a copy of a saved
 bundle's evidence so that exactly that fact is false (leg 1 stopped one step late, a checkpoint missing from the
 store, a stale pointer, tokens off by one step, a NaN loss, 13.7 GB peak in a GPU soak, validation skipped on
-leg 2, ...). tests/test_engine/test_every_check_can_fail.py runs each.
+leg 2, each step's lr off the schedule, a batch trained twice, final/ published at a stop, ...).
+tests/test_engine/test_every_check_can_fail.py runs each. The tampers themselves are in tests/tamper_legs.py
+(what the legs reported) and tests/tamper_store.py (what the store holds).
 
 Import as `from tampers import ...` (pytest puts tests/ on sys.path).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import pytest
-from bundles import SPECS, check_names, hub, run_json, val
-
-
-def _drop_checkpoint(state: dict, step: int) -> bool:
-    """The store lost ckpt/checkpoint-<step>/ (pruned too far): gone from the list and the listing, and
-    from what the collector found under the pointer's target when it was that. Returns whether it was."""
-    prefix = f"ckpt/checkpoint-{step}/"
-    assert step in state["checkpoints"], (step, state["checkpoints"])
-    state["checkpoints"] = [c for c in state["checkpoints"] if c != step]
-    state["files"] = [f for f in state["files"] if not f.startswith(prefix)]
-    state["sha256"] = {k: v for k, v in state["sha256"].items() if not k.startswith(prefix)}
-    target = state["pointer"]["path_in_repo"] == prefix[:-1]
-    if target:
-        for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
-            if key in state:
-                state[key] = {n: None for n in state[key]}
-    return target
-
-
-def _torn_model_file(state: dict) -> None:
-    """The bytes the pointer names changed after it was written (a torn or overwritten push):
-    the store now holds another sha256 for the pointer's model.safetensors."""
-    pointer = state["pointer"]
-    bad = hashlib.sha256(b"torn write").hexdigest()
-    assert pointer["files"]["model.safetensors"] != bad
-    state["pointer_target_sha256"]["model.safetensors"] = bad
-    state["sha256"][f"{pointer['path_in_repo']}/model.safetensors"] = bad
-    if "pointer_target_sha256_stored" in state:  # p4_soak's collector read the bytes back too
-        state["pointer_target_sha256_stored"]["model.safetensors"] = bad
-
-
-def _lose_files(state: dict, directory: str, names: tuple[str, ...]) -> bool:
-    """The store lost these files of `directory` (a prune gone too far, a bad commit): gone from the
-    listing, and, when the directory is the pointer's target, missing from what the collector found
-    there. Returns whether it was the pointer's target."""
-    gone = {f"{directory}/{n}" for n in names}
-    assert gone <= set(state["files"]), (gone, state["files"])
-    state["files"] = [f for f in state["files"] if f not in gone]
-    state["sha256"] = {k: v for k, v in state["sha256"].items() if k not in gone}
-    target = state["pointer"]["path_in_repo"] == directory
-    if target:
-        for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
-            if key in state:
-                state[key].update({n: None for n in names if n in state[key]})
-    return target
-
-
-# Checks that read what the store holds under the pointer's target: they flip with it.
-TARGET_READERS_AFTER_LEG1 = {
-    "pointer_target_complete_after[leg=leg1]": "FAIL",
-    "pointer_target_read_back_intact_after[leg=leg1]": "FAIL",
-}
+from bundles import SPECS, check_names
+from tamper_legs import (
+    batch_repeated_in_leg,
+    data_order_restarted_at_the_resume,
+    final_leg_lost_its_last_step,
+    final_loss_not_the_last_logged,
+    final_val,
+    killed_by_someone_else,
+    killed_by_timeout,
+    killed_leg_skipped_a_logged_step,
+    leg1_collector_stalled,
+    leg1_ended_on_a_spike,
+    leg1_grad_ckpt_on,
+    leg1_logged_past_its_stop,
+    leg1_lost_its_last_step,
+    leg1_nan_as_the_trainer_writes_it,
+    leg1_nan_mid_run,
+    leg1_nan_the_count_missed,
+    leg1_one_step_late,
+    leg1_ppl_without_validation,
+    leg1_progress_starts_after_step_one,
+    leg1_ran_to_the_end,
+    leg1_reported_horizon,
+    leg1_tokens_one_step_short,
+    leg1_validated,
+    leg1_wrong_geometry,
+    leg2_collector_stalled_just_at_the_gate,
+    leg2_first_loss_jumped,
+    leg2_fresh_start,
+    leg2_loss_barely_moved,
+    leg2_nan_as_the_trainer_writes_it,
+    leg2_nan_literal,
+    leg2_nan_mid_run,
+    leg2_nan_the_count_missed,
+    leg2_reported_a_segment,
+    leg2_resumed_from_half_pushed,
+    leg2_resumed_one_push_early,
+    leg2_stopped_one_step_early,
+    leg2_tokens_one_step_short,
+    leg2_validation_gave_infinity,
+    leg2_validation_gave_nan,
+    leg2_validation_skipped,
+    leg2_validation_swallowed_an_error,
+    leg2_wrong_geometry,
+    leg_counted_a_nonfinite_loss,
+    lr_missing_at_the_last_step,
+    lr_spike_after_warmup,
+    lrs_scaled,
+    next_leg_also_reported,
+    next_leg_lost_a_middle_step,
+    peak_max_below_a_rank,
+    ppl_is_not_exp_of_the_loss,
+    run_json_contradicts_a_logged_line,
+    schedule_restarted_at_the_resume,
+    soak_peak_over_gate_on_gpu,
+    val_loss_far_from_training,
+    validation_over_fewer_tokens,
+)
+from tamper_store import (
+    final_listed_at_the_stop,
+    final_lost_its_rng_state,
+    final_not_pushed,
+    final_published_at_the_stop,
+    first_checkpoint_pruned,
+    horizon_first_checkpoint_kept_only_its_state,
+    horizon_newest_checkpoint_lost_optimizer_state,
+    horizon_pointer_names_a_ckpt,
+    horizon_pointer_names_no_weights,
+    horizon_pointer_not_terminal,
+    horizon_pointer_stale,
+    horizon_target_lost_its_weights,
+    horizon_target_torn,
+    kill_tore_the_pointer_target,
+    leg1_checkpoint_missing,
+    leg1_newest_checkpoint_lost_optimizer_state,
+    leg1_oldest_checkpoint_kept_only_its_state,
+    leg1_pointer_names_an_older_complete_checkpoint,
+    leg1_pointer_names_no_weights,
+    leg1_pointer_stale,
+    leg1_pointer_terminal,
+    leg1_target_lost_its_weights,
+    pointer_moved_before_verify,
+    pointer_step_right_path_of_the_killed_push,
+    stored_object_damaged_after_upload,
+)
 
 
 @dataclass(frozen=True)
@@ -80,406 +114,70 @@ class Tamper:
     also: Mapping[str, str] = field(default_factory=dict)
 
 
-def leg1_one_step_late(d: dict) -> None:
-    run_json(d, "leg1")["final_step"] = val(d, "stop1") + 1
-
-
-def _leg1_reported_horizon(d: dict) -> None:
-    run_json(d, "leg1")["segment_stop"] = False
-
-
-def _leg1_checkpoint_missing(d: dict) -> Mapping[str, str]:
-    # In the smoke the first push is also the stop: the pointer's target went with it.
-    target = _drop_checkpoint(hub(d, "hub_after_leg1"), val(d, "push_every"))
-    return {**TARGET_READERS_AFTER_LEG1, "checkpoints_complete_after[leg=leg1]": "FAIL"} if target else {}
-
-
-def _leg1_pointer_stale(d: dict) -> None:
-    # The pointer still names the push before the stop (0 = none yet, when stop1 == push_every).
-    hub(d, "hub_after_leg1")["pointer"]["step"] = val(d, "stop1") - val(d, "push_every")
-
-
-def _leg1_pointer_terminal(d: dict) -> None:
-    hub(d, "hub_after_leg1")["pointer"]["terminal"] = True
-
-
-def _leg2_resumed_one_push_early(d: dict) -> None:
-    resumed = val(d, "stop1") - val(d, "push_every")
-    run_json(d, "leg2").update(resumed_from_step=resumed, first_step=resumed + 1)
-
-
-def _leg2_fresh_start(d: dict) -> None:
-    run_json(d, "leg2").update(resumed_from_step=None, first_step=1)
-
-
-def _leg2_first_loss_jumped(d: dict) -> None:
-    # A resume onto the wrong weights: the first loss after the stop jumps 50 % above leg 1's last.
-    first = str(val(d, "stop1") + 1)
-    run_json(d, "leg2")["losses"][first] = run_json(d, "leg1")["final_loss"] * 1.5
-
-
-def leg2_restarted_from_random_weights(d: dict) -> None:
-    # A restart from scratch replays leg 1's curve from its first step after the stop.
-    leg1_losses, leg2 = run_json(d, "leg1")["losses"], run_json(d, "leg2")
-    stop1 = val(d, "stop1")
-    for k in list(leg2["losses"]):
-        replayed = leg1_losses.get(str(int(k) - stop1))
-        if replayed is not None:
-            leg2["losses"][k] = replayed
-
-
-def _leg1_tokens_one_step_short(d: dict) -> None:
-    run_json(d, "leg1")["tokens_consumed"] -= val(d, "tokens_per_step")
-
-
-def _leg2_tokens_one_step_short(d: dict) -> None:
-    run_json(d, "leg2")["tokens_consumed"] -= val(d, "tokens_per_step")
-
-
-def _other_geometry(d: dict) -> int:
-    return 106194240 if val(d, "expect_params") != 106194240 else 119104
-
-
-def _leg1_wrong_geometry(d: dict) -> None:
-    run_json(d, "leg1")["params"] = _other_geometry(d)
-
-
-def _leg2_wrong_geometry(d: dict) -> None:
-    run_json(d, "leg2")["params"] = _other_geometry(d)
-
-
-def _leg1_grad_ckpt_on(d: dict) -> None:
-    run_json(d, "leg1")["grad_ckpt"] = True
-
-
-def _leg1_validated(d: dict) -> None:
-    run_json(d, "leg1").update(val_skipped=False, val_loss=4.9, val_ppl=math.exp(4.9))
-
-
-def _leg1_ppl_without_validation(d: dict) -> None:
-    run_json(d, "leg1")["val_ppl"] = 134.3
-
-
-def _leg1_ended_on_a_spike(d: dict) -> None:
-    # Leg 1's last step spikes above ln(vocab); leg 2 resumes on the spike and recovers.
-    spike = val(d, "loss_ceiling") + 0.2
-    leg1 = run_json(d, "leg1")
-    leg1["final_loss"] = leg1["losses"][str(val(d, "stop1"))] = spike
-    run_json(d, "leg2")["losses"][str(val(d, "stop1") + 1)] = spike * 0.98
-
-
-def _leg1_nan_as_the_trainer_writes_it(d: dict) -> None:
-    # trainer/train.py writes strict JSON: a non-finite loss becomes null and is counted.
-    leg1 = run_json(d, "leg1")
-    leg1["final_loss"] = leg1["losses"][str(val(d, "stop1"))] = None
-    leg1["nonfinite_losses"] = 1
-
-
-def _leg2_nan_literal(d: dict) -> None:
-    # A bare JSON `NaN` (what json.dumps writes for a float nan): the engine reads it as a float.
-    leg2 = run_json(d, "leg2")
-    leg2["final_loss"] = leg2["losses"][str(val(d, "steps"))] = float("nan")
-
-
-def _leg2_nan_as_the_trainer_writes_it(d: dict) -> None:
-    leg2 = run_json(d, "leg2")
-    leg2["final_loss"] = leg2["losses"][str(val(d, "steps"))] = None
-    leg2["nonfinite_losses"] = 1
-
-
-def _leg2_loss_barely_moved(d: dict) -> None:
-    # Finite and below ln(vocab), but only 5 % under the loss at step 1.
-    step1 = run_json(d, "leg1")["losses"]["1"]
-    leg2 = run_json(d, "leg2")
-    leg2["final_loss"] = leg2["losses"][str(val(d, "steps"))] = step1 * 0.95
-
-
-def _leg2_stopped_one_step_early(d: dict) -> None:
-    run_json(d, "leg2")["final_step"] = val(d, "steps") - 1
-
-
-def _leg2_reported_a_segment(d: dict) -> None:
-    run_json(d, "leg2")["segment_stop"] = True
-
-
-def _final_not_pushed(d: dict) -> None:
-    state = hub(d, "hub_after_leg2")
-    state["has_final"] = False
-    state["files"] = [f for f in state["files"] if not f.startswith("final/")]
-    state["sha256"] = {k: v for k, v in state["sha256"].items() if not k.startswith("final/")}
-
-
-def _first_checkpoint_pruned(d: dict) -> None:
-    _drop_checkpoint(hub(d, "hub_after_leg2"), val(d, "push_every"))
-
-
-def _horizon_pointer_not_terminal(d: dict) -> None:
-    hub(d, "hub_after_leg2")["pointer"]["terminal"] = False
-
-
-def _horizon_pointer_stale(d: dict) -> None:
-    hub(d, "hub_after_leg2")["pointer"]["step"] = val(d, "steps") - val(d, "push_every")
-
-
-def _horizon_pointer_names_a_ckpt(d: dict) -> None:
-    hub(d, "hub_after_leg2")["pointer"]["path_in_repo"] = f"ckpt/checkpoint-{val(d, 'steps')}"
-
-
-def _horizon_target_torn(d: dict) -> None:
-    _torn_model_file(hub(d, "hub_after_leg2"))
-
-
-def _leg2_validation_skipped(d: dict) -> None:
-    run_json(d, "leg2").update(val_skipped=True, val_loss=None, val_ppl=None)
-
-
-def _leg2_validation_swallowed_an_error(d: dict) -> None:
-    run_json(d, "leg2").update(val_loss=None, val_ppl=None, val_error="RuntimeError: shard val-00000.bin is truncated")
-
-
-def arm_peak_gate(d: dict) -> None:
-    # `engine check` takes values from the spec, re-applying the run's own --set: a run made with
-    # `--set gate_peak=true` is how a saved local run gets the gate armed.
-    d["values"]["gate_peak"] = True
-    d["sources"]["gate_peak"] = "--set"
-
-
-def _soak_peak_over_gate_on_gpu(d: dict) -> None:
-    # What a GPU soak reports (gate_peak is true off the local target): 13.7 GB reserved on the
-    # worst rank of leg 1, over the 13.6 GB gate.
-    arm_peak_gate(d)
-    run_json(d, "leg1").update(peak_gpu_gb=12.4, peak_gpu_gb_max_rank=12.5, peak_reserved_gb_max_rank=13.7)
-
-
-def _leg1_collector_stalled(d: dict) -> None:
-    # What an unfrozen heap costs after a compile: one full collection of ~1M objects, 0.62 s.
-    run_json(d, "leg1").update(gc_full_collections=1, gc_full_s_total=0.62, gc_full_s_max=0.62)
-
-
-def _leg2_collector_stalled_just_at_the_gate(d: dict) -> None:
-    # The gate is strict: a 0.1 s stop is already one too long; leg 1 stays clean.
-    run_json(d, "leg2").update(gc_full_collections=3, gc_full_s_total=0.12, gc_full_s_max=0.1)
-
-
-def _killed_by_timeout(d: dict) -> None:
-    # As the runner records it: a timed-out leg is a failed step (the verdict derives it anyway).
-    d["steps"]["leg1"].update(terminated_by="timeout", timed_out=True, signals_sent=[], status="failed")
-
-
-def _killed_by_someone_else(d: dict) -> None:
-    # rc -9 is an accepted exit code: an OOM kill before the push would pass without this check.
-    d["steps"]["leg1"].update(terminated_by=None, signals_sent=[])
-
-
-def _leg1_ran_to_the_end(d: dict) -> None:
-    leg1 = d["steps"]["leg1"]
-    leg1["harvest"] = {"run_json": {"final_step": val(d, "steps"), "segment_stop": False}}
-    leg1["harvest_errors"] = []
-
-
-def _pointer_moved_before_verify(d: dict) -> None:
-    # The push of kill_step committed and the pointer moved to it before the verify ran; the
-    # collector re-read that target, so its hashes agree with the pointer: only the step (the
-    # checkpoint the pointer names) gives it away.
-    state = hub(d, "hub_after_leg1")
-    kill = val(d, "kill_step")
-    path = f"ckpt/checkpoint-{kill}"
-    files = {name: hashlib.sha256(f"{path}/{name}".encode()).hexdigest() for name in state["pointer"]["files"]}
-    if kill not in state["checkpoints"]:
-        state["checkpoints"] = sorted(state["checkpoints"] + [kill])
-        state["files"] = sorted(state["files"] + [f"{path}/{n}" for n in files])
-        state["sha256"].update({f"{path}/{n}": h for n, h in files.items()})
-    files = {n: state["sha256"][f"{path}/{n}"] for n in files}
-    state["pointer"].update(step=kill, path_in_repo=path, files=files)
-    state["pointer_target_sha256"] = dict(files)
-
-
-def _kill_tore_the_pointer_target(d: dict) -> None:
-    _torn_model_file(hub(d, "hub_after_leg1"))
-
-
-def _leg2_resumed_from_half_pushed(d: dict) -> None:
-    kill = val(d, "kill_step")
-    run_json(d, "leg2").update(resumed_from_step=kill, first_step=kill + 1)
-
-
-def _leg2_lost_a_step(d: dict) -> None:
-    del run_json(d, "leg2")["losses"][str(val(d, "kill_step"))]
-
-
-def _leg2_repeated_a_step(d: dict) -> None:
-    # Resumed one push early but reported the right resume point: step last_verified is trained again.
-    run_json(d, "leg2")["losses"][str(val(d, "last_verified_step"))] = 5.0
-
-
-def _leg1_nan_mid_run(d: dict) -> None:
-    # A NaN in the middle of leg 1, recovered from: the final loss is finite, only the count says it.
-    leg1 = run_json(d, "leg1")
-    leg1["losses"][str(val(d, "stop1") // 2)] = None
-    leg1["nonfinite_losses"] = 1
-
-
-def _leg2_nan_mid_run(d: dict) -> None:
-    leg2 = run_json(d, "leg2")
-    first = leg2["first_step"]
-    leg2["losses"][str((first + val(d, "steps")) // 2)] = None
-    leg2["nonfinite_losses"] = 1
-
-
-def _leg1_pointer_names_no_weights(d: dict) -> None:
-    # A pointer written from a partial file list: the weights are not among the files it names, so
-    # the collector (which looks up what the pointer names) has no hash for them either.
-    state = hub(d, "hub_after_leg1")
-    del state["pointer"]["files"]["model.safetensors"]
-    for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
-        state.get(key, {}).pop("model.safetensors", None)
-
-
-def _leg1_target_lost_its_weights(d: dict) -> Mapping[str, str]:
-    state = hub(d, "hub_after_leg1")
-    _lose_files(state, state["pointer"]["path_in_repo"], ("model.safetensors",))
-    return {"checkpoints_complete_after[leg=leg1]": "FAIL", "pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
-
-
-def _leg1_oldest_checkpoint_kept_only_its_state(d: dict) -> Mapping[str, str]:
-    # Pruning that went too far: the oldest checkpoint lists, but holds only trainer_state.json.
-    state = hub(d, "hub_after_leg1")
-    oldest = f"ckpt/checkpoint-{min(state['checkpoints'])}"
-    names = tuple(
-        n for n in ("model.safetensors", "config.json", "optimizer.pt", "rng.pt") if f"{oldest}/{n}" in state["files"]
-    )
-    return TARGET_READERS_AFTER_LEG1 if _lose_files(state, oldest, names) else {}
-
-
-def _leg1_newest_checkpoint_lost_optimizer_state(d: dict) -> Mapping[str, str]:
-    state = hub(d, "hub_after_leg1")
-    newest = f"ckpt/checkpoint-{max(state['checkpoints'])}"
-    return TARGET_READERS_AFTER_LEG1 if _lose_files(state, newest, ("optimizer.pt", "rng.pt")) else {}
-
-
-def _horizon_first_checkpoint_kept_only_its_state(d: dict) -> None:
-    _lose_files(
-        hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'push_every')}", ("model.safetensors", "config.json")
-    )
-
-
-def _horizon_newest_checkpoint_lost_optimizer_state(d: dict) -> None:
-    # The pointer names final/ at the horizon: the newest ckpt/ directory must keep its state anyway.
-    _lose_files(hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'steps')}", ("optimizer.pt", "rng.pt"))
-
-
-def _final_lost_its_rng_state(d: dict) -> None:
-    assert _lose_files(hub(d, "hub_after_leg2"), "final", ("rng.pt",))
-
-
-def _leg1_nan_the_count_missed(value: float) -> Callable[[dict], None]:
-    def apply(d: dict) -> None:
-        # A non-finite loss logged as a number (a bare NaN or Infinity in RUN_JSON) that the trainer's
-        # own count did not see: only the losses themselves show it.
-        run_json(d, "leg1")["losses"][str(val(d, "stop1") // 2)] = value
-        assert run_json(d, "leg1")["nonfinite_losses"] == 0
-
-    return apply
-
-
-def _leg2_nan_the_count_missed(d: dict) -> None:
-    leg2 = run_json(d, "leg2")
-    leg2["losses"][str((leg2["first_step"] + val(d, "steps")) // 2)] = float("nan")
-    assert leg2["nonfinite_losses"] == 0
-
-
-def _leg_counted_a_nonfinite_loss(leg: str) -> Callable[[dict], None]:
-    def apply(d: dict) -> None:
-        # The trainer counted a non-finite loss that its logged losses do not show (one every step
-        # is logged, so the two must agree).
-        run_json(d, leg)["nonfinite_losses"] = 1
-
-    return apply
-
-
-def _leg2_validation_gave_infinity(d: dict) -> None:
-    # A diverged model's perplexity overflows: `val_ppl != null` held, a finite one does not.
-    run_json(d, "leg2").update(val_loss=1000.0, val_ppl=math.inf)
-
-
-def _leg2_validation_gave_nan(d: dict) -> None:
-    run_json(d, "leg2").update(val_loss=float("nan"), val_ppl=float("nan"))
-
-
-def _horizon_pointer_names_no_weights(d: dict) -> None:
-    state = hub(d, "hub_after_leg2")
-    del state["pointer"]["files"]["model.safetensors"]
-    for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
-        state.get(key, {}).pop("model.safetensors", None)
-
-
-def _horizon_target_lost_its_weights(d: dict) -> None:
-    assert _lose_files(hub(d, "hub_after_leg2"), "final", ("model.safetensors",))
-
-
-def _stored_object_damaged_after_upload(state_name: str) -> Callable[[dict], None]:
-    def apply(d: dict) -> None:
-        # The bytes under the pointer's target changed after the upload: the listing still gives the
-        # hash recorded then, only reading the bytes back shows it.
-        state = hub(d, state_name)
-        state["pointer_target_sha256_stored"]["model.safetensors"] = hashlib.sha256(b"bit rot").hexdigest()
-
-    return apply
-
-
 LEG2_LOSS_READERS = {"loss_at_horizon_below_step_one": "FAIL"}
+# Each leg's summary figures and its logged lines, read against its per-step losses.
+SUMMARY_LEG1 = {"summary_agrees_with_the_logged_losses[leg=leg1]": "FAIL"}
+SUMMARY_LEG2 = {"summary_agrees_with_the_logged_losses[leg=leg2]": "FAIL"}
+LINES_LEG1 = {"logged_lines_agree_with_run_json[leg=leg1]": "FAIL"}
+LINES_LEG2 = {"logged_lines_agree_with_run_json[leg=leg2]": "FAIL"}
+SERIES_LEG1 = {"every_logged_step_has_its_lr_and_batch[leg=leg1]": "FAIL"}
+SERIES_LEG2 = {"every_logged_step_has_its_lr_and_batch[leg=leg2]": "FAIL"}
+VAL_NEAR = {"validation_loss_near_the_training_loss": "FAIL"}
+PPL = {"perplexity_is_exp_of_the_validation_loss": "FAIL"}
 READ_BACK_LEG1 = {"pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
 READ_BACK_LEG2 = {"pointer_target_read_back_intact_after[leg=leg2]": "FAIL"}
-
-
 # The horizon's pointer target compared with the listing.
+HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
+
+
 def _nonfinite_counted(leg: str, nan_mid_run: Callable[[dict], None]) -> tuple[Tamper, ...]:
     """The trainer's count of non-finite losses in `leg`: counted alone, or with the NaN in the middle of the
-    leg it counted (the final loss finite), which the every-loss check reads too."""
+    leg it counted (the final loss finite), which the every-loss check and the logged lines read too."""
     number = leg[-1]
     return (
-        Tamper(f"the trainer counted a non-finite loss in leg {number}", _leg_counted_a_nonfinite_loss(leg)),
+        Tamper(f"the trainer counted a non-finite loss in leg {number}", leg_counted_a_nonfinite_loss(leg)),
         Tamper(
             f"a NaN in the middle of leg {number}, recovered from (final loss finite)",
             nan_mid_run,
-            also={f"every_logged_loss_finite[leg={leg}]": "FAIL"},
+            also={
+                f"logged_lines_agree_with_run_json[leg={leg}]": "FAIL",
+                f"every_logged_loss_finite[leg={leg}]": "FAIL",
+            },
         ),
     )
 
-
-HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
 
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
     # ---- p4_common (all three specs)
     "final_leg_reached_the_horizon": (
-        Tamper("leg 2 stopped one step before the horizon", _leg2_stopped_one_step_early),
+        Tamper("leg 2 stopped one step before the horizon", leg2_stopped_one_step_early, also=SUMMARY_LEG2),
     ),
-    "final_leg_was_not_a_segment": (Tamper("leg 2 reported a segment boundary", _leg2_reported_a_segment),),
+    "final_leg_was_not_a_segment": (Tamper("leg 2 reported a segment boundary", leg2_reported_a_segment),),
     "final_pushed": (
         # The pointer still names final/: the retention check finds its target's files gone too.
         Tamper(
-            "final/ never reached the store", _final_not_pushed, also={"checkpoints_complete_after[leg=leg2]": "FAIL"}
+            "final/ never reached the store", final_not_pushed, also={"checkpoints_complete_after[leg=leg2]": "FAIL"}
         ),
     ),
-    "all_steps_present": (Tamper("the first push interval was pruned from ckpt/", _first_checkpoint_pruned),),
+    "all_steps_present": (Tamper("the first push interval was pruned from ckpt/", first_checkpoint_pruned),),
     "pointer_terminal_at_horizon": (
-        Tamper("the horizon pointer is not terminal", _horizon_pointer_not_terminal),
-        Tamper("the horizon pointer is one push stale", _horizon_pointer_stale),
-        Tamper("the horizon pointer names ckpt/ instead of final/", _horizon_pointer_names_a_ckpt),
+        Tamper("the horizon pointer is not terminal", horizon_pointer_not_terminal),
+        Tamper("the horizon pointer is one push stale", horizon_pointer_stale),
+        Tamper("the horizon pointer names ckpt/ instead of final/", horizon_pointer_names_a_ckpt),
     ),
     "pointer_target_complete_after[leg=leg1]": (
         Tamper(
-            "the kill left other bytes under the pointer's target", _kill_tore_the_pointer_target, also=READ_BACK_LEG1
+            "the kill left other bytes under the pointer's target", kill_tore_the_pointer_target, also=READ_BACK_LEG1
         ),
-        Tamper("the pointer after leg 1 does not name the weights", _leg1_pointer_names_no_weights),
-        Tamper("the pointer's target after leg 1 lost its weights", _leg1_target_lost_its_weights),
+        Tamper("the pointer after leg 1 does not name the weights", leg1_pointer_names_no_weights),
+        Tamper("the pointer's target after leg 1 lost its weights", leg1_target_lost_its_weights),
     ),
     "pointer_target_complete_after[leg=leg2]": (
-        Tamper("the store holds other bytes than the pointer recorded", _horizon_target_torn, also=READ_BACK_LEG2),
-        Tamper("the horizon pointer does not name the weights", _horizon_pointer_names_no_weights),
+        Tamper("the store holds other bytes than the pointer recorded", horizon_target_torn, also=READ_BACK_LEG2),
+        Tamper("the horizon pointer does not name the weights", horizon_pointer_names_no_weights),
         Tamper(
             "final/ lost its weights",
-            _horizon_target_lost_its_weights,
+            horizon_target_lost_its_weights,
             also={**HORIZON_TARGET, **READ_BACK_LEG2, "checkpoints_complete_after[leg=leg2]": "FAIL"},
         ),
     ),
@@ -487,102 +185,127 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     "pointer_target_read_back_intact_after[leg=leg1]": (
         Tamper(
             "an object under leg 1's pointer target was damaged after its upload",
-            _stored_object_damaged_after_upload("hub_after_leg1"),
+            stored_object_damaged_after_upload("hub_after_leg1"),
         ),
     ),
     "pointer_target_read_back_intact_after[leg=leg2]": (
         Tamper(
             "an object under the horizon pointer's target was damaged after its upload",
-            _stored_object_damaged_after_upload("hub_after_leg2"),
+            stored_object_damaged_after_upload("hub_after_leg2"),
         ),
     ),
     "checkpoints_complete_after[leg=leg1]": (
         Tamper(
-            "the oldest checkpoint after leg 1 kept only its trainer state", _leg1_oldest_checkpoint_kept_only_its_state
+            "the oldest checkpoint after leg 1 kept only its trainer state", leg1_oldest_checkpoint_kept_only_its_state
         ),
         Tamper(
             "the newest checkpoint after leg 1 lost optimizer.pt and rng.pt",
-            _leg1_newest_checkpoint_lost_optimizer_state,
+            leg1_newest_checkpoint_lost_optimizer_state,
         ),
     ),
     "checkpoints_complete_after[leg=leg2]": (
-        Tamper("the first checkpoint kept only its trainer state", _horizon_first_checkpoint_kept_only_its_state),
+        Tamper("the first checkpoint kept only its trainer state", horizon_first_checkpoint_kept_only_its_state),
         Tamper(
             "the newest ckpt/ directory lost optimizer.pt and rng.pt (the pointer names final/)",
-            _horizon_newest_checkpoint_lost_optimizer_state,
+            horizon_newest_checkpoint_lost_optimizer_state,
         ),
-        Tamper("final/ lost rng.pt", _final_lost_its_rng_state, also={**HORIZON_TARGET, **READ_BACK_LEG2}),
+        Tamper("final/ lost rng.pt", final_lost_its_rng_state, also={**HORIZON_TARGET, **READ_BACK_LEG2}),
     ),
-    "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", _leg2_wrong_geometry),),
+    "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", leg2_wrong_geometry),),
     "final_leg_validation_actually_ran": (
-        Tamper("validation skipped on leg 2", _leg2_validation_skipped),
-        Tamper("validation swallowed an error on leg 2", _leg2_validation_swallowed_an_error),
-        Tamper("validation gave an infinite perplexity", _leg2_validation_gave_infinity),
-        Tamper("validation gave a NaN perplexity", _leg2_validation_gave_nan),
+        Tamper("validation skipped on leg 2", leg2_validation_skipped, also={**PPL, **VAL_NEAR}),
+        Tamper("validation swallowed an error on leg 2", leg2_validation_swallowed_an_error, also={**PPL, **VAL_NEAR}),
+        # exp(1000) overflows to the same infinity: the perplexity follows from the loss, which is absurd.
+        Tamper("validation gave an infinite perplexity", leg2_validation_gave_infinity, also=VAL_NEAR),
+        Tamper("validation gave a NaN perplexity", leg2_validation_gave_nan, also={**PPL, **VAL_NEAR}),
     ),
     "horizon_tokens_match_the_arithmetic": (
-        Tamper("leg 2 consumed one step's tokens too few", _leg2_tokens_one_step_short),
+        Tamper("leg 2 consumed one step's tokens too few", leg2_tokens_one_step_short),
     ),
     # p4_segment's loss check reads leg 2's final loss too; the count flips with a null loss.
     "final_loss_finite_and_below_ceiling": (
         Tamper(
             "leg 2 ended on a NaN loss (JSON NaN)",
-            _leg2_nan_literal,
-            also={**LEG2_LOSS_READERS, "every_logged_loss_finite[leg=leg2]": "FAIL"},
+            leg2_nan_literal,
+            # NaN equals nothing, not even the NaN it summarises.
+            also={
+                **LEG2_LOSS_READERS,
+                **SUMMARY_LEG2,
+                **LINES_LEG2,
+                **VAL_NEAR,
+                "every_logged_loss_finite[leg=leg2]": "FAIL",
+            },
         ),
         Tamper(
             "leg 2 ended on a non-finite loss (null, as the trainer writes it)",
-            _leg2_nan_as_the_trainer_writes_it,
+            leg2_nan_as_the_trainer_writes_it,
             also={
                 **LEG2_LOSS_READERS,
+                **LINES_LEG2,
+                **VAL_NEAR,
                 "no_nonfinite_loss[leg=leg2]": "FAIL",
                 "every_logged_loss_finite[leg=leg2]": "FAIL",
             },
         ),
     ),
-    "no_nonfinite_loss[leg=leg1]": _nonfinite_counted("leg1", _leg1_nan_mid_run),
-    "no_nonfinite_loss[leg=leg2]": _nonfinite_counted("leg2", _leg2_nan_mid_run),
+    "no_nonfinite_loss[leg=leg1]": _nonfinite_counted("leg1", leg1_nan_mid_run),
+    "no_nonfinite_loss[leg=leg2]": _nonfinite_counted("leg2", leg2_nan_mid_run),
     "every_logged_loss_finite[leg=leg1]": (
-        Tamper("a NaN in the middle of leg 1 that the count missed", _leg1_nan_the_count_missed(float("nan"))),
-        Tamper("an infinite loss in the middle of leg 1 that the count missed", _leg1_nan_the_count_missed(math.inf)),
+        Tamper(
+            "a NaN in the middle of leg 1 that the count missed",
+            leg1_nan_the_count_missed(float("nan")),
+            also=LINES_LEG1,
+        ),
+        Tamper(
+            "an infinite loss in the middle of leg 1 that the count missed",
+            leg1_nan_the_count_missed(math.inf),
+            also=LINES_LEG1,
+        ),
     ),
     "every_logged_loss_finite[leg=leg2]": (
-        Tamper("a NaN in the middle of leg 2 that the count missed", _leg2_nan_the_count_missed),
+        Tamper("a NaN in the middle of leg 2 that the count missed", leg2_nan_the_count_missed, also=LINES_LEG2),
     ),
     # ---- p4_segment (p4_smoke, p4_soak): the checks of every stop, here the one stop after leg 1
-    "stopped_at_the_stop_step[leg=leg1]": (Tamper("leg 1 stopped one step late", leg1_one_step_late),),
-    "reported_a_segment[leg=leg1]": (Tamper("leg 1 reported the horizon, not a segment", _leg1_reported_horizon),),
+    "stopped_at_the_stop_step[leg=leg1]": (
+        Tamper("leg 1 stopped one step late", leg1_one_step_late, also=SUMMARY_LEG1),
+    ),
+    "reported_a_segment[leg=leg1]": (Tamper("leg 1 reported the horizon, not a segment", leg1_reported_horizon),),
     "pushed_every_interval[leg=leg1]": (
-        Tamper("checkpoint push_every is missing after leg 1", _leg1_checkpoint_missing),
+        Tamper("checkpoint push_every is missing after leg 1", leg1_checkpoint_missing),
     ),
     "pointer_at_the_stop[leg=leg1]": (
-        Tamper("the pointer after leg 1 is stale", _leg1_pointer_stale),
-        Tamper("the pointer after leg 1 is terminal", _leg1_pointer_terminal),
+        Tamper("the pointer after leg 1 is stale", leg1_pointer_stale),
+        Tamper("the pointer after leg 1 is terminal", leg1_pointer_terminal),
+        Tamper(
+            "the pointer after leg 1 says the stop but names an older, complete checkpoint",
+            leg1_pointer_names_an_older_complete_checkpoint,
+        ),
     ),
     "next_leg_resumed_from_exactly_the_stop[leg=leg1]": (
-        Tamper("leg 2 resumed one push before the stop", _leg2_resumed_one_push_early),
-        Tamper("leg 2 started fresh", _leg2_fresh_start),
+        Tamper("leg 2 resumed one push before the stop", leg2_resumed_one_push_early, also=SUMMARY_LEG2),
+        Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2),
     ),
     "next_leg_continues_the_trajectory[leg=leg1]": (
-        Tamper("leg 2's first loss jumped 50 % above leg 1's last", _leg2_first_loss_jumped),
+        Tamper("leg 2's first loss jumped 50 % above leg 1's last", leg2_first_loss_jumped),
     ),
     "tokens_at_the_stop_match_the_arithmetic[leg=leg1]": (
-        Tamper("leg 1 consumed one step's tokens too few", _leg1_tokens_one_step_short),
+        Tamper("leg 1 consumed one step's tokens too few", leg1_tokens_one_step_short),
     ),
-    "params_are_the_frozen_model": (Tamper("leg 1 trained another geometry", _leg1_wrong_geometry),),
-    "checkpointing_really_off": (Tamper("leg 1 ran with gradient checkpointing", _leg1_grad_ckpt_on),),
+    "params_are_the_frozen_model": (Tamper("leg 1 trained another geometry", leg1_wrong_geometry),),
+    "checkpointing_really_off": (Tamper("leg 1 ran with gradient checkpointing", leg1_grad_ckpt_on),),
     "skipped_validation_by_design[leg=leg1]": (
-        Tamper("leg 1 ran validation", _leg1_validated),
-        Tamper("leg 1 reports a perplexity although it skipped validation", _leg1_ppl_without_validation),
+        Tamper("leg 1 ran validation", leg1_validated),
+        Tamper("leg 1 reports a perplexity although it skipped validation", leg1_ppl_without_validation),
     ),
     "loss_finite_and_below_ceiling_at_the_stop[leg=leg1]": (
-        Tamper("leg 1 ended on a loss spike above ln(vocab)", _leg1_ended_on_a_spike),
+        Tamper("leg 1 ended on a loss spike above ln(vocab)", leg1_ended_on_a_spike),
         # The trajectory check compares leg 2's first loss with leg 1's final loss: it cannot
         # hold when that loss is not a number, and says so by failing (is_finite guard).
         Tamper(
             "leg 1 ended on a non-finite loss (null, as the trainer writes it)",
-            _leg1_nan_as_the_trainer_writes_it,
+            leg1_nan_as_the_trainer_writes_it,
             also={
+                **LINES_LEG1,
                 "next_leg_continues_the_trajectory[leg=leg1]": "FAIL",
                 "no_nonfinite_loss[leg=leg1]": "FAIL",
                 "every_logged_loss_finite[leg=leg1]": "FAIL",
@@ -590,36 +313,135 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         ),
     ),
     "loss_at_horizon_below_step_one": (
-        Tamper("leg 2's loss at the horizon is only 5 % below step 1's", _leg2_loss_barely_moved),
+        Tamper("leg 2's loss at the horizon is only 5 % below step 1's", leg2_loss_barely_moved),
     ),
     # ---- p4_soak
     "peak_memory_during_training_below_gate": (
-        Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", _soak_peak_over_gate_on_gpu),
+        Tamper("a GPU soak peaked at 13.7 GB reserved on leg 1", soak_peak_over_gate_on_gpu),
     ),
     "collector_never_stalled_a_step[leg=leg1]": (
-        Tamper("a full garbage collection stopped leg 1 for 0.62 s", _leg1_collector_stalled),
+        Tamper("a full garbage collection stopped leg 1 for 0.62 s", leg1_collector_stalled),
     ),
     "collector_never_stalled_a_step[leg=leg2]": (
-        Tamper("leg 2's longest full collection took exactly the 0.1 s gate", _leg2_collector_stalled_just_at_the_gate),
+        Tamper("leg 2's longest full collection took exactly the 0.1 s gate", leg2_collector_stalled_just_at_the_gate),
     ),
     # ---- p4_preempt
     "leg1_was_killed_mid_push": (
-        Tamper("leg 1 was killed by its timeout", _killed_by_timeout),
-        Tamper("leg 1 was SIGKILLed by something else (rc -9, no signal rule fired)", _killed_by_someone_else),
+        Tamper("leg 1 was killed by its timeout", killed_by_timeout),
+        Tamper("leg 1 was SIGKILLed by something else (rc -9, no signal rule fired)", killed_by_someone_else),
     ),
     "leg1_left_no_run_json": (
-        Tamper("leg 1 printed a RUN_JSON: the kill came after the run ended", _leg1_ran_to_the_end),
+        Tamper("leg 1 printed a RUN_JSON: the kill came after the run ended", leg1_ran_to_the_end),
     ),
     "pointer_never_named_the_unfinished_checkpoint": (
-        Tamper("the pointer names the checkpoint whose push was killed", _pointer_moved_before_verify),
+        Tamper("the pointer names the checkpoint whose push was killed", pointer_moved_before_verify),
+        Tamper(
+            "the pointer's step is the verified one, its path the killed push's",
+            pointer_step_right_path_of_the_killed_push,
+        ),
     ),
     "leg2_resumed_from_last_verified": (
-        Tamper("leg 2 resumed from the half-pushed checkpoint", _leg2_resumed_from_half_pushed),
-        Tamper("leg 2 started fresh", _leg2_fresh_start),
+        Tamper("leg 2 resumed from the half-pushed checkpoint", leg2_resumed_from_half_pushed, also=SUMMARY_LEG2),
+        Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2),
     ),
-    "nothing_was_lost": (
-        Tamper("leg 2 has no loss for one step", _leg2_lost_a_step),
-        Tamper("leg 2 trained the last verified step again", _leg2_repeated_a_step),
+    "killed_leg_logged_each_step_up_to_the_resume_once": (
+        Tamper("leg 1's progress lines skip a step before the resume point", killed_leg_skipped_a_logged_step),
+    ),
+    # ---- every resume, every leg's figures, validation, each step's lr and batch (p4_common)
+    "no_final_before_the_horizon[leg=leg1]": (
+        Tamper("final/ was published at the stop", final_published_at_the_stop),
+        Tamper("the listing shows final/ weights at the stop (the flag says none)", final_listed_at_the_stop),
+    ),
+    "resumed_leg_logged_each_step_after_the_resume_once[leg=leg1]": (
+        Tamper("leg 2 also reports the resume step", next_leg_also_reported(0), also={**SUMMARY_LEG2, **SERIES_LEG2}),
+        Tamper(
+            "leg 2 also reports a step 5 before the resume",
+            next_leg_also_reported(5),
+            also={**SUMMARY_LEG2, **SERIES_LEG2},
+        ),
+        Tamper("leg 2 skipped a step after the resume", next_leg_lost_a_middle_step, also=LINES_LEG2),
+    ),
+    "run_logged_step_one_first_and_the_horizon_last": (
+        Tamper("the horizon leg lost its last step", final_leg_lost_its_last_step, also={**SUMMARY_LEG2, **LINES_LEG2}),
+        Tamper(
+            "leg 1's logged steps start after step 1",
+            leg1_progress_starts_after_step_one,
+            also={"killed_leg_logged_each_step_up_to_the_resume_once": "FAIL"},
+        ),
+    ),
+    "validation_covered_the_tokens_asked_for": (
+        Tamper("validation averaged over one window", validation_over_fewer_tokens(64)),
+        Tamper("validation averaged over no tokens", validation_over_fewer_tokens(0)),
+    ),
+    "perplexity_is_exp_of_the_validation_loss": (
+        Tamper("val_ppl 0.5", lambda d: final_val(d, val_ppl=0.5)),
+        Tamper("val_ppl 1 % off exp(val_loss)", ppl_is_not_exp_of_the_loss),
+        Tamper("val_ppl 1.0 from a val_loss of 0.0", lambda d: final_val(d, val_loss=0.0, val_ppl=1.0), also=VAL_NEAR),
+        Tamper("a NaN val_loss beside a finite val_ppl", lambda d: final_val(d, val_loss=math.nan), also=VAL_NEAR),
+    ),
+    "validation_loss_near_the_training_loss": (
+        Tamper("a consistent val_loss/val_ppl at half the training loss", val_loss_far_from_training),
+    ),
+    "summary_agrees_with_the_logged_losses[leg=leg1]": (
+        Tamper(
+            "leg 1's final_loss is 1.0, its last logged loss not",
+            final_loss_not_the_last_logged("leg1"),
+            also={"next_leg_continues_the_trajectory[leg=leg1]": "FAIL"},
+        ),
+    ),
+    "summary_agrees_with_the_logged_losses[leg=leg2]": (
+        Tamper(
+            "leg 2's final_loss is 1.0, its last logged loss not",
+            final_loss_not_the_last_logged("leg2"),
+            also=VAL_NEAR,
+        ),
+    ),
+    "logged_lines_agree_with_run_json[leg=leg1]": (
+        Tamper("leg 1's RUN_JSON contradicts a logged line", run_json_contradicts_a_logged_line("leg1")),
+    ),
+    "logged_lines_agree_with_run_json[leg=leg2]": (
+        Tamper("leg 2's RUN_JSON contradicts a logged line", run_json_contradicts_a_logged_line("leg2")),
+    ),
+    "peak_memory_figures_agree_with_the_ranks[leg=leg1]": (
+        Tamper("leg 1's ranks peaked at [12.0, 14.2] under a max of 12.0", peak_max_below_a_rank("leg1")),
+    ),
+    "peak_memory_figures_agree_with_the_ranks[leg=leg2]": (
+        Tamper("leg 2's ranks peaked at [12.0, 14.2] under a max of 12.0", peak_max_below_a_rank("leg2")),
+    ),
+    "every_logged_step_has_its_lr_and_batch[leg=leg1]": (
+        Tamper("leg 1's last step has no lr", lr_missing_at_the_last_step("leg1")),
+    ),
+    "every_logged_step_has_its_lr_and_batch[leg=leg2]": (
+        Tamper("leg 2's last step has no lr", lr_missing_at_the_last_step("leg2")),
+    ),
+    "lr_follows_the_schedule[leg=leg1]": (
+        Tamper("leg 1 ran at 1.2 x the peak lr", lrs_scaled("leg1", 1.2)),
+        Tamper("leg 1's lr rose in the middle of the decay", lr_spike_after_warmup("leg1")),
+    ),
+    "lr_follows_the_schedule[leg=leg2]": (
+        Tamper("leg 2 resumed on 1.2 x the lr", lrs_scaled("leg2", 1.2)),
+        Tamper("leg 2's schedule restarted its warm-up at the resume", schedule_restarted_at_the_resume),
+    ),
+    "no_batch_trained_twice_in_a_leg[leg=leg1]": (
+        Tamper("leg 1's last step trained its first step's batch", batch_repeated_in_leg("leg1")),
+    ),
+    "no_batch_trained_twice_in_a_leg[leg=leg2]": (
+        Tamper("leg 2's last step trained its first step's batch", batch_repeated_in_leg("leg2")),
+    ),
+    "stopped_leg_logged_each_step_up_to_the_stop_once[leg=leg1]": (
+        Tamper(
+            "leg 1 lost its last step (the stop)",
+            leg1_lost_its_last_step,
+            also={**SUMMARY_LEG1, **LINES_LEG1},
+        ),
+        Tamper(
+            "leg 1 also logged the step after its stop",
+            leg1_logged_past_its_stop,
+            also={**SUMMARY_LEG1, **SERIES_LEG1},
+        ),
+    ),
+    "next_leg_trained_other_batches_than_the_stopped_one[leg=leg1]": (
+        Tamper("leg 2's data order restarted at the resume", data_order_restarted_at_the_resume),
     ),
 }
 

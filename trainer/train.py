@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import hashlib
 import json
 import math
 import os
@@ -105,6 +106,23 @@ def main(argv: Sequence[str] | None = None) -> Exit:
 
 _SESSIONS: list["Trainer"] = []
 
+# A step's batch digest: 8 bytes (16 hex digits) tell two data orders apart, and keep RUN_JSON's
+# `batches` at ~30 bytes a step.
+DIGEST_BYTES = 8
+
+
+def combine_digests(by_rank: Sequence[dict[str, str]]) -> dict[str, str]:
+    """One digest per step over every rank's tokens (`by_rank` in rank order): the whole step's batch,
+    whichever rank trained which part of it."""
+    steps = by_rank[0] if by_rank else {}
+    out = {}
+    for step in steps:
+        h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        for rank in by_rank:
+            h.update(rank.get(step, "-").encode())
+        out[step] = h.hexdigest()
+    return out
+
 
 def _is_hub(url: str) -> bool:
     """A Hugging Face Hub store URL (an invalid one is refused later, where the store is opened)."""
@@ -134,6 +152,8 @@ class Trainer:
         self.hub_url = redact_url(args.hub_repo)
         self.saves: CheckpointSession | None = None  # from the resume on: it holds the store's lease
         self.losses: dict[str, float] = {}
+        self.lrs: dict[str, float] = {}  # the learning rate each step's optimizer step used
+        self.batch_digests: dict[str, str] = {}  # this rank's tokens of each step, hashed (batch_digest)
         self.config_changes: list[dict[str, Any]] = []  # what --allow-config-change let the resume change
         self.step_seconds: list[float] = []  # host time of each step (the first is left out of tok_per_s)
         self.terminated = False  # a SIGTERM cut the session short (trainer/sigterm.py)
@@ -321,6 +341,7 @@ class Trainer:
             t_step = time.time()
             self.timer.mark()
             lr_now = self.opt.param_groups[0]["lr"]
+            self.lrs[str(step)] = lr_now
             pending.append((step, self.train_step(step)))
             since_log += 1
             if step == start + 1 or step % args.log_every == 0 or step == plan.stop_step:
@@ -354,6 +375,7 @@ class Trainer:
         """One optimizer step of `accum` micro-steps; returns its loss, still on the device."""
         args, rt, ddp = self.args, self.rt, self.dist.ddp
         step_loss = torch.zeros((), device=self.dist.device)
+        digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
         for micro in range(args.accum):
             if rt.cuda_graphs:  # each micro-step is a new replay: nothing of the last one's outputs is read
                 torch.compiler.cudagraph_mark_step_begin()
@@ -367,6 +389,9 @@ class Trainer:
                 accum=args.accum,
                 batch=args.micro_batch,
             )
+            # Still on the host: hashing what this rank trains on costs no device sync.
+            digest.update(x.numpy())
+            digest.update(y.numpy())
             x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
             with self.autocast():
                 _, loss = self.raw_model(x, y)
@@ -385,6 +410,7 @@ class Trainer:
         # (see keep_grads_allocated); set to None otherwise, which frees them between steps.
         self.opt.zero_grad(set_to_none=not (ddp or rt.cuda_graphs))
         self.sched.step()
+        self.batch_digests[str(step)] = digest.hexdigest()
         return step_loss
 
     def flush_losses(self, pending: list[tuple[int, torch.Tensor]]) -> None:
@@ -409,7 +435,13 @@ class Trainer:
                 f"gc: {gc_worst['gc_full_collections']} full collections after the freeze, longest "
                 f"{gc_worst['gc_full_s_max']:.3f}s, total {gc_worst['gc_full_s_total']:.3f}s (worst rank)"
             )
-        val: dict[str, Any] = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": True}
+        val: dict[str, Any] = {
+            "val_loss": None,
+            "val_ppl": None,
+            "val_error": None,
+            "val_skipped": True,
+            "val_tokens": 0,
+        }
         if plan.horizon_leg:
             val = self.validate()  # overlaps the final push running in the background
             self.saves.wait()
@@ -424,11 +456,15 @@ class Trainer:
             )
             self.log("validation skipped (segment leg)")
         peaks = self.peak_stats()
+        batches = combine_digests(self.dist.gather(self.batch_digests))  # one gather for the whole session
         if self.dist.master:
-            emit("RUN_JSON " + json.dumps(self.run_report(start, resumed_from, val, peaks, gc_worst), allow_nan=False))
+            report = self.run_report(start, resumed_from, val, peaks, gc_worst, batches)
+            emit("RUN_JSON " + json.dumps(report, allow_nan=False))
         return Exit.DONE
 
-    def run_report(self, start: int, resumed_from: int | None, val: dict, peaks: dict, gc: dict) -> dict:
+    def run_report(
+        self, start: int, resumed_from: int | None, val: dict, peaks: dict, gc: dict, batches: dict[str, str]
+    ) -> dict:
         """The RUN_JSON document (docs/DESIGN.md lists its keys). Strict JSON: a diverged (non-finite) loss
         becomes null and is counted, never `NaN`."""
         args, plan, final_step = self.args, self.plan, self.plan.stop_step
@@ -449,6 +485,8 @@ class Trainer:
             "world_size": self.dist.world_size,
             "final_loss": losses.get(str(final_step)),
             "losses": losses,
+            "lrs": self.lrs,
+            "batches": batches,
             **val,
             **peaks,
             "model": args.model,
@@ -471,7 +509,7 @@ class Trainer:
         }
 
     def validate(self) -> dict[str, Any]:
-        out = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": False}
+        out = {"val_loss": None, "val_ppl": None, "val_error": None, "val_skipped": False, "val_tokens": 0}
         if self.args.val_tokens == 0:
             self.log("validation skipped (--val-tokens 0)")
             return {**out, "val_skipped": True}
@@ -502,14 +540,19 @@ class Trainer:
             self.raw_model.train()
         err = self.dist.agree(err)
         self.dist.sum_(total)
+        out["val_tokens"] = tokens = int(total[1].item())  # the target tokens averaged over, all ranks'
+        vloss = (total[0] / total[1]).item() if tokens else math.nan
+        if not err and tokens == 0:
+            err = "validation produced no tokens"
+        elif not err and not math.isfinite(vloss):
+            err = f"validation loss is {vloss} (the model diverged)"  # RUN_JSON has no NaN to write
         if err:
             self.log(f"validation failed: {err}")
             return {**out, "val_error": err}
-        if total[1].item() == 0:
-            return {**out, "val_error": "validation produced no tokens"}
-        vloss = (total[0] / total[1]).item()
-        ppl = math.exp(vloss) if vloss < 700 else float("inf")
-        self.log(f"validation loss {vloss:.4f} ppl {ppl:.2f} tokens {int(total[1].item())}")
+        # A loss past ~709 overflows the perplexity: null, as RUN_JSON writes every non-finite number.
+        ppl = math.exp(vloss) if vloss < 700 else None
+        shown = "null" if ppl is None else f"{ppl:.2f}"
+        self.log(f"validation loss {vloss:.4f} ppl {shown} tokens {tokens}")
         return {**out, "val_loss": vloss, "val_ppl": ppl}
 
     def peak_stats(self) -> dict[str, Any]:

@@ -77,6 +77,19 @@ def _series_errors(fname: str) -> Iterator[None]:
         raise FunctionError(f"{fname}(): {e}") from None
 
 
+def member(obj: Any, key: Any) -> tuple[bool, Any]:
+    """What get(obj, key) looks up: (whether obj has it, the key as a path names it: the text of an
+    object's key, the integer index into an array). A number names an object's key by its JSON text
+    (`11` is "11")."""
+    if isinstance(obj, dict):
+        name = key if isinstance(key, str) else json.dumps(key)
+        return name in obj, name
+    if isinstance(obj, list) and _is_number(key) and float(key).is_integer():
+        i = int(key)
+        return -len(obj) <= i < len(obj), i
+    return False, key
+
+
 def _as_int(x: Any, fname: str) -> int:
     if _is_number(x) and float(x).is_integer():
         return int(x)
@@ -135,6 +148,26 @@ class Functions(jfn.Functions):
     def _func_mod(self, a, b):
         """Remainder a % b; null when b is 0. Example: ``mod(`7`, `2`)`` -> ``1``."""
         return None if b == 0 else a % b
+
+    @signature({"types": ["number"]})
+    def _func_exp(self, x):
+        """e to the power x (a perplexity is the exp of its loss); Infinity where that overflows a float, NaN for NaN. Example: ``exp(`0`)`` -> ``1.0``."""
+        try:
+            return math.exp(x)
+        except OverflowError:
+            return math.inf
+
+    @signature({"types": ["number"]})
+    def _func_ln(self, x):
+        """The natural logarithm of x (ln of the vocabulary size is the loss of a model that learned nothing); null when x is 0 or negative, NaN for NaN. Example: ``ln(`512`)`` -> ``6.238324625039508``."""
+        if math.isnan(x):
+            return x
+        return math.log(x) if x > 0 else None
+
+    @signature({"types": ["number"]})
+    def _func_cos(self, x):
+        """The cosine of x radians (a cosine learning-rate schedule's decay); NaN for an infinity or NaN. Example: ``cos(`3.141592653589793`)`` -> ``-1.0``."""
+        return math.cos(x) if math.isfinite(x) else math.nan
 
     @signature({"types": ["number"]}, {"types": ["number"]}, _optional("number"))
     def _func_range(self, start, stop, step=1):
@@ -244,13 +277,9 @@ class Functions(jfn.Functions):
 
     @signature({"types": ["object", "array", "null"]}, {"types": ["string", "number"]})
     def _func_get(self, obj, key):
-        """Member by a computed key (object) or index (array); null if absent. Example: ``get(losses, to_string(stop1))`` -> the loss at step stop1."""
-        if isinstance(obj, dict):
-            return obj.get(key if isinstance(key, str) else json.dumps(key))
-        if isinstance(obj, list) and _is_number(key) and float(key).is_integer():
-            i = int(key)
-            return obj[i] if -len(obj) <= i < len(obj) else None
-        return None
+        """Member by a computed key (object) or index (array), as a path reads one: a key the object lacks (an index past the array's end) is missing data, so the check is NO_DATA, also compared with `null` (it gives null). Example: ``get(losses, to_string(stop1))`` -> the loss at step stop1."""
+        found, name = member(obj, key)
+        return obj[name] if found else None
 
     @signature({"types": ["string", "null"]}, {"types": ["array-string"]})
     def _func_startswith_any(self, s, prefixes):
@@ -317,6 +346,9 @@ RETURNS: dict[str, tuple[str, ...]] = {
     "div": ("number", "null"),
     "floordiv": ("number", "null"),
     "mod": ("number", "null"),
+    "exp": ("number",),
+    "ln": ("number", "null"),
+    "cos": ("number",),
     "range": ("array",),
     "to_int": ("number", "null"),
     "suffix_int": ("number", "null"),

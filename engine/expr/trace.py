@@ -25,7 +25,7 @@ import jmespath
 from jmespath.visitor import TreeInterpreter
 
 from engine.expr import series
-from engine.expr.functions import evaluation
+from engine.expr.functions import evaluation, member
 from engine.text import compact, compact_pair
 
 NOT_EVALUATED = "not evaluated"
@@ -471,11 +471,26 @@ class _Tracer(TreeInterpreter):
             self.answered += [p for p in new if p not in self.answered]
         return result
 
+    def _get_missed(self, args: list, before: int) -> bool:
+        """get(x, k) reads x.k with a computed key: a key x lacks (an index past its end) is missing
+        data, as it is on the path (an x that was itself absent is missing already). Whether it missed."""
+        found, key = member(*args)
+        if found:
+            return False
+        if isinstance(args[0], (dict, list)):
+            self._lookup_failed(args[0], key)
+        elif not (args[0] is None and self.miss_count != before):
+            self._miss((COMPUTED, key))
+        return True
+
     # -- calls: a comparison says where it differs
     def visit_function_expression(self, node: dict, value: Any) -> Any:
+        before = self.miss_count
         args = [self.visit(child, value) for child in node["children"]]
         result = self._functions.call_function(node["value"], args)
         name = node["value"]
+        if name == "get" and self._get_missed(args, before):
+            self.notes.setdefault(id(node), MISSING)  # explain says <absent>, not null
         if name in series.EXPLAINED and id(node) in self._watch and id(node) not in self.notes:
             self.notes[id(node)] = series.explain(name, args, result)
             for kid, text in zip(node["children"], series.windows(name, args, result)):

@@ -39,12 +39,21 @@ PER_STOP = (
     "tokens_at_the_stop_match_the_arithmetic",
     "skipped_validation_by_design",
     "loss_finite_and_below_ceiling_at_the_stop",
+    "no_final_before_the_horizon",
+    "resumed_leg_logged_each_step_after_the_resume_once",
+    "stopped_leg_logged_each_step_up_to_the_stop_once",
+    "next_leg_trained_other_batches_than_the_stopped_one",
 )
 PER_LEG = (
     "pointer_target_complete_after",
     "checkpoints_complete_after",
     "no_nonfinite_loss",
     "every_logged_loss_finite",
+    "summary_agrees_with_the_logged_losses",
+    "logged_lines_agree_with_run_json",
+    "every_logged_step_has_its_lr_and_batch",
+    "lr_follows_the_schedule",
+    "no_batch_trained_twice_in_a_leg",
 )
 
 

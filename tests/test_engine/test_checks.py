@@ -397,6 +397,21 @@ def test_index_past_the_end_is_missing():
     assert _one("state.hub.checkpoints[-1] == `20`")["outcome"] == "PASS"
 
 
+def test_get_of_a_key_the_object_lacks_is_missing_data_even_compared_with_null():
+    # get(x, k) reads x.k with a computed key: a step the leg never logged must not pass as "null".
+    r = _one("get(steps.leg1.harvest.run_json.losses, '15') == `null`")
+    assert (r["outcome"], r["missing"]) == ("NO_DATA", ['steps.leg1.harvest.run_json.losses."15"'])
+    assert r["explain"][0] == ["get(steps.leg1.harvest.run_json.losses, '15')", "<absent>"]
+    r = _one("get(state.hub.checkpoints, `5`) == `null`")
+    assert (r["outcome"], r["missing"]) == ("NO_DATA", ["state.hub.checkpoints[5]"])
+    # A key it has is data, and so is an explicit null under it.
+    assert _one("get(steps.leg1.harvest.run_json.losses, to_string(values.stop1)) == `5.2`")["outcome"] == "PASS"
+    assert _one("get(steps.leg1.harvest.run_json, 'val_ppl') == `null`")["outcome"] == "PASS"
+    # An object that is itself absent is named once, as the path that is missing.
+    r = _one("get(steps.leg2.harvest.run_json.losses, '1') == `null`")
+    assert (r["outcome"], r["missing"]) == ("NO_DATA", ["steps.leg2.harvest.run_json.losses"])
+
+
 def test_absent_path_fed_to_a_typed_function_is_no_data_not_an_error():
     # sub(null, 1) raises a type error inside jmespath; the null came from a missing path, so the
     # outcome is the missing data, named, not an ERROR about types.

@@ -36,7 +36,8 @@ from bundles import (
     write_evidence,
 )
 from engine_helpers import Engine
-from tampers import TAMPERS, arm_peak_gate, cases, leg1_one_step_late, leg2_restarted_from_random_weights
+from tamper_legs import arm_peak_gate, leg1_one_step_late, leg2_restarted_from_random_weights
+from tampers import TAMPERS, cases
 
 from engine.judge.verdict import Exit
 
@@ -196,7 +197,9 @@ def test_soak_peak_gate_passes_at_and_below_the_gate(tmp_path: Path, engine: Eng
         bundle = copy_bundle("p4_soak", tmp_path / str(peak))
         doc = read_evidence(bundle)
         arm_peak_gate(doc)
-        run_json(doc, "leg1")["peak_reserved_gb_max_rank"] = peak
+        run_json(doc, "leg1").update(
+            peak_reserved_gb_max_rank=peak, peak_reserved_gb_by_rank=[peak, peak - 0.5], peak_gpu_gb_max_rank=peak - 1
+        )
         write_evidence(bundle, doc)
         got = engine_check(engine, "p4_soak", bundle)
         assert got.result("peak_memory_during_training_below_gate")["outcome"] == "PASS", peak

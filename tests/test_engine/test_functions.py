@@ -47,6 +47,14 @@ def ev(expr, data=None):
         ("sort_numeric(x)", {"x": ["120", "60"]}, ["60", "120"]),
         ("unique(x)", {"x": [1, 1, 2, {"a": 1}, {"a": 1}]}, [1, 2, {"a": 1}]),
         ("split('ckpt/checkpoint-10/model', '/')", {}, ["ckpt", "checkpoint-10", "model"]),
+        ("exp(`0`)", {}, 1.0),
+        ("exp(x)", {"x": 4.462905265390873}, math.exp(4.462905265390873)),
+        ("exp(`1000`)", {}, math.inf),
+        ("ln(`512`)", {}, math.log(512)),
+        ("ln(`0`)", {}, None),
+        ("ln(`-1`)", {}, None),
+        ("cos(`0`)", {}, 1.0),
+        ("cos(`3.141592653589793`)", {}, -1.0),
         ("is_finite(`3.2`)", {}, True),
         ("is_finite(x)", {"x": math.nan}, False),
         ("is_finite(`true`)", {}, False),
@@ -71,6 +79,11 @@ def ev(expr, data=None):
 )
 def test_function_values(expr, data, want):
     assert ev(expr, data) == want
+
+
+@pytest.mark.parametrize("expr", ["exp(x)", "ln(x)", "cos(x)", "cos(y)"])
+def test_exp_ln_cos_of_nan_or_an_infinite_angle_is_nan_never_a_number(expr):
+    assert math.isnan(ev(expr, {"x": math.nan, "y": math.inf}))
 
 
 def test_builtin_functions_still_work_alongside_custom_ones():

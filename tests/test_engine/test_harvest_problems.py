@@ -125,6 +125,23 @@ def test_a_malformed_marker_after_a_valid_one_fails_unless_skipped(engine, tmp_p
     assert "(on_malformed: skip)" in r.out
 
 
+def test_a_marker_whose_json_names_a_key_twice_is_malformed_naming_the_key() -> None:
+    # Python's json keeps the last of two equal keys: step 10's first loss would vanish before any check.
+    run = {"output": {"harvest": {"run_json": {"marker": "RUN_JSON ", "pick": "last"}}}}
+    capture = feed(run, 'RUN_JSON {"final_step": 12, "losses": {"10": 5.2, "10": 5.3}}')
+    assert "run_json" not in capture.harvested
+    (error,) = capture.harvest_errors
+    assert (error["kind"], error["line"]) == ("malformed", 1)
+    assert error["error"] == 'not harvested: duplicate key "10" in one object (5.2, then 5.3)'
+    record = {"log": "logs/leg1.log", "harvest": {}, "harvest_errors": capture.harvest_errors}
+    (problem,) = harvest_problems("leg1", record, {"run_json": {}})
+    assert problem["fails"] is True
+    assert problem["message"] == (
+        "logs/leg1.log line 1: 'RUN_JSON ' followed by invalid JSON "
+        '(not harvested: duplicate key "10" in one object (5.2, then 5.3))'
+    )
+
+
 def test_harvest_opt_ins_are_validated_and_shown_by_plan(engine, tmp_path: Path) -> None:
     spec = harvesting(tmp_path / "h.yaml", "x", on_conflict="last_wins")
     r = engine("validate", str(spec), cwd=tmp_path, expect=Exit.USAGE)

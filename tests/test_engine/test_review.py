@@ -564,6 +564,12 @@ SEGMENT = "specs/lib/p4_segment.yaml"
 SMOKE_TIMEOUTS = "smoke: {steps: 20, push_every: 10, stop1: 10, val_tokens_real: 200000, t_fetch: 1500, t_leg1: 1200,"
 
 
+def line_of(path: str, text: str) -> int:
+    """The line of the shipped spec file where `text` first occurs, as the review names a change."""
+    lines = (ROOT / path).read_text(encoding="utf-8").splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line)
+
+
 def saved_smoke_leg1() -> tuple[float, str]:
     """(seconds the saved smoke run's leg 1 took, the run as the review names it): the bundle's own numbers."""
     doc = json.loads((ROOT / "evidence" / "p4_smoke" / "evidence.json").read_text())
@@ -579,7 +585,7 @@ def test_a_timeout_cut_below_what_the_saved_run_took_is_risky_with_both_numbers(
     assert risky == [
         "  ! time limit under the saved run in specs/p4_smoke.yaml [mode smoke]: leg `leg1`'s timeout 1200 s -> 3 s "
         f"(`t_leg1`), and the saved run's leg1 took {took:.1f} s ({run})  "
-        "(specs/lib/p4_segment.yaml:26)"
+        f"(specs/lib/p4_segment.yaml:{line_of(SEGMENT, SMOKE_TIMEOUTS)})"
     ], text
     assert f"      why risky: {WHY_RISKY['time limit under the saved run']}" in text
 
@@ -610,7 +616,7 @@ def test_a_value_that_leaves_a_gates_when_false_in_every_mode_and_target_is_risk
     assert risky == [
         "  ! gate never runs in specs/p4_soak.yaml [mode smoke, soak]: gate `peak_memory_during_training_below_gate`: "
         "`when: values.gate_peak` is false in every mode (smoke, soak) and every `target` (gpu, local, real): "
-        "the check never runs  (specs/lib/p4_segment.yaml:20)"
+        f"the check never runs  (specs/lib/p4_segment.yaml:{line_of(SEGMENT, 'gate_peak:')})"
     ], text
 
 

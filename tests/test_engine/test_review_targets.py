@@ -11,7 +11,20 @@ import re
 import shutil
 from pathlib import Path
 
-from test_review import LIB, WHY_RISKY, commit, edit, git, repo, review, run_probe, shipped, shipped_template, template
+from test_review import (
+    LIB,
+    WHY_RISKY,
+    commit,
+    edit,
+    git,
+    line_of,
+    repo,
+    review,
+    run_probe,
+    shipped,
+    shipped_template,
+    template,
+)
 
 from engine.diff.review import EXIT_RISKY, EXIT_SAFE
 from engine.spec.load import load_spec
@@ -80,7 +93,7 @@ def test_the_memory_gates_when_moved_from_soak_to_smoke_names_the_modes_it_no_lo
     assert risky(text) == [
         "  ! gate skipped in some modes in specs/p4_soak.yaml [mode soak; target gpu, real]: gate "
         "`peak_memory_during_training_below_gate` no longer runs in mode soak on target gpu, real: "
-        "`when: values.gate_peak` is false there now  (specs/lib/p4_segment.yaml:20)"
+        f"`when: values.gate_peak` is false there now  (specs/lib/p4_segment.yaml:{line_of(SEGMENT, 'gate_peak:')})"
     ], text
 
 

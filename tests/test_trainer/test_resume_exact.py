@@ -122,6 +122,9 @@ def test_one_stop_and_cold_resume_is_bitwise_identical(tmp_path, tmp_path_factor
     assert leg2.run_json["resumed_from_step"] == 3 and leg2.run_json["first_step"] == 4
     merged = {**leg1.run_json["losses"], **leg2.run_json["losses"]}
     assert merged == base.run.run_json["losses"]  # exact float equality, every step
+    # The same learning rate and the same tokens at every step: the schedule and the data order resumed.
+    for per_step in ("lrs", "batches"):
+        assert {**leg1.run_json[per_step], **leg2.run_json[per_step]} == base.run.run_json[per_step], per_step
     assert weights_sha256(repo) == base.final_sha
     assert leg2.run_json["val_loss"] == base.run.run_json["val_loss"]
 
@@ -131,8 +134,9 @@ def test_two_stops_are_bitwise_identical(tmp_path, tmp_path_factory):
     repo, legs = _segmented(tmp_path, base.mix, [2, 5])
     assert [leg.run_json["final_step"] for leg in legs] == [2, 5, 6]
     assert [leg.run_json["resumed_from_step"] for leg in legs] == [None, 2, 5]
-    merged = {k: v for leg in legs for k, v in leg.run_json["losses"].items()}
-    assert merged == base.run.run_json["losses"]
+    for per_step in ("losses", "lrs", "batches"):
+        merged = {k: v for leg in legs for k, v in leg.run_json[per_step].items()}
+        assert merged == base.run.run_json[per_step], per_step
     assert weights_sha256(repo) == base.final_sha
 
 
