@@ -259,8 +259,10 @@ def _hold(run_dir: Path, force: bool = False, resuming: bool = False) -> Any:
 
 
 def _run_resumed(args: argparse.Namespace, spec: Any) -> int:
-    """`--from STEP`: the run dir held before the earlier run is read or anything is set aside;
-    when the run could not store any evidence of its own (a full disk), the set-aside is undone."""
+    """`--from STEP`: the run dir held before the earlier run is read or anything is set aside; what
+    the steps from STEP on snapshot put back (refused before anything moves when a copy cannot be),
+    then the earlier run set aside; when the run could not store any evidence of its own (a full
+    disk), the set-aside is undone."""
     from engine.judge.rerun import plan_resume, set_aside, snapshot_restores
     from engine.text import utc_second
 

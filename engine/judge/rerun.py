@@ -9,11 +9,13 @@ how), failed or never ran, for a STEP that a `remove` step prepares (resume at t
 failed attempt left its files where the wipe would have removed them), and for a value the run was
 given that its evidence keeps only masked (a secret) and this run does not give again. The reused
 legs are re-harvested from their logs with the spec's output rules of now, as `engine replay`
-does. The earlier run's evidence and the logs of the steps that run again are set aside in
-`previous-<stamp>/`, all or none (`SetAside`, which the caller undoes when the run stored nothing of
-its own), so nothing in the run dir describes a step that did not run this time; the reused steps'
-logs stay where they are. The caller holds the run dir (engine/run/record.py prepare_run_dir)
-before any of this.
+does. What the steps from STEP on snapshot (`snapshot:`) is put back as they found it
+(`snapshot_restores` refuses a copy that is missing, changed or masked before anything moves;
+`restore_snapshots` puts them back). The earlier run's evidence and the logs of the steps that run
+again are set aside in `previous-<stamp>/`, all or none (`SetAside`, which the caller undoes when
+the run stored nothing of its own), so nothing in the run dir describes a step that did not run
+this time; the reused steps' logs stay where they are. The caller holds the run dir
+(engine/run/record.py prepare_run_dir) before any of this.
 """
 
 from __future__ import annotations
