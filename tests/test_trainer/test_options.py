@@ -116,6 +116,7 @@ def test_only_the_numerics_options_enter_the_config_hash():
         "seed": 1337,
         "schedule": "cosine",
         "precision": "fp32",
+        "mix": "0" * 64,
     }
 
     def h(**kw) -> str:
