@@ -563,11 +563,13 @@ def _review_command(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `engine` console script; returns the exit code."""
     from engine.run.console import SafeStream
+    from engine.secrets import url_credentials
 
     saved = sys.stdout, sys.stderr
+    masks = url_credentials(list(sys.argv[1:] if argv is None else argv))
     # A reader that leaves early (`engine run SPEC | head -1`) must not decide the exit code.
-    out = sys.stdout = SafeStream(sys.stdout, "stdout")
-    sys.stderr = SafeStream(sys.stderr, "stderr")
+    out = sys.stdout = SafeStream(sys.stdout, "stdout", masks)
+    sys.stderr = SafeStream(sys.stderr, "stderr", masks)
     try:
         return _main(argv)
     finally:

@@ -585,7 +585,8 @@ def _places(group: Sequence[Risk], out: Out) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    # A spec's path and its summary come from the PR under review: as text in the comment, never as HTML.
+    return _html(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _html(text: str) -> str:

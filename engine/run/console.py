@@ -8,9 +8,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol, TextIO
 
 from engine import defaults
+from engine.secrets import REDACTED
 from engine.text import printable
 
 
@@ -23,16 +25,23 @@ class SafeStream:
     says why output stopped (None while it flows).
     """
 
-    def __init__(self, stream: TextIO | None, name: str) -> None:
+    def __init__(self, stream: TextIO | None, name: str, masks: Sequence[str] = ()) -> None:
         # Python sets sys.stdout to None when descriptor 1 was closed at start (`engine run >&-`).
         self.stream: TextIO = stream if stream is not None else open(os.devnull, "w")
         self.name = name
         self.lost: str | None = None if stream is not None else "closed before the engine started"
+        # Credentials the command line carries in a URL's userinfo (`--set x=https://bob:PASS@host`): an
+        # argparse or refusal message that quotes the argument must not show them, whatever value took it.
+        self.masks = sorted(set(masks), key=len, reverse=True)
 
     def write(self, text: str) -> int:
         if self.lost is None:
+            shown = text
+            for secret in self.masks:
+                shown = shown.replace(secret, REDACTED)
             try:
-                return self.stream.write(text)
+                self.stream.write(shown)
+                return len(text)
             except (OSError, ValueError) as exc:
                 self._lose(exc)
         return len(text)

@@ -9,6 +9,7 @@ import sys
 import pytest
 from engine_helpers import (
     LEG,
+    ROOT,
     TOKEN,
     evidence_of,
     files_holding,
@@ -304,3 +305,15 @@ def test_a_failing_torchrun_leg_leaves_its_token_in_no_file_and_no_output(engine
         assert files_holding(tmp_path, needle.encode()) == [], needle
         assert needle not in proc.out + proc.err
     assert "<redacted>" in (run / "logs" / "leg.log").read_text()
+
+
+def test_a_url_password_on_the_command_line_is_redacted_in_every_refusal(engine):
+    # A URL with a password given to a value that is no secret, or to an option argparse refuses: the messages
+    # that quote it show the URL, never the password.
+    url = "https://bob:Pw9-NotShown@host.example/x"
+    ran = engine("plan", str(ROOT / "specs" / "p4_smoke.yaml"), "--set", f"nproc={url}", expect=2)
+    assert "https://bob:<redacted>@host.example/x" in ran.err and "Pw9-NotShown" not in ran.out + ran.err
+    ran = engine("plan", str(ROOT / "specs" / "p4_smoke.yaml"), "--mode", url, expect=2)
+    assert "unknown mode 'https://bob:<redacted>@host.example/x'" in ran.err
+    ran = engine("plan", str(ROOT / "specs" / "p4_smoke.yaml"), "--no-such-option", url)
+    assert ran.code == 2 and "<redacted>" in ran.err and "Pw9-NotShown" not in ran.out + ran.err
