@@ -30,10 +30,12 @@ from engine.spec.load import Spec, family_of
 from engine.spec.located import SpecError, SpecErrors
 from engine.spec.values import (
     PER_RUN_BUILTINS,
+    UnknownVariable,
     UsageError,
     layer,
     parse_sets,
     resolve,
+    substitute_text,
     template,
     unknown_message,
 )
@@ -430,6 +432,14 @@ def _resolve_check(
             check["why"] = expand.bind(c["why"], element, splice=False)
         except ValueError as e:
             errors.append(spec.error(("checks", i, "why"), f"in {owner}: {e}"))
+    # A value named in the reason reads as its text ("under ${loss_ceiling}" -> "under 10.7"): a `${x}` shown as
+    # written would tell a reader nothing, and an unknown name would pass unnoticed. Not a run's own values: the
+    # reason of a check is the same in every run of the spec.
+    stable = {k: v for k, v in values.items() if k not in PER_RUN_BUILTINS}
+    try:
+        check["why"] = substitute_text(check["why"], stable, ("checks", i, "why"))
+    except UnknownVariable as e:
+        errors.append(spec.error(("checks", i, "why"), unknown_message(e.name, stable)))
     texts = [("expr", c["expr"], ("checks", i, "expr")), ("when", c.get("when"), ("checks", i, "when"))]
     lets = dict(c.get("let") or {})
     texts += [(f"let.{k}", t, ("checks", i, "let", k)) for k, t in lets.items()]

@@ -95,6 +95,11 @@ def substitute(text: str, values: Mapping[str, Any], path: tuple = ()) -> Any:
     return _REF.sub(one, text)
 
 
+def substitute_text(text: str, values: Mapping[str, Any], path: tuple = ()) -> str:
+    """`${x}` replaced by x's text, even when it is the whole string (prose: a check's `why`)."""
+    return _text(substitute(text, values, path))
+
+
 def _template(obj: Any, values: Mapping[str, Any], path: tuple) -> Any:
     if isinstance(obj, str):
         return substitute(obj, values, path)

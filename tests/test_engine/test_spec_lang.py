@@ -453,6 +453,19 @@ def test_an_unused_let_is_a_warning(tmp_path):
 # ------------------------------------------------------------------ ${x} in checks
 
 
+def test_a_value_named_in_a_checks_reason_reads_as_its_text_and_an_unknown_one_is_refused(tmp_path):
+    path = child(
+        tmp_path,
+        "checks:\n  - name: under\n    why: the loss stays under ${stop} in mode ${mode}\n"
+        '    expr: "steps.leg1.rc == `0`"\n',
+    )
+    (check,) = [c for c in build_plan(load_spec(path), environ={}).checks if c["name"] == "under"]
+    assert check["why"] == "the loss stays under 10 in mode default"
+    path.write_text(path.read_text().replace("${stop}", "${ceilling}").replace("${mode}", "${run_dir}"))
+    (error,) = findings(load_spec(path), {})[0]
+    assert "$.checks[3].why: unknown value ${ceilling}" in str(error)
+
+
 def test_a_check_can_name_a_step_through_a_value(tmp_path):
     path = child(
         tmp_path,
