@@ -104,6 +104,11 @@ def as_process(
             full.pop(name, None)
         else:
             full[name] = value
+    if preexec is not None:
+        # A process under a file-size limit must not write the bytecode every other process reads: CPython
+        # renames a .pyc into place even when the limit cut its write short, and each later import of that
+        # module, in any test, then fails with "marshal data too short".
+        full["PYTHONDONTWRITEBYTECODE"] = "1"
     done = subprocess.run(
         [*command, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec
     )

@@ -124,12 +124,32 @@ def step_changes(
                     notes.append(f"note: step {name} differs only in a secret value; re-checking anyway")
                     continue
                 how = "; ".join(_change(k, old_defs[name], new_def) for k in keys)
+                if _only_longer_timeouts(keys, old_defs[name], new_def, (evidence.get("steps") or {}).get(name)):
+                    notes.append(
+                        f"note: step {name}'s timeout grew ({how}) and its saved leg ended within it; re-checking"
+                    )
+                    continue
                 changes.append(f"step {name}: definition changed ({how})")
             else:
                 changes.append(
                     f"step {name}: definition changed (fingerprint {old_fp[name][:12]} -> {new_fp[name][:12]})"
                 )
     return changes, notes
+
+
+def _only_longer_timeouts(keys: list[str], old: Mapping[str, Any], new: Mapping[str, Any], record: Any) -> bool:
+    """Every change is a timeout that grew, and the saved leg did not time out: it would have ended the same
+    under the longer limit, so its evidence still answers the new definition. A shorter one could have cut it."""
+    if not isinstance(record, Mapping) or record.get("timed_out") or record.get("status") not in ("ok", "failed"):
+        return False
+    a, b = flatten(old), flatten(new)
+
+    def longer(key: str) -> bool:
+        was, now = a.get(key), b.get(key)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (was, now))
+        return key.rsplit(".", 1)[-1] == "timeout_s" and numbers and now > was
+
+    return bool(keys) and all(longer(k) for k in keys)
 
 
 # Harvest options the verdict applies when judging, not when harvesting: `engine check` honours them.

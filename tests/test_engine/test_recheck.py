@@ -210,3 +210,16 @@ def test_a_rechecked_note_inside_the_saved_evidence_is_not_believed(engine, tmp_
     path.write_text(json.dumps(doc))
     line = engine("check", str(spec), "--evidence", "r", cwd=tmp_path).out.splitlines()[0]
     assert RECHECKED.fullmatch(line) and "1999" not in line and "ffffff" not in line
+
+
+def test_a_longer_timeout_keeps_a_saved_run_checkable_and_a_shorter_one_is_refused(engine, tmp_path: Path) -> None:
+    from engine_helpers import python_leg
+
+    spec = write_spec(tmp_path / "s.yaml", [python_leg("print('hi')", timeout_s=30)])
+    engine("run", str(spec), "--run-dir", str(tmp_path / "r"), expect=Exit.PASS)
+    write_spec(spec, [python_leg("print('hi')", timeout_s=90)])
+    ran = engine("check", str(spec), "--evidence", str(tmp_path / "r"), expect=Exit.PASS)
+    assert "note: step leg's timeout grew (run.timeout_s: 30 -> 90) and its saved leg ended within it" in ran.err
+    write_spec(spec, [python_leg("print('hi')", timeout_s=20)])
+    ran = engine("check", str(spec), "--evidence", str(tmp_path / "r"), expect=Exit.USAGE)
+    assert "step leg: definition changed (run.timeout_s: 30 -> 20)" in ran.err
