@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from trainer.model.model import Llama
+from trainer.model.model import Llama, keep_loss_eager
 from trainer.model.options import ModelOptions
 
 
@@ -37,7 +37,7 @@ def compile_model(
     model: Llama, options: ModelOptions, *, tune: bool = True, graphs: bool = False, **kwargs: Any
 ) -> None:
     """Whole-model compilation in place: the embedding, the blocks and the final norm as one Inductor graph;
-    the loss stays outside it (Llama.chunked_loss is compiler-disabled).
+    the loss stays outside it (keep_loss_eager() disables the compiler in Llama.chunked_loss).
 
     It fuses across block boundaries and issues fewer launches than compile_blocks(). With `tune`,
     Inductor's coordinate-descent search times each Triton kernel's launch configuration (minutes of
@@ -54,6 +54,7 @@ def compile_model(
     if options.combo_kernels:
         inductor.combo_kernels = True
     _compile_setup(options)  # one graph (and its no-grad twin for validation): dynamo's default limit fits
+    keep_loss_eager()
     model.compile(**({"mode": "reduce-overhead"} if graphs else {}), **kwargs)
 
 

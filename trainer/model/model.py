@@ -223,8 +223,9 @@ class Llama(nn.Module):
 
     # Run eagerly even inside a compiled model: the chunk loop with its in-place accumulation is what
     # dynamo traces worst, and its hot part (the softmax pass) is compiled on its own. The trunk before it
-    # still compiles as one graph and the graph break costs one launch boundary a micro-step.
-    @torch.compiler.disable
+    # still compiles as one graph and the graph break costs one launch boundary a micro-step. Marked so by
+    # keep_loss_eager() when a model is compiled, not by a decorator here: torch.compiler.disable imports
+    # dynamo, seconds of CPU at every start of every rank that an eager run never uses.
     def chunked_loss(self, h: Tensor, y: Tensor) -> Tensor:
         """Mean CE over h (N, d) / y (N,); at most loss_chunk_rows(N) rows of logits exist at a time."""
         w, opts = self.embed_tokens.weight, self.options
@@ -235,6 +236,14 @@ class Llama(nn.Module):
         for i in range(0, h.shape[0], rows):
             total = total + ce_sum(h[i : i + rows], w, y[i : i + rows])
         return total / y.numel()
+
+
+def keep_loss_eager() -> None:
+    """torch.compiler.disable on Llama.chunked_loss (once, before a whole-model compile): see its comment."""
+    if not getattr(Llama.chunked_loss, "_specprobe_eager", False):
+        eager = torch.compiler.disable(Llama.chunked_loss)
+        eager._specprobe_eager = True
+        Llama.chunked_loss = eager  # type: ignore[method-assign]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
