@@ -362,6 +362,9 @@ class Runner:
         printed = capture.fail_on_result()
         if printed is not None:
             record["fail_on"] = printed
+        warned = capture.warn_on_result()
+        if warned is not None:
+            record["warn_on"] = warned
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -369,6 +372,9 @@ class Runner:
             child = capture.child_exit()
             if child is not None:
                 record["child_exit"] = child
+            exception = capture.exception_result()
+            if exception is not None:
+                record["exception"] = exception
 
     def _show_failure(self, name: str, record: Mapping[str, Any], capture: Capture) -> None:
         said = exit_text(record)
