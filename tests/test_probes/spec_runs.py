@@ -67,5 +67,7 @@ def run_spec(probe: str, mode: str, cwd: Path, monkeypatch: pytest.MonkeyPatch) 
     run_dir = cwd / f"run-{mode}"
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = main(["run", str(ROOT / "specs" / "probes" / f"{probe}.yaml"), "--mode", mode, "--run-dir", str(run_dir)])
+        code = main(
+            ["run", str(ROOT / "specs" / "probes" / f"{probe}.yaml"), "--mode", mode, "--run-dir", str(run_dir)]
+        )
     return SpecRun(code, out.getvalue(), err.getvalue(), json.loads((run_dir / "evidence.json").read_text()))
