@@ -13,7 +13,7 @@ import json
 from html import escape
 from typing import Any, Mapping, Sequence
 
-from engine.run.output import exit_text
+from engine.run.said import exit_text
 from engine.show import svg
 from engine.show.plots import Figure
 from engine.show.report import (

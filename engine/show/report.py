@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from engine.run.output import exception_text, exit_text, printed_failure, warned_text
+from engine.run.said import exception_text, exit_text, printed_failure, warned_text
 from engine.text import compact_pair, markdown_code, markdown_text, printable, unhidden, utc_second
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
