@@ -295,7 +295,7 @@ class Functions(jfn.Functions):
     # Series: numbers, lists and step-keyed objects ({"1": 6.22, "2": 6.13}); engine/expr/series.py.
     @signature({"types": []}, {"types": []}, {"types": ["number"]}, {"types": ["number"]})
     def _func_allclose(self, a, b, rtol, atol):
-        """True when a and b (numbers, lists, or step-keyed objects, lined up key by key in step order) have the same positions and each value of a is within atol + rtol x |b| of b's. NaN is close to nothing (not even NaN), an infinity only to the same infinity; a position only one side has, a non-number, a list against an object, or two empty series: false. Example: ``allclose(`{"1": 4.31, "2": 4.2}`, `{"2": 4.2, "1": 4.29}`, `0`, `0.05`)`` -> ``true``."""
+        """True when a and b (numbers, lists, or step-keyed objects, lined up key by key in step order) have the same positions and each value of a is within atol + rtol x |b| of b's. NaN is close to nothing (not even NaN), an infinity only to the same infinity; two values that are not numbers (a digest, a list of sample ids) only when equal, a null never; a position only one side has, a number against a non-number, a list against an object, or two empty series: false. Example: ``allclose(`{"1": 4.31, "2": 4.2}`, `{"2": 4.2, "1": 4.29}`, `0`, `0.05`)`` -> ``true``."""
         with _series_errors("allclose"):
             return series.allclose(a, b, rtol, atol)
 

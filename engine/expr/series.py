@@ -6,7 +6,8 @@ A series is a number, a list of numbers, or a step-keyed object (`{"1": 6.22, "2
 keys are walked in step order: integer keys by value (`"2"` before `"10"`), any other key after them, in
 text order. Two series line up index by index (lists) or key by key (objects); a position that one
 side lacks, a value that is not a number, a list against an object: each is a difference with a
-name, never a Python exception. `b` is the reference: x is close to y when |x - y| <= atol + rtol x |y|
+name, never a Python exception. Two values that are not numbers (a digest, a list of sample ids) are
+close when they are equal, exactly; a null never is. `b` is the reference: x is close to y when |x - y| <= atol + rtol x |y|
 (numpy's rule). NaN is close to nothing, not even NaN; an infinity only to the same infinity.
 """
 
@@ -78,9 +79,12 @@ def tolerances(rtol: Any, atol: Any) -> None:
 
 def apart(x: Any, y: Any, rtol: float, atol: float) -> str | None:
     """Why x is not close to the reference y; None when it is."""
+    if not (is_number(x) or is_number(y)):
+        # A digest or a list of sample ids is the same value or not; null never is (a trainer writes NaN so).
+        if x is None or y is None:
+            return "null is close to nothing"
+        return None if x == y else "not the same value"
     if not (is_number(x) and is_number(y)):
-        if not (is_number(x) or is_number(y)):
-            return "neither is a number"
         return f"{'a' if not is_number(x) else 'b'} is not a number"
     if math.isnan(x) or math.isnan(y):
         return "NaN is close to nothing"

@@ -214,11 +214,17 @@ def reharvest_steps(evidence: dict[str, Any], plan: Plan, run_dir: Path) -> list
         step.pop("fail_on", None)
         if fresh["fail_on"] is not None:
             step["fail_on"] = fresh["fail_on"]
+        step.pop("warn_on", None)
+        if fresh["warn_on"] is not None:
+            step["warn_on"] = fresh["warn_on"]
         if step.get("status") == "failed" or fresh["fail_on"] is not None:  # the runner keeps these for failed legs
             step["failure_lines"], step["tail"] = fresh["failure_lines"], fresh["tail"]
             step.pop("child_exit", None)
             if fresh["child_exit"] is not None:
                 step["child_exit"] = fresh["child_exit"]
+            step.pop("exception", None)
+            if fresh["exception"] is not None:
+                step["exception"] = fresh["exception"]
     return notes
 
 

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from engine.expr.functions import OPTIONS
 from engine.judge.checks import FAILING, evaluate
-from engine.run.output import fail_on_text, harvest_problems, printed_failure
+from engine.run.output import harvest_problems
+from engine.run.said import fail_on_text, printed_failure
 from engine.types import Check, CheckResult, Step, Verdict
 
 

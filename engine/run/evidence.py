@@ -198,6 +198,8 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "precondition": (str, type(None)),
     "progress_warning": (dict,),
     "fail_on": (dict,),
+    "warn_on": (dict,),
+    "exception": (dict,),
     "reused": (bool,),
     "reused_from": (str, type(None)),
     "reference": (dict,),

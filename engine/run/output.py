@@ -9,7 +9,7 @@ any rule cares about at C speed; only those lines get per-line Python work.
 from __future__ import annotations
 
 import json
-import signal
+import re
 import threading
 import time
 from collections import deque
@@ -31,6 +31,12 @@ MISSING = "missing"
 # marker lines that disagree (pick first/last would silently choose one of them).
 KIND_MISSING, KIND_MALFORMED, KIND_CONFLICT = "missing", "malformed", "conflict"
 LINES_KEPT = 20  # line numbers a conflict entry lists; `count` says how many there were
+# The line a program writes last when an exception ends it (`FileExistsError: checkpoint_0 ... exists`, as
+# Python prints it, after a launcher's `[rank0]: ` prefix): a crashed leg's reason in one line. A line with
+# no message after the name (`ChildFailedError:` heading a launcher's report) says nothing of why.
+EXCEPTION_LINES = tuple(
+    re.compile(rf"^(?:\[[^\]]*\]:?\s*)?(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*{kind}: \S.*$") for kind in ("Error", "Exception")
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,8 @@ class OutputRules:
     child_exit: ChildExitRule | None = None
     # `output.fail_on`: a line one of these matches fails the leg, whatever its exit code.
     fail_on: tuple[Pattern, ...] = ()
+    # `output.warn_on`: the lines one of these matches are the leg's warnings, kept and shown; they fail nothing.
+    warn_on: tuple[Pattern, ...] = ()
 
     def pattern_errors(self) -> list[str]:
         """Why a rule's regex stopped matching during the leg (it gave up on a line)."""
@@ -83,6 +91,7 @@ class OutputRules:
         patterns = [
             self.strip_prefix,
             *self.fail_on,
+            *self.warn_on,
             self.progress.pattern if self.progress else None,
             *(pattern for _, pattern in (self.progress.phases if self.progress else ())),
             *(rule.pattern for rule in self.harvest),
@@ -124,6 +133,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
     patterns = output.get("failure_patterns")
     child = output.get("child_exit")
     fail_on = output.get("fail_on") or ()
+    warn_on = output.get("warn_on") or ()
     return OutputRules(
         strip_prefix=_regex(strip, "output.strip_prefix") if strip else None,
         echo_prefixes=tuple(output.get("echo_prefixes") or ()),
@@ -134,6 +144,7 @@ def compile_rules(run: Mapping[str, Any]) -> OutputRules:
         progress=progress,
         child_exit=_child_exit_rule(child) if child else None,
         fail_on=tuple(_regex(text, f"output.fail_on[{i}]") for i, text in enumerate(fail_on)),
+        warn_on=tuple(_regex(text, f"output.warn_on[{i}]") for i, text in enumerate(warn_on)),
     )
 
 
@@ -149,69 +160,6 @@ def _child_exit_rule(rule: Mapping[str, Any]) -> ChildExitRule:
         code,
         tuple(_regex(m, f"output.child_exit.message[{i}]") for i, m in enumerate(messages)),
     )
-
-
-def child_exit_text(child: Mapping[str, Any]) -> str:
-    """`the trainer exited 3: refused: ...` (or `died of SIGKILL (exit code -9)`) from a step's
-    recorded `child_exit`; its fields are checked, as a saved evidence file may say anything."""
-    who = child.get("name") if isinstance(child.get("name"), str) else "the child"
-    code = child.get("code")
-    if isinstance(code, int) and not isinstance(code, bool) and code < 0:
-        try:
-            how = f"died of {signal.Signals(-code).name} (exit code {code})"
-        except ValueError:
-            how = f"exited {code}"
-    elif isinstance(code, int) and not isinstance(code, bool):
-        how = f"exited {code}"
-    else:
-        how = "failed"
-    message = child.get("message")
-    return f"{who} {how}" + (f": {message}" if isinstance(message, str) and message else "")
-
-
-def printed_failure(record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A step record's `fail_on` (the lines of its output that a `fail_on` rule matched), {count,
-    lines}, when it names at least one line, else None; its fields are checked, as a saved evidence
-    file may say anything."""
-    found = record.get("fail_on")
-    if not isinstance(found, Mapping):
-        return None
-    listed = found.get("lines")
-    lines = [hit for hit in listed if isinstance(hit, Mapping)] if isinstance(listed, list) else []
-    count = found.get("count")
-    count = max(count if isinstance(count, int) and not isinstance(count, bool) else 0, len(lines))
-    return {"count": count, "lines": lines} if count > 0 else None
-
-
-def fail_on_text(record: Mapping[str, Any]) -> str | None:
-    """`exited 0 but printed a failure line: "CKPT FAILED: push of step 20" (line 412)` for a step
-    record whose output matched a `fail_on` rule (`exited 1 and ...` for another code), else None."""
-    found = printed_failure(record)
-    if found is None:
-        return None
-    rc = record.get("rc")
-    how = f"exited {rc} {'but' if rc == 0 else 'and'}" if isinstance(rc, int) and not isinstance(rc, bool) else "ended"
-    first = found["lines"][0] if found["lines"] else {}
-    text, line = first.get("text"), first.get("line")
-    quoted = json.dumps(text if isinstance(text, str) else "", ensure_ascii=False)
-    where = f" (line {line})" if isinstance(line, int) and not isinstance(line, bool) else ""
-    more = found["count"] - 1
-    rest = f", and {more} more failure line{'s' if more > 1 else ''}" if more > 0 else ""
-    return f"{how} printed a failure line: {quoted}{where}{rest}"
-
-
-def exit_text(record: Mapping[str, Any]) -> str | None:
-    """What a failed step's own output says of why: a line a `fail_on` rule matched in a leg that
-    exited 0 (`fail_on_text`, then the child's exit when the launcher's report gave its code: a wrapper
-    swallowed it), else the child's exit (`child_exit_text`), else the `fail_on` line; None when it
-    says nothing."""
-    child = record.get("child_exit")
-    child = child if isinstance(child, Mapping) else None
-    printed, rc = fail_on_text(record), record.get("rc")
-    if printed is not None and ((rc == 0 and not isinstance(rc, bool)) or child is None):
-        coded = child is not None and child.get("code") is not None
-        return printed + (f"; {child_exit_text(child)}" if coded else "")
-    return child_exit_text(child) if child is not None else None
 
 
 def _progress_rule(spec: Mapping[str, Any]) -> ProgressRule:
@@ -286,6 +234,11 @@ class Capture:
         self._fail_on = [LineMatcher(p) for p in rules.fail_on]
         self.fail_on_count = 0
         self.fail_on_lines: list[dict[str, Any]] = []  # the first LINES_KEPT: {line, text, pattern}
+        self._warn_on = [LineMatcher(p) for p in rules.warn_on]
+        self.warn_on_count = 0
+        self.warn_on_lines: list[dict[str, Any]] = []
+        self._exception_lines = [LineMatcher(p) for p in EXCEPTION_LINES]
+        self.exception: tuple[int, str] | None = None  # the last exception line: (line number, line)
 
     def feed(self, block: Block) -> None:
         with self._lock:
@@ -306,17 +259,16 @@ class Capture:
             if self._child_code is not None:
                 self._watch_child(block)
             if self._fail_on:
-                self._watch_fail_on(block)
+                self.fail_on_count += _watch_lines(self._fail_on, block, self.fail_on_lines)
+            if self._warn_on:
+                self.warn_on_count += _watch_lines(self._warn_on, block, self.warn_on_lines)
+            self._watch_exception(block)
 
-    def _watch_fail_on(self, block: Block) -> None:
-        hits: dict[int, tuple[str, str]] = {}  # a line two rules match is one failure line
-        for matcher in self._fail_on:
-            for lineno, line, _ in _matching_lines(matcher, block):
-                hits.setdefault(lineno, (line, matcher.pattern.pattern))
-        self.fail_on_count += len(hits)
-        for lineno in sorted(hits)[: max(LINES_KEPT - len(self.fail_on_lines), 0)]:
-            line, pattern = hits[lineno]
-            self.fail_on_lines.append({"line": lineno, "text": limits.cut_text(line), "pattern": pattern})
+    def _watch_exception(self, block: Block) -> None:
+        for matcher in self._exception_lines:
+            found = matcher.last(block)
+            if found is not None and (self.exception is None or found[0] > self.exception[0]):
+                self.exception = (found[0], limits.cut_text(found[1].group(0)))
 
     def fail_on_result(self) -> dict[str, Any] | None:
         """The lines a `fail_on` rule matched: {count, lines: [{line, text, pattern}] (the first
@@ -324,6 +276,16 @@ class Capture:
         if not self.fail_on_count:
             return None
         return {"count": self.fail_on_count, "lines": list(self.fail_on_lines)}
+
+    def warn_on_result(self) -> dict[str, Any] | None:
+        """The lines a `warn_on` rule matched, as `fail_on_result` gives its own; None when none did."""
+        if not self.warn_on_count:
+            return None
+        return {"count": self.warn_on_count, "lines": list(self.warn_on_lines)}
+
+    def exception_result(self) -> dict[str, Any] | None:
+        """The last line of the output that reads as an exception ending a program: {line, text}; None when none."""
+        return None if self.exception is None else {"line": self.exception[0], "text": self.exception[1]}
 
     def _watch_child(self, block: Block) -> None:
         assert self._child_code is not None
@@ -468,6 +430,19 @@ class Capture:
 
     def tail_lines(self) -> list[str]:
         return list(self.tail)
+
+
+def _watch_lines(matchers: list[LineMatcher], block: Block, kept: list[dict[str, Any]]) -> int:
+    """How many lines of the block any of the matchers matches; the first of them, up to LINES_KEPT in
+    all, are appended to `kept` as {line, text, pattern}. A line two rules match is one line."""
+    hits: dict[int, tuple[str, str]] = {}
+    for matcher in matchers:
+        for lineno, line, _ in _matching_lines(matcher, block):
+            hits.setdefault(lineno, (line, matcher.pattern.pattern))
+    for lineno in sorted(hits)[: max(LINES_KEPT - len(kept), 0)]:
+        line, pattern = hits[lineno]
+        kept.append({"line": lineno, "text": limits.cut_text(line), "pattern": pattern})
+    return len(hits)
 
 
 def _matching_lines(matcher: LineMatcher, block: Block) -> Iterator[tuple[int, str, Any]]:
@@ -626,7 +601,7 @@ class ProgressState:
 
 
 def reharvest(step: Mapping[str, Any], log_path: str | Path, run_dir: str | Path) -> dict[str, Any]:
-    """Recompute harvest, harvest_errors, failure_lines, child_exit, fail_on and tail from a saved RAW
+    """Recompute harvest, harvest_errors, failure_lines, child_exit, fail_on, warn_on, exception and tail from a saved RAW
     log (a file inside `run_dir`), with the step's CURRENT output rules (`engine replay`). failure_lines
     and child_exit are computed whatever the step's status was; the caller keeps them only for a failed
     step (fail_on lines fail it)."""
@@ -658,6 +633,8 @@ def reharvest(step: Mapping[str, Any], log_path: str | Path, run_dir: str | Path
         "failure_lines": capture.failure_lines(),
         "child_exit": capture.child_exit(),
         "fail_on": capture.fail_on_result(),
+        "warn_on": capture.warn_on_result(),
+        "exception": capture.exception_result(),
         "tail": capture.tail_lines(),
         "lines": capture.lines,
         "progress": capture.progress.as_dict(),

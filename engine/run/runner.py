@@ -22,11 +22,12 @@ from engine import defaults, version
 from engine.run import collectors, evidence, snapshot
 from engine.run.console import Console, ProgressDisplay
 from engine.run.diagnostics import collect_diagnostics, report_lines
-from engine.run.output import Capture, compile_rules, exit_text, harvest_problems
+from engine.run.output import Capture, compile_rules, harvest_problems
 from engine.run.process import HOLD_ENV, Interrupted, ProcessResult, compile_signal_rules, hold_points, run_command
 from engine.run.record import Record, RecordError
 from engine.run.reference import ReferenceError, References
 from engine.run.remove import remove_step
+from engine.run.said import exit_text
 from engine.run.signals import StopSignals
 from engine.spec.plan import step_kind
 from engine.text import utc_second
@@ -362,6 +363,9 @@ class Runner:
         printed = capture.fail_on_result()
         if printed is not None:
             record["fail_on"] = printed
+        warned = capture.warn_on_result()
+        if warned is not None:
+            record["warn_on"] = warned
         if failed:
             record["failure_lines"] = capture.failure_lines()
             record["failure_hits"] = capture.failure_hits
@@ -369,6 +373,9 @@ class Runner:
             child = capture.child_exit()
             if child is not None:
                 record["child_exit"] = child
+            exception = capture.exception_result()
+            if exception is not None:
+                record["exception"] = exception
 
     def _show_failure(self, name: str, record: Mapping[str, Any], capture: Capture) -> None:
         said = exit_text(record)

@@ -13,7 +13,7 @@ import json
 from html import escape
 from typing import Any, Mapping, Sequence
 
-from engine.run.output import exit_text
+from engine.run.said import exit_text
 from engine.show import svg
 from engine.show.plots import Figure
 from engine.show.report import (
@@ -192,6 +192,18 @@ def _steps(evidence: Mapping[str, Any]) -> list[str]:
             f"<h3>step {escape(step_name)}: failure lines, then the tail</h3>"
             f"<pre>{escape(chr(10).join(str(x) for x in lines))}</pre>"
         )
+    for step_name, step in steps.items():
+        warned = step.get("warn_on") if isinstance(step, Mapping) else None
+        kept = warned.get("lines") if isinstance(warned, Mapping) else None
+        if isinstance(kept, list) and kept:
+            shown = [f"{hit.get('line')}: {hit.get('text')}" for hit in kept if isinstance(hit, Mapping)]
+            count = warned.get("count")
+            if isinstance(count, int) and count > len(shown):
+                shown.append(f"... {count - len(shown)} more")
+            out.append(
+                f"<h3>step {escape(step_name)}: its warnings (<code>warn_on</code>)</h3>"
+                f'<pre class="warn">{escape(chr(10).join(shown))}</pre>'
+            )
     out += ["</section>"]
     return out
 

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from engine.run.output import exit_text, printed_failure
+from engine.run.said import exception_text, exit_text, printed_failure, warned_text
 from engine.text import compact_pair, markdown_code, markdown_text, printable, unhidden, utc_second
 
 # Characters XML 1.0 cannot carry at all, not even escaped: one control byte from a leg's output
@@ -137,6 +137,8 @@ def _step_notes(step: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         before.append(f"reused reference from {ref['reused_from']}")
     warning = step.get("progress_warning")
     after = [f"WARNING the ETA passed the timeout: {warning.get('message')}"] if isinstance(warning, Mapping) else []
+    # A crashed leg's own last word, and the trainer's warnings (a leg that warned may still exit 0).
+    after += [text for text in (exception_text(step), warned_text(step)) if text is not None]
     return before, after
 
 

@@ -348,6 +348,8 @@ class Plan:
             )
         if r["output"].get("fail_on"):
             out.append("fails on a line matching: " + ", ".join(f"/{p}/" for p in r["output"]["fail_on"]))
+        if r["output"].get("warn_on"):
+            out.append("warns on a line matching: " + ", ".join(f"/{p}/" for p in r["output"]["warn_on"]))
         return out
 
 

@@ -477,9 +477,10 @@ def _patterns(run: Mapping[str, Any]) -> list[tuple[tuple, Any, bool]]:
             found += [(("output", "child_exit", "message", i), m, False) for i, m in enumerate(messages)]
         elif messages is not None:
             found.append((("output", "child_exit", "message"), messages, False))
-    fail_on = (run.get("output") or {}).get("fail_on")
-    if isinstance(fail_on, list):
-        found += [(("output", "fail_on", i), text, False) for i, text in enumerate(fail_on)]
+    for key in ("fail_on", "warn_on"):
+        texts = (run.get("output") or {}).get(key)
+        if isinstance(texts, list):
+            found += [(("output", key, i), text, False) for i, text in enumerate(texts)]
     return found
 
 

@@ -187,3 +187,58 @@ def test_no_line_of_the_saved_healthy_runs_is_a_p4_failure_line(spec: str) -> No
     for name in legs:
         fresh = reharvest({"run": p4_rules(f"{spec}.yaml")}, run_dir / saved["steps"][name]["log"], run_dir)
         assert fresh["lines"] > 10 and fresh["fail_on"] is None, (spec, name, fresh["fail_on"])
+
+
+# ---- `output.warn_on` and a crashed leg's last exception line: said in every report, fail nothing by themselves
+
+CRASH = [
+    "step 1 loss 2.0",
+    "/lib/fit_loop.py:312: UserWarning: this dataloader is not resumable; restarting the epoch",
+    "step 2 loss 1.9",
+    "Traceback (most recent call last):",
+    '  File "train.py", line 9, in main',
+    "ValueError: inner failure",
+    "During handling of the above exception, another exception occurred:",
+    "FileExistsError: checkpoint_0 already exists",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "@rc:1",
+]
+
+
+def test_a_crashed_leg_shows_its_last_exception_line_and_its_warnings_in_every_report(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", None, CRASH)
+    doc = yaml.safe_load(spec.read_text())
+    doc["steps"][0]["run"]["output"]["warn_on"] = ["Warning: "]
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+    run, html = tmp_path / "run", tmp_path / "r.html"
+    rc, out, _ = engine("run", str(spec), "--run-dir", str(run), "--html", str(html))
+    leg = json.loads((run / "evidence.json").read_text())["steps"]["leg1"]
+    # The launcher's own line names no reason (nothing after its name): the last one that does is kept.
+    assert leg["exception"] == {"line": 8, "text": "FileExistsError: checkpoint_0 already exists"}
+    assert leg["warn_on"] == {"count": 1, "lines": [{"line": 2, "text": CRASH[1], "pattern": "Warning: "}]}
+    row = next(line for line in out.splitlines() if line.startswith("step:leg1"))
+    assert row.startswith("step:leg1  failed   rc 1,")
+    assert 'last exception: "FileExistsError: checkpoint_0 already exists" (line 8)' in row
+    assert f"warned: {json.dumps(CRASH[1])} (line 2)" in row
+    page = html.read_text()
+    assert "last exception: &quot;FileExistsError: checkpoint_0 already exists&quot;" in page
+    assert "2: /lib/fit_loop.py:312: UserWarning: this dataloader is not resumable" in page
+    # `engine replay` finds both again in the raw log, with the spec's current rules.
+    rc2, out2, _ = engine("replay", str(spec), "--evidence", str(run))
+    assert (rc, rc2) == (5, 5) and row in out2
+
+
+def test_a_leg_that_warned_and_exited_0_passes_with_its_warning_as_a_note(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "s.yaml", None, [*CRASH[:3], "RUN_JSON {}"])
+    doc = yaml.safe_load(spec.read_text())
+    doc["steps"][0]["run"]["output"]["warn_on"] = ["Warning: "]
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+    rc, out, _ = engine("run", str(spec), "--run-dir", str(tmp_path / "run"))
+    assert rc == 0 and "warned: " in out and "last exception" not in out
+
+
+def test_capture_keeps_the_last_exception_line_across_blocks() -> None:
+    capture = Capture(compile_rules({}))
+    capture.feed(Block.from_lines(["[rank0]: RuntimeError: first", "ok"], 1))
+    capture.feed(Block.from_lines(["KeyError: 'model'", "a line about an Error: not one"], 3))
+    assert capture.exception_result() == {"line": 3, "text": "KeyError: 'model'"}

@@ -231,6 +231,9 @@ NAN, INF = math.nan, math.inf
         (["4.3"], [4.3], 1, 1, False),  # a string is not a number
         ([None], [None], 1, 1, False),  # nor a null (how a trainer may write NaN)
         ([True], [1], 1, 1, False),  # nor a boolean
+        ({"1": ["9f2c"], "2": [3, 5]}, {"1": ["9f2c"], "2": [3, 5]}, 0, 0, True),  # equal digests and ids
+        ({"1": [3, 5]}, {"1": [3, 6]}, 1, 10, False),  # ids that differ: no tolerance makes them close
+        (["a"], [None], 1, 1, False),
         ([], [], 1, 1, False),  # two empty series: nothing compared is not a pass
         ({}, {}, 1, 1, False),
     ],
@@ -270,6 +273,12 @@ def test_allclose_refuses_a_tolerance_that_is_not_a_finite_number_at_least_zero(
         ),
         ([], [], {"at": None, "why": "both are empty: nothing to compare"}),
         ({"3": "nan"}, {"3": 1.0}, {"at": "3", "a": "nan", "b": 1.0, "why": "a is not a number"}),
+        (
+            {"1": ["9f2c"], "2": ["a0c4"]},
+            {"1": ["9f2c"], "2": ["41f4"]},
+            {"at": "2", "a": ["a0c4"], "b": ["41f4"], "why": "not the same value"},
+        ),
+        ({"1": None}, {"1": None}, {"at": "1", "a": None, "b": None, "why": "null is close to nothing"}),
         (
             {"1": INF},
             {"1": 1.0},

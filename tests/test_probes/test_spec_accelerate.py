@@ -1,0 +1,42 @@
+"""specs/probes/accelerate.yaml on the shipped accelerate loop: the seedable sampler resumes exactly (PASS);
+skip_first_batches over an unseeded shuffle, and automatic checkpoint naming with the counter load_state leaves,
+FAIL naming the first step and quantity that differ (and the crashed session's exception). One engine run per mode;
+two references (seedable, unseeded) made once each (spec_runs.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from spec_runs import run_spec, work_dir
+
+pytestmark = pytest.mark.probe_spec
+
+
+@pytest.fixture(scope="module")
+def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return work_dir(tmp_path_factory, "accelerate")
+
+
+def test_the_seedable_sampler_resumes_mid_epoch_to_the_reference(cwd, monkeypatch) -> None:
+    run = run_spec("accelerate", "correct", cwd, monkeypatch)
+    assert run.code == 0, run
+    assert "VERDICT accelerate PASS []" in run.out
+
+
+def test_skip_first_batches_over_an_unseeded_shuffle_fails_at_step_11(cwd, monkeypatch) -> None:
+    run = run_spec("accelerate", "broken_unseeded_sampler", cwd, monkeypatch)
+    assert run.code == 5, run
+    assert not [f for f in run.failed if f.startswith("stopped_leg")]
+    said = run.said_under("resumed_run_matches_the_reference[q=samples]")
+    assert "first difference at step 11: " in said and "(not the same value)" in said
+
+
+def test_automatic_naming_crashes_the_resumed_session_and_fails_at_step_16(cwd, monkeypatch) -> None:
+    run = run_spec("accelerate", "broken_checkpoint_naming", cwd, monkeypatch)
+    assert run.code == 5, run
+    assert "step:leg2" in run.failed
+    row = run.step_row("leg2")
+    assert "last exception: " in row and "checkpoint_0" in row and "already exists" in row
+    # Steps 11-15 are the reference's; the crash at step 15's save leaves steps 16-24 untrained.
+    assert "first difference at step 16: only in b" in run.said_under("resumed_run_matches_the_reference[q=loss]")

@@ -1,0 +1,45 @@
+"""specs/probes/lightning.yaml on the shipped Lightning driver: stopped at an epoch end with a sampler seeded per
+epoch, the resume is exact (PASS); stopped mid-epoch, or with an unseeded shuffle, it FAILs naming the first step and
+quantity that differ. One engine run per mode, two references (seeded, unseeded) made once each (spec_runs.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from spec_runs import run_spec, work_dir
+
+pytestmark = pytest.mark.probe_spec
+
+
+@pytest.fixture(scope="module")
+def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return work_dir(tmp_path_factory, "lightning")
+
+
+def test_stopped_at_an_epoch_end_with_a_sampler_seeded_per_epoch_the_fit_is_the_reference(cwd, monkeypatch) -> None:
+    run = run_spec("lightning", "correct", cwd, monkeypatch)
+    assert run.code == 0, run
+    assert "VERDICT lightning PASS []" in run.out
+
+
+def test_stopped_mid_epoch_fails_at_step_13_and_the_report_shows_lightnings_warning(cwd, monkeypatch) -> None:
+    run = run_spec("lightning", "broken_mid_epoch", cwd, monkeypatch)
+    assert run.code == 5, run
+    # Step 13 trains the epoch's first batch again (the reference's step 9), with its loss.
+    said = run.said_under("resumed_run_matches_the_reference[q=batches]")
+    assert "first difference at step 13: " in said and "(not the same value)" in said
+    assert "first difference at step 13: " in run.said_under("resumed_run_matches_the_reference[q=loss]")
+    # Lightning exits 0 and only warns: the warning is kept with the leg and said in its row.
+    leg2 = run.evidence["steps"]["leg2"]
+    assert leg2["status"] == "ok"
+    assert any("not resumable" in hit["text"] for hit in leg2["warn_on"]["lines"])
+    assert "warned: " in run.step_row("leg2")
+
+
+def test_an_unseeded_shuffle_stopped_at_an_epoch_end_fails_at_step_9(cwd, monkeypatch) -> None:
+    run = run_spec("lightning", "broken_unseeded_epoch", cwd, monkeypatch)
+    assert run.code == 5, run
+    assert not [f for f in run.failed if f.startswith("stopped_leg")]
+    said = run.said_under("resumed_run_matches_the_reference[q=batches]")
+    assert "first difference at step 9: " in said and "(not the same value)" in said
