@@ -149,7 +149,7 @@ def test_mermaid_joins_legs_that_follow_each_other_into_one_line(monkeypatch):
     }
     assert "6.2225, 6.2097, 6.1926" in block and "6.222527027130127" not in block
     assert 'x-axis "step (120: stop / cold resume)" 1 --> 180' in block
-    assert "line 1: leg1 at step 1-120, then leg2 at step 121-180" in mermaid.markdown(loss)
+    assert "line 2: leg1 at step 1-120, then leg2 at step 121-180" in mermaid.markdown(loss)
 
 
 def test_mermaid_rounds_y_values_to_5_significant_digits_and_keeps_x_values_exact():
@@ -271,4 +271,4 @@ def test_the_docs_show_the_saved_soak_runs_loss_plot(monkeypatch):
         page_path.write_text(page)
         found = DOCS_CHART.search(page)
     assert found.group(2) == mermaid.chart(loss)
-    assert "- line 1: leg1 at step 1-120, then leg2 at step 121-180" in found.group(2)
+    assert "- line 2: leg1 at step 1-120, then leg2 at step 121-180" in found.group(2)
