@@ -117,8 +117,12 @@ def test_every_leg_after_the_first_continues_the_run_with_resume_must(spec: str)
     for mode in ("smoke", "soak") if "preempt" not in spec else ("smoke",):
         for target in ("local", "gpu", "real"):
             plan = build_plan(load_spec(REPO_ROOT / "specs" / spec), mode=mode, environ={"SPECPROBE_TARGET": target})
-            legs = [s["run"]["argv"] for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+            trains = [s for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+            legs = [s["run"]["argv"] for s in trains if "reference" not in s]
             resumes = [argv[argv.index("--resume") + 1] for argv in legs]
+            # The run that never stopped starts fresh in its own store, whatever it finds there.
+            (reference,) = [s["run"]["argv"] for s in trains if "reference" in s]
+            assert reference[reference.index("--resume") :][:2] == ["--resume", "never"], reference
             assert [argv.count("--resume") for argv in legs] == [1] * len(legs), (spec, mode, target)
             assert resumes == ["auto"] + ["must"] * (len(legs) - 1), (spec, mode, target, resumes)
 
