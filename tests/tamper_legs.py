@@ -399,3 +399,20 @@ def data_order_restarted_at_the_resume(d: dict) -> None:
 def killed_leg_skipped_a_logged_step(d: dict) -> None:
     progress = d["steps"]["leg1"]["harvest"]["progress"]
     d["steps"]["leg1"]["harvest"]["progress"] = [line for line in progress if line["step"] != 5]
+
+
+def reference_resumed_itself(d: dict) -> None:
+    # The run that never stopped stopped: it resumed from a checkpoint, as a leg does.
+    run_json(d, "reference").update(resumed_from_step=val(d, "push_every"))
+
+
+def reference_differs_at(series: str, leg: str) -> Callable[[dict], None]:
+    """One step of `leg` (its second) differs from the reference's in the 7th digit: the leg trained a
+    trajectory the run that never stopped did not (the reference's record is edited, so that nothing of the
+    leg's own report moves)."""
+
+    def apply(d: dict) -> None:
+        step = sorted(map(int, run_json(d, leg)[series]))[1]
+        run_json(d, "reference")[series][str(step)] *= 1 + 1e-6
+
+    return apply

@@ -241,3 +241,16 @@ def final_listed_at_the_stop(d: dict) -> None:
     state = hub(d, f"hub_after_{first_resume(d)['leg']}")
     state["files"] = sorted(state["files"] + ["final/model.safetensors"])
     state["sha256"]["final/model.safetensors"] = hashlib.sha256(b"half-trained").hexdigest()
+
+
+def horizon_rng_not_the_references(d: dict) -> None:
+    # Rank 1's RNG state at the horizon is not the reference's: the resume lost it (no loss moves yet).
+    compared = d["state"][f"{val(d, 'final_leg')}_vs_reference"]
+    compared.update(close=False, equal=False, not_close_groups=["rng"], differing_groups=["rng"])
+    compared["first_not_close"] = {"group": "rng", "name": "rank1.cpu", "index": 5, "a": 17, "b": 203}
+
+
+def horizon_checkpoint_missing_for_the_comparison(d: dict) -> None:
+    # The leg left no checkpoint at the horizon where the comparison looks: its document is an error.
+    compared = d["state"][f"{val(d, 'final_leg')}_vs_reference"]
+    compared.update(error=f"{compared['a']}: a p4 checkpoint is a folder, and there is no such folder", close=False)

@@ -67,6 +67,8 @@ from tamper_legs import (
     next_leg_lost_a_middle_step,
     peak_max_below_a_rank,
     ppl_is_not_exp_of_the_loss,
+    reference_differs_at,
+    reference_resumed_itself,
     run_json_contradicts_a_logged_line,
     schedule_restarted_at_the_resume,
     soak_peak_over_gate_on_gpu,
@@ -79,12 +81,14 @@ from tamper_store import (
     final_not_pushed,
     final_published_at_the_stop,
     first_checkpoint_pruned,
+    horizon_checkpoint_missing_for_the_comparison,
     horizon_first_checkpoint_kept_only_its_state,
     horizon_newest_checkpoint_lost_optimizer_state,
     horizon_pointer_names_a_ckpt,
     horizon_pointer_names_no_weights,
     horizon_pointer_not_terminal,
     horizon_pointer_stale,
+    horizon_rng_not_the_references,
     horizon_target_lost_its_weights,
     horizon_target_torn,
     kill_tore_the_pointer_target,
@@ -126,6 +130,11 @@ VAL_NEAR = {"validation_loss_near_the_training_loss": "FAIL"}
 PPL = {"perplexity_is_exp_of_the_validation_loss": "FAIL"}
 READ_BACK_LEG1 = {"pointer_target_read_back_intact_after[leg=leg1]": "FAIL"}
 READ_BACK_LEG2 = {"pointer_target_read_back_intact_after[leg=leg2]": "FAIL"}
+# A leg's series against the run that never stopped: a leg that reported other losses or lrs leaves it.
+REF_LOSSES_LEG1 = {"losses_match_the_reference[leg=leg1]": "FAIL"}
+REF_LOSSES_LEG2 = {"losses_match_the_reference[leg=leg2]": "FAIL"}
+REF_LRS_LEG1 = {"lrs_match_the_reference[leg=leg1]": "FAIL"}
+REF_LRS_LEG2 = {"lrs_match_the_reference[leg=leg2]": "FAIL"}
 # The horizon's pointer target compared with the listing.
 HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
 
@@ -142,6 +151,7 @@ def _nonfinite_counted(leg: str, nan_mid_run: Callable[[dict], None]) -> tuple[T
             also={
                 f"logged_lines_agree_with_run_json[leg={leg}]": "FAIL",
                 f"every_logged_loss_finite[leg={leg}]": "FAIL",
+                f"losses_match_the_reference[leg={leg}]": "FAIL",
             },
         ),
     )
@@ -234,6 +244,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
                 **LINES_LEG2,
                 **VAL_NEAR,
                 "every_logged_loss_finite[leg=leg2]": "FAIL",
+                **REF_LOSSES_LEG2,
             },
         ),
         Tamper(
@@ -245,6 +256,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
                 **VAL_NEAR,
                 "no_nonfinite_loss[leg=leg2]": "FAIL",
                 "every_logged_loss_finite[leg=leg2]": "FAIL",
+                **REF_LOSSES_LEG2,
             },
         ),
     ),
@@ -254,16 +266,29 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper(
             "a NaN in the middle of leg 1 that the count missed",
             leg1_nan_the_count_missed(float("nan")),
-            also=LINES_LEG1,
+            also={
+                **LINES_LEG1,
+                **REF_LOSSES_LEG1,
+            },
         ),
         Tamper(
             "an infinite loss in the middle of leg 1 that the count missed",
             leg1_nan_the_count_missed(math.inf),
-            also=LINES_LEG1,
+            also={
+                **LINES_LEG1,
+                **REF_LOSSES_LEG1,
+            },
         ),
     ),
     "every_logged_loss_finite[leg=leg2]": (
-        Tamper("a NaN in the middle of leg 2 that the count missed", leg2_nan_the_count_missed, also=LINES_LEG2),
+        Tamper(
+            "a NaN in the middle of leg 2 that the count missed",
+            leg2_nan_the_count_missed,
+            also={
+                **LINES_LEG2,
+                **REF_LOSSES_LEG2,
+            },
+        ),
     ),
     # ---- p4_segment (p4_smoke, p4_soak): the checks of every stop, here the one stop after leg 1
     "stopped_at_the_stop_step[leg=leg1]": (
@@ -286,7 +311,13 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2),
     ),
     "next_leg_continues_the_trajectory[leg=leg1]": (
-        Tamper("leg 2's first loss jumped 50 % above leg 1's last", leg2_first_loss_jumped),
+        Tamper(
+            "leg 2's first loss jumped 50 % above leg 1's last",
+            leg2_first_loss_jumped,
+            also={
+                **REF_LOSSES_LEG2,
+            },
+        ),
     ),
     "tokens_at_the_stop_match_the_arithmetic[leg=leg1]": (
         Tamper("leg 1 consumed one step's tokens too few", leg1_tokens_one_step_short),
@@ -298,7 +329,14 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 1 reports a perplexity although it skipped validation", leg1_ppl_without_validation),
     ),
     "loss_finite_and_below_ceiling_at_the_stop[leg=leg1]": (
-        Tamper("leg 1 ended on a loss spike above ln(vocab)", leg1_ended_on_a_spike),
+        Tamper(
+            "leg 1 ended on a loss spike above ln(vocab)",
+            leg1_ended_on_a_spike,
+            also={
+                **REF_LOSSES_LEG1,
+                **REF_LOSSES_LEG2,
+            },
+        ),
         # The trajectory check compares leg 2's first loss with leg 1's final loss: it cannot
         # hold when that loss is not a number, and says so by failing (is_finite guard).
         Tamper(
@@ -309,11 +347,18 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
                 "next_leg_continues_the_trajectory[leg=leg1]": "FAIL",
                 "no_nonfinite_loss[leg=leg1]": "FAIL",
                 "every_logged_loss_finite[leg=leg1]": "FAIL",
+                **REF_LOSSES_LEG1,
             },
         ),
     ),
     "loss_at_horizon_below_step_one": (
-        Tamper("leg 2's loss at the horizon is only 5 % below step 1's", leg2_loss_barely_moved),
+        Tamper(
+            "leg 2's loss at the horizon is only 5 % below step 1's",
+            leg2_loss_barely_moved,
+            also={
+                **REF_LOSSES_LEG2,
+            },
+        ),
     ),
     # ---- p4_soak
     "peak_memory_during_training_below_gate": (
@@ -353,11 +398,23 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("the listing shows final/ weights at the stop (the flag says none)", final_listed_at_the_stop),
     ),
     "resumed_leg_logged_each_step_after_the_resume_once[leg=leg1]": (
-        Tamper("leg 2 also reports the resume step", next_leg_also_reported(0), also={**SUMMARY_LEG2, **SERIES_LEG2}),
+        Tamper(
+            "leg 2 also reports the resume step",
+            next_leg_also_reported(0),
+            also={
+                **SUMMARY_LEG2,
+                **SERIES_LEG2,
+                **REF_LOSSES_LEG2,
+            },
+        ),
         Tamper(
             "leg 2 also reports a step 5 before the resume",
             next_leg_also_reported(5),
-            also={**SUMMARY_LEG2, **SERIES_LEG2},
+            also={
+                **SUMMARY_LEG2,
+                **SERIES_LEG2,
+                **REF_LOSSES_LEG2,
+            },
         ),
         Tamper("leg 2 skipped a step after the resume", next_leg_lost_a_middle_step, also=LINES_LEG2),
     ),
@@ -397,10 +454,22 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         ),
     ),
     "logged_lines_agree_with_run_json[leg=leg1]": (
-        Tamper("leg 1's RUN_JSON contradicts a logged line", run_json_contradicts_a_logged_line("leg1")),
+        Tamper(
+            "leg 1's RUN_JSON contradicts a logged line",
+            run_json_contradicts_a_logged_line("leg1"),
+            also={
+                **REF_LOSSES_LEG1,
+            },
+        ),
     ),
     "logged_lines_agree_with_run_json[leg=leg2]": (
-        Tamper("leg 2's RUN_JSON contradicts a logged line", run_json_contradicts_a_logged_line("leg2")),
+        Tamper(
+            "leg 2's RUN_JSON contradicts a logged line",
+            run_json_contradicts_a_logged_line("leg2"),
+            also={
+                **REF_LOSSES_LEG2,
+            },
+        ),
     ),
     "peak_memory_figures_agree_with_the_ranks[leg=leg1]": (
         Tamper("leg 1's ranks peaked at [12.0, 14.2] under a max of 12.0", peak_max_below_a_rank("leg1")),
@@ -415,12 +484,36 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 2's last step has no lr", lr_missing_at_the_last_step("leg2")),
     ),
     "lr_follows_the_schedule[leg=leg1]": (
-        Tamper("leg 1 ran at 1.2 x the peak lr", lrs_scaled("leg1", 1.2)),
-        Tamper("leg 1's lr rose in the middle of the decay", lr_spike_after_warmup("leg1")),
+        Tamper(
+            "leg 1 ran at 1.2 x the peak lr",
+            lrs_scaled("leg1", 1.2),
+            also={
+                **REF_LRS_LEG1,
+            },
+        ),
+        Tamper(
+            "leg 1's lr rose in the middle of the decay",
+            lr_spike_after_warmup("leg1"),
+            also={
+                **REF_LRS_LEG1,
+            },
+        ),
     ),
     "lr_follows_the_schedule[leg=leg2]": (
-        Tamper("leg 2 resumed on 1.2 x the lr", lrs_scaled("leg2", 1.2)),
-        Tamper("leg 2's schedule restarted its warm-up at the resume", schedule_restarted_at_the_resume),
+        Tamper(
+            "leg 2 resumed on 1.2 x the lr",
+            lrs_scaled("leg2", 1.2),
+            also={
+                **REF_LRS_LEG2,
+            },
+        ),
+        Tamper(
+            "leg 2's schedule restarted its warm-up at the resume",
+            schedule_restarted_at_the_resume,
+            also={
+                **REF_LRS_LEG2,
+            },
+        ),
     ),
     "no_batch_trained_twice_in_a_leg[leg=leg1]": (
         Tamper("leg 1's last step trained its first step's batch", batch_repeated_in_leg("leg1")),
@@ -437,11 +530,37 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper(
             "leg 1 also logged the step after its stop",
             leg1_logged_past_its_stop,
-            also={**SUMMARY_LEG1, **SERIES_LEG1},
+            also={
+                **SUMMARY_LEG1,
+                **SERIES_LEG1,
+                **REF_LOSSES_LEG1,
+            },
         ),
     ),
     "next_leg_trained_other_batches_than_the_stopped_one[leg=leg1]": (
         Tamper("leg 2's data order restarted at the resume", data_order_restarted_at_the_resume),
+    ),
+    # ---- the run that never stopped
+    "reference_ran_uninterrupted_to_the_horizon": (
+        Tamper("the reference resumed from a checkpoint itself", reference_resumed_itself),
+    ),
+    "losses_match_the_reference[leg=leg1]": (
+        Tamper("leg 1's second loss leaves the reference's in the 7th digit", reference_differs_at("losses", "leg1")),
+    ),
+    "losses_match_the_reference[leg=leg2]": (
+        Tamper("leg 2's second loss leaves the reference's in the 7th digit", reference_differs_at("losses", "leg2")),
+    ),
+    "lrs_match_the_reference[leg=leg1]": (
+        Tamper("leg 1's second lr leaves the reference's in the 7th digit", reference_differs_at("lrs", "leg1")),
+    ),
+    "lrs_match_the_reference[leg=leg2]": (
+        Tamper("leg 2's second lr leaves the reference's in the 7th digit", reference_differs_at("lrs", "leg2")),
+    ),
+    "final_checkpoint_matches_the_reference": (
+        Tamper("rank 1's RNG state at the horizon is not the reference's", horizon_rng_not_the_references),
+        Tamper(
+            "no checkpoint at the horizon where the comparison looks", horizon_checkpoint_missing_for_the_comparison
+        ),
     ),
 }
 

@@ -38,6 +38,7 @@ class Series:
     # Sorted by x; a None y is a gap (the value was null, not finite or not a number).
     points: list[tuple[Number, Number | None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    under: bool = False  # drawn beneath the others, wide and pale (the run they are compared with)
 
     def drawn(self) -> list[tuple[Number, Number]]:
         return [(x, y) for x, y in self.points if y is not None]
@@ -157,9 +158,9 @@ def _pairs(value: Any, expr: str) -> tuple[list[tuple[Any, Any]], list[str]] | s
     return f"not drawn: `{expr}` gave {compact(value, 60)}; a series is {{x: y}}, [[x, y], ...] or [y, ...]"
 
 
-def series_of(label: str, expr: str, document: Any, paths: dict[int, tuple]) -> Series:
+def series_of(label: str, expr: str, document: Any, paths: dict[int, tuple], under: bool = False) -> Series:
     """One series over the (check_document-ed) evidence, with its notes."""
-    series = Series(label, expr)
+    series = Series(label, expr, under=under)
     value, problem, missing = _evaluate(expr, document, paths)
     if problem:
         series.notes.append(problem)
@@ -218,7 +219,7 @@ def marker_of(definition: MarkerDef, document: Any, paths: dict[int, tuple]) -> 
 def figure_of(definition: PlotDef, document: Any, paths: dict[int, tuple] | None = None) -> Figure:
     """One plot over a document already passed through `check_document`."""
     paths = index_paths(document) if paths is None else paths
-    series = [series_of(s.label, s.points, document, paths) for s in definition.series]
+    series = [series_of(s.label, s.points, document, paths, s.under) for s in definition.series]
     notes = [f"{s.label}: {note}" for s in series for note in s.notes]
     markers = []
     for m in definition.markers:

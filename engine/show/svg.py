@@ -22,6 +22,9 @@ CHAR_PX = 6.6  # average advance of a 12 px sans-serif character, for laying out
 # Distinguishable in colour and in grey; the series take them in order.
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 MARKER_COLOUR = "#444444"
+# A series drawn `under` the others (the run they are compared with): wide and pale, so that a line
+# over it where the two coincide is seen on it, and it is seen beside that line where they part.
+UNDER_COLOUR, UNDER_WIDTH = "#b0b0b0", 6
 GRID_COLOUR = "#e6e6e6"
 # Few enough points that each is worth a dot.
 DOT_MAX_POINTS = 40
@@ -68,13 +71,24 @@ def axis(values: Sequence[Number], integer: bool, pad_few: bool = False) -> tupl
     return low, high, ticks, decimals
 
 
+def colours(figure: Figure) -> list[str]:
+    """Each series' colour: the palette in order over the series drawn on top, grey for one drawn under
+    (which takes no palette colour, so the legs keep theirs with or without it)."""
+    out, i = [], 0
+    for s in figure.series:
+        if s.under:
+            out.append(UNDER_COLOUR)
+        else:
+            out.append(PALETTE[i % len(PALETTE)])
+            i += 1
+    return out
+
+
 def _legend(figure: Figure) -> list[tuple[str, str, bool, bool]]:
     """(text, colour, dashed, has data) of each legend entry."""
     out = []
-    for i, s in enumerate(figure.series):
-        out.append(
-            (s.label if s.drawn() else f"{s.label} (no data)", PALETTE[i % len(PALETTE)], False, bool(s.drawn()))
-        )
+    for s, colour in zip(figure.series, colours(figure)):
+        out.append((s.label if s.drawn() else f"{s.label} (no data)", colour, False, bool(s.drawn())))
     for m in figure.markers:
         at = ", ".join(number_text(v) for v in m.at)
         out.append((f"{m.label} ({at})" if at else f"{m.label} (no data)", MARKER_COLOUR, True, bool(m.at)))
@@ -181,21 +195,24 @@ def _series(figure: Figure, fr: _Frame) -> list[str]:
     a, e = fr.sx, fr.left - fr.x0 * fr.sx
     d, f = -fr.sy, fr.bottom + fr.y0 * fr.sy
     out = [f'<g class="data" transform="matrix({_fmt(a)} 0 0 {_fmt(d)} {_fmt(e)} {_fmt(f)})">']
-    for i, s in enumerate(figure.series):
-        colour = PALETTE[i % len(PALETTE)]
+    drawn = list(zip(figure.series, colours(figure)))
+    # The series drawn under go first: SVG paints in document order.
+    for s, colour in [d for d in drawn if d[0].under] + [d for d in drawn if not d[0].under]:
+        width = UNDER_WIDTH if s.under else 1.5
         for run in s.runs():
             points = " ".join(f"{number_text(x)},{number_text(y)}" for x, y in run)
             out.append(
                 f'<polyline class="series" data-series="{escape(s.label)}" points="{points}" fill="none" '
-                f'stroke="{colour}" stroke-width="1.5" stroke-linejoin="round" '
+                f'stroke="{colour}" stroke-width="{width}" stroke-linejoin="round" '
                 f'vector-effect="non-scaling-stroke"/>'
             )
     out.append("</g>")
     # Dots in pixels (a circle in data coordinates would be squashed into an ellipse): every point of
     # a short series, and a point a gap left alone, which a line cannot show.
     out.append('<g class="dots">')
-    for i, s in enumerate(figure.series):
-        colour = PALETTE[i % len(PALETTE)]
+    for s, colour in drawn:
+        if s.under:
+            continue  # its wide line is the mark; a dot under each leg's would hide theirs
         runs = s.runs()
         few = sum(len(r) for r in runs) <= DOT_MAX_POINTS
         for run in runs:

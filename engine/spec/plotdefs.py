@@ -17,6 +17,7 @@ class SeriesDef:
     label: str
     points: str  # JMESPath: {x: y}, [[x, y], ...] or [y, ...]
     at: tuple = field(default=(), compare=False)  # where its `points` is written (for validation)
+    under: bool = False  # drawn beneath the others, wide and pale: the run they are compared with
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _series(raw: Any, path: tuple, values: Mapping[str, Any] | None) -> tuple[li
     points and the element's references into its label. Without values, nothing is templated."""
     at = path + ("points",)
     if values is None:
-        return [SeriesDef(raw["label"], raw["points"], at)], []
+        return [SeriesDef(raw["label"], raw["points"], at, bool(raw.get("under")))], []
     elements: list[expand.Element | None] = [None]
     if raw.get("for_each"):
         found, problems = expand.elements(raw["for_each"], values, path + ("for_each",))
@@ -63,7 +64,7 @@ def _series(raw: Any, path: tuple, values: Mapping[str, Any] | None) -> tuple[li
         if problem:
             problems.append(problem)
             continue
-        out.append(SeriesDef(label, points, at))
+        out.append(SeriesDef(label, points, at, bool(raw.get("under"))))
     return out, problems
 
 

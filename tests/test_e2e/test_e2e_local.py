@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from p4_runs import SharedP4
 from processes import kill_tree, start_job
 
 pytestmark = pytest.mark.slow
@@ -203,9 +204,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ----------------------------------------------------------------------------------------------- tests
 
 
-def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path) -> None:
-    run = run_engine(workdir, "specs/p4_smoke.yaml")
-    assert_every_check_passed(run, "p4_smoke", min_checks=27)
+def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path, p4_shared: SharedP4) -> None:
+    run = run_engine(workdir, "specs/p4_smoke.yaml", *p4_shared.sets("p4_smoke"))
+    assert_every_check_passed(run, "p4_smoke", min_checks=32)
     ev = run.evidence
     # Everything this run wrote is under the scratch dir, nothing in the checkout.
     assert run.run_dir.parent == workdir / "runs" and run.run_dir.name.startswith("p4_smoke-smoke-")
@@ -251,9 +252,15 @@ def test_p4_smoke_passes_end_to_end_with_real_values(workdir: Path) -> None:
     assert "auto-resume: repo missing" in leg1_log and "segment boundary at step 10" in leg1_log
 
 
-def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) -> None:
-    run = run_engine(workdir, "specs/p4_preempt.yaml", watch=True, probes={"leg1_training": r"KEY> CKPT save step=10 "})
-    assert_every_check_passed(run, "p4_preempt", min_checks=19)
+def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path, p4_shared: SharedP4) -> None:
+    run = run_engine(
+        workdir,
+        "specs/p4_preempt.yaml",
+        *p4_shared.sets("p4_preempt"),
+        watch=True,
+        probes={"leg1_training": r"KEY> CKPT save step=10 "},
+    )
+    assert_every_check_passed(run, "p4_preempt", min_checks=23)
     ev = run.evidence
     run_dir = str(run.run_dir)
 
@@ -303,18 +310,28 @@ def test_p4_preempt_kills_leg1_mid_push_and_leg2_loses_nothing(workdir: Path) ->
     assert left == {}, left
 
 
-def test_a_failed_leg2_is_resumed_at_its_wipe_without_rerunning_leg1(workdir: Path) -> None:
-    # The outage: leg 2 gets one second, and times out.
-    first = run_engine(workdir, "specs/p4_smoke.yaml", "t_leg2=1")
+@pytest.fixture(scope="module")
+def failed_then_resumed(workdir: Path, p4_shared: SharedP4) -> tuple[EngineRun, bytes, EngineRun]:
+    """The smoke whose leg 2 failed (an outage: one second, and it times out), then the same run resumed at
+    the wipe before leg 2: (the failed run, its leg 1 log as it was, the resumed run)."""
+    first = run_engine(workdir, "specs/p4_smoke.yaml", "t_leg2=1", *p4_shared.sets("p4_smoke"))
     assert first.rc == 5 and first.evidence["steps"]["leg2"]["timed_out"] is True, first.explain()
     leg1_log = (first.run_dir / "logs" / "leg1.log").read_bytes()
     resumed = run_engine(
         workdir,
         "specs/p4_smoke.yaml",
         "t_leg2=900",
+        *p4_shared.sets("p4_smoke"),
         options=("--run-dir", str(first.run_dir), "--from", "wipe_before_leg2"),
     )
-    assert_every_check_passed(resumed, "p4_smoke", min_checks=27)
+    return first, leg1_log, resumed
+
+
+def test_a_failed_leg2_is_resumed_at_its_wipe_without_rerunning_leg1(
+    failed_then_resumed: tuple[EngineRun, bytes, EngineRun],
+) -> None:
+    first, leg1_log, resumed = failed_then_resumed
+    assert_every_check_passed(resumed, "p4_smoke", min_checks=32)
     ev = resumed.evidence
     reused = ["preflight", "fetch_mix", "wipe_before_leg1", "leg1", "hub_after_leg1"]
     assert [n for n, s in ev["steps"].items() if s.get("reused")] == reused
@@ -331,3 +348,86 @@ def test_a_failed_leg2_is_resumed_at_its_wipe_without_rerunning_leg1(workdir: Pa
     # announces its validation pass, the phase its progress line names after the last step.
     assert ev["steps"]["leg1"]["progress"]["total"] == 10 and ev["steps"]["leg2"]["progress"]["total"] == 20
     assert "validation start tokens=8192" in (resumed.run_dir / "logs" / "leg2.log").read_text()
+    # The run that never stopped was not trained again: its saved evidence was reused, made by an earlier smoke
+    # of the session or by the failed attempt itself (whose run dir this is).
+    reference = ev["steps"]["reference"]
+    assert reference["status"] == "ok" and reference["reference"]["reused_from"] is not None, reference["reference"]
+    assert "   reusing reference from " in resumed.stdout and "(same definition)" in resumed.stdout
+    assert "making it" not in resumed.stdout and "making a new one" not in resumed.stdout
+    assert resumed.run_json("reference")["final_step"] == 20
+
+
+FIRST_DIFFERENCE = re.compile(r"= false: first difference at step (?P<step>\d+): (?P<a>\S+) vs (?P<b>\S+) \(")
+
+
+def explain_of(run: EngineRun, check: str) -> str:
+    """The report's lines under a check's row: its expression and the values it read."""
+    lines = run.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(check + " "))
+    below = [line for line in lines[at + 1 : at + 40]]
+    return "\n".join(below[: next((i for i, line in enumerate(below) if not line.startswith(" ")), len(below))])
+
+
+# The trainer's own word on this resume is right (step 10, the tokens of 20 steps); only a comparison with the
+# run that never stopped sees that leg 2 trained on another learning rate (tiny's lr is 0.01).
+CHANGED_LR_SPEC = """\
+version: 1
+extends: {smoke}
+steps:
+  - name: leg2
+    override: true
+    run:
+      argv: ["${{torchrun}}", "${{train_args}}", "--resume", "must", "--stop-after-steps", "0",
+             "--lr", "0.012", "--allow-config-change", "lr,min_lr"]
+"""
+
+
+def test_a_resume_on_an_allowed_lr_change_reports_the_right_step_but_fails_against_the_reference(
+    workdir: Path, p4_shared: SharedP4, failed_then_resumed: tuple[EngineRun, bytes, EngineRun]
+) -> None:
+    _, _, passed = failed_then_resumed
+    spec = workdir / "changed_lr.yaml"
+    spec.write_text(CHANGED_LR_SPEC.format(smoke=REPO_ROOT / "specs" / "p4_smoke.yaml"))
+    # Leg 2 again (from the wipe before it, which the engine asks for), in the run that passed: the store is
+    # put back as leg 2 found it (only checkpoint-10), or it would resume from the final/ the passing leg 2
+    # pushed and train nothing.
+    run = run_engine(
+        workdir,
+        str(spec),
+        *p4_shared.sets("p4_smoke"),
+        options=("--run-dir", str(passed.run_dir), "--from", "wipe_before_leg2"),
+    )
+    assert run.rc == 5, run.explain()
+    repo_dir = passed.evidence["values"]["repo"].removeprefix("file://")
+    assert f"restored {repo_dir} from the snapshot taken before leg2" in run.stdout, run.stdout[:3000]
+    leg2 = run.run_json("leg2")
+    assert [(c["field"], c["old"], c["new"]) for c in leg2["config_changes"] if c["field"] == "lr"] == [
+        ("lr", 0.01, 0.012)
+    ]
+    assert leg2["resumed_from_step"] == 10 and leg2["first_step"] == 11 and leg2["final_step"] == 20
+    checks = run.checks()
+    for trusted in ("next_leg_resumed_from_exactly_the_stop[leg=leg1]", "horizon_tokens_match_the_arithmetic"):
+        assert checks[trusted]["outcome"] == "PASS", checks[trusted]
+    # Against the reference: the lr leaves it at step 11, the first step leg 2 trained; the loss at step 12,
+    # the first computed on weights that step 11's update moved; the weights at the horizon differ.
+    failed = set(run.evidence["verdict"]["failed"])
+    assert {
+        "lrs_match_the_reference[leg=leg2]",
+        "losses_match_the_reference[leg=leg2]",
+        "final_checkpoint_matches_the_reference",
+    } <= failed, failed
+    assert "losses_match_the_reference[leg=leg1]" not in failed and "lrs_match_the_reference[leg=leg1]" not in failed
+    reference = run.run_json("reference")
+    for check, step, series in (
+        ("lrs_match_the_reference[leg=leg2]", "11", "lrs"),
+        ("losses_match_the_reference[leg=leg2]", "12", "losses"),
+    ):
+        said = FIRST_DIFFERENCE.search(explain_of(run, check))
+        assert said is not None, explain_of(run, check)
+        assert said["step"] == step, said.group(0)
+        assert float(said["a"]) == pytest.approx(leg2[series][step], rel=1e-4), said.group(0)
+        assert float(said["b"]) == pytest.approx(reference[series][step], rel=1e-4), said.group(0)
+        assert leg2[series][step] != reference[series][step]
+    assert leg2["losses"]["11"] == reference["losses"]["11"]
+    compared = run.evidence["state"]["leg2_vs_reference"]
+    assert compared["error"] is None and compared["first_not_close"]["group"] == "model", compared["first_not_close"]

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from p4_runs import SharedP4
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +31,13 @@ def engine_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and_line(tmp_path):
+def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and_line(
+    tmp_path: Path, p4_shared: SharedP4
+) -> None:
     (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
     # 200,000 steps: far more tokens than the synthetic mix holds, so every rank refuses at setup (exit 3).
     args = ["--set", "steps=200000", "--run-dir", "r", "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html"]
+    args += [a for s in p4_shared.mix_sets() for a in ("--set", s)]
     proc = engine_run(tmp_path, "specs/p4_smoke.yaml", *args)
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
     said = "leg1: the trainer exited 3: refused: data mix "
@@ -49,9 +53,11 @@ def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and
     live = proc.stdout[proc.stdout.index("=== leg1") :]
     assert live.index(f"   {said}") < live.index("FAILURE LINES")
     # The terminal report: its first lines, before the table.
-    report = proc.stdout[proc.stdout.index("hub_after_leg2_RC") :].splitlines()[1:]
+    report = proc.stdout[proc.stdout.index("leg2_vs_reference_RC") :].splitlines()[1:]
     assert report[0].startswith(said) and report[1].startswith("leg2: the trainer exited 3: refused: ")
-    assert report[2].startswith("check ")
+    # The reference trains the same horizon, and is refused the same way.
+    assert report[2].startswith("reference: the trainer exited 3: refused: data mix ")
+    assert report[3].startswith("check ")
     failure = ET.parse(tmp_path / "j.xml").getroot().find("testcase[@name='leg1']/failure")
     assert failure is not None and failure.get("message", "").startswith("failed: the trainer exited 3: refused: ")
     assert failure.text.splitlines()[0] == f"the trainer exited 3: {child['message']}"
@@ -61,7 +67,9 @@ def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and
     assert f'<p class="child"><strong>{said}' in page
 
 
-def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started_afresh(tmp_path):
+def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started_afresh(
+    tmp_path: Path, p4_shared: SharedP4
+) -> None:
     """The shipped smoke's leg 2 runs `--resume must`: the store deleted after leg 1 is a refusal (exit 3) that
     names the repo, never `repo missing, created ..., fresh start` with exit 0."""
     (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
@@ -75,7 +83,8 @@ def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started
         '      paths: ["${train_out}", "${tlog}", "${store_root}/probe/ckpt-${run_id}"]\n'
         '      also_under: ["${store_root}"]\n'
     )
-    proc = engine_run(tmp_path, "deleted.yaml", "--run-dir", "r")
+    shared = [a for s in p4_shared.sets("p4_smoke") for a in ("--set", s)]
+    proc = engine_run(tmp_path, "deleted.yaml", "--run-dir", "r", *shared)
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     repo = doc["values"]["repo"]
@@ -87,7 +96,9 @@ def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started
     assert f"leg2: the trainer exited 3: refused: --resume must: repo {repo} does not exist" in proc.stdout
 
 
-def test_a_refusal_behind_a_launcher_that_exits_0_still_fails_the_leg_quoting_the_trainer_s_line(tmp_path):
+def test_a_refusal_behind_a_launcher_that_exits_0_still_fails_the_leg_quoting_the_trainer_s_line(
+    tmp_path: Path, p4_shared: SharedP4
+) -> None:
     """A wrapper that swallows the launcher's exit code (`...; exit 0`) hides the trainer's refusal from the exit
     code; the P4 legs' `fail_on` still fails leg 1, quoting the trainer's `refused:` line and its number."""
     (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
@@ -101,13 +112,14 @@ def test_a_refusal_behind_a_launcher_that_exits_0_still_fails_the_leg_quoting_th
         '      argv: ["sh", "-c", \'"$@"; exit 0\', "sh", "${torchrun}", "${train_args}", "--resume", "auto",'
         ' "--stop-after-steps", "${stop1}"]\n'
     )
-    proc = engine_run(tmp_path, "wrapped.yaml", "--set", "steps=200000", "--run-dir", "r")
+    shared = [a for s in p4_shared.mix_sets() for a in ("--set", s)]
+    proc = engine_run(tmp_path, "wrapped.yaml", "--set", "steps=200000", "--run-dir", "r", *shared)
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
     leg1 = json.loads((tmp_path / "r" / "evidence.json").read_text())["steps"]["leg1"]
     assert (leg1["rc"], leg1["status"]) == (0, "failed")
     (first, *_) = leg1["fail_on"]["lines"]
     assert first["text"].startswith("refused: data mix ") and first["pattern"] == "^refused: "
-    report = proc.stdout[proc.stdout.index("hub_after_leg2_RC") :].splitlines()[1:]
+    report = proc.stdout[proc.stdout.index("leg2_vs_reference_RC") :].splitlines()[1:]
     # torchrun's own traceback of the failed child, and nothing else, is the other failure line.
     assert [hit["text"] for hit in leg1["fail_on"]["lines"][1:]] == ["Traceback (most recent call last):"]
     assert report[0] == (

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from p4_runs import SharedP4
 from test_e2e_local import EngineRun, assert_every_check_passed, run_engine, workdir_with_specs
 
 from engine.cli import main as engine_main
@@ -54,6 +55,8 @@ PER_LEG = (
     "every_logged_step_has_its_lr_and_batch",
     "lr_follows_the_schedule",
     "no_batch_trained_twice_in_a_leg",
+    "losses_match_the_reference",
+    "lrs_match_the_reference",
 )
 
 
@@ -91,7 +94,7 @@ def test_every_stop_and_every_leg_get_the_librarys_checks_and_none_is_disabled(s
         assert horizon == f"steps.{legs[-1]}.harvest.run_json.final_step == values.steps"
         # The inherited plots draw every leg.
         assert {p.name: [s.label for s in p.series] for p in plan.plots} == {
-            "loss": legs,
+            "loss": ["reference (never stopped)", *legs],
             "tokens_per_s": legs,
             "peak_memory": legs,
         }
@@ -114,18 +117,24 @@ def test_every_leg_after_the_first_continues_the_run_with_resume_must(spec: str)
     for mode in ("smoke", "soak") if "preempt" not in spec else ("smoke",):
         for target in ("local", "gpu", "real"):
             plan = build_plan(load_spec(REPO_ROOT / "specs" / spec), mode=mode, environ={"SPECPROBE_TARGET": target})
-            legs = [s["run"]["argv"] for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+            trains = [s for s in plan.steps if s["kind"] == "run" and "trainer.train" in s["run"]["argv"]]
+            legs = [s["run"]["argv"] for s in trains if "reference" not in s]
             resumes = [argv[argv.index("--resume") + 1] for argv in legs]
+            # The run that never stopped starts fresh in its own store, whatever it finds there.
+            (reference,) = [s["run"]["argv"] for s in trains if "reference" in s]
+            assert reference[reference.index("--resume") :][:2] == ["--resume", "never"], reference
             assert [argv.count("--resume") for argv in legs] == [1] * len(legs), (spec, mode, target)
             assert resumes == ["auto"] + ["must"] * (len(legs) - 1), (spec, mode, target, resumes)
 
 
 @pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
-def stops_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, EngineRun]:
+def stops_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, p4_shared: SharedP4
+) -> tuple[str, EngineRun]:
     """One real run of each example, shared by the tests below."""
     stem = request.param
     work = workdir_with_specs(tmp_path_factory.mktemp(stem) / "work")
-    return stem, run_engine(work, f"specs/examples/{stem}.yaml", timeout=600)
+    return stem, run_engine(work, f"specs/examples/{stem}.yaml", *p4_shared.sets(stem), timeout=600)
 
 
 @pytest.mark.slow
@@ -147,7 +156,12 @@ def test_passes_end_to_end_on_the_embedded_default(stops_run: tuple[str, EngineR
     plots = {f.name: f for f in for_spec(load_spec(EXAMPLES / f"{stem}.yaml"), run.evidence)}
     rates = plots["tokens_per_s"].series
     assert [s.label for s in rates] == legs and all(len(s.drawn()) >= 2 for s in rates), rates
-    assert [s.label for s in plots["loss"].series] == legs
+    assert [s.label for s in plots["loss"].series] == ["reference (never stopped)", *legs]
+    # The last leg's checkpoint was compared with the reference's, after it (the library's comparison after
+    # leg 2 is skipped: leg 2 is not the last leg here).
+    assert run.evidence["steps"]["leg2_vs_reference"]["status"] == "skipped"
+    compared = state[f"{legs[-1]}_vs_reference"]
+    assert compared["error"] is None and compared["equal"] is True, compared
 
 
 @pytest.mark.slow

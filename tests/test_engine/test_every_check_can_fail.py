@@ -60,11 +60,15 @@ def test_saved_bundle_is_a_small_real_run(stem: str) -> None:
     assert sorted(f"logs/{p.name}" for p in (bundle / "logs").iterdir()) == sorted(logs)
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     assert size < 1_000_000, f"{stem} bundle is {size} bytes"
-    # Every run step really ran; both collects really collected.
+    # Every run step really ran; every collect really collected: the store after each leg, the reference's
+    # store, and the horizon's checkpoint against the reference's.
     assert {s: st["status"] for s, st in doc["steps"].items() if st["kind"] == "collect"} == {
         "hub_after_leg1": "ok",
         "hub_after_leg2": "ok",
+        "reference_store": "ok",
+        "leg2_vs_reference": "ok",
     }
+    assert doc["steps"]["reference"]["status"] == "ok" and doc["state"]["leg2_vs_reference"]["equal"] is True
 
 
 @pytest.mark.parametrize("stem", SPECS)
@@ -222,14 +226,15 @@ def test_soak_peak_gate_armed_on_a_cpu_run_fails(tmp_path: Path, engine: Engine)
 def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_soak(
     tmp_path: Path, engine: Engine, baselines: dict
 ) -> None:
-    """The check's own scenario (`why`): a restart from random weights jumps back up."""
+    """The check's own scenario (`why`): a restart from random weights jumps back up (and leaves the run that
+    never stopped)."""
     bundle = copy_bundle("p4_soak", tmp_path)
     doc = read_evidence(bundle)
     leg2_restarted_from_random_weights(doc)
     write_evidence(bundle, doc)
     got = engine_check(engine, "p4_soak", bundle)
     flipped = {n for n, o in got.outcomes.items() if o != baselines["p4_soak"][n]}
-    assert flipped == {"next_leg_continues_the_trajectory[leg=leg1]"}
+    assert flipped == {"next_leg_continues_the_trajectory[leg=leg1]", "losses_match_the_reference[leg=leg2]"}
 
 
 def test_restart_from_random_weights_is_caught_by_the_trajectory_check_in_smoke(tmp_path: Path, engine: Engine) -> None:

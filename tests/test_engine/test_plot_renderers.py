@@ -140,11 +140,16 @@ def test_mermaid_joins_legs_that_follow_each_other_into_one_line(monkeypatch):
         evidence["steps"]["leg1"]["harvest"]["run_json"]["losses"]
         | evidence["steps"]["leg2"]["harvest"]["run_json"]["losses"]
     )
-    # Each loss to 5 significant digits: the chart's source stays readable (the SVG keeps them exact).
-    assert mermaid_lines(block) == {"leg1 + leg2": [float(f"{losses[str(s)]:.5g}") for s in range(1, 181)]}
+    reference = evidence["steps"]["reference"]["harvest"]["run_json"]["losses"]
+    # Each loss to 5 significant digits: the chart's source stays readable (the SVG keeps them exact). The
+    # reference is a line of its own, the whole horizon; the legs are one line after the other.
+    assert mermaid_lines(block) == {
+        "reference (never stopped)": [float(f"{reference[str(s)]:.5g}") for s in range(1, 181)],
+        "leg1 + leg2": [float(f"{losses[str(s)]:.5g}") for s in range(1, 181)],
+    }
     assert "6.2225, 6.2097, 6.1926" in block and "6.222527027130127" not in block
     assert 'x-axis "step (120: stop / cold resume)" 1 --> 180' in block
-    assert "line 1: leg1 at step 1-120, then leg2 at step 121-180" in mermaid.markdown(loss)
+    assert "line 2: leg1 at step 1-120, then leg2 at step 121-180" in mermaid.markdown(loss)
 
 
 def test_mermaid_rounds_y_values_to_5_significant_digits_and_keeps_x_values_exact():
@@ -212,10 +217,18 @@ def test_saved_soak_run_report_is_valid_and_draws_every_loss(tmp_path, monkeypat
     doc = strict_html(page_path.read_text())
     svgs = {e.get("id"): e for e in doc.iter() if e.tag.split("}")[-1] == "svg"}
     assert list(svgs) == ["plot-loss", "plot-tokens_per_s", "plot-peak_memory"]
-    for leg in ("leg1", "leg2"):
-        losses = evidence["steps"][leg]["harvest"]["run_json"]["losses"]
+    for leg in ("leg1", "leg2", "reference (never stopped)"):
+        losses = evidence["steps"][leg.split()[0]]["harvest"]["run_json"]["losses"]
         drawn = polylines(svgs["plot-loss"], leg)
         assert drawn == [[(float(k), v) for k, v in losses.items()]]
+    # The reference is drawn first (beneath), wide and grey; leg 1 keeps the first palette colour, on top.
+    lines = [e for e in svgs["plot-loss"].iter() if e.tag.split("}")[-1] == "polyline"]
+    shown = [(e.get("data-series"), e.get("stroke"), e.get("stroke-width")) for e in lines]
+    assert shown == [
+        ("reference (never stopped)", svg.UNDER_COLOUR, str(svg.UNDER_WIDTH)),
+        ("leg1", svg.PALETTE[0], "1.5"),
+        ("leg2", svg.PALETTE[1], "1.5"),
+    ]
     # Tokens/s come from the progress lines the replay re-harvested out of the raw logs.
     log = (run / "logs" / "leg2.log").read_text()
     rates = [(float(s), float(r)) for s, r in re.findall(r"step (\d+)/180 loss \S+ lr \S+ tok/s (\d+)", log)]
@@ -258,4 +271,4 @@ def test_the_docs_show_the_saved_soak_runs_loss_plot(monkeypatch):
         page_path.write_text(page)
         found = DOCS_CHART.search(page)
     assert found.group(2) == mermaid.chart(loss)
-    assert "- line 1: leg1 at step 1-120, then leg2 at step 121-180" in found.group(2)
+    assert "- line 2: leg1 at step 1-120, then leg2 at step 121-180" in found.group(2)

@@ -120,11 +120,16 @@ def test_plots_merge_by_name_across_extends(monkeypatch):
     soak = build_plan(load_spec("specs/p4_soak.yaml"), environ={}).plots
     assert [p.name for p in soak] == ["loss", "tokens_per_s", "peak_memory"]
     loss = soak[0]
-    assert [s.label for s in loss.series] == ["leg1", "leg2"]  # from p4_common, one series per leg
+    # from p4_common: the reference beneath, then one series per leg
+    assert [(s.label, s.under) for s in loss.series] == [
+        ("reference (never stopped)", True),
+        ("leg1", False),
+        ("leg2", False),
+    ]
     assert loss.markers == (MarkerDef("x", "values.stops[*].stop", "stop / cold resume"),)  # from p4_segment
     preempt = build_plan(load_spec("specs/p4_preempt.yaml"), environ={}).plots
     assert [p.name for p in preempt] == ["loss", "tokens_per_s"]
-    assert preempt[0].series[0].points == "steps.leg1.harvest.progress[*].[step, loss]"
+    assert preempt[0].series[0].under and preempt[0].series[1].points == "steps.leg1.harvest.progress[*].[step, loss]"
 
 
 def test_saved_soak_run_gives_every_loss_of_both_legs(monkeypatch):
@@ -133,8 +138,11 @@ def test_saved_soak_run_gives_every_loss_of_both_legs(monkeypatch):
     loss = for_spec(load_spec("specs/p4_soak.yaml"), evidence)[0]
     leg1 = evidence["steps"]["leg1"]["harvest"]["run_json"]["losses"]
     leg2 = evidence["steps"]["leg2"]["harvest"]["run_json"]["losses"]
-    assert loss.series[0].points == [(int(k), v) for k, v in leg1.items()]
-    assert loss.series[1].points == [(int(k), v) for k, v in leg2.items()]
+    reference = evidence["steps"]["reference"]["harvest"]["run_json"]["losses"]
+    assert loss.series[0].points == [(int(k), v) for k, v in reference.items()] and loss.series[0].under
+    assert len(reference) == 180
+    assert loss.series[1].points == [(int(k), v) for k, v in leg1.items()]
+    assert loss.series[2].points == [(int(k), v) for k, v in leg2.items()]
     assert loss.markers[0].at == [120]
 
 

@@ -16,8 +16,11 @@ import pytest
 from engine_runs import EngineRuns, dump
 
 from engine.judge.verdict import Exit
+from engine.run.digests import changes, input_digests
+from engine.run.reference import reuse_key
 from engine.spec.load import load_spec
 from engine.spec.located import SpecErrors
+from engine.spec.plan import build_plan
 from engine.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -381,3 +384,33 @@ def test_a_bad_hold_is_refused_with_its_place(tmp_path: Path, rule: dict, messag
     with pytest.raises(SpecErrors) as caught:
         load_spec(path)
     assert f"{path}:" in str(caught.value) and message in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "spec", ["p4_smoke", "p4_soak", "p4_preempt", "examples/p4_two_stops", "examples/p4_three_stops"]
+)
+def test_the_p4_reference_is_keyed_by_the_trainer_code_the_packages_and_the_mix_manifest(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every P4 spec's reference (specs/lib/p4_common.yaml) is reused only while the trainer's code (found from
+    where the spec lies, never `missing`), the installed specprobe and torch and the data mix's manifest are
+    those it was made with: another manifest is another key, and the reason names the file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mix").mkdir()
+    manifest = tmp_path / "mix" / "manifest.json"
+    manifest.write_text('{"shards": 2}')
+    plan = build_plan(load_spec(ROOT / "specs" / f"{spec}.yaml"), sets=[f"mix_root={tmp_path / 'mix'}"], environ={})
+    step = next(s for s in plan.steps if s["name"] == "reference")
+    inputs = step["reference"]["inputs"]
+    assert inputs["packages"] == ["specprobe", "torch"] and inputs["files"] == [str(manifest)]
+    (code,) = inputs["git"]
+    assert Path(code).resolve() == ROOT / "trainer"
+    digests = input_digests(inputs)
+    assert "missing" not in digests["git"][code] and digests["packages"]["torch"] is not None
+    assert not str(step["reference"]["dir"]).startswith(str(plan.values["run_dir"]))
+    key = reuse_key(step, digests)
+    manifest.write_text('{"shards": 3}')
+    changed = input_digests(inputs)
+    assert reuse_key(step, changed) != key
+    (said,) = changes(digests, changed)
+    assert said.startswith(f"file {manifest}: sha256 ")

@@ -112,12 +112,17 @@ def test_an_old_style_spec_that_lists_only_the_first_stop_is_refused_naming_the_
     path.write_text(OLD_STYLE)
     rc, out = engine("validate", str(path))
     assert rc == 2 and 'let.legs = ["leg1","leg2","leg3"]; let.not_in_stops = ["leg2"]' in out, out
-    # Listing the stop is the whole fix.
+    # Listing the stop is the whole fix, with the last leg's checkpoint compared with the reference's after it
+    # (`engine validate` names the comparison step it lacks otherwise).
     path.write_text(
         OLD_STYLE.replace(
             'stop2: {eval: "add(stop1, push_every)"}\n',
             'stop2: {eval: "add(stop1, push_every)"}\n  stops:\n'
             '    - {leg: leg1, stop: "${stop1}", next: leg2}\n    - {leg: leg2, stop: "${stop2}", next: leg3}\n',
+        ).replace(
+            "    like: hub_after_leg2\n",
+            "    like: hub_after_leg2\n  - name: leg3_vs_reference\n    like: leg2_vs_reference\n"
+            "    when: \"final_leg == 'leg3'\"\n",
         )
     )
     assert engine("validate", str(path)) == (0, f"OK {path}\n")

@@ -206,7 +206,8 @@ def test_a_new_spec_that_extends_a_spec_with_no_saved_run_and_disables_a_gate_th
 
 
 def test_a_consistent_rename_of_a_leg_is_one_line_and_exits_0(shipped: Path) -> None:
-    """leg3 -> leg_last in its steps, `final_leg`, `stops` and the collector: one change, nothing risky."""
+    """leg3 -> leg_last in its steps, `final_leg`, `stops`, the collector and the comparison with the reference
+    (its name and its `when`): one change, nothing risky."""
     spec = shipped / "specs" / "examples" / "p4_two_stops.yaml"
     spec.write_text(re.sub(r"leg3(?![0-9])", "leg_last", spec.read_text()))
     rc, text, err = review()
@@ -217,8 +218,8 @@ def test_a_consistent_rename_of_a_leg_is_one_line_and_exits_0(shipped: Path) -> 
     assert shown == [
         "  specs/examples/p4_two_stops.yaml    renamed leg3 -> leg_last",
         "renamed leg3 -> leg_last",
-        "    ~ renamed leg3 -> leg_last (with wipe_before_leg3, hub_after_leg3), in every step, value and check "
-        "that names it  (specs/examples/p4_two_stops.yaml:38)",
+        "    ~ renamed leg3 -> leg_last (with wipe_before_leg3, hub_after_leg3, leg3_vs_reference), in every step, "
+        "value and check that names it  (specs/examples/p4_two_stops.yaml:41)",
     ], text
 
 
