@@ -331,10 +331,25 @@ def test_two_runs_at_once_make_one_reference(probe: EngineRuns) -> None:
 # --- validation: each bad block named at its file:line ------------------------------------------------
 
 
-def problems(tmp_path: Path, doc: dict) -> list[str]:
+def problems(tmp_path: Path, doc: dict, code: bool = True) -> list[str]:
+    """What validate says of `doc`, in a work dir that holds the reference's code folder (unless `code` is false)."""
     path = tmp_path / "v.yaml"
     path.write_text(dump(doc))
-    return [str(e) for e in validate(load_spec(path), environ={})]
+    if code:
+        (tmp_path / "repo" / "code").mkdir(parents=True, exist_ok=True)
+    doc_in = load_spec(path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # ${work_dir} is where the engine runs
+    try:
+        return [str(e) for e in validate(doc_in, environ={})]
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_reference_keyed_on_a_code_folder_that_is_not_there_is_refused(tmp_path: Path) -> None:
+    (err,) = problems(tmp_path, spec_doc(), code=False)
+    assert f"$.steps[0].reference.inputs.git[0]: code folder {tmp_path / 'repo' / 'code'} is not a folder" in err
+    assert "would be reused across every change of it" in err
 
 
 def test_a_reference_that_reads_the_run_is_refused(tmp_path: Path) -> None:
