@@ -91,8 +91,7 @@ def resolved_errors(
     spec: Spec, steps: Sequence[tuple[int, Mapping[str, Any]]], run_dir: str | os.PathLike[str]
 ) -> list[SpecError]:
     """Per mode, the resolved blocks: each reference directory is its own, one the engine may
-    empty before making a new reference, and holds what it keeps; each code folder keying it is there;
-    no snapshot holds the run dir."""
+    empty before making a new reference, and holds what it keeps; no snapshot holds the run dir."""
     errors: list[SpecError] = []
     dirs: dict[Path, str] = {}
     run = Path(os.path.abspath(run_dir))
@@ -115,16 +114,6 @@ def resolved_errors(
                             f"kept path {path} is not under the reference dir {root}: a reference keeps only what it owns",
                         )
                     )
-        for j, folder in enumerate((ref.get("inputs") or {}).get("git") or []):
-            where = Path(os.path.abspath(os.path.expanduser(str(folder))))
-            if not where.is_dir():
-                errors.append(
-                    spec.error(
-                        ("steps", i, "reference", "inputs", "git", j),
-                        f"code folder {where} is not a folder: a reference keyed on code that is not there would "
-                        f"be reused across every change of it; name the folder the run's code lives in",
-                    )
-                )
         for given in (step.get("snapshot") or {}).get("paths") or []:
             path = Path(os.path.abspath(os.path.expanduser(str(given))))
             if _under(run, path):

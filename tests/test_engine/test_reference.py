@@ -249,6 +249,19 @@ def test_a_failed_reference_is_never_reused(probe: EngineRuns) -> None:
     assert runs_of(probe.cwd / "ref.count") == 3
 
 
+def test_a_reference_keyed_on_a_code_folder_that_is_not_there_fails_naming_it(probe: EngineRuns) -> None:
+    # Keyed as "missing", it would be reused across every change of that code; it is not made or reused.
+    moved = probe.cwd / "repo" / "elsewhere"
+    (probe.cwd / "repo" / "code").rename(moved)
+    ran = probe("run", "s.yaml", "--run-dir", "r1", expect=Exit.FAILED)
+    error = probe.evidence("r1")["steps"]["reference"]["error"]
+    assert (
+        error
+        == f"reference: its code folder {probe.cwd / 'repo' / 'code'} is not there: name the folder the run's code lives in"
+    )
+    assert error in ran.out and runs_of(probe.cwd / "ref.count") == 0
+
+
 def test_a_kept_folder_changed_since_is_not_reused(probe: EngineRuns) -> None:
     probe("run", "s.yaml", "--run-dir", "r1", expect=Exit.PASS)
     (probe.cwd / "runs" / "reference" / "refprobe" / "out" / "final.json").write_text('{"step": 99}')
@@ -331,25 +344,10 @@ def test_two_runs_at_once_make_one_reference(probe: EngineRuns) -> None:
 # --- validation: each bad block named at its file:line ------------------------------------------------
 
 
-def problems(tmp_path: Path, doc: dict, code: bool = True) -> list[str]:
-    """What validate says of `doc`, in a work dir that holds the reference's code folder (unless `code` is false)."""
+def problems(tmp_path: Path, doc: dict) -> list[str]:
     path = tmp_path / "v.yaml"
     path.write_text(dump(doc))
-    if code:
-        (tmp_path / "repo" / "code").mkdir(parents=True, exist_ok=True)
-    doc_in = load_spec(path)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)  # ${work_dir} is where the engine runs
-    try:
-        return [str(e) for e in validate(doc_in, environ={})]
-    finally:
-        os.chdir(cwd)
-
-
-def test_a_reference_keyed_on_a_code_folder_that_is_not_there_is_refused(tmp_path: Path) -> None:
-    (err,) = problems(tmp_path, spec_doc(), code=False)
-    assert f"$.steps[0].reference.inputs.git[0]: code folder {tmp_path / 'repo' / 'code'} is not a folder" in err
-    assert "would be reused across every change of it" in err
+    return [str(e) for e in validate(load_spec(path), environ={})]
 
 
 def test_a_reference_that_reads_the_run_is_refused(tmp_path: Path) -> None:
