@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import shared
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # The local target's mix (specs/lib/p4_common.yaml `mix_fetch_extra`), built where the specs' fetch finds it.
 MIX_BUILD = ["--if-missing-build-synthetic", "--tokens", "4000000", "--val-tokens", "400000", "--vocab", "512"]
 
