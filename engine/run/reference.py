@@ -218,10 +218,13 @@ class References:
         place = self.dirs[name] = ReferenceDir(root, self.say)
         place.lock(False, wait_s)
         digests = input_digests(ref.get("inputs") or {})
-        gone = [folder for folder, rev in (digests.get("git") or {}).items() if rev.get("missing")]
-        if gone:
-            # Keyed as "missing", it would be reused across every change of that code, silently.
-            raise ReferenceError(f"its code folder {gone[0]} is not there: name the folder the run's code lives in")
+        for folder in [f for f, rev in (digests.get("git") or {}).items() if rev.get("missing")]:
+            # Keyed as "missing", no change of that code would move the key: said, not silent. (An installed
+            # package has no source folder beside the spec; its version, when a packages input, keys it.)
+            self.say(
+                f"   WARNING: reference input {folder} is not there: no change of that code makes a new "
+                f"reference; name the folder the run's code lives in"
+            )
         key = reuse_key(step, digests)
         definition = self.mask(step_definition(step))
         why = ["--fresh-reference"] if self.fresh else self._why_not(place, key, definition, digests, keep)
