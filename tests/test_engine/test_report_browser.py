@@ -69,12 +69,14 @@ def test_saved_soak_report_renders_in_chromium_with_its_plots_drawn(chromium, tm
             # Drawn, and inside its frame (not collapsed to a point, not thrown off the chart).
             assert width > 50 and height > 20, (plot["id"], series, width, height)
             assert 0 <= left and left + width <= WIDTH and 0 <= top and top + height <= HEIGHT
-    assert [line[0] for line in plots["plot-loss"]["lines"]] == ["leg1", "leg2"]
+    # The run that never stopped is drawn first, under the legs, across the whole horizon.
+    assert [line[0] for line in plots["plot-loss"]["lines"]] == ["reference (never stopped)", "leg1", "leg2"]
     assert [line[0] for line in plots["plot-tokens_per_s"]["lines"]] == ["leg1", "leg2"]
     assert plots["plot-peak_memory"]["lines"] == []  # no device memory on the CPU: nothing drawn
-    # Leg 2's loss is drawn to the right of leg 1's (steps 121-180 after 1-120).
-    leg1, leg2 = plots["plot-loss"]["lines"]
+    # Leg 2's loss is drawn to the right of leg 1's (steps 121-180 after 1-120), both within the reference's span.
+    reference, leg1, leg2 = plots["plot-loss"]["lines"]
     assert leg2[1] >= leg1[1] + leg1[3] - 1
+    assert reference[1] <= leg1[1] + 1 and reference[1] + reference[3] >= leg2[1] + leg2[3] - 1
     width, height = png_size(seen.png)
     assert width == 1100 and height > 3 * HEIGHT
 

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 from probe_helpers import Run, dcp_session, in_process, split_run, whole_run
+from spec_runs import work_dir
 from trainer_helpers import shared
+
+
+@pytest.fixture(scope="module")
+def cwd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The working directory of the spec runs of a test_spec_* module's probe (its PROBE), shared by the session."""
+    return work_dir(tmp_path_factory, request.module.PROBE)
+
 
 # ---- the shared runs -------------------------------------------------------------------------------------------
 

@@ -5,17 +5,11 @@ two references (seedable, unseeded) made once each (spec_runs.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from spec_runs import run_spec, work_dir
+from spec_runs import run_spec
 
 pytestmark = pytest.mark.probe_spec
-
-
-@pytest.fixture(scope="module")
-def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return work_dir(tmp_path_factory, "accelerate")
+PROBE = "accelerate"  # the spec its tests run, in one working directory (the fixture `cwd`, conftest.py)
 
 
 def test_the_seedable_sampler_resumes_mid_epoch_to_the_reference(cwd, monkeypatch) -> None:

@@ -5,17 +5,11 @@ resumed session crashing on the torn checkpoint. One engine run per mode, one re
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from spec_runs import run_spec, work_dir
+from spec_runs import run_spec
 
 pytestmark = pytest.mark.probe_spec
-
-
-@pytest.fixture(scope="module")
-def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return work_dir(tmp_path_factory, "dcp")
+PROBE = "dcp"  # the spec its tests run, in one working directory (the fixture `cwd`, conftest.py)
 
 
 def test_killed_inside_a_save_the_loop_resumes_from_the_previous_checkpoint_to_the_reference(cwd, monkeypatch) -> None:

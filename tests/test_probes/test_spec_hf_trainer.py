@@ -4,17 +4,11 @@ engine run per mode; the reference is made once and reused by the others (spec_r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from spec_runs import run_spec, work_dir
+from spec_runs import run_spec
 
 pytestmark = pytest.mark.probe_spec
-
-
-@pytest.fixture(scope="module")
-def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return work_dir(tmp_path_factory, "hf_trainer")
+PROBE = "hf_trainer"  # the spec its tests run, in one working directory (the fixture `cwd`, conftest.py)
 
 
 def test_stopped_by_the_callback_and_resumed_the_run_is_the_reference(cwd, monkeypatch) -> None:

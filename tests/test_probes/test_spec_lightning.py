@@ -4,17 +4,11 @@ quantity that differ. One engine run per mode, two references (seeded, unseeded)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from spec_runs import run_spec, work_dir
+from spec_runs import run_spec
 
 pytestmark = pytest.mark.probe_spec
-
-
-@pytest.fixture(scope="module")
-def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return work_dir(tmp_path_factory, "lightning")
+PROBE = "lightning"  # the spec its tests run, in one working directory (the fixture `cwd`, conftest.py)
 
 
 def test_stopped_at_an_epoch_end_with_a_sampler_seeded_per_epoch_the_fit_is_the_reference(cwd, monkeypatch) -> None:
