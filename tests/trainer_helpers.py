@@ -321,32 +321,32 @@ class Baseline:
     final_sha: str
 
 
-def baseline(tmp_path_factory) -> Baseline:
-    """The uninterrupted reference run: 6 steps, push every 2, one session to the horizon."""
+def baseline(tmp_path_factory, *, nproc: int = NPROC) -> Baseline:
+    """The uninterrupted reference run: 6 steps, push every 2, one session to the horizon; under torchrun with
+    2 ranks, or with ``nproc=1`` in one plain process (`single_cmd`), the baseline of one-process sessions."""
     mix = tiny_mix(tmp_path_factory)
 
     def build(d: Path) -> Baseline:
         repo = store_url(d / "store")
-        r = run_trainer(
-            torchrun_cmd(
-                trainer_args(root=mix, out=d / "out", repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)
-            )
+        args = trainer_args(
+            root=mix, out=d / "out", repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY, nproc=nproc
         )
+        r = run_trainer(torchrun_cmd(args) if nproc == NPROC else single_cmd(args))
         assert r.rc == 0 and r.run_json is not None, explain(r)
         return Baseline(mix=mix, repo=repo, run=r, final_sha=weights_sha256(repo))
 
-    return shared("baseline", tmp_path_factory, build)
+    return shared("baseline" if nproc == NPROC else f"baseline-{nproc}", tmp_path_factory, build)
 
 
 def segment_one_process(tmp_path_factory) -> tuple[Path, str]:
     """(mix, store URL) of a one-process session stopped at step 4 (pointer ckpt/checkpoint-4, not terminal):
     where a refusal does not depend on the rank count, one process decides it at half the cost."""
-    base = baseline(tmp_path_factory)
+    mix = tiny_mix(tmp_path_factory)
 
     def build(d: Path) -> tuple[Path, str]:
         repo = store_url(d / "store")
         args = trainer_args(
-            root=base.mix,
+            root=mix,
             out=d / "out",
             repo=repo,
             steps=BASELINE_STEPS,
@@ -356,7 +356,7 @@ def segment_one_process(tmp_path_factory) -> tuple[Path, str]:
         )
         r = run_trainer(single_cmd(args))
         assert r.rc == 0, explain(r)
-        return base.mix, repo
+        return mix, repo
 
     return shared("segment4-one-process", tmp_path_factory, build)
 

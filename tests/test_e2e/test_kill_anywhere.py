@@ -3,11 +3,13 @@ first push and at later ones, the horizon's final/ push included, loses at most 
 next session, on a wiped disk, resumes (or recovers, when the first pointer never landed) and the run ends
 with the uninterrupted run's final weights, bit for bit. On the local store and on the Hub test server.
 
-Each trial SIGKILLs torchrun and every rank (2 gloo CPU ranks, tiny geometry, 6 steps, a push every 2) when
-its first phase line appears at the first push (step 2); the next session, cold, is killed the same way at a
-later push; a third session finishes. Every kill is checked: what the store holds right after it, and which
-decision the next session takes from that (resume from the pointer, recover the newest verified checkpoint,
-or start fresh).
+Each trial SIGKILLs a one-process session (tiny geometry, 6 steps, a push every 2) when its first phase
+line appears at the first push (step 2); the next session, cold, is killed the same way at a later push; a
+third session finishes. Every kill is checked: what the store holds right after it, and which decision the
+next session takes from that (resume from the pointer, recover the newest verified checkpoint, or start
+fresh). One process, because the protocol is rank 0's alone and a session costs mostly its imports: the 36
+sessions of the matrix at half the cost of 2-rank ones. A SIGKILL of torchrun and both ranks of a 2-rank
+session inside a push is test_e2e_local's preempt run.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from trainer_helpers import (
     explain,
     open_repo,
     run_trainer,
+    single_cmd,
     store_url,
-    torchrun_cmd,
     trainer_args,
 )
 
@@ -144,7 +146,7 @@ def allowed_after(phase: str, step: int, previous: int | None) -> set:
 
 
 def kill_and_check(backend: Backend, args: list[str], kill_on: str, kill_after: str | None, what: str) -> Run:
-    run = run_trainer(torchrun_cmd(args), kill_on=kill_on, kill_after=kill_after, env=backend.env, timeout=240)
+    run = run_trainer(single_cmd(args), kill_on=kill_on, kill_after=kill_after, env=backend.env, timeout=240)
     assert run.killed_at is not None, f"{what}: the line never appeared:\n" + explain(run)
     assert run.rc != 0 and run.run_json is None, explain(run)
     return run
@@ -170,11 +172,13 @@ def server_for(request):
 def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
     backend_kind, first, later, later_on, later_after, tmp_path, tmp_path_factory, server_for
 ):
-    base = baseline(tmp_path_factory)
+    base = baseline(tmp_path_factory, nproc=1)
     trial = f"{backend_kind}-{first}@2-{later}"
     backend = Backend(backend_kind, tmp_path, server_for(backend_kind), f"{first}-{later}".replace("@", "-"))
     out = tmp_path / "out"
-    args = trainer_args(root=base.mix, out=out, repo=backend.url, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY)
+    args = trainer_args(
+        root=base.mix, out=out, repo=backend.url, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY, nproc=1
+    )
 
     # Kill 1: the very first push (step 2); no pointer can exist before it.
     kill_and_check(backend, args, line(first, 2), None, trial)
@@ -199,7 +203,7 @@ def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
 
     # The third session finishes the run (or, if the kill landed after the terminal pointer, nothing is left).
     if not ptr["terminal"]:
-        done = run_trainer(torchrun_cmd(args), env=backend.env, timeout=240)
+        done = run_trainer(single_cmd(args), env=backend.env, timeout=240)
         assert done.rc == 0 and done.run_json is not None, explain(done)
         assert decision in done.lines, (decision, explain(done))
         assert done.run_json["final_step"] == BASELINE_STEPS
