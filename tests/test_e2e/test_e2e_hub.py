@@ -237,9 +237,12 @@ def test_nothing_is_lost_under_faults_same_final_weights_as_a_clean_run(
     mix = tiny_mix(tmp_path_factory)
     env = engine_env(hub_env(hub_server))
 
+    # One rank under torchrun: the Hub traffic is rank 0's, and a session costs mostly its imports.
     def train(repo_id: str, out: Path, stop: int, log_dir: Path) -> Run:
-        args = trainer_args(root=mix, out=out, repo=f"hf://{repo_id}", steps=STEPS, push_every=PUSH_EVERY, stop=stop)
-        return run_trainer(torchrun_cmd(args, log_dir=log_dir), env=env, cwd=tmp_path, timeout=240)
+        args = trainer_args(
+            root=mix, out=out, repo=f"hf://{repo_id}", steps=STEPS, push_every=PUSH_EVERY, stop=stop, nproc=1
+        )
+        return run_trainer(torchrun_cmd(args, nproc=1, log_dir=log_dir), env=env, cwd=tmp_path, timeout=240)
 
     # -- the fault-free reference: one session to the horizon.
     clean_id = f"probe/{fresh_id('clean')}"
@@ -339,8 +342,8 @@ def test_a_push_whose_answer_never_comes_and_a_409_on_its_pointer_both_settle_wi
     # Commits: the lease (1st), checkpoint-2 (2nd: it lands and its answer never comes), the pointer (3rd: 409).
     stall = hub_server.inject("stall", commit, method="POST", nth=2)
     conflict = hub_server.inject("status", commit, method="POST", status=409, nth=2)
-    args = trainer_args(root=mix, out=tmp_path / "out", repo=f"hf://{repo_id}", steps=4, push_every=2, stop=2)
-    leg = run_trainer(torchrun_cmd(args, log_dir=tmp_path / "tlogs"), env=env, cwd=tmp_path, timeout=240)
+    args = trainer_args(root=mix, out=tmp_path / "out", repo=f"hf://{repo_id}", steps=4, push_every=2, stop=2, nproc=1)
+    leg = run_trainer(torchrun_cmd(args, nproc=1, log_dir=tmp_path / "tlogs"), env=env, cwd=tmp_path, timeout=240)
     assert leg.rc == 0 and leg.run_json is not None and leg.run_json["final_step"] == 2, explain(leg)
     # The knob was read once, by main, and said.
     assert leg.text.count("hub client: 6 tries, backoff 0.05s doubling up to 1.6s, timeouts connect 30s read 1s") == 1
