@@ -7,8 +7,8 @@ Each trial SIGKILLs a one-process session (tiny geometry, 6 steps, a push every 
 line appears at the first push (step 2); the next session, cold, is killed the same way at a later push; a
 third session finishes. Every kill is checked: what the store holds right after it, and which decision the
 next session takes from that (resume from the pointer, recover the newest verified checkpoint, or start
-fresh). One process, because the protocol is rank 0's alone and a session costs mostly its imports: the 36
-sessions of the matrix at half the cost of 2-rank ones. A SIGKILL of torchrun and both ranks of a 2-rank
+fresh). One process, because the protocol is rank 0's alone and a session costs mostly its imports: the
+matrix's sessions at half the cost of 2-rank ones. A SIGKILL of torchrun and both ranks of a 2-rank
 session inside a push is test_e2e_local's preempt run.
 """
 
