@@ -1,7 +1,8 @@
 """The recipe "write your own probe: two stops" (docs/two-stops.md, specs/examples/p4_two_stops.yaml) and its
 three-stops sibling (specs/examples/p4_three_stops.yaml): the library's checks reach every stop and
 every leg through `for_each`, nothing is disabled or copied, and a real run of the three stops passes on
-the embedded default (CPU, 2 gloo ranks under torchrun, tiny model, local store). The same run shows that
+the embedded default (CPU, tiny model, local store; one rank under torchrun: the stops are what is tested here,
+and the 2-rank legs are the smoke's, in test_e2e_local). The same run shows that
 a middle stop is checked as closely as the first: its pointer target losing its weights fails the middle
 stop's own checks. One real run, of the longer topology: the two specs expand the same library over their
 stops (the static tests below hold that for both), and a second run would cost the suite its 4 sessions
@@ -134,7 +135,7 @@ def stops_run(tmp_path_factory: pytest.TempPathFactory, p4_shared: SharedP4) -> 
     """One real run of the three-stops example, shared by the tests below."""
     stem = "p4_three_stops"
     work = workdir_with_specs(tmp_path_factory.mktemp(stem) / "work")
-    return stem, run_engine(work, f"specs/examples/{stem}.yaml", *p4_shared.sets(stem), timeout=600)
+    return stem, run_engine(work, f"specs/examples/{stem}.yaml", *p4_shared.sets(stem), "nproc=1", timeout=600)
 
 
 @pytest.mark.slow

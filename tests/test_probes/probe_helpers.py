@@ -124,7 +124,7 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, argv: list[str], stop: int | None, out: str) -> None:
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(out, os.O_WRONLY | os.O_TRUNC)  # made by dcp_session before the fork
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     # the test runner's own stream objects are inherited with the fork: the rank writes to its file instead
@@ -157,6 +157,8 @@ def dcp_session(
     port = _free_port()
     outs = [Path(argv[argv.index("--output-dir") + 1]) / f".rank{r}.{time.monotonic_ns()}.out" for r in range(2)]
     outs[0].parent.mkdir(parents=True, exist_ok=True)
+    for out in outs:  # before the fork: a loaded machine may start a rank after the first look for the kill line
+        out.touch()
     procs = [ctx.Process(target=_rank_main, args=(r, 2, port, argv, stop, str(outs[r]))) for r in range(2)]
     for p in procs:
         p.start()

@@ -321,7 +321,9 @@ def test_packed_object_round_trips_and_one_too_big_is_refused():
 def test_async_snapshot_path_resumes_bitwise_on_cpu(tmp_path, tmp_path_factory, monkeypatch):
     """The CUDA snapshot path (host buffers allocated once, copies enqueued, the optimizer step waiting
     for them), forced on CPU with a blocking copy to compare at every snapshot: stop at 3, wipe, cold
-    resume; the same losses and final weights as the uninterrupted sync-path baseline."""
+    resume; the same losses and final weights as the uninterrupted sync-path baseline. In one process: the
+    path is each rank's own, and what ranks share in a snapshot (the RNG states gathered to rank 0) is the
+    sync path's too, which every 2-rank run takes."""
     import shutil
 
     from trainer_helpers import (
@@ -330,22 +332,28 @@ def test_async_snapshot_path_resumes_bitwise_on_cpu(tmp_path, tmp_path_factory, 
         baseline,
         explain,
         run_trainer,
+        single_cmd,
         store_url,
-        torchrun_cmd,
         trainer_args,
         weights_sha256,
     )
 
-    base = baseline(tmp_path_factory)
+    base = baseline(tmp_path_factory, nproc=1)
     monkeypatch.setenv("SPECPROBE_SNAPSHOT", "async")
     monkeypatch.setenv("SPECPROBE_SNAPSHOT_CHECK", "0")
     repo, out, runs = store_url(tmp_path / "store"), tmp_path / "out", []
     for stop in (3, 0):
         shutil.rmtree(out, ignore_errors=True)
         r = run_trainer(
-            torchrun_cmd(
+            single_cmd(
                 trainer_args(
-                    root=base.mix, out=out, repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY, stop=stop
+                    root=base.mix,
+                    out=out,
+                    repo=repo,
+                    steps=BASELINE_STEPS,
+                    push_every=BASELINE_PUSH_EVERY,
+                    stop=stop,
+                    nproc=1,
                 )
             )
         )
