@@ -166,31 +166,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # xdist hands out whole files (--dist loadfile), the next one to a worker when its current file has two tests
 # left, in the collection order (pytest_configure turns off its own reorder). Whole files, because a module's
 # fixtures are built once by the process that runs it: the core install's venv, the real engine runs of the P4
-# specs (test_e2e_local, test_two_stops), the review's template repo; split across workers, each would build
-# them. xdist's default order puts the files with the most tests first, and so the files of a few long tests
-# (trainer sessions, engine runs) last, where one worker ran them alone while the others had nothing left. The
-# longest of them go first instead, longest first (their wall seconds in a full run, docs/performance.md), so
-# that the engine's many short tests fill the end of the run on every worker.
-_LONG_FIRST = (
-    "test_e2e_local.py",
-    "test_kill_anywhere.py",
-    "test_resume_exact.py",
-    "test_refusal_report.py",
-    "test_bench.py",
-    "test_e2e_hub.py",
-    "test_spec_hf_trainer.py",
-    "test_two_stops.py",
-    "test_spec_accelerate.py",
-    "test_spec_lightning.py",
-    "test_spec_dcp.py",
-)
+# specs (test_e2e_local, test_two_stops), the review's template repo; split across workers, each would build them. That order is xdist's default,
+# the files with the most tests first, which keeps the trainer's long 2-rank runs running beside the engine's
+# many short tests (two 2-rank runs side by side on 2 cores cost far more CPU each: gloo's waits spin). Its one
+# flaw is fixed: the few-but-long end-to-end files went last, and one worker ran them alone for a minute while
+# the other idled. They go first.
+_FEW_BUT_LONG = ("test_e2e_local.py", "test_refusal_report.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     count = Counter(str(item.fspath) for item in items)
 
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        name = Path(str(item.fspath)).name
-        return (_LONG_FIRST.index(name) if name in _LONG_FIRST else len(_LONG_FIRST)), -count[str(item.fspath)]
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        return Path(str(item.fspath)).name not in _FEW_BUT_LONG, -count[str(item.fspath)]
 
     items.sort(key=rank)  # stable: the order inside a file stays
