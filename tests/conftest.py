@@ -166,11 +166,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # xdist hands out whole files (--dist loadfile), the next one to a worker when its current file has two tests
 # left, in the collection order (pytest_configure turns off its own reorder). Whole files, because a module's
 # fixtures are built once by the process that runs it: the core install's venv, the real engine runs of the P4
-# specs (test_e2e_local, test_two_stops), the review's template repo; split across workers, each would build them. That order is xdist's default,
-# the files with the most tests first, which keeps the trainer's long 2-rank runs running beside the engine's
-# many short tests (two 2-rank runs side by side on 2 cores cost far more CPU each: gloo's waits spin). Its one
-# flaw is fixed: the few-but-long end-to-end files went last, and one worker ran them alone for a minute while
-# the other idled. They go first.
+# specs (test_e2e_local, test_two_stops), the review's template repo; split across workers, each would build
+# them. That order is xdist's default, the files with the most tests first, which keeps the trainer's long
+# runs running beside the engine's many short tests. Its one flaw is fixed: the few-but-long end-to-end files
+# went last, and one worker ran them alone for a minute while the other idled. They go first.
 _FEW_BUT_LONG = ("test_e2e_local.py", "test_refusal_report.py")
 
 
