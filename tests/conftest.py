@@ -132,7 +132,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """One Inductor cache for the whole session, its own: the compiling tests (and the trainer runs they start,
     which inherit the variable, as xdist's workers do) reuse each other's kernels, and no other process on the
-    machine can change or delete that cache under a test."""
+    machine can change or delete that cache under a test. Inductor's CPU kernels are scalar (below)."""
     # Every process of the session may write bytecode, so each module is compiled once and read back after:
     # the install skips pip's up-front compile of all of torch (--no-compile), and a machine that sets
     # PYTHONDONTWRITEBYTECODE would make every trainer process compile torch from source.
@@ -142,6 +142,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # would every process it starts: the tests of a Ctrl-C (the engine's, the trainer's) need it delivered.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Inductor's CPU kernels in scalar C++: the tests judge what a compiled model computes and keeps, never the
+    # CPU kernels' speed, and the vectorized code costs g++ about half again as much (docs/performance.md).
+    # A caller that sets the variable decides.
+    os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # xdist keeps the collection order (below) as the schedule
     if hasattr(config, "workerinput") or "TORCHINDUCTOR_CACHE_DIR" in os.environ:

@@ -45,6 +45,13 @@ class Ran:
 Engine = Callable[..., Ran]
 
 
+def expecting(ran: Ran, expect: int | None) -> Ran:
+    """`ran`, its exit code asserted to be `expect` (both streams shown when it is not); None asserts nothing."""
+    if expect is not None:
+        assert ran.code == expect, ran
+    return ran
+
+
 def in_process(
     args: tuple[str, ...],
     capsys: pytest.CaptureFixture[str],
@@ -127,16 +134,21 @@ def engine_started(*args: str, cwd: Path, **popen: Any) -> subprocess.Popen[str]
 QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
 
 
-def write_spec(path: Path, spec: str | list[dict[str, Any]], /, **top: Any) -> Path:
+def write_spec(path: Path, spec: str | dict[str, Any] | list[dict[str, Any]], /, **top: Any) -> Path:
     """Write a spec file; its path. YAML text is written as it is (a test about the text: its lines, its
-    layout, a value YAML reads its own way). A list of steps becomes a document: version 1, the name `probe`,
-    a budget of 1000 s, no values, the check that the step `leg` exited 0, each replaced by what `top` gives."""
+    layout, a value YAML reads its own way); a whole document (a dict) as YAML. A list of steps becomes a
+    document: version 1, the name `probe`, a budget of 1000 s, no values, the check that the step `leg` exited
+    0, each replaced by what `top` gives."""
     if isinstance(spec, str):
         assert not top, "a spec given as text takes no fields"
         path.write_text(spec)
         return path
-    doc = {"version": 1, "name": "probe", "budget_s": 1000, "values": {}, "steps": spec, "checks": [RAN_CHECK]}
-    doc.update(top)
+    if isinstance(spec, dict):
+        assert not top, "a spec given as a whole document takes no fields"
+        doc = spec
+    else:
+        doc = {"version": 1, "name": "probe", "budget_s": 1000, "values": {}, "steps": spec, "checks": [RAN_CHECK]}
+        doc.update(top)
     path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
     return path
 

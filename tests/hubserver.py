@@ -69,7 +69,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 __all__ = ["HubServer", "Fault"]
@@ -722,28 +722,22 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._repo_info(repo, None)
         if rest is None:
             raise _Reply(405, f"{method} not allowed on repo info")
-        m = re.match(r"^revision/(.+)$", rest)
-        if m and method == "GET":
-            return self._repo_info(repo, unquote(m.group(1)))
-        m = re.match(r"^tree/([^/]+)(?:/(.*))?$", rest)
-        if m and method == "GET":
-            return self._tree(repo, unquote(m.group(1)), unquote(m.group(2) or ""))
-        m = re.match(r"^paths-info/([^/]+)$", rest)
-        if m and method == "POST":
-            return self._paths_info(repo, unquote(m.group(1)))
-        m = re.match(r"^preupload/([^/]+)$", rest)
-        if m and method == "POST":
-            return self._preupload(repo, unquote(m.group(1)))
-        m = re.match(r"^commit/([^/]+)$", rest)
-        if m and method == "POST":
-            return self._commit(repo, unquote(m.group(1)))
-        m = re.match(r"^commits/([^/]+)$", rest)
-        if m and method == "GET":
-            return self._commits(repo, unquote(m.group(1)))
-        if rest == "lfs-files" and method == "GET":
-            return self._lfs_files(repo)
-        if rest == "lfs-files/batch" and method == "POST":
-            return self._lfs_files_delete(repo)
+        # What follows the repo's path, and the handler of each method there; a handler takes the repo and the
+        # route's parts, unquoted (a tree's path is "" when the URL names none).
+        routes: tuple[tuple[str, str, Callable[..., None]], ...] = (
+            ("GET", r"revision/(.+)", self._repo_info),
+            ("GET", r"tree/([^/]+)(?:/(.*))?", self._tree),
+            ("POST", r"paths-info/([^/]+)", self._paths_info),
+            ("POST", r"preupload/([^/]+)", self._preupload),
+            ("POST", r"commit/([^/]+)", self._commit),
+            ("GET", r"commits/([^/]+)", self._commits),
+            ("GET", r"lfs-files", self._lfs_files),
+            ("POST", r"lfs-files/batch", self._lfs_files_delete),
+        )
+        for verb, pattern, handle in routes:
+            m = re.fullmatch(pattern, rest)
+            if m and method == verb:
+                return handle(repo, *(unquote(part or "") for part in m.groups()))
         self._read_body()
         raise _Reply(404, f"test hub server: no route for {method} /api/{repo_type}s/{repo_id}/{rest}")
 

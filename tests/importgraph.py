@@ -1,5 +1,6 @@
 """A package's import graph, read from its source with ast, and what the layering tests ask of it: the
-floors a module may import from, the cycles, and the house drawn floor by floor.
+floors a module may import from, the cycles, the imports of a package it must never import, the modules grown
+past one concept, and the house drawn floor by floor.
 
 Imports inside functions count (a lazy import can climb a floor as well as a top one), relative imports are
 resolved against the importing module's package, and so do the packages Python runs first: importing
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,3 +150,22 @@ def house(
             inner = sorted(deps - implied)
             out.append(f"   {name:<{width}} {lines_of(path):>5}  -> {', '.join(inner) or '-'}")
     return out
+
+
+def importers_of(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    """{module: the modules of `package` it imports}, for each module of the graph that imports any."""
+    found = {name: sorted(d for d in deps if d.split(".")[0] == package) for name, deps in graph.items()}
+    return {name: deps for name, deps in found.items() if deps}
+
+
+def longer_than(package: str, max_lines: int, root: Path = ROOT) -> dict[str, int]:
+    """{module: its lines} for each module of `package` longer than `max_lines`: one that holds more than one concept."""
+    sizes = {name: lines_of(path) for name, path in modules(package, root).items()}
+    return {name: n for name, n in sizes.items() if n > max_lines}
+
+
+def write_tree(root: Path, files: Mapping[str, str]) -> None:
+    """Write `files` ({path under root: its source}) under `root`: a made-up package for a test of the walker."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)

@@ -137,6 +137,8 @@ REF_LRS_LEG1 = {"lrs_match_the_reference[leg=leg1]": "FAIL"}
 REF_LRS_LEG2 = {"lrs_match_the_reference[leg=leg2]": "FAIL"}
 # The horizon's pointer target compared with the listing.
 HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
+# A resume from no checkpoint at all, which the resume checks of a stop and of a kill each must see.
+LEG2_STARTED_FRESH = Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2)
 
 
 def _nonfinite_counted(leg: str, nan_mid_run: Callable[[dict], None]) -> tuple[Tamper, ...]:
@@ -155,6 +157,41 @@ def _nonfinite_counted(leg: str, nan_mid_run: Callable[[dict], None]) -> tuple[T
             },
         ),
     )
+
+
+def _own_series(leg: str) -> dict[str, tuple[Tamper, ...]]:
+    """The checks each leg has of its own logged series (its lines, its ranks' peaks, each step's lr and batch,
+    its losses and lrs against the reference's), each with the way that leg's fact is made false."""
+    number = leg[-1]
+    return {
+        f"logged_lines_agree_with_run_json[leg={leg}]": (
+            Tamper(
+                f"leg {number}'s RUN_JSON contradicts a logged line",
+                run_json_contradicts_a_logged_line(leg),
+                also={f"losses_match_the_reference[leg={leg}]": "FAIL"},
+            ),
+        ),
+        f"peak_memory_figures_agree_with_the_ranks[leg={leg}]": (
+            Tamper(f"leg {number}'s ranks peaked at [12.0, 14.2] under a max of 12.0", peak_max_below_a_rank(leg)),
+        ),
+        f"every_logged_step_has_its_lr_and_batch[leg={leg}]": (
+            Tamper(f"leg {number}'s last step has no lr", lr_missing_at_the_last_step(leg)),
+        ),
+        f"no_batch_trained_twice_in_a_leg[leg={leg}]": (
+            Tamper(f"leg {number}'s last step trained its first step's batch", batch_repeated_in_leg(leg)),
+        ),
+        f"losses_match_the_reference[leg={leg}]": (
+            Tamper(
+                f"leg {number}'s second loss leaves the reference's in the 7th digit",
+                reference_differs_at("losses", leg),
+            ),
+        ),
+        f"lrs_match_the_reference[leg={leg}]": (
+            Tamper(
+                f"leg {number}'s second lr leaves the reference's in the 7th digit", reference_differs_at("lrs", leg)
+            ),
+        ),
+    }
 
 
 TAMPERS: dict[str, tuple[Tamper, ...]] = {
@@ -308,7 +345,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     ),
     "next_leg_resumed_from_exactly_the_stop[leg=leg1]": (
         Tamper("leg 2 resumed one push before the stop", leg2_resumed_one_push_early, also=SUMMARY_LEG2),
-        Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2),
+        LEG2_STARTED_FRESH,
     ),
     "next_leg_continues_the_trajectory[leg=leg1]": (
         Tamper(
@@ -387,7 +424,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     ),
     "leg2_resumed_from_last_verified": (
         Tamper("leg 2 resumed from the half-pushed checkpoint", leg2_resumed_from_half_pushed, also=SUMMARY_LEG2),
-        Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2),
+        LEG2_STARTED_FRESH,
     ),
     "killed_leg_logged_each_step_up_to_the_resume_once": (
         Tamper("leg 1's progress lines skip a step before the resume point", killed_leg_skipped_a_logged_step),
@@ -453,73 +490,17 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
             also=VAL_NEAR,
         ),
     ),
-    "logged_lines_agree_with_run_json[leg=leg1]": (
-        Tamper(
-            "leg 1's RUN_JSON contradicts a logged line",
-            run_json_contradicts_a_logged_line("leg1"),
-            also={
-                **REF_LOSSES_LEG1,
-            },
-        ),
-    ),
-    "logged_lines_agree_with_run_json[leg=leg2]": (
-        Tamper(
-            "leg 2's RUN_JSON contradicts a logged line",
-            run_json_contradicts_a_logged_line("leg2"),
-            also={
-                **REF_LOSSES_LEG2,
-            },
-        ),
-    ),
-    "peak_memory_figures_agree_with_the_ranks[leg=leg1]": (
-        Tamper("leg 1's ranks peaked at [12.0, 14.2] under a max of 12.0", peak_max_below_a_rank("leg1")),
-    ),
-    "peak_memory_figures_agree_with_the_ranks[leg=leg2]": (
-        Tamper("leg 2's ranks peaked at [12.0, 14.2] under a max of 12.0", peak_max_below_a_rank("leg2")),
-    ),
-    "every_logged_step_has_its_lr_and_batch[leg=leg1]": (
-        Tamper("leg 1's last step has no lr", lr_missing_at_the_last_step("leg1")),
-    ),
-    "every_logged_step_has_its_lr_and_batch[leg=leg2]": (
-        Tamper("leg 2's last step has no lr", lr_missing_at_the_last_step("leg2")),
-    ),
+    **_own_series("leg1"),
+    **_own_series("leg2"),
     "lr_follows_the_schedule[leg=leg1]": (
-        Tamper(
-            "leg 1 ran at 1.2 x the peak lr",
-            lrs_scaled("leg1", 1.2),
-            also={
-                **REF_LRS_LEG1,
-            },
-        ),
-        Tamper(
-            "leg 1's lr rose in the middle of the decay",
-            lr_spike_after_warmup("leg1"),
-            also={
-                **REF_LRS_LEG1,
-            },
-        ),
+        Tamper("leg 1 ran at 1.2 x the peak lr", lrs_scaled("leg1", 1.2), also=REF_LRS_LEG1),
+        Tamper("leg 1's lr rose in the middle of the decay", lr_spike_after_warmup("leg1"), also=REF_LRS_LEG1),
     ),
     "lr_follows_the_schedule[leg=leg2]": (
+        Tamper("leg 2 resumed on 1.2 x the lr", lrs_scaled("leg2", 1.2), also=REF_LRS_LEG2),
         Tamper(
-            "leg 2 resumed on 1.2 x the lr",
-            lrs_scaled("leg2", 1.2),
-            also={
-                **REF_LRS_LEG2,
-            },
+            "leg 2's schedule restarted its warm-up at the resume", schedule_restarted_at_the_resume, also=REF_LRS_LEG2
         ),
-        Tamper(
-            "leg 2's schedule restarted its warm-up at the resume",
-            schedule_restarted_at_the_resume,
-            also={
-                **REF_LRS_LEG2,
-            },
-        ),
-    ),
-    "no_batch_trained_twice_in_a_leg[leg=leg1]": (
-        Tamper("leg 1's last step trained its first step's batch", batch_repeated_in_leg("leg1")),
-    ),
-    "no_batch_trained_twice_in_a_leg[leg=leg2]": (
-        Tamper("leg 2's last step trained its first step's batch", batch_repeated_in_leg("leg2")),
     ),
     "stopped_leg_logged_each_step_up_to_the_stop_once[leg=leg1]": (
         Tamper(
@@ -540,21 +521,9 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     "next_leg_trained_other_batches_than_the_stopped_one[leg=leg1]": (
         Tamper("leg 2's data order restarted at the resume", data_order_restarted_at_the_resume),
     ),
-    # ---- the run that never stopped
+    # ---- the run that never stopped (each leg's series against it: _own_series)
     "reference_ran_uninterrupted_to_the_horizon": (
         Tamper("the reference resumed from a checkpoint itself", reference_resumed_itself),
-    ),
-    "losses_match_the_reference[leg=leg1]": (
-        Tamper("leg 1's second loss leaves the reference's in the 7th digit", reference_differs_at("losses", "leg1")),
-    ),
-    "losses_match_the_reference[leg=leg2]": (
-        Tamper("leg 2's second loss leaves the reference's in the 7th digit", reference_differs_at("losses", "leg2")),
-    ),
-    "lrs_match_the_reference[leg=leg1]": (
-        Tamper("leg 1's second lr leaves the reference's in the 7th digit", reference_differs_at("lrs", "leg1")),
-    ),
-    "lrs_match_the_reference[leg=leg2]": (
-        Tamper("leg 2's second lr leaves the reference's in the 7th digit", reference_differs_at("lrs", "leg2")),
     ),
     "final_checkpoint_matches_the_reference": (
         Tamper("rank 1's RNG state at the horizon is not the reference's", horizon_rng_not_the_references),

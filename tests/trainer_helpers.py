@@ -320,6 +320,13 @@ class Baseline:
     run: Run
     final_sha: str
 
+    def args(self, out: Path, repo: str, **options) -> list[str]:
+        """A session of the baseline's recipe (its mix, steps and pushes) writing to `out` and `repo`; `options`
+        are trainer_args' others (a stop, a resume, a launcher's rank count, extra flags)."""
+        return trainer_args(
+            root=self.mix, out=out, repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY, **options
+        )
+
 
 def baseline(tmp_path_factory, *, nproc: int = NPROC) -> Baseline:
     """The uninterrupted reference run: 6 steps, push every 2, one session to the horizon; under torchrun with

@@ -32,7 +32,6 @@ from trainer_helpers import (
     run_trainer,
     single_cmd,
     store_url,
-    trainer_args,
 )
 
 pytestmark = pytest.mark.slow
@@ -186,9 +185,7 @@ def test_killed_at_two_protocol_lines_then_cold_resumed_ends_bit_identical(
     trial = f"{backend_kind}-{first}@2-{later}"
     backend = Backend(backend_kind, tmp_path, server_for(backend_kind), f"{first}-{later}".replace("@", "-"))
     out = tmp_path / "out"
-    args = trainer_args(
-        root=base.mix, out=out, repo=backend.url, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY, nproc=1
-    )
+    args = base.args(out, backend.url, nproc=1)
 
     # Kill 1: the very first push (step 2); no pointer can exist before it.
     kill_and_check(backend, args, line(first, 2), None, trial)

@@ -31,6 +31,12 @@ def engine_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def smoke_with(cwd: Path, name: str, steps: str) -> None:
+    """`cwd/name`: the shipped smoke with `steps` (YAML list items) in place of its steps of those names."""
+    (cwd / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
+    (cwd / name).write_text(f"version: 1\nextends: specs/p4_smoke.yaml\nsteps:\n{steps}")
+
+
 def test_a_refusal_under_torchrun_leads_every_report_with_the_trainer_s_code_and_line(
     tmp_path: Path, p4_shared: SharedP4
 ) -> None:
@@ -74,16 +80,14 @@ def test_a_run_whose_repo_is_deleted_between_legs_fails_leg_2_and_is_not_started
 ) -> None:
     """The shipped smoke's leg 2 runs `--resume must`: the store deleted after leg 1 is a refusal (exit 3) that
     names the repo, never `repo missing, created ..., fresh start` with exit 0."""
-    (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
-    (tmp_path / "deleted.yaml").write_text(
-        "version: 1\n"
-        "extends: specs/p4_smoke.yaml\n"
-        "steps:\n"
+    smoke_with(
+        tmp_path,
+        "deleted.yaml",
         "  - name: wipe_before_leg2\n"
         "    override: true\n"
         "    remove:\n"
         '      paths: ["${train_out}", "${tlog}", "${store_root}/probe/ckpt-${run_id}"]\n'
-        '      also_under: ["${store_root}"]\n'
+        '      also_under: ["${store_root}"]\n',
     )
     shared = [a for s in p4_shared.sets("p4_smoke") for a in ("--set", s)]
     proc = engine_run(tmp_path, "deleted.yaml", "--run-dir", "r", *shared)
@@ -103,16 +107,14 @@ def test_a_refusal_behind_a_launcher_that_exits_0_still_fails_the_leg_quoting_th
 ) -> None:
     """A wrapper that swallows the launcher's exit code (`...; exit 0`) hides the trainer's refusal from the exit
     code; the P4 legs' `fail_on` still fails leg 1, quoting the trainer's `refused:` line and its number."""
-    (tmp_path / "specs").symlink_to(REPO_ROOT / "specs", target_is_directory=True)
-    (tmp_path / "wrapped.yaml").write_text(
-        "version: 1\n"
-        "extends: specs/p4_smoke.yaml\n"
-        "steps:\n"
+    smoke_with(
+        tmp_path,
+        "wrapped.yaml",
         "  - name: leg1\n"
         "    override: true\n"
         "    run:\n"
         '      argv: ["sh", "-c", \'"$@"; exit 0\', "sh", "${torchrun}", "${train_args}", "--resume", "auto",'
-        ' "--stop-after-steps", "${stop1}"]\n'
+        ' "--stop-after-steps", "${stop1}"]\n',
     )
     shared = [a for s in p4_shared.mix_sets() for a in ("--set", s)]
     proc = engine_run(tmp_path, "wrapped.yaml", "--set", "steps=200000", "--set", "nproc=1", "--run-dir", "r", *shared)

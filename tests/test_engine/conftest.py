@@ -19,13 +19,7 @@ from typing import Mapping
 
 import pytest
 from bundles import Baselines
-from engine_helpers import Engine, Ran, as_process, in_process
-
-
-def _expecting(ran: Ran, expect: int | None) -> Ran:
-    if expect is not None:
-        assert ran.code == expect, ran
-    return ran
+from engine_helpers import Engine, Ran, as_process, expecting, in_process
 
 
 @pytest.fixture
@@ -35,7 +29,7 @@ def engine(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) 
     def run(
         *args: str, cwd: Path | None = None, env: Mapping[str, str | None] | None = None, expect: int | None = None
     ) -> Ran:
-        return _expecting(in_process(args, capsys, monkeypatch, cwd, env), expect)
+        return expecting(in_process(args, capsys, monkeypatch, cwd, env), expect)
 
     return run
 
@@ -45,7 +39,7 @@ def engine_process() -> Engine:
     """`engine ARGS` as a program (`python -m engine.cli`; `command=` another, `environ=` a whole environment)."""
 
     def run(*args: str, expect: int | None = None, **how: object) -> Ran:
-        return _expecting(as_process(args, **how), expect)  # type: ignore[arg-type]
+        return expecting(as_process(args, **how), expect)  # type: ignore[arg-type]
 
     return run
 

@@ -7,24 +7,19 @@ trainer's own failure lines and the saved healthy runs."""
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 import xml.etree.ElementTree as ET
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-import yaml
+from engine_helpers import Engine, leg, write_spec
 
-from engine.cli import main
 from engine.run.lines import Block
 from engine.run.output import Capture, compile_rules, reharvest
 from engine.spec.load import load_spec
 from engine.spec.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-LEG = str(ROOT / "tests" / "legs" / "leg.py")
 PREFIX = r"^\[(?:default|rank|worker)\d*\]:\s*"
 FAIL_ON = ["^CKPT FAILED: ", r"^Traceback \(most recent call last\):"]
 TOKEN = "hf_failonSECRETfailonSECRET0123"
@@ -39,42 +34,37 @@ PRINTS = [
 ]
 
 
-def write_spec(path: Path, fail_on: list[str] | None, prints: list[str] = PRINTS) -> Path:
+REPORTED = {"name": "reported", "why": "the leg reported", "expr": "steps.leg1.harvest.run_json == `{}`"}
+
+
+def printing_spec(
+    path: Path, fail_on: list[str] | None, prints: list[str] = PRINTS, warn_on: list[str] | None = None
+) -> Path:
+    """A spec whose one leg (leg1) prints `prints` and exits 0 (unless an `@rc:` says otherwise), read with the
+    `fail_on` and `warn_on` rules given (None: no such rule); its check passes when the leg printed `RUN_JSON {}`."""
     output: dict = {"strip_prefix": PREFIX, "harvest": {"run_json": {"marker": "RUN_JSON "}}}
     if fail_on is not None:
         output["fail_on"] = fail_on
-    doc = {
-        "version": 1,
-        "name": "printed",
-        "budget_s": 100,
-        "values": {"hub_token": TOKEN},
-        "steps": [{"name": "leg1", "run": {"argv": [sys.executable, LEG, *prints], "timeout_s": 30, "output": output}}],
-        "checks": [{"name": "reported", "why": "the leg reported", "expr": "steps.leg1.harvest.run_json == `{}`"}],
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
-    return path
-
-
-def engine(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = main(list(args))
-    return rc, out.getvalue(), err.getvalue()
+    if warn_on is not None:
+        output["warn_on"] = warn_on
+    step = leg(*prints, name="leg1", timeout_s=30, output=output)
+    return write_spec(path, [step], name="printed", budget_s=100, values={"hub_token": TOKEN}, checks=[REPORTED])
 
 
 SAID = 'leg1: exited 0 but printed a failure line: "CKPT FAILED: push of step 20 to https://u:'
 
 
-def test_a_leg_that_exits_0_but_prints_a_failure_line_fails_quoting_the_line(tmp_path: Path) -> None:
-    spec, run = write_spec(tmp_path / "s.yaml", FAIL_ON), tmp_path / "run"
-    rc, out, _ = engine("run", str(spec), "--run-dir", str(run), "--junit", str(tmp_path / "j.xml"))
+def test_a_leg_that_exits_0_but_prints_a_failure_line_fails_quoting_the_line(engine: Engine, tmp_path: Path) -> None:
+    spec, run = printing_spec(tmp_path / "s.yaml", FAIL_ON), tmp_path / "run"
+    ran = engine("run", str(spec), "--run-dir", str(run), "--junit", str(tmp_path / "j.xml"))
+    out = ran.out
     doc = json.loads((run / "evidence.json").read_text())
-    leg = doc["steps"]["leg1"]
-    assert (rc, leg["rc"], leg["status"]) == (5, 0, "failed")
+    leg1 = doc["steps"]["leg1"]
+    assert (ran.code, leg1["rc"], leg1["status"]) == (5, 0, "failed")
     assert doc["verdict"]["failed"] == ["step:leg1"]  # the check itself passes: the leg did report
     assert [r["outcome"] for r in doc["checks"]] == ["PASS"]
     # Each line with its number in the leg's log and the rule that matched it, masked like the log.
-    assert leg["fail_on"] == {
+    assert leg1["fail_on"] == {
         "count": 2,
         "lines": [
             {
@@ -97,54 +87,61 @@ def test_a_leg_that_exits_0_but_prints_a_failure_line_fails_quoting_the_line(tmp
     assert failure is not None and failure.get("message", "").startswith("failed: exited 0 but printed a failure line")
 
 
-def test_the_same_leg_without_the_rule_passes(tmp_path: Path) -> None:
+def test_the_same_leg_without_the_rule_passes(engine: Engine, tmp_path: Path) -> None:
     """What `failure_patterns` alone does today: a leg that exits 0 passes, whatever it printed."""
-    spec, run = write_spec(tmp_path / "s.yaml", None), tmp_path / "run"
-    rc, _, _ = engine("run", str(spec), "--run-dir", str(run))
-    assert rc == 0 and "fail_on" not in json.loads((run / "evidence.json").read_text())["steps"]["leg1"]
+    spec, run = printing_spec(tmp_path / "s.yaml", None), tmp_path / "run"
+    assert (
+        engine("run", str(spec), "--run-dir", str(run)).code == 0
+        and "fail_on" not in json.loads((run / "evidence.json").read_text())["steps"]["leg1"]
+    )
 
 
-def test_replay_finds_the_failure_line_a_spec_now_names_and_check_refuses_the_run(tmp_path: Path) -> None:
-    spec, run = write_spec(tmp_path / "s.yaml", None), tmp_path / "run"
-    assert engine("run", str(spec), "--run-dir", str(run))[0] == 0
-    write_spec(spec, FAIL_ON)
-    rc, out, err = engine("check", str(spec), "--evidence", str(run))
-    assert rc == 2 and "the output rules changed since the run" in out + err and "output.fail_on" in out + err
-    rc, out, err = engine("replay", str(spec), "--evidence", str(run))
-    assert rc == 5, out + err
-    assert out.splitlines()[1].startswith(SAID)
-    assert "step leg1: the evidence says status 'ok', but it exited 0 but printed a failure line" in err
+def test_replay_finds_the_failure_line_a_spec_now_names_and_check_refuses_the_run(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spec, run = printing_spec(tmp_path / "s.yaml", None), tmp_path / "run"
+    assert engine("run", str(spec), "--run-dir", str(run)).code == 0
+    printing_spec(spec, FAIL_ON)
+    ran = engine("check", str(spec), "--evidence", str(run))
+    said = ran.out + ran.err
+    assert ran.code == 2 and "the output rules changed since the run" in said and "output.fail_on" in said
+    ran = engine("replay", str(spec), "--evidence", str(run))
+    assert ran.code == 5, ran.out + ran.err
+    assert ran.out.splitlines()[1].startswith(SAID)
+    assert "step leg1: the evidence says status 'ok', but it exited 0 but printed a failure line" in ran.err
     record = json.loads(next(run.glob("replay-*.json")).read_text())
     assert record["verdict"]["failed"] == ["step:leg1"]
     assert record["steps"]["leg1"]["fail_on"]["lines"][0]["line"] == 3
     assert record["steps"]["leg1"]["failure_lines"]  # kept as for any failed leg
 
 
-def test_check_reads_the_recorded_failure_line_even_under_a_status_edited_to_ok(tmp_path: Path) -> None:
-    spec, run = write_spec(tmp_path / "s.yaml", FAIL_ON), tmp_path / "run"
-    assert engine("run", str(spec), "--run-dir", str(run))[0] == 5
-    rc, out, _ = engine("check", str(spec), "--evidence", str(run))
-    assert rc == 5 and out.splitlines()[1].startswith(SAID)
+def test_check_reads_the_recorded_failure_line_even_under_a_status_edited_to_ok(engine: Engine, tmp_path: Path) -> None:
+    spec, run = printing_spec(tmp_path / "s.yaml", FAIL_ON), tmp_path / "run"
+    assert engine("run", str(spec), "--run-dir", str(run)).code == 5
+    ran = engine("check", str(spec), "--evidence", str(run))
+    assert ran.code == 5 and ran.out.splitlines()[1].startswith(SAID)
     doc = json.loads((run / "evidence.json").read_text())
     doc["steps"]["leg1"]["status"] = "ok"
     (run / "evidence.json").write_text(json.dumps(doc))
-    rc, _, err = engine("check", str(spec), "--evidence", str(run))
-    assert rc == 5 and "but it exited 0 but printed a failure line" in err
+    ran = engine("check", str(spec), "--evidence", str(run))
+    assert ran.code == 5 and "but it exited 0 but printed a failure line" in ran.err
     # A replay whose rules no longer name the line lets the leg pass again: the lines are the rules'.
-    write_spec(spec, ["^never printed$"])
-    assert engine("replay", str(spec), "--evidence", str(run))[0] == 0
+    printing_spec(spec, ["^never printed$"])
+    assert engine("replay", str(spec), "--evidence", str(run)).code == 0
 
 
-def test_a_leg_that_exits_nonzero_and_prints_a_failure_line_is_reported_by_its_exit(tmp_path: Path) -> None:
-    spec, run = write_spec(tmp_path / "s.yaml", FAIL_ON, [*PRINTS, "@rc:4"]), tmp_path / "run"
-    rc, out, _ = engine("run", str(spec), "--run-dir", str(run))
-    assert rc == 5 and 'leg1: exited 4 and printed a failure line: "CKPT FAILED: ' in out
+def test_a_leg_that_exits_nonzero_and_prints_a_failure_line_is_reported_by_its_exit(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spec, run = printing_spec(tmp_path / "s.yaml", FAIL_ON, [*PRINTS, "@rc:4"]), tmp_path / "run"
+    ran = engine("run", str(spec), "--run-dir", str(run))
+    assert ran.code == 5 and 'leg1: exited 4 and printed a failure line: "CKPT FAILED: ' in ran.out
 
 
-def test_a_bad_fail_on_regex_is_an_invalid_spec_naming_where(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", ["^CKPT FAILED: ", "(unclosed"])
-    rc, out, _ = engine("validate", str(spec))
-    assert rc == 2 and "$.steps[0].run.output.fail_on[1]" in out and "bad regex '(unclosed'" in out
+def test_a_bad_fail_on_regex_is_an_invalid_spec_naming_where(engine: Engine, tmp_path: Path) -> None:
+    spec = printing_spec(tmp_path / "s.yaml", ["^CKPT FAILED: ", "(unclosed"])
+    ran = engine("validate", str(spec))
+    assert ran.code == 2 and "$.steps[0].run.output.fail_on[1]" in ran.out and "bad regex '(unclosed'" in ran.out
 
 
 # ---- the P4 specs' rule: the trainer's failure lines, and never a healthy leg's
@@ -205,18 +202,17 @@ CRASH = [
 ]
 
 
-def test_a_crashed_leg_shows_its_last_exception_line_and_its_warnings_in_every_report(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", None, CRASH)
-    doc = yaml.safe_load(spec.read_text())
-    doc["steps"][0]["run"]["output"]["warn_on"] = ["Warning: "]
-    spec.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+def test_a_crashed_leg_shows_its_last_exception_line_and_its_warnings_in_every_report(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spec = printing_spec(tmp_path / "s.yaml", None, CRASH, warn_on=["Warning: "])
     run, html = tmp_path / "run", tmp_path / "r.html"
-    rc, out, _ = engine("run", str(spec), "--run-dir", str(run), "--html", str(html))
-    leg = json.loads((run / "evidence.json").read_text())["steps"]["leg1"]
+    ran = engine("run", str(spec), "--run-dir", str(run), "--html", str(html))
+    leg1 = json.loads((run / "evidence.json").read_text())["steps"]["leg1"]
     # The launcher's own line names no reason (nothing after its name): the last one that does is kept.
-    assert leg["exception"] == {"line": 8, "text": "FileExistsError: checkpoint_0 already exists"}
-    assert leg["warn_on"] == {"count": 1, "lines": [{"line": 2, "text": CRASH[1], "pattern": "Warning: "}]}
-    row = next(line for line in out.splitlines() if line.startswith("step:leg1"))
+    assert leg1["exception"] == {"line": 8, "text": "FileExistsError: checkpoint_0 already exists"}
+    assert leg1["warn_on"] == {"count": 1, "lines": [{"line": 2, "text": CRASH[1], "pattern": "Warning: "}]}
+    row = next(line for line in ran.out.splitlines() if line.startswith("step:leg1"))
     assert row.startswith("step:leg1  failed   rc 1,")
     assert 'last exception: "FileExistsError: checkpoint_0 already exists" (line 8)' in row
     assert f"warned: {json.dumps(CRASH[1])} (line 2)" in row
@@ -224,17 +220,14 @@ def test_a_crashed_leg_shows_its_last_exception_line_and_its_warnings_in_every_r
     assert "last exception: &quot;FileExistsError: checkpoint_0 already exists&quot;" in page
     assert "2: /lib/fit_loop.py:312: UserWarning: this dataloader is not resumable" in page
     # `engine replay` finds both again in the raw log, with the spec's current rules.
-    rc2, out2, _ = engine("replay", str(spec), "--evidence", str(run))
-    assert (rc, rc2) == (5, 5) and row in out2
+    replayed = engine("replay", str(spec), "--evidence", str(run))
+    assert (ran.code, replayed.code) == (5, 5) and row in replayed.out
 
 
-def test_a_leg_that_warned_and_exited_0_passes_with_its_warning_as_a_note(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "s.yaml", None, [*CRASH[:3], "RUN_JSON {}"])
-    doc = yaml.safe_load(spec.read_text())
-    doc["steps"][0]["run"]["output"]["warn_on"] = ["Warning: "]
-    spec.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
-    rc, out, _ = engine("run", str(spec), "--run-dir", str(tmp_path / "run"))
-    assert rc == 0 and "warned: " in out and "last exception" not in out
+def test_a_leg_that_warned_and_exited_0_passes_with_its_warning_as_a_note(engine: Engine, tmp_path: Path) -> None:
+    spec = printing_spec(tmp_path / "s.yaml", None, [*CRASH[:3], "RUN_JSON {}"], warn_on=["Warning: "])
+    ran = engine("run", str(spec), "--run-dir", str(tmp_path / "run"))
+    assert ran.code == 0 and "warned: " in ran.out and "last exception" not in ran.out
 
 
 def test_capture_keeps_the_last_exception_line_across_blocks() -> None:

@@ -6,15 +6,12 @@ naming the leg, instead of running the stop's leg unchecked."""
 
 from __future__ import annotations
 
-import io
 import shutil
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-import yaml
+from engine_helpers import Engine, write_spec
 
-from engine.cli import main
 from engine.spec.load import load_spec
 from engine.spec.located import SpecErrors
 from engine.spec.plan import build_plan
@@ -23,13 +20,6 @@ from engine.spec.validate import validate
 ROOT = Path(__file__).resolve().parents[2]
 RULE = "every_leg_a_later_leg_resumes_from_is_a_stop"
 LEGS = 'let.legs = ["leg1","leg2","leg3","leg4"]'
-
-
-def engine(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with redirect_stdout(out), redirect_stderr(out):
-        rc = main(list(args))
-    return rc, out.getvalue()
 
 
 @pytest.fixture
@@ -45,23 +35,25 @@ def require_line() -> int:
 
 
 @pytest.mark.parametrize("leg", ["leg2", "leg3"])
-def test_the_four_leg_spec_without_a_middle_stop_is_refused_naming_the_leg(specs: Path, leg: str) -> None:
+def test_the_four_leg_spec_without_a_middle_stop_is_refused_naming_the_leg(
+    engine: Engine, specs: Path, leg: str
+) -> None:
     path = specs / "examples" / "p4_three_stops.yaml"
     text = path.read_text()
     stop = f'    - {{leg: {leg}, stop: "${{stop{leg[-1]}}}", next: leg{int(leg[-1]) + 1}}}\n'
     assert stop in text
     path.write_text(text.replace(stop, ""))
     stops_line = text.splitlines().index("  stops:") + 2  # its first element, where the list starts
-    rc, out = engine("validate", str(path))
-    assert rc == 2, out
-    (problem,) = [line for line in out.splitlines() if RULE in line]
+    ran = engine("validate", str(path))
+    assert ran.code == 2, ran
+    (problem,) = [line for line in (ran.out + ran.err).splitlines() if RULE in line]
     assert problem.startswith(f"{specs}/lib/p4_segment.yaml:{require_line()}:")
     assert f"{path}" in problem and " in mode " not in problem  # every mode: said once
     assert f'{LEGS}; let.not_in_stops = ["{leg}"]' in problem
     assert f"values.stops ({path}:{stops_line})" in problem
     # Planned for a run, a check or a replay it is refused the same way, before anything runs.
-    rc, out = engine("run", str(path), "--run-dir", str(specs.parent / "run"))
-    assert rc == 2 and f'let.not_in_stops = ["{leg}"]' in out
+    ran = engine("run", str(path), "--run-dir", str(specs.parent / "run"))
+    assert ran.code == 2 and f'let.not_in_stops = ["{leg}"]' in ran.out + ran.err
     assert not (specs.parent / "run").exists()
     with pytest.raises(SpecErrors) as refused:
         build_plan(load_spec(path), mode="soak", environ={})
@@ -107,11 +99,13 @@ checks:
 """
 
 
-def test_an_old_style_spec_that_lists_only_the_first_stop_is_refused_naming_the_middle_leg(specs: Path) -> None:
+def test_an_old_style_spec_that_lists_only_the_first_stop_is_refused_naming_the_middle_leg(
+    engine: Engine, specs: Path
+) -> None:
     path = specs / "examples" / "old_two_stops.yaml"
     path.write_text(OLD_STYLE)
-    rc, out = engine("validate", str(path))
-    assert rc == 2 and 'let.legs = ["leg1","leg2","leg3"]; let.not_in_stops = ["leg2"]' in out, out
+    ran = engine("validate", str(path))
+    assert ran.code == 2 and 'let.legs = ["leg1","leg2","leg3"]; let.not_in_stops = ["leg2"]' in ran.out + ran.err, ran
     # Listing the stop is the whole fix, with the last leg's checkpoint compared with the reference's after it
     # (`engine validate` names the comparison step it lacks otherwise).
     path.write_text(
@@ -125,18 +119,20 @@ def test_an_old_style_spec_that_lists_only_the_first_stop_is_refused_naming_the_
             "    when: \"final_leg == 'leg3'\"\n",
         )
     )
-    assert engine("validate", str(path)) == (0, f"OK {path}\n")
+    ran = engine("validate", str(path))
+    assert (ran.code, ran.out + ran.err) == (0, f"OK {path}\n")
 
 
-def test_a_final_leg_that_is_not_the_last_leg_and_a_wrong_next_are_refused(specs: Path) -> None:
+def test_a_final_leg_that_is_not_the_last_leg_and_a_wrong_next_are_refused(engine: Engine, specs: Path) -> None:
     path = specs / "examples" / "p4_three_stops.yaml"
     text = path.read_text()
     path.write_text(text.replace("final_leg: leg4", "final_leg: leg3"))
-    rc, out = engine("validate", str(path))
-    assert rc == 2 and RULE in out and f"{LEGS}; let.not_in_stops = []" in out
+    ran = engine("validate", str(path))
+    said = ran.out + ran.err
+    assert ran.code == 2 and RULE in said and f"{LEGS}; let.not_in_stops = []" in said
     path.write_text(text.replace("next: leg3}", "next: leg4}"))
-    rc, out = engine("validate", str(path))
-    assert rc == 2 and RULE in out
+    ran = engine("validate", str(path))
+    assert ran.code == 2 and RULE in ran.out + ran.err
 
 
 # ---- the engine's part: generic, over values, mode and the plan's steps
@@ -160,14 +156,8 @@ BASE = {
 }
 
 
-def write(tmp_path: Path, doc: dict, name: str = "s.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def test_a_requirement_that_fails_in_one_mode_names_that_mode_and_its_lets(tmp_path: Path) -> None:
-    spec = load_spec(write(tmp_path, BASE))
+    spec = load_spec(write_spec(tmp_path / "s.yaml", BASE))
     (error,) = validate(spec, {})
     assert (error.path, error.line) == ("$.require[0]", spec.locate(("require", 0))[1])
     assert error.message.startswith(
@@ -182,19 +172,21 @@ def test_a_requirement_that_fails_in_one_mode_names_that_mode_and_its_lets(tmp_p
 
 def test_a_requirement_that_reads_what_the_plan_lacks_and_one_that_shows_a_secret(tmp_path: Path) -> None:
     doc = dict(BASE, require=[{"name": "typo", "why": "w", "expr": "value.legs == `[]`"}])
-    (error,) = validate(load_spec(write(tmp_path, doc)), {})
+    (error,) = validate(load_spec(write_spec(tmp_path / "s.yaml", doc)), {})
     assert "breaks requirement 'typo': it reads value.legs, which the plan does not have" in error.message
     doc = dict(
         BASE, require=[{"name": "argv", "why": "w", "let": {"a": "steps[0].run.argv"}, "expr": "length(let.a) == `0`"}]
     )
-    (error,) = validate(load_spec(write(tmp_path, doc)), {})
+    (error,) = validate(load_spec(write_spec(tmp_path / "s.yaml", doc)), {})
     assert 'let.a = ["true","<redacted>"]' in error.message and "SECRET" not in error.message
 
 
-def test_requirements_merge_by_name_and_an_inherited_one_is_replaced_only_on_purpose(tmp_path: Path) -> None:
-    write(tmp_path, BASE, "base.yaml")
+def test_requirements_merge_by_name_and_an_inherited_one_is_replaced_only_on_purpose(
+    engine: Engine, tmp_path: Path
+) -> None:
+    write_spec(tmp_path / "base.yaml", BASE)
     child = {"extends": "base.yaml", "require": [{"name": "every_listed_leg_runs", "why": "w", "expr": "`true`"}]}
-    rc, out = engine("validate", str(write(tmp_path, child, "child.yaml")))
-    assert rc == 2 and "requirement 'every_listed_leg_runs' replaces the one inherited from" in out
+    ran = engine("validate", str(write_spec(tmp_path / "child.yaml", child)))
+    assert ran.code == 2 and "requirement 'every_listed_leg_runs' replaces the one inherited from" in ran.out + ran.err
     child["require"][0]["override"] = True
-    assert engine("validate", str(write(tmp_path, child, "child.yaml")))[0] == 0
+    assert engine("validate", str(write_spec(tmp_path / "child.yaml", child))).code == 0

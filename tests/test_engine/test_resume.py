@@ -62,6 +62,11 @@ def failed_first_run(engine: Engine, tmp_path: Path) -> tuple[Path, dict]:
     return spec, json.loads((tmp_path / "r" / "evidence.json").read_text())
 
 
+def resumed(spec: Path, *args: str) -> tuple[str, ...]:
+    """`engine run SPEC ARGS` resumed in the run dir `r` at the wipe: leg 2 and what prepares it run again."""
+    return ("run", str(spec), "--run-dir", "r", "--from", "wipe", *args)
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
 
@@ -70,10 +75,8 @@ def test_from_reruns_the_step_and_after_it_and_reuses_the_evidence_before_it(eng
     spec, first = failed_first_run(engine, tmp_path)
     run = tmp_path / "r"
     old_leg2_log = (run / "logs" / "leg2.log").read_text()
-    r = engine(
-        "run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0",
-        "--junit", "j.xml", "--markdown", "m.md", "--html", "h.html", cwd=tmp_path,
-    )  # fmt: skip
+    reports = ("--junit", "j.xml", "--markdown", "m.md", "--html", "h.html")
+    r = engine(*resumed(spec, "--set", "leg2_rc=0", *reports), cwd=tmp_path)
     assert r.code == Exit.PASS, r.out + r.err
     # Leg 1 ran once (the first run), leg 2 twice; the wipe ran again and removed what leg 2 wrote.
     assert lines(run / "leg1.count") == ["ran"] and lines(run / "leg2.count") == ["ran", "ran"]
@@ -108,9 +111,9 @@ def test_from_reruns_the_step_and_after_it_and_reuses_the_evidence_before_it(eng
 def test_a_step_reused_twice_keeps_the_time_of_the_run_that_ran_it(engine, tmp_path: Path) -> None:
     spec, first = failed_first_run(engine, tmp_path)
     # The outage is still there: the resumed run fails at leg 2 again, and is resumed once more.
-    engine("run", str(spec), "--run-dir", "r", "--from", "wipe", cwd=tmp_path, expect=Exit.FAILED)
+    engine(*resumed(spec), cwd=tmp_path, expect=Exit.FAILED)
     second = json.loads((tmp_path / "r" / "evidence.json").read_text())
-    engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path, expect=Exit.PASS)
+    engine(*resumed(spec, "--set", "leg2_rc=0"), cwd=tmp_path, expect=Exit.PASS)
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     assert second["started_at"] != first["started_at"]
     assert doc["steps"]["leg1"]["reused_from"] == first["started_at"]
@@ -122,18 +125,7 @@ def test_a_step_reused_twice_keeps_the_time_of_the_run_that_ran_it(engine, tmp_p
 def test_from_refuses_an_earlier_step_that_changed_naming_it_and_what_changed(engine, tmp_path: Path) -> None:
     spec, first = failed_first_run(engine, tmp_path)
     before = sorted(p.name for p in (tmp_path / "r").iterdir())
-    r = engine(
-        "run",
-        str(spec),
-        "--run-dir",
-        "r",
-        "--from",
-        "wipe",
-        "--set",
-        "greeting=bonjour",
-        cwd=tmp_path,
-        expect=Exit.USAGE,
-    )
+    r = engine(*resumed(spec, "--set", "greeting=bonjour"), cwd=tmp_path, expect=Exit.USAGE)
     assert "refusing --from wipe: steps before it changed since the run" in r.err
     assert "resume at leg1 (--from leg1)" in r.err
     assert "step leg1: definition changed (run.argv: `hello` -> `bonjour`)" in r.err
@@ -141,9 +133,7 @@ def test_from_refuses_an_earlier_step_that_changed_naming_it_and_what_changed(en
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == before
     assert json.loads((tmp_path / "r" / "evidence.json").read_text()) == first
     # A change to the step it starts at (and after) is what a resume is for.
-    r = engine(
-        "run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path, expect=Exit.PASS
-    )
+    r = engine(*resumed(spec, "--set", "leg2_rc=0"), cwd=tmp_path, expect=Exit.PASS)
 
 
 def test_from_refuses_a_leg_that_a_wipe_prepares_and_names_the_wipe(engine, tmp_path: Path) -> None:
@@ -160,7 +150,7 @@ def test_from_refuses_to_reuse_a_step_that_failed(engine, tmp_path: Path) -> Non
         tmp_path / "resumable.yaml", resumable_spec(SPEC.replace('"${{greeting}}"]', '"${{greeting}}", "@rc:4"]'))
     )
     engine("run", str(spec), "--run-dir", "r", cwd=tmp_path, expect=Exit.FAILED)
-    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", cwd=tmp_path, expect=Exit.USAGE)
+    r = engine(*resumed(spec), cwd=tmp_path, expect=Exit.USAGE)
     assert "refusing --from wipe: leg1 (failed) did not finish well in that run" in r.err
     assert "resume at leg1 (--from leg1)" in r.err
 
@@ -177,9 +167,9 @@ def test_from_refuses_what_it_cannot_resume(engine, tmp_path: Path) -> None:
     assert list((tmp_path / "empty").iterdir()) == []
     other = tmp_path / "other.yaml"
     other.write_text(spec.read_text().replace("name: resumable", "name: another"))
-    r = engine("run", str(other), "--run-dir", "r", "--from", "wipe", cwd=tmp_path, expect=Exit.USAGE)
+    r = engine(*resumed(other), cwd=tmp_path, expect=Exit.USAGE)
     assert "refusing to resume" in r.err and "evidence of spec 'resumable'" in r.err, r.err
-    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--mode", "soak", cwd=tmp_path, expect=Exit.USAGE)
+    r = engine(*resumed(spec, "--mode", "soak"), cwd=tmp_path, expect=Exit.USAGE)
 
 
 # ---------------------------------------------------------------- hostile resumes
@@ -193,7 +183,7 @@ SLOW = SPEC.replace('"leg 2 exits ${{leg2_rc}}"', '"@sleep:${{leg2_sleep}}", "le
 def test_a_second_engine_in_a_run_dir_is_refused_naming_the_first(engine, tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "resumable.yaml", resumable_spec(SLOW))
     engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path, expect=Exit.FAILED)
-    args = ["run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_sleep=8", "--set", "leg2_rc=0"]
+    args = resumed(spec, "--set", "leg2_sleep=8", "--set", "leg2_rc=0")
     first = engine_started(*args, cwd=tmp_path)
     try:
         lock = tmp_path / "r" / ".engine.lock"
@@ -215,7 +205,7 @@ def test_the_lock_of_an_engine_that_is_gone_is_taken_over_and_said(engine, tmp_p
     spec, _ = failed_first_run(engine, tmp_path)
     gone = {"pid": 4_000_000, "host": "elsewhere", "started_at": "2026-12-01T00:00:00Z"}
     (tmp_path / "r" / ".engine.lock").write_text(json.dumps(gone))  # left by a killed engine: unlocked
-    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    r = engine(*resumed(spec, "--set", "leg2_rc=0"), cwd=tmp_path)
     assert r.code == Exit.PASS, r
     assert "took over the lock of" in r.err and "(pid 4000000 on host elsewhere, since 2026-12-01T00:00:00Z)" in r.err
     assert not (tmp_path / "r" / ".engine.lock").exists()
@@ -236,7 +226,7 @@ def test_from_re_harvests_a_reused_leg_with_the_output_rules_of_now(engine, tmp_
     engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", cwd=tmp_path, expect=Exit.FAILED)
     spec.write_text(spec.read_text().replace("marker: 'RUN_JSON '", "marker: 'METRICS '"))
     replay = engine("replay", str(spec), "--evidence", "r", cwd=tmp_path)
-    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    r = engine(*resumed(spec, "--set", "leg2_rc=0"), cwd=tmp_path)
     # As replay judges it: the rule of now finds no loss in leg 1's log.
     assert replay.code == r.code == Exit.FAILED, r
     assert "leg1: re-harvested from logs/leg1.log with the current output rules" in r.out
@@ -250,7 +240,7 @@ def test_from_does_not_believe_an_edited_harvest_of_a_reused_leg(engine, tmp_pat
     saved = json.loads((tmp_path / "r" / "evidence.json").read_text())
     saved["steps"]["leg1"]["harvest"]["run_json"]["loss"] = 1.0  # the log says 2.0
     (tmp_path / "r" / "evidence.json").write_text(json.dumps(saved))
-    engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path, expect=Exit.FAILED)
+    engine(*resumed(spec, "--set", "leg2_rc=0"), cwd=tmp_path, expect=Exit.FAILED)
     doc = json.loads((tmp_path / "r" / "evidence.json").read_text())
     assert doc["steps"]["leg1"]["harvest"]["run_json"] == {"loss": 2.0} and doc["verdict"]["failed"] == ["loss_low"]
     engine("replay", str(spec), "--evidence", "r", cwd=tmp_path, expect=Exit.FAILED)
@@ -264,25 +254,13 @@ def test_from_refuses_a_secret_it_is_not_given_again_naming_it(engine, tmp_path:
     url = "https://bob:PaSsWoRd-4242@git.example.com/x.git"
     sets = ["--set", "api_token=tok_abcdef123456", "--set", f"repo={url}"]
     engine("run", str(spec), "--run-dir", "r", "--set", "leg2_rc=3", *sets, cwd=tmp_path, expect=Exit.FAILED)
-    r = engine("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0", cwd=tmp_path)
+    r = engine(*resumed(spec, "--set", "leg2_rc=0"), cwd=tmp_path)
     assert r.code == Exit.USAGE, r
     assert "the later steps would get the text '<redacted>' instead" in r.err
     assert "api_token (given by --set; give it again: --set api_token=...)" in r.err
     assert "repo (given by --set; give it again: --set repo=...)" in r.err
     assert lines(tmp_path / "r" / "leg2.count") == ["ran"]  # nothing ran
-    engine(
-        "run",
-        str(spec),
-        "--run-dir",
-        "r",
-        "--from",
-        "wipe",
-        "--set",
-        "leg2_rc=0",
-        *sets,
-        cwd=tmp_path,
-        expect=Exit.PASS,
-    )
+    engine(*resumed(spec, "--set", "leg2_rc=0", *sets), cwd=tmp_path, expect=Exit.PASS)
 
 
 def test_from_on_a_full_disk_puts_the_earlier_run_back_and_says_where_it_is(
@@ -291,7 +269,7 @@ def test_from_on_a_full_disk_puts_the_earlier_run_back_and_says_where_it_is(
     spec, first = failed_first_run(engine, tmp_path)
     run = tmp_path / "r"
     before = {p: (run / p).read_bytes() for p in ("evidence.json", "logs/leg1.log", "logs/leg2.log")}
-    args = ("run", str(spec), "--run-dir", "r", "--from", "wipe", "--set", "leg2_rc=0")
+    args = resumed(spec, "--set", "leg2_rc=0")
     r = engine_process(*args, cwd=tmp_path, timeout=120, preexec=file_size_limit(200))
     assert "Traceback" not in r.err, r
     assert r.code == Exit.ERROR, r

@@ -37,8 +37,21 @@ COMMON = "specs/lib/p4_common.yaml"
 SEGMENT = "specs/lib/p4_segment.yaml"
 
 
+def reviewed(exit_code: int) -> str:
+    """What `engine review` says of the change, its exit code asserted to be `exit_code` (its text shown if not)."""
+    rc, text, _ = review()
+    assert rc == exit_code, text
+    return text
+
+
 def risky(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("  ! ")]
+
+
+def review_is_risky_saying(*lines: str) -> None:
+    """`engine review` exits EXIT_RISKY, and `lines` are its risky lines, all of them (its text shown if not)."""
+    text = reviewed(EXIT_RISKY)
+    assert risky(text) == list(lines), text
 
 
 def line_for(text: str, *parts: str) -> str:
@@ -66,8 +79,7 @@ def test_a_loss_ceiling_raised_on_the_gpu_target_only_is_a_loosened_gate_with_it
 
 def test_the_gpu_geometrys_parameter_count_changed_is_risky_where_no_saved_run_shows_it(shipped: Path) -> None:
     edit(shipped, COMMON, "ounce100m-22l: 106194240}", "ounce100m-22l: 106194241}")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "gate `params_are_the_expected_model`", "specs/p4_smoke.yaml")
     assert line.startswith("  ! gate asks for another value in ")
     assert "asks for `expect_params` 106194240 -> 106194241 by the spec's values" in line
@@ -79,8 +91,7 @@ def test_a_required_loss_drop_made_negative_on_the_gpu_target_is_a_loosened_gate
     """`let.horizon < sub(let.step1, values.loss_drop_min)` reads the run on both sides; the bound still
     rises as the value falls, whatever the run's step-1 loss."""
     edit(shipped, COMMON, "cases: {tiny: 0.8, ounce100m-22l: 0.15}", "cases: {tiny: 0.8, ounce100m-22l: -0.5}")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "gate `loss_at_horizon_below_step_one` loosened")
     assert "loosened `loss_drop_min` 0.15 -> -0.5 by the spec's values" in line
     assert "specs/p4_smoke.yaml [mode smoke, soak; target gpu, real]" in line
@@ -88,13 +99,11 @@ def test_a_required_loss_drop_made_negative_on_the_gpu_target_is_a_loosened_gate
 
 def test_the_memory_gates_when_moved_from_soak_to_smoke_names_the_modes_it_no_longer_runs_in(shipped: Path) -> None:
     edit(shipped, SEGMENT, "mode == 'soak' && target != 'local'", "mode == 'smoke' && target != 'local'")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    assert risky(text) == [
+    review_is_risky_saying(
         "  ! gate skipped in some modes in specs/p4_soak.yaml [mode soak; target gpu, real]: gate "
         "`peak_memory_during_training_below_gate` no longer runs in mode soak on target gpu, real: "
         f"`when: values.gate_peak` is false there now  (specs/lib/p4_segment.yaml:{line_of(SEGMENT, 'gate_peak:')})"
-    ], text
+    )
 
 
 # ---------------------------------------------------------------- a saved run's account of itself
@@ -121,8 +130,7 @@ def test_a_leg_changed_with_the_saved_runs_fingerprints_rewritten_to_match_is_st
 ) -> None:
     edit(shipped, COMMON, RESUME, RESUME.replace("must", "auto"))
     _forge(shipped, "specs/p4_smoke.yaml", "p4_smoke")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line_for(text, "legs changed in specs/p4_smoke.yaml", "`leg2` argv `--resume must` -> `--resume auto`")
     rewritten = line_for(text, "saved run rewritten in specs/p4_smoke.yaml")
     assert "with its `definitions`, `fingerprints` edited in this change: read as the base has it" in rewritten
@@ -137,8 +145,7 @@ def test_a_new_runs_legs_are_those_of_the_spec_files_it_ran_never_its_fingerprin
     steps = {name: {**rec, "seconds": 1.0} for name, rec in doc["steps"].items()}
     again = {"started_at": "2030-01-01T00:00:00.000000Z", "steps": steps, "spec": {**doc["spec"], "files": at_base}}
     _forge(shipped, "specs/p4_smoke.yaml", "p4_smoke", **again)
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "legs changed in specs/p4_smoke.yaml")
     assert "evidence/p4_smoke is a run of other legs (`leg2` differ: `engine check` refuses it)" in line
 
@@ -155,8 +162,7 @@ def test_a_renewed_run_of_spec_files_of_neither_side_is_refused(shipped: Path) -
         steps=steps,
         spec={**doc["spec"], "files": files},
     )
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "saved run refused in specs/p4_smoke.yaml")
     assert "made with spec files that are neither the base's nor this change's" in line
     assert "saved run: not re-checked: its legs cannot be recomputed" in text
@@ -168,24 +174,20 @@ def test_a_harvest_rule_that_stops_failing_on_conflicting_lines_is_risky_with_a_
     (repo / LIB).write_text(text.replace(rule, '{marker: "RUN_JSON ", pick: last, on_conflict: pick}'))
     run_probe(repo)  # a real run of the new rules, committed with them: the legs are shown to pass
     commit(repo, "pick between conflicting RUN_JSON lines")
-    rc, out, _ = review()
-    assert rc == EXIT_RISKY, out
-    assert risky(out) == [
+    review_is_risky_saying(
         "  ! harvest rule loosened in specs/probe.yaml [mode smoke, soak]: harvest rule `run_json` of `leg1`, "
         "`leg2`: on_conflict fail -> pick: two different `RUN_JSON` lines no longer fail the run  "
         "(specs/lib/common.yaml:20)"
-    ], out
+    )
 
 
 def test_a_variable_that_can_now_set_a_gates_bound_is_risky(repo: Path) -> None:
     edit(repo, LIB, "values:\n", "env:\n  PROBE_LOSS_MAX: loss_max\nvalues:\n")
     commit(repo, "the loss ceiling from the environment")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    assert risky(text) == [
+    review_is_risky_saying(
         "  ! value made overridable in specs/probe.yaml [mode smoke, soak]: `loss_max` can now be set by the "
         "environment variable `PROBE_LOSS_MAX`: it decides gate `loss_below_max`  (specs/lib/common.yaml:7)"
-    ], text
+    )
 
 
 def test_a_new_spec_that_extends_a_spec_with_no_saved_run_and_disables_a_gate_there_is_risky(shipped: Path) -> None:
@@ -193,13 +195,11 @@ def test_a_new_spec_that_extends_a_spec_with_no_saved_run_and_disables_a_gate_th
         "version: 1\nname: p4_lean\ndescription: two stops, no final weights\n"
         "extends: examples/p4_two_stops.yaml\ndisable:\n  final_pushed: not needed here\n"
     )
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
-    assert risky(text) == [
+    review_is_risky_saying(
         "  ! spec turned into a fragment in specs/examples/p4_two_stops.yaml: `specs/examples/p4_two_stops.yaml`, "
         "a spec at the base with no saved run, is now read through `specs/p4_lean.yaml`, which disables its gate "
         "`final_pushed`: `engine review` no longer reviews it as a spec"
-    ], text
+    )
 
 
 # ---------------------------------------------------------------- the review's words
@@ -226,8 +226,7 @@ def test_a_consistent_rename_of_a_leg_is_one_line_and_exits_0(shipped: Path) -> 
 def test_a_check_renamed_that_asks_the_same_is_a_rename_not_a_gate_removed(repo: Path) -> None:
     edit(repo, LIB, "- name: leg2_exit_clean", "- name: leg2_exited_zero")
     commit(repo, "a better name")
-    rc, text, _ = review()
-    assert rc == EXIT_SAFE, text
+    text = reviewed(EXIT_SAFE)
     assert "~ renamed check leg2_exit_clean -> leg2_exited_zero (it checks exactly what it did)" in text
 
 
@@ -239,8 +238,7 @@ def test_a_when_false_in_some_modes_names_them(repo: Path) -> None:
         'expr: "steps.leg2.harvest.run_json.final_loss < values.loss_max"\n    when: "mode == \'soak\'"',
     )
     commit(repo, "the ceiling in the soak only")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     assert line_for(text, "gate given a when").endswith(
         "gate `loss_below_max` given `when: mode == 'soak'`, false in mode smoke: it is skipped there  "
         "(specs/lib/common.yaml:40)"
@@ -264,8 +262,7 @@ def test_a_bound_written_as_a_literal_for_a_value_reads_loosened_with_both_numbe
     edit(repo, LIB, "<= values.tol", "<= `1.0`")
     shutil.rmtree(repo / "evidence")  # no saved run: the spec's values alone judge it
     commit(repo, "a looser tolerance")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "gate `loss_as_reported`")
     assert line.startswith(
         "  ! gate loosened in specs/probe.yaml [mode smoke, soak]: gate `loss_as_reported` loosened 0 -> 1"
@@ -281,8 +278,7 @@ def test_a_check_that_now_compares_one_value_where_it_compared_twenty_says_so(sh
         'expr: "all_finite(values(steps.${leg}.harvest.run_json.losses))"',
         'expr: "all_finite([steps.${leg}.harvest.run_json.final_loss])"',
     )
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "specs/p4_preempt.yaml", "every_logged_loss_finite[leg=leg2]")
     assert "it now compares 1 value of the run where it compared 20" in line, line
 
@@ -290,8 +286,7 @@ def test_a_check_that_now_compares_one_value_where_it_compared_twenty_says_so(sh
 def test_a_target_taken_away_from_a_switch_is_a_gate_removed_under_it(shipped: Path) -> None:
     """Without the `real` case the spec cannot be planned on the real target: its gates no longer run there."""
     edit(shipped, COMMON, "    cases: {local: cpu, gpu: cuda, real: cuda}", "    cases: {local: cpu, gpu: cuda}")
-    rc, text, _ = review()
-    assert rc == EXIT_RISKY, text
+    text = reviewed(EXIT_RISKY)
     line = line_for(text, "gate removed in ", "mode `soak` on target real removed")
     assert "specs/p4_soak.yaml [mode soak; target real]" in line
     assert "mode smoke (target real) (removed):" in text

@@ -422,22 +422,23 @@ def sealed_ckpt(tmp: Path, step: int) -> tuple[Path, dict[str, str]]:
     return folder, files
 
 
-def pointed_at_20(store: HubStore, tmp: Path) -> None:
-    """Checkpoints 10 and 20, both whole (two optimizer states kept), the pointer at 20."""
+def pointed_at_20_listed_without(hub_server: HubServer, store: HubStore, tmp: Path, file: str, times: int) -> None:
+    """Checkpoints 10 and 20 in `store`, both whole (two optimizer states kept), the pointer at 20; then the
+    listing leaves out checkpoint-20's `file` the next `times` times it is read, as a listing that lags would."""
     ck = Checkpointer(store, log=[].append, keep_optimizer_states=2)
     assert ResumeScan(ck).decide(identity=IDENTITY, horizon_step=30) is None
     for step in (10, 20):
         folder, files = sealed_ckpt(tmp, step)
         ck.push(step, folder, files, tokens=step * 100, config_hash=IDENTITY.hash)
     ck.close()
+    hub_server.inject("stale_listing", r"/tree/main", file_pattern=rf"checkpoint-20/{re.escape(file)}$", times=times)
 
 
 def test_a_listing_that_lags_is_read_again_and_the_resume_goes_on(
     hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     store = hub_store("cklag")
-    pointed_at_20(store, tmp_path)
-    hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"checkpoint-20/optimizer\.pt$", times=2)
+    pointed_at_20_listed_without(hub_server, store, tmp_path, "optimizer.pt", times=2)
     log: list[str] = []
     scan = ResumeScan(Checkpointer(store, log=log.append), relist_delays_s=(1.0, 2.0, 4.0), sleep=sleeps)
     assert scan.decide(identity=IDENTITY, horizon_step=30).step == 20
@@ -451,8 +452,7 @@ def test_a_file_the_listing_keeps_hiding_is_refused_saying_so_never_advising_del
     hub_server: HubServer, hub_store, sleeps, tmp_path: Path
 ) -> None:
     store = hub_store("cklagged")
-    pointed_at_20(store, tmp_path)
-    hub_server.inject("stale_listing", r"/tree/main", file_pattern=r"checkpoint-20/rng\.pt$", times=100)
+    pointed_at_20_listed_without(hub_server, store, tmp_path, "rng.pt", times=100)
     scan = ResumeScan(Checkpointer(store, log=[].append), relist_delays_s=(1.0, 2.0), sleep=sleeps)
     with pytest.raises(ResumeRefused) as e:
         scan.decide(identity=IDENTITY, horizon_step=30)

@@ -170,14 +170,23 @@ def test_every_wait_an_answer_names_is_rewritten_to_whole_seconds_under_the_cap(
 TRICKLE = Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=1.0, progress_s=0.5)
 
 
+def trickling(
+    server: HubServer, tmp: Path, name: str, data: bytes, *, attempts: int = 3, timeouts: Timeouts = TRICKLE, **how: Any
+) -> HubStore:
+    """A store `name` holding `data` as m.safetensors, whose downloads of it the server trickles as `how` says
+    (rate_bps, delay_s, times: the server's `trickle` fault); the client tries `attempts` times."""
+    store = store_on(server, name, attempts=attempts, timeouts=timeouts)
+    store.create()
+    store.commit({"m.safetensors": write(tmp, "m", data)})
+    server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", **how)
+    return store
+
+
 def test_a_trickling_download_ends_at_its_deadline_and_is_fetched_again(
     hub_server: HubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = store_on(hub_server, "trickle", timeouts=TRICKLE)
-    store.create()
     data = os.urandom(4096)
-    store.commit({"m.safetensors": write(tmp_path, "m", data)})
-    hub_server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", rate_bps=20)  # 205 s at this rate
+    store = trickling(hub_server, tmp_path, "trickle", data, rate_bps=20)  # 205 s at this rate
     caplog.set_level(logging.INFO, logger="trainer.hub")
     t0 = time.monotonic()
     assert within(60, lambda: store.read_bytes("m.safetensors")) == data
@@ -193,10 +202,7 @@ def test_a_trickling_download_ends_at_its_deadline_and_is_fetched_again(
 def test_a_trickle_that_persists_fails_the_read_instead_of_resuming_forever(
     hub_server: HubServer, tmp_path: Path
 ) -> None:
-    store = store_on(hub_server, "tricklemore", attempts=2, timeouts=TRICKLE)
-    store.create()
-    store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(4096))})
-    hub_server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", rate_bps=50, times=1000)
+    store = trickling(hub_server, tmp_path, "tricklemore", os.urandom(4096), attempts=2, rate_bps=50, times=1000)
     with pytest.raises(StoreError) as e:
         within(60, lambda: store.read_bytes("m.safetensors"))
     assert "after 2 tries" in str(e.value) and "slower than the 1 KB/s" in str(e.value), str(e.value)
@@ -208,10 +214,7 @@ def test_a_download_the_client_resumes_again_and_again_still_ends_at_its_deadlin
     # Every answer sends a second's worth of bytes and stalls past the read timeout; the client resumes with a
     # Range request, and starts its count of retries again since bytes arrived: each request alone stays within
     # its own limit, the download as a whole never would.
-    store = store_on(hub_server, "resumed", attempts=1, timeouts=TRICKLE)
-    store.create()
-    store.commit({"m.safetensors": write(tmp_path, "m", os.urandom(4096))})
-    hub_server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", rate_bps=50, delay_s=3, times=1000)
+    store = trickling(hub_server, tmp_path, "resumed", os.urandom(4096), attempts=1, rate_bps=50, delay_s=3, times=1000)
     with pytest.raises(StoreError) as e:
         within(60, lambda: store.read_bytes("m.safetensors"))
     assert "download of hf://tester/resumed/m.safetensors: " in str(e.value), str(e.value)
@@ -221,13 +224,9 @@ def test_a_download_the_client_resumes_again_and_again_still_ends_at_its_deadlin
 def test_a_long_transfer_says_how_far_it_got(
     hub_server: HubServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = store_on(
-        hub_server, "progress", timeouts=Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=0.25, progress_s=0.4)
-    )
-    store.create()
     data = os.urandom(2048)
-    store.commit({"m.safetensors": write(tmp_path, "m", data)})
-    hub_server.inject("trickle", r"/resolve/.*/m\.safetensors$", method="GET", rate_bps=1024)
+    slower = Timeouts(connect_s=5.0, read_s=1.0, min_rate_kb_s=0.25, progress_s=0.4)
+    store = trickling(hub_server, tmp_path, "progress", data, timeouts=slower, rate_bps=1024)
     caplog.set_level(logging.INFO, logger="trainer.hub")
     assert within(60, lambda: store.read_bytes("m.safetensors")) == data
     lines = [r.getMessage() for r in caplog.records if "it must end within" in r.getMessage()]

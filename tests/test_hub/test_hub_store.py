@@ -240,22 +240,24 @@ def test_the_hub_knobs_are_read_from_their_variables_and_said_in_one_line() -> N
     assert HubSettings.from_env({"SPECPROBE_HUB_OUTAGE_S": "86400"}).retry.outage_s == 2700.0
 
 
+# What each knob takes, and values out of its range.
+SECONDS = "a number of seconds > 0 and at most 86400"
+SECONDS_OR_NONE = "a number of seconds >= 0 and at most 86400"
+OUT_OF_RANGE = {
+    "SPECPROBE_HUB_RETRIES": ("a whole number of tries from 1 to 100", "0", "three"),
+    "SPECPROBE_HUB_BACKOFF_S": (SECONDS_OR_NONE, "-1"),
+    "SPECPROBE_HUB_CONNECT_TIMEOUT_S": (SECONDS, "0"),
+    "SPECPROBE_HUB_READ_TIMEOUT_S": (SECONDS, "inf", "nan", "1e20"),
+    "SPECPROBE_HUB_MIN_RATE_KB_S": ("a rate in KB/s from 0.001 to 10000000", "0"),
+    "SPECPROBE_HUB_PROGRESS_S": (SECONDS, "-5"),
+    "SPECPROBE_HUB_MAX_WAIT_S": (SECONDS_OR_NONE, "2e5"),
+    "SPECPROBE_HUB_OUTAGE_S": (SECONDS_OR_NONE, "forever"),
+    "SPECPROBE_HUB_DEADLINE_S": (SECONDS, "0"),
+}
+
+
 @pytest.mark.parametrize(
-    "var, value, says",
-    [
-        ("SPECPROBE_HUB_RETRIES", "0", "a whole number of tries from 1 to 100"),
-        ("SPECPROBE_HUB_RETRIES", "three", "a whole number of tries from 1 to 100"),
-        ("SPECPROBE_HUB_BACKOFF_S", "-1", "a number of seconds >= 0 and at most 86400"),
-        ("SPECPROBE_HUB_CONNECT_TIMEOUT_S", "0", "a number of seconds > 0 and at most 86400"),
-        ("SPECPROBE_HUB_READ_TIMEOUT_S", "inf", "a number of seconds > 0 and at most 86400"),
-        ("SPECPROBE_HUB_READ_TIMEOUT_S", "nan", "a number of seconds > 0 and at most 86400"),
-        ("SPECPROBE_HUB_READ_TIMEOUT_S", "1e20", "a number of seconds > 0 and at most 86400"),
-        ("SPECPROBE_HUB_MIN_RATE_KB_S", "0", "a rate in KB/s from 0.001 to 10000000"),
-        ("SPECPROBE_HUB_PROGRESS_S", "-5", "a number of seconds > 0 and at most 86400"),
-        ("SPECPROBE_HUB_MAX_WAIT_S", "2e5", "a number of seconds >= 0 and at most 86400"),
-        ("SPECPROBE_HUB_OUTAGE_S", "forever", "a number of seconds >= 0 and at most 86400"),
-        ("SPECPROBE_HUB_DEADLINE_S", "0", "a number of seconds > 0 and at most 86400"),
-    ],
+    "var, value, says", [(var, value, says) for var, (says, *values) in OUT_OF_RANGE.items() for value in values]
 )
 def test_a_hub_knob_out_of_range_is_refused_naming_its_variable(var: str, value: str, says: str) -> None:
     from trainer.store.hub_settings import HubSettings

@@ -4,18 +4,38 @@ others from its pickle (trainer_helpers.shared): a worker that only compares che
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from probe_helpers import Run, dcp_session, in_process, split_run, whole_run
-from spec_runs import work_dir
+from spec_runs import SpecRun, run_spec, work_dir
 from trainer_helpers import shared
+
+
+def _probe(request: pytest.FixtureRequest) -> str:
+    """The probe whose spec a test_spec_* module runs: its mark, `pytest.mark.probe_spec("<probe>")`."""
+    return request.node.get_closest_marker("probe_spec").args[0]
 
 
 @pytest.fixture(scope="module")
 def cwd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The working directory of the spec runs of a test_spec_* module's probe (its PROBE), shared by the session."""
-    return work_dir(tmp_path_factory, request.module.PROBE)
+    """The working directory of the spec runs of a test_spec_* module's probe, shared by the session."""
+    return work_dir(tmp_path_factory, _probe(request))
+
+
+@pytest.fixture
+def spec_run(request: pytest.FixtureRequest, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SpecRun]:
+    """`engine run` of the module's probe spec: spec_run(MODE, expect=EXIT CODE), from the probe's working
+    directory (spec_runs.run_spec); its exit code asserted, the whole run shown when it differs."""
+    probe = _probe(request)
+
+    def run(mode: str, *, expect: int) -> SpecRun:
+        ran = run_spec(probe, mode, cwd, monkeypatch)
+        assert ran.code == expect, ran
+        return ran
+
+    return run
 
 
 # ---- the shared runs -------------------------------------------------------------------------------------------
@@ -44,17 +64,25 @@ def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     return shared("probes-lightning", tmp_path_factory, _lightning_runs)
 
 
-def _lightning_runs(d: Path) -> dict[str, Run]:
-    from probes.drivers.lightning_loop import main
-
-    unseeded = ["--mode", "broken_unseeded_epoch"]
+def _seeded_and_unseeded(main: Callable, d: Path, stop: int, unseeded: str) -> dict[str, Run]:
+    """The runs of a loop whose shuffle is seeded by default and not in mode `unseeded`: its reference twice (is it
+    deterministic?), split at `stop`, and the unseeded mode's own reference and split at `stop`."""
+    mode = ["--mode", unseeded]
     return {
         "reference": whole_run(main, d / "reference"),
         "reference_again": whole_run(main, d / "reference_again"),
-        "default": split_run(main, d / "default", 8),
+        "default": split_run(main, d / "default", stop),
+        "unseeded_reference": whole_run(main, d / "unseeded_reference", mode),
+        unseeded: split_run(main, d / "unseeded", stop, mode),
+    }
+
+
+def _lightning_runs(d: Path) -> dict[str, Run]:
+    from probes.drivers.lightning_loop import main
+
+    return {
+        **_seeded_and_unseeded(main, d, 8, "broken_unseeded_epoch"),
         "mid_epoch": split_run(main, d / "mid_epoch", 12),
-        "unseeded_reference": whole_run(main, d / "unseeded_reference", unseeded),
-        "broken_unseeded_epoch": split_run(main, d / "unseeded", 8, unseeded),
     }
 
 
@@ -66,13 +94,8 @@ def accelerate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
 def _accelerate_runs(d: Path) -> dict[str, Run]:
     from probes.drivers.accelerate_loop import main
 
-    unseeded = ["--mode", "broken_unseeded_sampler"]
     return {
-        "reference": whole_run(main, d / "reference"),
-        "reference_again": whole_run(main, d / "reference_again"),
-        "default": split_run(main, d / "default", 10),
-        "unseeded_reference": whole_run(main, d / "unseeded_reference", unseeded),
-        "broken_unseeded_sampler": split_run(main, d / "unseeded", 10, unseeded),
+        **_seeded_and_unseeded(main, d, 10, "broken_unseeded_sampler"),
         "broken_checkpoint_naming": split_run(main, d / "naming", 10, ["--mode", "broken_checkpoint_naming"]),
     }
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -61,35 +62,58 @@ class Fmt:
     change_scheduler: Callable[[Path], None]
 
 
-def _hf(runs: dict[str, Run]) -> Fmt:
+EVERY_PART = {"model", "optimizer", "scheduler", "rng", "trainer_state"}
+
+
+def _folder_of_files(
+    name: str,
+    equal_pair: Callable[[], tuple[Path, Path]],
+    optimizer: str,
+    change_rng: Callable[[Path], None],
+    change_scheduler: Callable[[Path], None],
+) -> Fmt:
+    """A format that saves every part in a folder, a file each: the weights in model.safetensors, the optimizer
+    state in the file `optimizer` (so a missing optimizer state is that file missing)."""
     return Fmt(
+        name,
+        equal_pair,
+        EVERY_PART,
+        lambda p: bump_safetensors(p / "model.safetensors"),
+        lambda p: (p / optimizer).unlink(),
+        [optimizer],
+        change_rng,
+        change_scheduler,
+    )
+
+
+def _next_epoch(state_in: Callable[[Any], dict] = lambda doc: doc) -> Callable[[Any], None]:
+    """An edit of a loaded checkpoint document that moves its scheduler one step on; `state_in` finds the
+    scheduler's state in the document (by default the document is that state)."""
+    return lambda doc: state_in(doc).update(last_epoch=state_in(doc)["last_epoch"] + 1)
+
+
+def _twice(runs: dict[str, Run], *checkpoint: str) -> Callable[[], tuple[Path, Path]]:
+    """The same checkpoint of the reference run and of the reference run again: an equal pair."""
+    return lambda: (runs["reference"].out.joinpath(*checkpoint), runs["reference_again"].out.joinpath(*checkpoint))
+
+
+def _hf(runs: dict[str, Run]) -> Fmt:
+    return _folder_of_files(
         "hf_trainer",
         lambda: (runs["default"].out / "checkpoint-20", runs["reference"].out / "checkpoint-20"),
-        {"model", "optimizer", "scheduler", "rng", "trainer_state"},
-        lambda p: bump_safetensors(p / "model.safetensors"),
-        lambda p: (p / "optimizer.pt").unlink(),
-        ["optimizer.pt"],
+        "optimizer.pt",
         lambda p: edit_torch(p / "rng_state.pth", lambda d: flip_byte(d["cpu"])),
-        lambda p: edit_torch(p / "scheduler.pt", lambda d: d.update(last_epoch=d["last_epoch"] + 1)),
+        lambda p: edit_torch(p / "scheduler.pt", _next_epoch()),
     )
 
 
 def _p4(store: Path) -> Fmt:
-    def rng(p: Path) -> None:
-        edit_torch(p / "rng.pt", lambda d: flip_byte(d[0]["torch"]))
-
-    def sched(p: Path) -> None:
-        edit_torch(p / "optimizer.pt", lambda d: d["scheduler"].update(last_epoch=d["scheduler"]["last_epoch"] + 1))
-
-    return Fmt(
+    return _folder_of_files(
         "p4",
         lambda: (store / "final", store / "ckpt" / "checkpoint-6"),
-        {"model", "optimizer", "scheduler", "rng", "trainer_state"},
-        lambda p: bump_safetensors(p / "model.safetensors"),
-        lambda p: (p / "optimizer.pt").unlink(),
-        ["optimizer.pt"],
-        rng,
-        sched,
+        "optimizer.pt",
+        lambda p: edit_torch(p / "rng.pt", lambda d: flip_byte(d[0]["torch"])),
+        lambda p: edit_torch(p / "optimizer.pt", _next_epoch(lambda d: d["scheduler"])),
     )
 
 
@@ -100,34 +124,23 @@ def _lightning(runs: dict[str, Run]) -> Fmt:
 
     return Fmt(
         "lightning",
-        lambda: (
-            runs["reference"].out / "checkpoints" / "last.ckpt",
-            runs["reference_again"].out / "checkpoints" / "last.ckpt",
-        ),
+        _twice(runs, "checkpoints", "last.ckpt"),
         {"model", "optimizer", "scheduler", "trainer_state"},
         perturb,
         lambda p: edit_torch(p, lambda d: d.pop("optimizer_states")),
         ["last.ckpt[optimizer_states]"],
         None,  # Lightning saves no RNG state
-        lambda p: edit_torch(
-            p, lambda d: d["lr_schedulers"][0].update(last_epoch=d["lr_schedulers"][0]["last_epoch"] + 1)
-        ),
+        lambda p: edit_torch(p, _next_epoch(lambda d: d["lr_schedulers"][0])),
     )
 
 
 def _accelerate(runs: dict[str, Run]) -> Fmt:
-    return Fmt(
+    return _folder_of_files(
         "accelerate",
-        lambda: (
-            runs["reference"].out / "checkpoints" / "checkpoint_4",
-            runs["reference_again"].out / "checkpoints" / "checkpoint_4",
-        ),
-        {"model", "optimizer", "scheduler", "rng", "trainer_state"},
-        lambda p: bump_safetensors(p / "model.safetensors"),
-        lambda p: (p / "optimizer.bin").unlink(),
-        ["optimizer.bin"],
+        _twice(runs, "checkpoints", "checkpoint_4"),
+        "optimizer.bin",
         lambda p: edit_torch(p / "random_states_0.pkl", lambda d: flip_byte(d["torch_manual_seed"])),
-        lambda p: edit_torch(p / "scheduler.bin", lambda d: d.update(last_epoch=d["last_epoch"] + 1)),
+        lambda p: edit_torch(p / "scheduler.bin", _next_epoch()),
     )
 
 
@@ -153,12 +166,12 @@ def _dcp(runs: dict[str, Run]) -> Fmt:
     return Fmt(
         "dcp",
         lambda: (runs["default"].out / "ckpt" / "step-20", runs["reference"].out / "ckpt" / "step-20"),
-        {"model", "optimizer", "scheduler", "rng", "trainer_state"},
+        EVERY_PART,
         perturb,
         _dcp_edit(lambda s: s.pop("optim")),
         [],  # DCP has no file per part: the optimizer's names are all only in b
         _dcp_edit(lambda s: flip_byte(s["rng"]["rank0"])),
-        _dcp_edit(lambda s: s["scheduler"].update(last_epoch=s["scheduler"]["last_epoch"] + 1)),
+        _dcp_edit(_next_epoch(lambda s: s["scheduler"])),
     )
 
 

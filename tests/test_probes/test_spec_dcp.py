@@ -6,15 +6,12 @@ resumed session crashing on the torn checkpoint. One engine run per mode, one re
 from __future__ import annotations
 
 import pytest
-from spec_runs import run_spec
 
-pytestmark = pytest.mark.probe_spec
-PROBE = "dcp"  # the spec its tests run, in one working directory (the fixture `cwd`, conftest.py)
+pytestmark = pytest.mark.probe_spec("dcp")  # the spec its tests run (the fixture `spec_run`, conftest.py)
 
 
-def test_killed_inside_a_save_the_loop_resumes_from_the_previous_checkpoint_to_the_reference(cwd, monkeypatch) -> None:
-    run = run_spec("dcp", "correct", cwd, monkeypatch)
-    assert run.code == 0, run
+def test_killed_inside_a_save_the_loop_resumes_from_the_previous_checkpoint_to_the_reference(spec_run) -> None:
+    run = spec_run("correct", expect=0)
     assert "VERDICT dcp PASS []" in run.out
     leg1 = run.evidence["steps"]["leg1"]
     assert leg1["terminated_by"] == "signal_rule" and leg1["signals_sent"][0]["held"]["stopped"] is True
@@ -22,8 +19,7 @@ def test_killed_inside_a_save_the_loop_resumes_from_the_previous_checkpoint_to_t
     assert run.evidence["steps"]["leg2"]["harvest"]["steps"][0]["step"] == 6
 
 
-def test_a_pointer_moved_before_the_save_fails_the_resume_and_every_step_after_the_kill(cwd, monkeypatch) -> None:
-    run = run_spec("dcp", "broken_pointer_before_save", cwd, monkeypatch)
-    assert run.code == 5, run
+def test_a_pointer_moved_before_the_save_fails_the_resume_and_every_step_after_the_kill(spec_run) -> None:
+    run = spec_run("broken_pointer_before_save", expect=5)
     assert "step:leg2" in run.failed and "last exception: " in run.step_row("leg2")
     assert "first difference at step 11: only in b" in run.said_under("resumed_run_matches_the_reference[q=loss]")

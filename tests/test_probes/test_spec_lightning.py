@@ -5,21 +5,17 @@ quantity that differ. One engine run per mode, two references (seeded, unseeded)
 from __future__ import annotations
 
 import pytest
-from spec_runs import run_spec
 
-pytestmark = pytest.mark.probe_spec
-PROBE = "lightning"  # the spec its tests run, in one working directory (the fixture `cwd`, conftest.py)
+pytestmark = pytest.mark.probe_spec("lightning")  # the spec its tests run (the fixture `spec_run`, conftest.py)
 
 
-def test_stopped_at_an_epoch_end_with_a_sampler_seeded_per_epoch_the_fit_is_the_reference(cwd, monkeypatch) -> None:
-    run = run_spec("lightning", "correct", cwd, monkeypatch)
-    assert run.code == 0, run
+def test_stopped_at_an_epoch_end_with_a_sampler_seeded_per_epoch_the_fit_is_the_reference(spec_run) -> None:
+    run = spec_run("correct", expect=0)
     assert "VERDICT lightning PASS []" in run.out
 
 
-def test_stopped_mid_epoch_fails_at_step_13_and_the_report_shows_lightnings_warning(cwd, monkeypatch) -> None:
-    run = run_spec("lightning", "broken_mid_epoch", cwd, monkeypatch)
-    assert run.code == 5, run
+def test_stopped_mid_epoch_fails_at_step_13_and_the_report_shows_lightnings_warning(spec_run) -> None:
+    run = spec_run("broken_mid_epoch", expect=5)
     # Step 13 trains the epoch's first batch again (the reference's step 9), with its loss.
     said = run.said_under("resumed_run_matches_the_reference[q=batches]")
     assert "first difference at step 13: " in said and "(not the same value)" in said
@@ -31,9 +27,8 @@ def test_stopped_mid_epoch_fails_at_step_13_and_the_report_shows_lightnings_warn
     assert "warned: " in run.step_row("leg2")
 
 
-def test_an_unseeded_shuffle_stopped_at_an_epoch_end_fails_at_step_9(cwd, monkeypatch) -> None:
-    run = run_spec("lightning", "broken_unseeded_epoch", cwd, monkeypatch)
-    assert run.code == 5, run
+def test_an_unseeded_shuffle_stopped_at_an_epoch_end_fails_at_step_9(spec_run) -> None:
+    run = spec_run("broken_unseeded_epoch", expect=5)
     assert not [f for f in run.failed if f.startswith("stopped_leg")]
     said = run.said_under("resumed_run_matches_the_reference[q=batches]")
     assert "first difference at step 9: " in said and "(not the same value)" in said

@@ -432,15 +432,7 @@ def test_a_trainer_renews_its_lease_while_it_trains(tmp_path, tmp_path_factory):
     # Pushes over a slow link (1.5 s each) keep the session writing for several of its 2 s leases.
     repo = store_url(tmp_path / "store")
     run = run_trainer(
-        torchrun_cmd(
-            trainer_args(
-                root=base.mix,
-                out=tmp_path / "out",
-                repo=repo + "?link_mb_s=1",
-                steps=BASELINE_STEPS,
-                push_every=BASELINE_PUSH_EVERY,
-            )
-        ),
+        torchrun_cmd(base.args(tmp_path / "out", repo + "?link_mb_s=1")),
         env={"SPECPROBE_LEASE_TTL_S": "2"},
         timeout=240,
     )

@@ -278,11 +278,7 @@ def test_failed_background_push_fails_the_run(tmp_path, tmp_path_factory):
             staging.write_text("not a directory")
 
     run = run_trainer(
-        torchrun_cmd(
-            trainer_args(
-                root=base.mix, out=tmp_path / "out", repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY
-            )
-        ),
+        torchrun_cmd(base.args(tmp_path / "out", repo)),
         on_line=break_store,
         timeout=90,
     )

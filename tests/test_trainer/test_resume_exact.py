@@ -138,13 +138,7 @@ def test_slow_store_overlaps_training_and_resume_from_a_local_path(tmp_path, tmp
     session resumes from the LOCAL checkpoint dir (--resume PATH) and still ends bitwise identical."""
     base = baseline(tmp_path_factory)
     repo, out = store_url(tmp_path / "store") + "?link_mb_s=1", tmp_path / "out"
-    leg1 = run_trainer(
-        torchrun_cmd(
-            trainer_args(
-                root=base.mix, out=out, repo=repo, steps=BASELINE_STEPS, push_every=BASELINE_PUSH_EVERY, stop=4
-            )
-        )
-    )
+    leg1 = run_trainer(torchrun_cmd(base.args(out, repo, stop=4)))
     assert leg1.rc == 0, explain(leg1)
     assert leg1.starting("CKPT wait step=4: push of step=2 still running")
     order = [
@@ -163,18 +157,7 @@ def test_slow_store_overlaps_training_and_resume_from_a_local_path(tmp_path, tmp
     ]
     assert not (out / "ckpt" / "checkpoint-2").exists()  # --prune keeps only the newest locally
 
-    leg2 = run_trainer(
-        torchrun_cmd(
-            trainer_args(
-                root=base.mix,
-                out=tmp_path / "out2",
-                repo=repo,
-                steps=BASELINE_STEPS,
-                push_every=BASELINE_PUSH_EVERY,
-                resume=str(local),
-            )
-        )
-    )
+    leg2 = run_trainer(torchrun_cmd(base.args(tmp_path / "out2", repo, resume=str(local))))
     assert leg2.rc == 0, explain(leg2)
     assert leg2.starting(f"resume from step 4 ({local}) tokens=1024")
     assert {**leg1.run_json["losses"], **leg2.run_json["losses"]} == base.run.run_json["losses"]
@@ -190,17 +173,7 @@ def test_compiled_trainer_under_ddp_trains_the_eager_runs_losses(tmp_path, tmp_p
     base = baseline(tmp_path_factory)
     repo = store_url(tmp_path / "store")
     r = run_trainer(
-        torchrun_cmd(
-            trainer_args(
-                root=base.mix,
-                out=tmp_path / "out",
-                repo=repo,
-                steps=BASELINE_STEPS,
-                push_every=BASELINE_PUSH_EVERY,
-                extra=["--compile", "--compile-scope", scope],
-            )
-        ),
-        timeout=420,
+        torchrun_cmd(base.args(tmp_path / "out", repo, extra=["--compile", "--compile-scope", scope])), timeout=420
     )
     assert r.rc == 0 and r.run_json is not None, explain(r)
     assert r.starting(f"compile: {scope} (requested, scope requested)")

@@ -327,14 +327,11 @@ def test_async_snapshot_path_resumes_bitwise_on_cpu(tmp_path, tmp_path_factory, 
     import shutil
 
     from trainer_helpers import (
-        BASELINE_PUSH_EVERY,
-        BASELINE_STEPS,
         baseline,
         explain,
         run_trainer,
         single_cmd,
         store_url,
-        trainer_args,
         weights_sha256,
     )
 
@@ -344,19 +341,7 @@ def test_async_snapshot_path_resumes_bitwise_on_cpu(tmp_path, tmp_path_factory, 
     repo, out, runs = store_url(tmp_path / "store"), tmp_path / "out", []
     for stop in (3, 0):
         shutil.rmtree(out, ignore_errors=True)
-        r = run_trainer(
-            single_cmd(
-                trainer_args(
-                    root=base.mix,
-                    out=out,
-                    repo=repo,
-                    steps=BASELINE_STEPS,
-                    push_every=BASELINE_PUSH_EVERY,
-                    stop=stop,
-                    nproc=1,
-                )
-            )
-        )
+        r = run_trainer(single_cmd(base.args(out, repo, stop=stop, nproc=1)))
         assert r.rc == 0, explain(r)
         checks = r.starting("CKPT snapshot-check ")
         assert checks and all(" ok tensors=" in line for line in checks), checks
