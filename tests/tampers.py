@@ -91,6 +91,7 @@ from tamper_store import (
     horizon_rng_not_the_references,
     horizon_target_lost_its_weights,
     horizon_target_torn,
+    horizon_weights_compared_are_not_the_stored,
     kill_tore_the_pointer_target,
     leg1_checkpoint_missing,
     leg1_newest_checkpoint_lost_optimizer_state,
@@ -137,6 +138,8 @@ REF_LRS_LEG1 = {"lrs_match_the_reference[leg=leg1]": "FAIL"}
 REF_LRS_LEG2 = {"lrs_match_the_reference[leg=leg2]": "FAIL"}
 # The horizon's pointer target compared with the listing.
 HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
+# The horizon's stored bytes read back against the files compared with the reference.
+STORED_COMPARED = {"final_checkpoint_compared_is_the_one_stored": "FAIL"}
 # A resume from no checkpoint at all, which the resume checks of a stop and of a kill each must see.
 LEG2_STARTED_FRESH = Tamper("leg 2 started fresh", leg2_fresh_start, also=SUMMARY_LEG2)
 
@@ -220,12 +223,21 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("the pointer's target after leg 1 lost its weights", leg1_target_lost_its_weights),
     ),
     "pointer_target_complete_after[leg=leg2]": (
-        Tamper("the store holds other bytes than the pointer recorded", horizon_target_torn, also=READ_BACK_LEG2),
+        Tamper(
+            "the store holds other bytes than the pointer recorded",
+            horizon_target_torn,
+            also={**READ_BACK_LEG2, **STORED_COMPARED},
+        ),
         Tamper("the horizon pointer does not name the weights", horizon_pointer_names_no_weights),
         Tamper(
             "final/ lost its weights",
             horizon_target_lost_its_weights,
-            also={**HORIZON_TARGET, **READ_BACK_LEG2, "checkpoints_complete_after[leg=leg2]": "FAIL"},
+            also={
+                **HORIZON_TARGET,
+                **READ_BACK_LEG2,
+                **STORED_COMPARED,
+                "checkpoints_complete_after[leg=leg2]": "FAIL",
+            },
         ),
     ),
     # leg 1's only in p4_soak (the smoke and the preempt read back after the final leg alone)
@@ -239,6 +251,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper(
             "an object under the horizon pointer's target was damaged after its upload",
             stored_object_damaged_after_upload("hub_after_leg2"),
+            also=STORED_COMPARED,
         ),
     ),
     "checkpoints_complete_after[leg=leg1]": (
@@ -256,7 +269,9 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
             "the newest ckpt/ directory lost optimizer.pt and rng.pt (the pointer names final/)",
             horizon_newest_checkpoint_lost_optimizer_state,
         ),
-        Tamper("final/ lost rng.pt", final_lost_its_rng_state, also={**HORIZON_TARGET, **READ_BACK_LEG2}),
+        Tamper(
+            "final/ lost rng.pt", final_lost_its_rng_state, also={**HORIZON_TARGET, **READ_BACK_LEG2, **STORED_COMPARED}
+        ),
     ),
     "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", leg2_wrong_geometry),),
     "final_leg_validation_actually_ran": (
@@ -528,7 +543,14 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
     "final_checkpoint_matches_the_reference": (
         Tamper("rank 1's RNG state at the horizon is not the reference's", horizon_rng_not_the_references),
         Tamper(
-            "no checkpoint at the horizon where the comparison looks", horizon_checkpoint_missing_for_the_comparison
+            "no checkpoint at the horizon where the comparison looks",
+            horizon_checkpoint_missing_for_the_comparison,
+            also=STORED_COMPARED,
+        ),
+    ),
+    "final_checkpoint_compared_is_the_one_stored": (
+        Tamper(
+            "final/ in the store holds other weights than those compared", horizon_weights_compared_are_not_the_stored
         ),
     ),
 }

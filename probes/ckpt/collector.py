@@ -9,7 +9,10 @@ As a plugin (entry point ``specprobe.collectors: ckpt_compare``)::
 ``a`` and ``b`` are paths (relative ones to the step's working directory); ``b`` is the reference. ``format``
 defaults to ``auto``; ``default_ignore: false`` compares what the format ignores by default (listed in the document's
 ``default_ignore``); ``trust_pickle: true`` loads with full pickle the files ``weights_only=True`` refuses.
-A missing or unreadable checkpoint is the document's ``error``; a wrong argument is a spec error (ValueError).
+``hash_a: true`` adds ``a_sha256``, the sha256 of every file under ``a`` by its path relative to ``a`` (its name,
+for a file): what ties the checkpoint compared to a copy of it elsewhere, such as the one a store holds. A missing
+or unreadable checkpoint is the document's ``error`` (and ``a_sha256_error``, for a file that cannot be hashed); a
+wrong argument is a spec error (ValueError).
 
 The engine loads this module to find the collector, so it imports nothing heavy; without torch, safetensors or numpy
 it raises :class:`MissingDependencies`, one line naming them and the install command.
@@ -17,13 +20,15 @@ it raises :class:`MissingDependencies`, one line naming them and the install com
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from collections.abc import Mapping
 from typing import Any
 
 DEPENDENCIES = ("torch", "safetensors", "numpy")
-ARGS = ("a", "b", "format", "rtol", "atol", "ignore", "default_ignore", "trust_pickle")
+ARGS = ("a", "b", "format", "rtol", "atol", "ignore", "default_ignore", "trust_pickle", "hash_a")
+CHUNK = 1 << 20
 
 
 class MissingDependencies(RuntimeError):
@@ -54,7 +59,7 @@ def collect(args: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, An
     if unknown:
         raise ValueError(f"collector 'ckpt_compare': unknown args {', '.join(unknown)}; it takes {', '.join(ARGS)}")
     a, b = _path(args.get("a"), "a", context), _path(args.get("b"), "b", context)
-    for key in ("default_ignore", "trust_pickle"):
+    for key in ("default_ignore", "trust_pickle", "hash_a"):
         if not isinstance(args.get(key, False), bool):
             raise ValueError(f"collector 'ckpt_compare': args.{key} must be true or false, got {args[key]!r}")
     fmt, rtol, atol, ignore = (
@@ -71,7 +76,7 @@ def collect(args: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, An
     require_dependencies()
     from probes.ckpt import compare_paths
 
-    return compare_paths(
+    doc = compare_paths(
         a,
         b,
         fmt=fmt,
@@ -81,3 +86,36 @@ def collect(args: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, An
         default_ignore=args.get("default_ignore", True),
         trust_pickle=args.get("trust_pickle", False),
     )
+    if args.get("hash_a", False):
+        try:
+            doc["a_sha256"], doc["a_sha256_error"] = sha256_of_files(a), None
+        except OSError as exc:
+            doc["a_sha256"], doc["a_sha256_error"] = None, f"{exc.filename or a}: {exc.strerror or exc}"
+    return doc
+
+
+def sha256_of_files(path: str) -> dict[str, str]:
+    """The sha256 of every regular file under the folder `path` by its path relative to it, or of the file `path`
+    by its name. Links are not followed: what is hashed is what the folder holds."""
+    if not os.path.isdir(path):
+        return {os.path.basename(path): _sha256(path)}
+    hashes = {}
+    for folder, dirs, files in os.walk(path, onerror=_raise):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(folder, name)
+            if not os.path.islink(full):
+                hashes[os.path.relpath(full, path).replace(os.sep, "/")] = _sha256(full)
+    return hashes
+
+
+def _raise(exc: OSError) -> None:
+    raise exc  # a folder under `path` that cannot be listed: its files would be missing from the hashes
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -4,6 +4,7 @@ and another scheduler step are each found and named; a bad or missing file is an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -395,6 +396,27 @@ def test_collector_entry_point_compares_paths_relative_to_the_step(hf_runs: dict
         engine_collect("ckpt_compare", {"a": "x", "b": "y", "rtol": -1}, {"cwd": str(root)})
     with pytest.raises(CollectorError, match="unknown args tolerance"):
         engine_collect("ckpt_compare", {"a": "x", "b": "y", "tolerance": 1}, {"cwd": str(root)})
+
+
+def test_hash_a_names_the_bytes_of_every_file_compared_and_a_missing_folder_in_one_line(
+    hf_runs: dict[str, Run], tmp_path: Path
+) -> None:
+    a = copy_checkpoint(hf_runs["reference"].out / "checkpoint-20", tmp_path / "a")
+    (a / "nested").mkdir()
+    (a / "nested" / "extra.bin").write_bytes(b"\x00" * 3)
+    args = {"a": str(a), "b": str(hf_runs["reference"].out / "checkpoint-20"), "format": "hf_trainer"}
+    assert "a_sha256" not in engine_collect("ckpt_compare", args, {})  # asked for only: it reads every byte
+    doc = engine_collect("ckpt_compare", {**args, "hash_a": True}, {})
+    files = sorted(p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file())
+    assert "nested/extra.bin" in files and sorted(doc["a_sha256"]) == files
+    assert doc["a_sha256"]["model.safetensors"] == hashlib.sha256((a / "model.safetensors").read_bytes()).hexdigest()
+    assert doc["a_sha256"]["nested/extra.bin"] == hashlib.sha256(b"\x00" * 3).hexdigest()
+    assert doc["a_sha256_error"] is None
+    missing = engine_collect("ckpt_compare", {**args, "a": str(tmp_path / "gone"), "hash_a": True}, {})
+    assert missing["error"] and missing["a_sha256"] is None
+    assert missing["a_sha256_error"] == f"{tmp_path / 'gone'}: No such file or directory"
+    with pytest.raises(CollectorError, match="args.hash_a must be true or false"):
+        engine_collect("ckpt_compare", {**args, "hash_a": "yes"}, {})
 
 
 def test_command_prints_strict_json_and_refuses_bad_options(hf_runs: dict[str, Run], tmp_path: Path, capsys) -> None:
