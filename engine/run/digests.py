@@ -21,6 +21,7 @@ from typing import Any
 GIT_TIMEOUT_S = 30.0
 # What a folder of code holds that is not its code: bytecode caches change with the interpreter.
 CODE_NOISE = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache")
+CODE_NOISE_BYTES = {os.fsencode(name) for name in CODE_NOISE}
 _CHUNK = 1 << 20
 
 
@@ -106,8 +107,8 @@ def tree_digest(path: str | os.PathLike[str], skip: Iterable[str] = ()) -> dict[
 
 def code_revision(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """What a folder of code is: in a git work tree, `{commit, tree, dirty}` (the folder's tree at
-    HEAD, which only a change inside it moves, and the sha256 of its uncommitted changes to tracked
-    files, null when there are none); elsewhere `{sha256}` of its files, bytecode caches aside;
+    HEAD, which only a change inside it moves, and the sha256 of its uncommitted changes: edits to
+    tracked files and the files git neither tracks nor ignores, null when there are none); elsewhere `{sha256}` of its files, bytecode caches aside;
     `{missing: true}` when it is not there."""
     where = Path(os.path.abspath(folder))
     if not where.is_dir():
@@ -119,13 +120,31 @@ def code_revision(folder: str | os.PathLike[str]) -> dict[str, Any]:
         spec = "HEAD^{tree}" if rel == "." else f"HEAD:{rel}"
         tree = run_git(["rev-parse", "--verify", "-q", spec], where)
         diff = _git_bytes(["diff", "HEAD", "--binary", "--no-ext-diff", "--no-textconv", "--", "."], where)
-        if tree is not None and diff is not None:
+        untracked = _untracked(where)
+        if tree is not None and diff is not None and untracked is not None:
             return {
                 "commit": commit.strip(),
                 "tree": tree.strip(),
-                "dirty": hashlib.sha256(diff).hexdigest() if diff else None,
+                "dirty": hashlib.sha256(diff + untracked).hexdigest() if diff or untracked else None,
             }
     return {"sha256": (tree_digest(where, CODE_NOISE) or {}).get("sha256")}
+
+
+def _untracked(where: Path) -> bytes | None:
+    """The files under `where` that git neither tracks nor ignores, each as its path and the sha256 of its bytes
+    (a new module not yet added is code as much as an edited one); None when git or a file cannot be read."""
+    listed = _git_bytes(["ls-files", "--others", "--exclude-standard", "-z", "--", "."], where)
+    if listed is None:
+        return None
+    out = b""
+    for rel in sorted(p for p in listed.split(b"\0") if p):
+        if CODE_NOISE_BYTES.intersection(rel.split(b"/")):
+            continue
+        try:
+            out += b"untracked " + rel + b" " + file_sha256(where / os.fsdecode(rel)).encode() + b"\n"
+        except OSError:
+            return None
+    return out
 
 
 def package_version(name: str) -> str | None:

@@ -218,6 +218,26 @@ def test_a_code_change_makes_a_new_reference_naming_the_revision(probe: EngineRu
     assert runs_of(probe.cwd / "ref.count") == 3
 
 
+def test_a_new_module_not_yet_added_to_git_is_a_code_change_and_so_is_its_edit(probe: EngineRuns) -> None:
+    code = probe.cwd / "repo" / "code"
+    probe("run", "s.yaml", "--run-dir", "r1", expect=Exit.PASS)
+    (code / "resume.py").write_text("skip = 0\n")  # untracked: `git diff HEAD` does not show it
+    ran = probe("run", "s.yaml", "--run-dir", "r2", expect=Exit.PASS)
+    assert f"code {code}: no uncommitted changes -> uncommitted changes " in ran.out
+    assert runs_of(probe.cwd / "ref.count") == 2
+    (code / "resume.py").write_text("skip = 1\n")
+    ran = probe("run", "s.yaml", "--run-dir", "r3", expect=Exit.PASS)
+    assert re.search(rf"code {re.escape(str(code))}: uncommitted changes \w+ -> uncommitted changes \w+", ran.out)
+    assert runs_of(probe.cwd / "ref.count") == 3
+    # Bytecode and what .gitignore names are not code: the reference made with resume.py at 1 is reused.
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "resume.cpython-311.pyc").write_bytes(b"\x00")
+    (probe.cwd / "repo" / ".git" / "info" / "exclude").write_text("*.log\n")
+    (code / "train.log").write_text("noise\n")
+    probe("run", "s.yaml", "--run-dir", "r4", expect=Exit.PASS)
+    assert runs_of(probe.cwd / "ref.count") == 3
+
+
 def test_a_package_version_change_makes_a_new_reference(probe: EngineRuns) -> None:
     probe("run", "s.yaml", "--run-dir", "r1", expect=Exit.PASS)
     fake_dist(probe.cwd / "site", "2.0")
