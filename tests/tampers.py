@@ -92,6 +92,7 @@ from tamper_store import (
     horizon_target_lost_its_weights,
     horizon_target_torn,
     horizon_weights_compared_are_not_the_stored,
+    horizon_weights_hold_another_count,
     kill_tore_the_pointer_target,
     leg1_checkpoint_missing,
     leg1_newest_checkpoint_lost_optimizer_state,
@@ -274,6 +275,9 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         ),
     ),
     "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", leg2_wrong_geometry),),
+    "stored_weights_hold_the_expected_params": (
+        Tamper("the horizon checkpoint holds more numbers than the count reported", horizon_weights_hold_another_count),
+    ),
     "final_leg_validation_actually_ran": (
         Tamper("validation skipped on leg 2", leg2_validation_skipped, also={**PPL, **VAL_NEAR}),
         Tamper("validation swallowed an error on leg 2", leg2_validation_swallowed_an_error, also={**PPL, **VAL_NEAR}),

@@ -202,6 +202,7 @@ def compare_group(group: str, pa: Part, pb: Part, rtol: float, atol: float, patt
             "equal": complete and all(r.equal for r in results),
             "close": complete and all(r.close for r in results),
             "count": len(results),
+            "numel": {"a": _numel(keep_a), "b": _numel(keep_b)},
             "n_equal": sum(r.equal for r in results),
             "n_close": sum(r.close for r in results),
             "n_differ": sum(not r.close for r in results),
@@ -217,6 +218,11 @@ def compare_group(group: str, pa: Part, pb: Part, rtol: float, atol: float, patt
         }
     )
     return doc
+
+
+def _numel(leaves: dict[str, Any]) -> int:
+    """How many numbers a side's tensors hold (the group's size, read from the checkpoint, not from its owner)."""
+    return sum(v.numel() for v in leaves.values() if isinstance(v, torch.Tensor))
 
 
 def _first(r: LeafResult | None, attr: str) -> dict[str, Any] | None:

@@ -218,6 +218,9 @@ def test_equal_pair_is_equal_in_every_group(fmt: Fmt) -> None:
     assert doc["equal"] and doc["close"], doc["first_difference"]
     assert all(g["count"] > 0 and g["max_abs_diff"] == 0.0 for g in doc["groups"].values())
     assert json.loads(json.dumps(doc)) == doc  # plain JSON, as a collector's document must be
+    # Each side's size is counted from its own tensors: the P4 trainer's tiny model holds 119,104 numbers.
+    model = doc["groups"]["model"]
+    assert model["numel"]["a"] == model["numel"]["b"] == {"p4": 119_104}.get(fmt.name, model["numel"]["b"]) > 0
 
 
 def test_a_perturbed_weight_is_found_and_named(fmt: Fmt, tmp_path: Path) -> None:

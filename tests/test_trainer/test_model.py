@@ -45,6 +45,8 @@ def test_frozen_geometry_counts_exactly_106194240_parameters():
     assert count_params(m) == 106_194_240
     # the tie is real: one tensor, not two that happen to be counted once
     assert "lm_head.weight" not in dict(m.named_parameters())
+    # and the saved weights hold that many numbers: what the P4 specs count in the horizon checkpoint
+    assert sum(t.numel() for t in hf_state_dict(m).values()) == 106_194_240
 
 
 def test_tiny_geometry_parameter_count_matches_the_arithmetic():
