@@ -305,6 +305,14 @@ def val_loss_far_from_training(d: dict) -> None:
     run["val_ppl"] = math.exp(run["val_loss"])
 
 
+def validated_other_weights(d: dict) -> None:
+    # The horizon leg's validation, self-consistent (ppl = exp(loss), near the training loss, every window),
+    # of weights a little off the run's: another checkpoint, or the right one loaded wrong.
+    run = run_json(d, val(d, "final_leg"))
+    run["val_loss"] *= 1.001
+    run["val_ppl"] = math.exp(run["val_loss"])
+
+
 def final_loss_not_the_last_logged(leg: str) -> Callable[[dict], None]:
     def apply(d: dict) -> None:
         run_json(d, leg)["final_loss"] = 1.0
@@ -404,6 +412,18 @@ def killed_leg_skipped_a_logged_step(d: dict) -> None:
 def reference_resumed_itself(d: dict) -> None:
     # The run that never stopped stopped: it resumed from a checkpoint, as a leg does.
     run_json(d, "reference").update(resumed_from_step=val(d, "push_every"))
+
+
+def reference_batch_differs(leg: str) -> Callable[[dict], None]:
+    """The reference's batch at `leg`'s second step is another one (the digest of its next step): the leg
+    trained tokens the run that never stopped did not train there, though every digest is still unique."""
+
+    def apply(d: dict) -> None:
+        steps = sorted(map(int, run_json(d, leg)["batches"]))
+        reference = run_json(d, "reference")["batches"]
+        reference[str(steps[1])] = reference[str(steps[1] + 1)]
+
+    return apply
 
 
 def reference_differs_at(series: str, leg: str) -> Callable[[dict], None]:

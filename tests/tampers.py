@@ -67,12 +67,14 @@ from tamper_legs import (
     next_leg_lost_a_middle_step,
     peak_max_below_a_rank,
     ppl_is_not_exp_of_the_loss,
+    reference_batch_differs,
     reference_differs_at,
     reference_resumed_itself,
     run_json_contradicts_a_logged_line,
     schedule_restarted_at_the_resume,
     soak_peak_over_gate_on_gpu,
     val_loss_far_from_training,
+    validated_other_weights,
     validation_over_fewer_tokens,
 )
 from tamper_store import (
@@ -137,6 +139,9 @@ REF_LOSSES_LEG1 = {"losses_match_the_reference[leg=leg1]": "FAIL"}
 REF_LOSSES_LEG2 = {"losses_match_the_reference[leg=leg2]": "FAIL"}
 REF_LRS_LEG1 = {"lrs_match_the_reference[leg=leg1]": "FAIL"}
 REF_LRS_LEG2 = {"lrs_match_the_reference[leg=leg2]": "FAIL"}
+REF_BATCHES_LEG2 = {"batches_match_the_reference[leg=leg2]": "FAIL"}
+# The horizon's validation against the reference's: a figure of the leg's own moved leaves it.
+VAL_REF = {"validation_matches_the_reference": "FAIL"}
 # The horizon's pointer target compared with the listing.
 HORIZON_TARGET = {"pointer_target_complete_after[leg=leg2]": "FAIL"}
 # The horizon's stored bytes read back against the files compared with the reference.
@@ -182,7 +187,11 @@ def _own_series(leg: str) -> dict[str, tuple[Tamper, ...]]:
             Tamper(f"leg {number}'s last step has no lr", lr_missing_at_the_last_step(leg)),
         ),
         f"no_batch_trained_twice_in_a_leg[leg={leg}]": (
-            Tamper(f"leg {number}'s last step trained its first step's batch", batch_repeated_in_leg(leg)),
+            Tamper(
+                f"leg {number}'s last step trained its first step's batch",
+                batch_repeated_in_leg(leg),
+                also={f"batches_match_the_reference[leg={leg}]": "FAIL"},
+            ),
         ),
         f"losses_match_the_reference[leg={leg}]": (
             Tamper(
@@ -194,6 +203,9 @@ def _own_series(leg: str) -> dict[str, tuple[Tamper, ...]]:
             Tamper(
                 f"leg {number}'s second lr leaves the reference's in the 7th digit", reference_differs_at("lrs", leg)
             ),
+        ),
+        f"batches_match_the_reference[leg={leg}]": (
+            Tamper(f"the reference trained other tokens at leg {number}'s second step", reference_batch_differs(leg)),
         ),
     }
 
@@ -279,11 +291,15 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("the horizon checkpoint holds more numbers than the count reported", horizon_weights_hold_another_count),
     ),
     "final_leg_validation_actually_ran": (
-        Tamper("validation skipped on leg 2", leg2_validation_skipped, also={**PPL, **VAL_NEAR}),
-        Tamper("validation swallowed an error on leg 2", leg2_validation_swallowed_an_error, also={**PPL, **VAL_NEAR}),
+        Tamper("validation skipped on leg 2", leg2_validation_skipped, also={**PPL, **VAL_NEAR, **VAL_REF}),
+        Tamper(
+            "validation swallowed an error on leg 2",
+            leg2_validation_swallowed_an_error,
+            also={**PPL, **VAL_NEAR, **VAL_REF},
+        ),
         # exp(1000) overflows to the same infinity: the perplexity follows from the loss, which is absurd.
-        Tamper("validation gave an infinite perplexity", leg2_validation_gave_infinity, also=VAL_NEAR),
-        Tamper("validation gave a NaN perplexity", leg2_validation_gave_nan, also={**PPL, **VAL_NEAR}),
+        Tamper("validation gave an infinite perplexity", leg2_validation_gave_infinity, also={**VAL_NEAR, **VAL_REF}),
+        Tamper("validation gave a NaN perplexity", leg2_validation_gave_nan, also={**PPL, **VAL_NEAR, **VAL_REF}),
     ),
     "horizon_tokens_match_the_arithmetic": (
         Tamper("leg 2 consumed one step's tokens too few", leg2_tokens_one_step_short),
@@ -483,17 +499,25 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         ),
     ),
     "validation_covered_the_tokens_asked_for": (
-        Tamper("validation averaged over one window", validation_over_fewer_tokens(64)),
-        Tamper("validation averaged over no tokens", validation_over_fewer_tokens(0)),
+        Tamper("validation averaged over one window", validation_over_fewer_tokens(64), also=VAL_REF),
+        Tamper("validation averaged over no tokens", validation_over_fewer_tokens(0), also=VAL_REF),
     ),
     "perplexity_is_exp_of_the_validation_loss": (
         Tamper("val_ppl 0.5", lambda d: final_val(d, val_ppl=0.5)),
         Tamper("val_ppl 1 % off exp(val_loss)", ppl_is_not_exp_of_the_loss),
-        Tamper("val_ppl 1.0 from a val_loss of 0.0", lambda d: final_val(d, val_loss=0.0, val_ppl=1.0), also=VAL_NEAR),
-        Tamper("a NaN val_loss beside a finite val_ppl", lambda d: final_val(d, val_loss=math.nan), also=VAL_NEAR),
+        Tamper(
+            "val_ppl 1.0 from a val_loss of 0.0",
+            lambda d: final_val(d, val_loss=0.0, val_ppl=1.0),
+            also={**VAL_NEAR, **VAL_REF},
+        ),
+        Tamper(
+            "a NaN val_loss beside a finite val_ppl",
+            lambda d: final_val(d, val_loss=math.nan),
+            also={**VAL_NEAR, **VAL_REF},
+        ),
     ),
     "validation_loss_near_the_training_loss": (
-        Tamper("a consistent val_loss/val_ppl at half the training loss", val_loss_far_from_training),
+        Tamper("a consistent val_loss/val_ppl at half the training loss", val_loss_far_from_training, also=VAL_REF),
     ),
     "summary_agrees_with_the_logged_losses[leg=leg1]": (
         Tamper(
@@ -538,7 +562,7 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         ),
     ),
     "next_leg_trained_other_batches_than_the_stopped_one[leg=leg1]": (
-        Tamper("leg 2's data order restarted at the resume", data_order_restarted_at_the_resume),
+        Tamper("leg 2's data order restarted at the resume", data_order_restarted_at_the_resume, also=REF_BATCHES_LEG2),
     ),
     # ---- the run that never stopped (each leg's series against it: _own_series)
     "reference_ran_uninterrupted_to_the_horizon": (
@@ -550,6 +574,11 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
             "no checkpoint at the horizon where the comparison looks",
             horizon_checkpoint_missing_for_the_comparison,
             also=STORED_COMPARED,
+        ),
+    ),
+    "validation_matches_the_reference": (
+        Tamper(
+            "the horizon leg validated weights 0.1 % off the reference's (its figures agree)", validated_other_weights
         ),
     ),
     "final_checkpoint_compared_is_the_one_stored": (

@@ -60,6 +60,7 @@ PER_LEG = (
     "no_batch_trained_twice_in_a_leg",
     "losses_match_the_reference",
     "lrs_match_the_reference",
+    "batches_match_the_reference",
 )
 
 
