@@ -16,19 +16,25 @@ tests/test_engine/test_layering.py; engine's top-level modules are the ground).
 
 How it counts. The nearest engine frame below a called engine function on its thread's stack is its
 caller. A call whose callee stands on a lower stage than its caller goes down; its return climbs back
-up to the caller's stage: that is one step back up. Each such edge, caller function -> callee
-function (module and qualified name), counts once however often it is taken: a leg's million lines
-would otherwise count a million times, and the count is of places in the code, not of iterations.
-Calls within a stage, or up a stage (the judge the runner is handed), are not counted. A path is every
-engine call made, on any thread, while its root function runs on the main thread (the call into the
-root itself is not part of it):
+up to the caller's stage. Each such edge, caller function -> callee function (module and qualified
+name), counts once however often it is taken: a leg's million lines would otherwise count a million
+times, and the count is of places in the code, not of iterations. Calls within a stage, or up a stage
+(the judge the runner is handed), are not counted. A path is every engine call made, on any thread,
+while its root function runs on the main thread (the call into the root itself is not part of it),
+and each path follows one piece of data, named from the root's frame:
 
-    plan through Runner.execute     engine.run.runner  Runner.execute
-    spec through recheck            engine.judge.recheck  recheck
-    engine run's arguments          engine.cli  cmd_run
+    plan through Runner.execute     engine.run.runner  Runner.execute   self.plan
+    spec through recheck            engine.judge.recheck  recheck       spec
+    engine run's arguments          engine.cli  cmd_run                 args
+
+A step back up is an edge down that carries the data followed: one of the call's arguments (self
+included) is that data, an object it holds, or what a call handed any of them returned (a constructor:
+the object it built). Identity is what is followed, so a value computed in place (an f-string, a sum)
+is new data, and scalars (numbers, one-letter strings) are never followed: unrelated code shares them.
 
 The table gives, per path: the engine calls traced, how many times a call went down a stage (taken),
-the steps back up (distinct edges), and those by the module they climb out of (the callee's). An
+every edge down (down: what calls a ground utility with a leg's text counts too), the steps back up
+(distinct edges that carried the data), and those by the module they climb out of (the callee's). An
 import runs a module's body; that is not a step of the data, and is not counted. A comprehension is
 counted as part of the function it is written in (Python 3.11 gives it a frame of its own).
 """
@@ -37,23 +43,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import os
 import sys
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from types import CodeType, FrameType
+from types import CodeType, FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = str(ROOT / "engine") + os.sep
 STAGES = ("ground", "expr", "spec", "run", "judge", "show", "diff", "cli")
+# (label, module, function, the data followed: a name in the root's frame, then attributes)
 PATHS = (
-    ("plan through Runner.execute", "engine.run.runner", "Runner.execute"),
-    ("spec through recheck", "engine.judge.recheck", "recheck"),
-    ("engine run's arguments", "engine.cli", "cmd_run"),
+    ("plan through Runner.execute", "engine.run.runner", "Runner.execute", ("self", "plan")),
+    ("spec through recheck", "engine.judge.recheck", "recheck", ("spec",)),
+    ("engine run's arguments", "engine.cli", "cmd_run", ("args",)),
 )
 COMPREHENSIONS = (".<locals>.<listcomp>", ".<locals>.<genexpr>", ".<locals>.<dictcomp>", ".<locals>.<setcomp>")
 TOKEN = "hf_walkSECRETwalkSECRETwalk0123"
@@ -121,15 +130,74 @@ def stage_of(module: str) -> str:
     return "ground"
 
 
+class Taint:
+    """The objects a path's followed data reached: its root argument, what it holds, and what any call
+    that was handed one of them returned (a constructor: the object it built). Kept alive, so that an
+    id is never reused by another object while the walk runs."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, Any] = {}
+
+    def add(self, obj: Any, depth: int = 6) -> None:
+        todo = [(obj, depth)]
+        while todo and len(self._held) < 200_000:
+            item, left = todo.pop()
+            if not _followable(item) or id(item) in self._held:
+                continue
+            self._held[id(item)] = item
+            if left == 0:
+                continue
+            todo += [(child, left - 1) for child in _children(item)]
+
+    def holds(self, values: list[Any]) -> bool:
+        return any(id(value) in self._held and _followable(value) for value in values)
+
+
+def _followable(obj: Any) -> bool:
+    """Whether an object can carry the data by identity: a scalar (an int, a one-letter string) is
+    shared by unrelated code, and a function or a module is code, not data."""
+    if obj is None or isinstance(obj, (bool, int, float, complex, type, ModuleType, FunctionType, MethodType)):
+        return False
+    return not isinstance(obj, (str, bytes)) or len(obj) > 1
+
+
+def _children(obj: Any) -> list[Any]:
+    if isinstance(obj, Mapping):
+        return [*obj.keys(), *obj.values()]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return list(obj)
+    if isinstance(obj, (str, bytes, io.IOBase)) or not hasattr(obj, "__dict__"):
+        return []
+    return list(vars(obj).values())
+
+
+def _arguments(frame: FrameType) -> list[Any]:
+    """The values a call was handed: its parameters (self included), *args' items, **kwargs' values."""
+    code, local = frame.f_code, frame.f_locals
+    n = code.co_argcount + code.co_kwonlyargcount
+    values = [local[name] for name in code.co_varnames[:n] if name in local]
+    if code.co_flags & inspect.CO_VARARGS:
+        values += list(local.get(code.co_varnames[n], ()))
+        n += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        values += list(local.get(code.co_varnames[n], {}).values())
+    return values
+
+
 class Walk:
-    """The profiler: every engine call, its caller, and which paths were open when it was made."""
+    """The profiler: every engine call, its caller, which paths were open when it was made, and which
+    of them it carried the followed data of."""
 
     def __init__(self) -> None:
         self.roots: dict[CodeType, str] = {}
         self.open: list[str] = []  # the paths whose root runs now (main thread)
         self.open_frames: list[FrameType] = []
         self.calls: Counter[str] = Counter()
-        self.edges: dict[str, Counter[tuple[str, str, str, str]]] = {name: Counter() for name, _, _ in PATHS}
+        self.edges: dict[str, Counter[tuple[str, str, str, str]]] = {name: Counter() for name, *_ in PATHS}
+        self.carried: dict[str, Counter[tuple[str, str, str, str]]] = {name: Counter() for name, *_ in PATHS}
+        self.taint: dict[str, Taint] = {name: Taint() for name, *_ in PATHS}
+        self._follows = {name: follows for name, _, _, follows in PATHS}
+        self._carrying: dict[FrameType, list[str]] = {}
         self._names: dict[CodeType, tuple[str, str] | None] = {}
         self._main = threading.main_thread()
 
@@ -151,24 +219,44 @@ class Walk:
         return self._names[code]
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "return" and self.open_frames and frame is self.open_frames[-1]:
-            self.open_frames.pop()
-            self.open.pop()
+        if event == "return":
+            self._returned(frame, arg)
             return
-        if event != "call":
+        if event != "call" or not (self.open or frame.f_code in self.roots):
             return
         code = frame.f_code
+        carried = self._carries(frame) if self.open and code.co_name != "<module>" else []
         callee = self._name(code, frame)
-        if callee is None:
-            return
-        if self.open:
-            self._count(frame, callee)
+        if callee is not None and self.open:
+            self._count(frame, callee, carried)
         if code in self.roots and threading.current_thread() is self._main:
             # Opened after its own call is counted: the call into a path's root is not part of it.
-            self.open.append(self.roots[code])
+            label = self.roots[code]
+            self.open.append(label)
             self.open_frames.append(frame)
+            obj = frame.f_locals
+            for name in self._follows[label]:
+                obj = obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
+            self.taint[label].add(obj)
 
-    def _count(self, frame: FrameType, callee: tuple[str, str]) -> None:
+    def _carries(self, frame: FrameType) -> list[str]:
+        values = _arguments(frame)
+        carried = [label for label in set(self.open) if self.taint[label].holds(values)]
+        if carried:
+            self._carrying[frame] = carried
+        return carried
+
+    def _returned(self, frame: FrameType, value: Any) -> None:
+        carried = self._carrying.pop(frame, None)
+        if carried:
+            built = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else value
+            for label in carried:
+                self.taint[label].add(built)
+        if self.open_frames and frame is self.open_frames[-1]:
+            self.open_frames.pop()
+            self.open.pop()
+
+    def _count(self, frame: FrameType, callee: tuple[str, str], carried: list[str]) -> None:
         caller_frame = frame.f_back
         caller = None
         while caller_frame is not None:
@@ -181,6 +269,8 @@ class Walk:
             self.calls[label] += 1
             if down:
                 self.edges[label][(*caller, *callee)] += 1
+                if label in carried:
+                    self.carried[label][(*caller, *callee)] += 1
 
 
 def write_spec(folder: Path) -> Path:
@@ -226,19 +316,29 @@ def walk(folder: Path, spec_path: Path | None = None) -> Walk:
 
 
 def table(tracer: Walk, show_edges: bool) -> str:
-    rows = [("path", "engine calls", "taken", "back up", "back up, by the module climbed out of")]
-    for label, _, _ in PATHS:
-        edges = tracer.edges[label]
-        by_module = Counter(callee_module for _, _, callee_module, _ in edges)
+    rows = [("path", "engine calls", "taken", "down", "back up", "back up, by the module climbed out of")]
+    for label, *_ in PATHS:
+        edges, carried = tracer.edges[label], tracer.carried[label]
+        by_module = Counter(callee_module for _, _, callee_module, _ in carried)
         where = ", ".join(f"{m} {n}" for m, n in by_module.most_common())
-        rows.append((label, str(tracer.calls[label]), str(sum(edges.values())), str(len(edges)), where or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+        rows.append(
+            (
+                label,
+                str(tracer.calls[label]),
+                str(sum(edges.values())),
+                str(len(edges)),
+                str(len(carried)),
+                where or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
     if show_edges:
-        for label, _, _ in PATHS:
-            lines += ["", f"-- {label}"]
+        for label, *_ in PATHS:
+            lines += ["", f"-- {label} (* carries the data followed: a step back up)"]
             lines += [
-                f"   {a}:{b} ({stage_of(a)}) -> {c}:{d} ({stage_of(c)})  x{n}"
+                f" {'*' if (a, b, c, d) in tracer.carried[label] else ' '} {a}:{b} ({stage_of(a)}) -> "
+                f"{c}:{d} ({stage_of(c)})  x{n}"
                 for (a, b, c, d), n in sorted(tracer.edges[label].items())
             ]
     return "\n".join(lines)
