@@ -298,9 +298,9 @@ def _run(
     args: argparse.Namespace, spec: Any, plan: Any, run_dir: Path, reuse: Any = None, notes: Sequence[str] = ()
 ) -> int:
     """The run itself, in a run dir this engine holds: its report, and its exit code."""
-    from engine.judge.verdict import judge
+    from engine.judge.verdict import store_verdict
     from engine.run import evidence
-    from engine.run.runner import RunInterrupted, execute
+    from engine.run.runner import RunInterrupted, start
     from engine.run.signals import StopSignals
     from engine.spec.plan import values_lines, values_summary
 
@@ -319,17 +319,10 @@ def _run(
     # verdict or its exit code short.
     with StopSignals(linger=True) as stops:
         try:
-            doc = execute(
-                plan,
-                run_dir,
-                sys.stdout,
-                judge=lambda ev: judge(plan, ev),
-                stops=stops,
-                reuse=reuse,
-                fresh_reference=args.fresh_reference,
-            )
-        except RunInterrupted as exc:  # the evidence is stored, judged and marked interrupted
-            doc = exc.doc
+            runner = start(plan, run_dir, sys.stdout, reuse=reuse, fresh_reference=args.fresh_reference)
+            ran = runner.execute(stops)
+        except RunInterrupted as exc:  # the evidence is stored and marked interrupted
+            ran = exc.doc
         except KeyboardInterrupt:
             stored = evidence.path_of(run_dir).is_file()
             _err(
@@ -338,6 +331,8 @@ def _run(
                 else f"interrupted before any evidence was written to {run_dir}"
             )
             return Exit.INTERRUPTED
+        # The steps are over and the signals no longer raise: the verdict is judged and stored whole.
+        doc = store_verdict(plan, ran, runner.record)
         failed = _emit(doc, doc["checks"], doc["verdict"], args, spec)
         if stops.count and doc["verdict"]["outcome"] != "INTERRUPTED":
             _err("engine: interrupted after the last step had finished; the verdict stands")

@@ -2,7 +2,8 @@
 
 `Exit` is the one list of `engine`'s exit codes (`engine diff` adds its own 0/1/2, like
 `git diff --exit-code`). `judge` is the whole evidence -> verdict step, used by `engine run` at the
-end of a run and by `engine check`/`replay` on a saved one, so both judge alike.
+end of a run (`store_verdict`, through the run's record) and by `engine check`/`replay` on a saved
+one, so both judge alike.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from engine.expr.functions import OPTIONS
 from engine.judge.checks import FAILING, evaluate
 from engine.run.output import harvest_problems
+from engine.run.record import Record, RecordError
 from engine.run.said import fail_on_text, printed_failure
 from engine.types import Check, CheckResult, Step, Verdict
 
@@ -270,3 +272,18 @@ def judge(plan: JudgedPlan, evidence: Mapping[str, Any]) -> tuple[list[CheckResu
         results = evaluate(list(plan.checks), evidence, OPTIONS)
     problems = all_harvest_problems(evidence, harvest_rules(plan.steps))
     return results, verdict(evidence, results, preconditions(plan.steps), problems)
+
+
+def store_verdict(plan: JudgedPlan, evidence: dict[str, Any], record: Record) -> dict[str, Any]:
+    """Judge a run's `evidence` and store its checks and verdict in evidence.json through the run's
+    `record`; the document as stored (masked), which is what the reports render. A write that fails
+    makes the verdict ERROR: judged again with the failure, it is then only said."""
+    while True:
+        evidence["checks"], evidence["verdict"] = judge(plan, evidence)
+        try:
+            return record.save(evidence)
+        except RecordError as exc:
+            if "record_error" in evidence:  # judged with it: the verdict stands, unstored
+                record.say(f"ERROR: the verdict could not be stored: {exc}")
+                return record.mask(evidence)
+            record.failed(evidence, exc, None)

@@ -401,6 +401,13 @@ class Record:
         self.stored = True
         return stored
 
+    def failed(self, doc: dict[str, Any], exc: RecordError, step: str | None) -> None:
+        """A write failed (a full disk): the run stops here, and `doc` says so, naming the file, the
+        step and whether an evidence.json was ever stored; a judge then makes its verdict ERROR.
+        evidence.json keeps its last complete version."""
+        doc["record_error"] = {"path": str(exc.path), "error": str(exc), "step": step, "stored": self.stored}
+        self.say(f"ERROR: {exc}; the run stops{f' at {step}' if step else ''}, later steps not run")
+
     def write(self, kind: str, doc: Mapping[str, Any]) -> Path:
         """A re-check's record as `<kind>-<stamp>.json` beside the evidence (never in it): `-2`,
         `-3`, ... when one exists, so two re-checks in one second both stay. RecordError when it

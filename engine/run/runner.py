@@ -1,5 +1,6 @@
-"""Executes a Plan step by step (run / remove / collect), writing the evidence after every step
-and, at the end, the checks and verdict it is given.
+"""Executes a Plan step by step (run / remove / collect), writing the evidence after every step.
+It knows nothing of checks: the caller judges the evidence it leaves and stores the verdict through
+the same record (engine/judge/verdict.py `store_verdict`).
 
 The runner decides order and consequences (precondition, stop_on_failure, Ctrl-C); process.py
 runs commands, output.py interprets their lines, collectors.py reads state, remove.py removes,
@@ -31,15 +32,10 @@ from engine.run.said import exit_text
 from engine.run.signals import StopSignals
 from engine.spec.plan import step_kind
 from engine.text import utc_second
-from engine.types import CheckResult, Verdict
-
-# Evidence -> (check results, verdict): engine.judge.verdict.judge bound to the plan.
-Judge = Callable[[Mapping[str, Any]], tuple[list[CheckResult], Verdict]]
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the run; `doc` is the evidence as stored (judged, when a judge
-    was given), marked interrupted."""
+    """Ctrl-C or SIGTERM stopped the run; `doc` is its evidence, stored and marked interrupted."""
 
     def __init__(self, doc: dict[str, Any]) -> None:
         super().__init__("interrupted")
@@ -61,8 +57,8 @@ def _env_text(value: Any) -> str:
 
 
 class Runner:
-    """One run of a plan, from its first step to its verdict. `console` shows a leg's key lines and
-    progress (text its leg log masked already); everything else leaves through `record`."""
+    """One run of a plan, from its first step to its stored evidence. `console` shows a leg's key lines
+    and progress (text its leg log masked already); everything else leaves through `record`."""
 
     def __init__(
         self,
@@ -95,7 +91,9 @@ class Runner:
     def say(self, text: str) -> None:
         self.record.say(text)
 
-    def execute(self, judge: Judge | None = None, stops: StopSignals | None = None) -> dict[str, Any]:
+    def execute(self, stops: StopSignals | None = None) -> dict[str, Any]:
+        """Every step, then the end of the run stored; the evidence as the runner holds it (unmasked:
+        what a judge reads). RunInterrupted once a Ctrl-C's evidence is stored."""
         stops = stops or StopSignals()  # unentered: arm/disarm only (a caller handles signals)
         current: str | None = None
         try:
@@ -113,53 +111,26 @@ class Runner:
                 self.doc["steps"][current]["status"] = "interrupted"
             self.doc["interrupted"] = True
             self.say(f"INTERRUPTED during {current or 'the run'}; later steps not run")
-            self._finish(judge)
+            self._finish()
             raise RunInterrupted(self.doc) from None
         except RecordError as exc:
             stops.disarm()
-            self._record_failed(exc, current)
-        self._finish(judge)
+            self.record.failed(self.doc, exc, current)
+        self._finish()
         return self.doc
 
-    def _record_failed(self, exc: RecordError, step: str | None) -> None:
-        """The run's record could not be written (a full disk): the run stops here, and its verdict
-        is ERROR, naming the file and why. evidence.json keeps its last complete version."""
-        self.doc["record_error"] = {
-            "path": str(exc.path),
-            "error": str(exc),
-            "step": step,
-            "stored": self.record.stored,
-        }
-        self.say(f"ERROR: {exc}; the run stops{f' at {step}' if step else ''}, later steps not run")
-
-    def _finish(self, judge: Judge | None) -> None:
-        """Store the end of the run, then its checks and verdict: the verdict's seconds are the
-        run's, so the clock stops before judging. A write that fails makes the verdict ERROR; it
-        is then only said, and evidence.json keeps the last version that could be written."""
+    def _finish(self) -> None:
+        """Store the end of the run: the files the legs left masked, the clock stopped (a verdict's
+        seconds are the run's, not the judging's). A write that fails makes the verdict ERROR;
+        evidence.json keeps the last version that could be written."""
         self.record.finish(self.doc)
         try:
             self.save()
         except RecordError as exc:
             if "record_error" not in self.doc:
-                self._record_failed(exc, None)
+                self.record.failed(self.doc, exc, None)
         self.references.close()
-        if judge is not None:
-            self._judge(judge)
         self.record.close()
-        # What the caller renders (the terminal table, JUnit, Markdown, HTML) is what was stored.
-        self.doc = self.record.mask(self.doc)
-
-    def _judge(self, judge: Judge) -> None:
-        while True:
-            self.doc["checks"], self.doc["verdict"] = judge(self.doc)
-            try:
-                self.record.save(self.doc)
-                return
-            except RecordError as exc:
-                if "record_error" in self.doc:  # judged with it: the verdict stands, unstored
-                    self.say(f"ERROR: the verdict could not be stored: {exc}")
-                    return
-                self._record_failed(exc, None)
 
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
@@ -443,31 +414,40 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "step"
 
 
-def execute(
+def start(
     plan: evidence.PlanLike,
     run_dir: str | os.PathLike[str],
     out: TextIO = sys.stdout,
     *,
     is_tty: bool | None = None,
-    judge: Judge | None = None,
-    stops: StopSignals | None = None,
     err: TextIO | None = None,
     reuse: evidence.Reuse | None = None,
     fresh_reference: bool = False,
-) -> dict[str, Any]:
-    """Run every step of `plan`, writing `<run_dir>/evidence.json` after each; with `judge`, then
-    store its check results and verdict in it too. Return the document. Ctrl-C (or SIGTERM) raises
-    RunInterrupted, a KeyboardInterrupt carrying the document, once the evidence records the
-    interrupted step and the verdict (see StopSignals for many of them). `stops`: handlers the caller
-    installed and keeps past the run; by default the run installs its own for its duration. `err`:
+) -> Runner:
+    """A run of `plan` in `run_dir`, its record open and nothing run yet. `out`: the console; `err`:
     where warnings go (stderr). `reuse`: the steps taken over from the earlier run in `run_dir`
     (`engine run --from`), which do not run again. `fresh_reference`: make every reference step
     anew, whatever is saved (`engine run --fresh-reference`)."""
     run_path = Path(run_dir)
     (run_path / "logs").mkdir(parents=True, exist_ok=True)
     console = Console(out, is_tty, err)
-    runner = Runner(plan, Record.open(run_path, plan, os.environ, console.line), console, reuse, fresh_reference)
-    if stops is not None:  # the caller's handlers, held past the run (engine run prints the report)
-        return runner.execute(judge, stops)
+    return Runner(plan, Record.open(run_path, plan, os.environ, console.line), console, reuse, fresh_reference)
+
+
+def execute(
+    plan: evidence.PlanLike,
+    run_dir: str | os.PathLike[str],
+    out: TextIO = sys.stdout,
+    *,
+    is_tty: bool | None = None,
+    err: TextIO | None = None,
+) -> dict[str, Any]:
+    """Run every step of `plan` under the run's own Ctrl-C handlers, writing
+    `<run_dir>/evidence.json` after each; the evidence as stored (no checks: `engine run` judges it).
+    Ctrl-C (or SIGTERM) raises RunInterrupted, a KeyboardInterrupt carrying the stored document."""
+    runner = start(plan, run_dir, out, is_tty=is_tty, err=err)
     with StopSignals() as own:
-        return runner.execute(judge, own)
+        try:
+            return runner.record.mask(runner.execute(own))
+        except RunInterrupted as exc:
+            raise RunInterrupted(runner.record.mask(exc.doc)) from None

@@ -54,6 +54,8 @@ def test_steps_run_in_order_and_evidence_is_written(tmp_path: Path) -> None:
     assert "=== leg1" in printed and '  KEY> RUN_JSON {"final_step": 2}' in printed
     assert any(line.startswith("leg1_RC 0 seconds ") and " elapsed " in line for line in printed.splitlines())
     assert doc["finished_at"] and doc["seconds"] >= 0
+    # The runner stores evidence and knows nothing of checks: `engine run` judges what it stored.
+    assert "checks" not in stored and "verdict" not in stored
 
 
 def test_failed_leg_shows_failure_lines_from_the_whole_capture_then_the_tail(tmp_path: Path) -> None:
