@@ -3,6 +3,7 @@
     python bench/stage_walk.py            # one table per path
     python bench/stage_walk.py --edges    # and every edge counted, under its path
     python bench/stage_walk.py --spec tests/specs/validate/ok_minimal.yaml   # another spec that needs no torch
+    python bench/stage_walk.py --strict --sites --own   # other readings of "a step back up" (below)
 
 It writes a small spec that needs no torch (three `python -c` legs, one of them failing with
 diagnostics, a `command` collector, a `json_file` collector, a `remove` step; a secret in a value fed
@@ -37,6 +38,11 @@ every edge down (down: what calls a ground utility with a leg's text counts too)
 (distinct edges that carried the data), and those by the module they climb out of (the callee's). An
 import runs a module's body; that is not a step of the data, and is not counted. A comprehension is
 counted as part of the function it is written in (Python 3.11 gives it a frame of its own).
+
+Other readings, each a flag, for comparing with a count made by another method: `--strict` follows only
+the data and what it holds, not what calls handed it returned (a scrubber built from the plan is then not
+the plan); `--sites` counts distinct call sites (the caller's line) instead of function edges; `--own`
+counts only the calls made by the root's own module (the runner's, the re-check's, the cli's lines).
 """
 
 from __future__ import annotations
@@ -188,7 +194,8 @@ class Walk:
     """The profiler: every engine call, its caller, which paths were open when it was made, and which
     of them it carried the followed data of."""
 
-    def __init__(self) -> None:
+    def __init__(self, strict: bool = False, sites: bool = False, own: bool = False) -> None:
+        self.strict, self.sites, self.own = strict, sites, own
         self.roots: dict[CodeType, str] = {}
         self.open: list[str] = []  # the paths whose root runs now (main thread)
         self.open_frames: list[FrameType] = []
@@ -200,6 +207,7 @@ class Walk:
         self._carrying: dict[FrameType, list[str]] = {}
         self._names: dict[CodeType, tuple[str, str] | None] = {}
         self._main = threading.main_thread()
+        self._root_module = {name: module for name, module, _, _ in PATHS}
 
     def add_root(self, label: str, func: Any) -> None:
         self.roots[func.__code__] = label
@@ -248,7 +256,7 @@ class Walk:
 
     def _returned(self, frame: FrameType, value: Any) -> None:
         carried = self._carrying.pop(frame, None)
-        if carried:
+        if carried and not self.strict:
             built = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else value
             for label in carried:
                 self.taint[label].add(built)
@@ -265,12 +273,16 @@ class Walk:
                 break
             caller_frame = caller_frame.f_back
         down = caller is not None and STAGES.index(stage_of(callee[0])) < STAGES.index(stage_of(caller[0]))
+        edge = (*caller, *callee) if caller is not None else None
+        if edge is not None and self.sites:
+            edge = (caller[0], f"{caller[1]}:{caller_frame.f_lineno}", *callee)
         for label in set(self.open):
             self.calls[label] += 1
-            if down:
-                self.edges[label][(*caller, *callee)] += 1
-                if label in carried:
-                    self.carried[label][(*caller, *callee)] += 1
+            if not down or (self.own and caller[0] != self._root_module[label]):
+                continue
+            self.edges[label][edge] += 1
+            if label in carried:
+                self.carried[label][edge] += 1
 
 
 def write_spec(folder: Path) -> Path:
@@ -279,13 +291,14 @@ def write_spec(folder: Path) -> Path:
     return spec
 
 
-def walk(folder: Path, spec_path: Path | None = None) -> Walk:
-    """`engine run` then `engine check` of the walk's spec (or `spec_path`) in `folder`, traced."""
+def walk(folder: Path, spec_path: Path | None = None, **reading: bool) -> Walk:
+    """`engine run` then `engine check` of the walk's spec (or `spec_path`) in `folder`, traced; `reading`
+    holds Walk's flags."""
     from engine.cli import cmd_run, main
     from engine.judge import recheck
     from engine.run import runner
 
-    tracer = Walk()
+    tracer = Walk(**reading)
     tracer.add_root(PATHS[0][0], runner.Runner.execute)
     tracer.add_root(PATHS[1][0], recheck.recheck)
     tracer.add_root(PATHS[2][0], cmd_run)
@@ -348,10 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edges", action="store_true", help="list every edge counted, under its path")
     parser.add_argument("--spec", type=Path, help="walk this spec instead (it must need no torch)")
+    parser.add_argument(
+        "--strict", action="store_true", help="follow the data and what it holds, not what calls returned"
+    )
+    parser.add_argument("--sites", action="store_true", help="count call sites (caller lines), not function edges")
+    parser.add_argument("--own", action="store_true", help="count only the calls made by the root's own module")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="stage-walk-") as tmp:
-        tracer = walk(Path(tmp), args.spec)
+        tracer = walk(Path(tmp), args.spec, strict=args.strict, sites=args.sites, own=args.own)
     print(table(tracer, args.edges))
     return 0
 
