@@ -30,7 +30,6 @@ from engine.run.reference import ReferenceError, References
 from engine.run.remove import remove_step
 from engine.run.said import exit_text
 from engine.run.signals import StopSignals
-from engine.spec.plan import step_kind
 from engine.text import utc_second
 
 
@@ -73,7 +72,7 @@ class Runner:
         self.doc = evidence.new_document(plan, record.run_dir, version())
         self.references = References(record.run_dir, self.doc["started_at"], record.mask, self.say, fresh_reference)
         for step in plan.steps:
-            self.doc["steps"][step["name"]] = {"kind": step_kind(step), "status": "not_run"}
+            self.doc["steps"][step["name"]] = {"kind": step["kind"], "status": "not_run"}
         if reuse is not None:
             evidence.carry_over(self.doc, reuse)
         # What each kind of step does: it fills the step's record and returns its exit code.
@@ -134,7 +133,7 @@ class Runner:
 
     def run_step(self, step: Mapping[str, Any]) -> bool:
         """Run one step, record it, write the evidence; False when nothing later may run."""
-        name, kind = step["name"], step_kind(step)
+        name, kind = step["name"], step["kind"]
         record = self.doc["steps"][name]
         if record.get("reused"):  # `--from` a later step: this one's evidence is the earlier run's
             self.say(

@@ -29,12 +29,18 @@ class PlanStub:
     mode: str = "smoke"
     spec: SpecStub = field(default_factory=SpecStub)
 
+    def __post_init__(self) -> None:
+        # plan.py names each step's kind once; the runner reads it and never works it out again.
+        from engine.spec.plan import step_kind
+
+        self.steps = [{**step, "kind": step_kind(step)} for step in self.steps]
+
 
 def run_step(name: str, *actions: str, **run: Any) -> dict[str, Any]:
     """A resolved run step whose leg is leg.py with `actions`, defaults filled like plan.py does."""
     body = {"argv": [sys.executable, LEG, *actions], "grace_s": 30, "ok_exit_codes": [0]}
     body.update(run)
-    return {"name": name, "enabled": True, "file": "specs/test.yaml", "line": 1, "run": body}
+    return {"name": name, "kind": "run", "enabled": True, "file": "specs/test.yaml", "line": 1, "run": body}
 
 
 def main() -> int:
