@@ -12,7 +12,7 @@ pytestmark = pytest.mark.probe_spec("hf_trainer")  # the spec its tests run (the
 def test_stopped_by_the_callback_and_resumed_the_run_is_the_reference(spec_run) -> None:
     run = spec_run("correct", expect=0)
     assert "VERDICT hf_trainer PASS []" in run.out
-    assert [r["outcome"] for r in run.evidence["checks"]] == ["PASS"] * 8
+    assert [r["outcome"] for r in run.evidence["checks"]] == ["PASS"] * 10
 
 
 def test_a_session_ended_by_max_steps_fails_at_the_first_lr_of_its_shorter_schedule(spec_run) -> None:

@@ -32,3 +32,13 @@ def test_an_unseeded_shuffle_stopped_at_an_epoch_end_fails_at_step_9(spec_run) -
     assert not [f for f in run.failed if f.startswith("stopped_leg")]
     said = run.said_under("resumed_run_matches_the_reference[q=batches]")
     assert "first difference at step 9: " in said and "(not the same value)" in said
+
+
+def test_a_resume_that_finds_no_checkpoint_and_starts_over_fails_where_it_started(spec_run) -> None:
+    run = spec_run("broken_checkpoint_lost", expect=5)
+    # Lightning only warns and trains from step 1: on the CPU every series and the final checkpoint are the
+    # reference's, so only the session's start tells this resume from a correct one.
+    assert run.failed == ["resumed_leg_started_after_the_checkpoint"]
+    assert any("no last checkpoint" in hit["text"] for hit in run.evidence["steps"]["leg2"]["warn_on"]["lines"])
+    said = run.said_under("resumed_leg_started_after_the_checkpoint")
+    assert "let.session.start_step = 0" in said and "values.resume_step = 8" in said
