@@ -200,6 +200,26 @@ def horizon_newest_checkpoint_lost_optimizer_state(d: dict) -> None:
     _lose_files(hub(d, "hub_after_leg2"), f"ckpt/checkpoint-{val(d, 'steps')}", ("optimizer.pt", "rng.pt"))
 
 
+def optimizer_state_left_behind(state_name: str) -> Callable[[dict], None]:
+    """A prune that failed: an older checkpoint directory still lists optimizer.pt and rng.pt. The oldest
+    checkpoint that is neither among the newest keep_optimizer_states nor the pointer's target, or, when
+    the leg left only those, a directory before its first push that kept nothing else."""
+
+    def apply(d: dict) -> None:
+        state = hub(d, state_name)
+        steps = sorted(state["checkpoints"])
+        kept = set(steps[-val(d, "keep_optimizer_states") :]) | {state["pointer"]["path_in_repo"]}
+        older = [s for s in steps if s not in kept and f"ckpt/checkpoint-{s}" not in kept]
+        step = older[0] if older else steps[0] // 2
+        for name in ("optimizer.pt", "rng.pt"):
+            path = f"ckpt/checkpoint-{step}/{name}"
+            assert path not in state["files"], path
+            state["files"].append(path)
+            state["sha256"][path] = hashlib.sha256(path.encode()).hexdigest()
+
+    return apply
+
+
 def final_lost_its_rng_state(d: dict) -> None:
     assert _lose_files(hub(d, "hub_after_leg2"), "final", ("rng.pt",))
 

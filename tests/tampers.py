@@ -104,6 +104,7 @@ from tamper_store import (
     leg1_pointer_stale,
     leg1_pointer_terminal,
     leg1_target_lost_its_weights,
+    optimizer_state_left_behind,
     pointer_moved_before_verify,
     pointer_step_right_path_of_the_killed_push,
     stored_object_damaged_after_upload,
@@ -286,6 +287,14 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
             "final/ lost rng.pt", final_lost_its_rng_state, also={**HORIZON_TARGET, **READ_BACK_LEG2, **STORED_COMPARED}
         ),
     ),
+    "old_optimizer_states_pruned_after[leg=leg1]": (
+        Tamper(
+            "an older checkpoint kept its optimizer state after leg 1", optimizer_state_left_behind("hub_after_leg1")
+        ),
+    ),
+    "old_optimizer_states_pruned_after[leg=leg2]": (
+        Tamper("the prune at the horizon failed", optimizer_state_left_behind("hub_after_leg2")),
+    ),
     "params_are_the_expected_model": (Tamper("leg 2 trained another geometry", leg2_wrong_geometry),),
     "stored_weights_hold_the_expected_params": (
         Tamper("the horizon checkpoint holds more numbers than the count reported", horizon_weights_hold_another_count),
@@ -451,7 +460,12 @@ TAMPERS: dict[str, tuple[Tamper, ...]] = {
         Tamper("leg 1 printed a RUN_JSON: the kill came after the run ended", leg1_ran_to_the_end),
     ),
     "pointer_never_named_the_unfinished_checkpoint": (
-        Tamper("the pointer names the checkpoint whose push was killed", pointer_moved_before_verify),
+        Tamper(
+            "the pointer names the checkpoint whose push was killed",
+            pointer_moved_before_verify,
+            # Killed once the pointer had moved, before its prune: the older optimizer state stayed too.
+            also={"old_optimizer_states_pruned_after[leg=leg1]": "FAIL"},
+        ),
         Tamper(
             "the pointer's step is the verified one, its path the killed push's",
             pointer_step_right_path_of_the_killed_push,

@@ -51,6 +51,7 @@ PER_STOP = (
 PER_LEG = (
     "pointer_target_complete_after",
     "checkpoints_complete_after",
+    "old_optimizer_states_pruned_after",
     "no_nonfinite_loss",
     "every_logged_loss_finite",
     "summary_agrees_with_the_logged_losses",
