@@ -281,3 +281,29 @@ def test_a_killed_leg_that_printed_no_run_json_is_asserted_with_null(tmp_path: P
     write_evidence(bundle, doc)
     result = _check_no_run_json(engine, tmp_path, bundle)
     assert (result["outcome"], result["missing"]) == ("NO_DATA", ["steps.leg1.harvest.run_json"])
+
+
+@pytest.mark.parametrize("stem", SPECS)
+def test_a_store_listing_that_failed_passes_no_check_that_reads_it(stem: str, tmp_path: Path, engine: Engine) -> None:
+    # The hub collector never raises: a listing that failed is its `error` beside an empty store, and an
+    # empty store holds no final/ and no stale optimizer state either. That is no data, never a PASS.
+    bundle = copy_bundle(stem, tmp_path)
+    doc = read_evidence(bundle)
+    state = doc["state"]["hub_after_leg1"]
+    state.update(error="HfHubHTTPError: 503 Service Unavailable", files=[], sha256={}, checkpoints=[], pointer=None)
+    state.update(has_final=False)
+    for key in ("pointer_target_sha256", "pointer_target_sha256_stored"):
+        state.pop(key, None)
+    write_evidence(bundle, doc)
+
+    got = engine_check(engine, stem, bundle)
+
+    outcomes = {r["name"]: r["outcome"] for r in got.record["checks"]}
+    readers = {
+        c["name"]
+        for c in spec_checks(stem)
+        if any(p.startswith("state.hub_after_leg1") for p in _read_paths(c, "expr"))
+    }
+    assert {"no_final_before_the_horizon[leg=leg1]", "old_optimizer_states_pruned_after[leg=leg1]"} <= readers
+    assert {n: outcomes[n] for n in readers if outcomes[n] == "PASS"} == {}
+    assert got.rc == Exit.FAILED
