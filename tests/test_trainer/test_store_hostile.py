@@ -299,3 +299,30 @@ def test_a_trainer_killed_inside_a_push_leaves_nothing_in_the_temp_dir(tmp_path,
     time.sleep(0.5)  # nothing of the killed process may still be writing
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("specprobe")) == []
     assert pointer(repo)["step"] == 4 and open_repo(repo).read_bytes("lease.json")  # the kill left its lease
+
+
+def test_an_interrupt_that_lands_as_a_file_is_opened_closes_its_descriptor_once(tmp_path, monkeypatch) -> None:
+    """A SIGINT can land inside os.fdopen once its file object holds the descriptor. The KeyboardInterrupt must
+    come out as it is, and the descriptor must be closed once, by its file object: closed by open_regular too,
+    the number went to the next file opened, which the file object's own close then took away."""
+    import gc
+
+    from trainer.store import protocol
+
+    (tmp_path / "object.bin").write_bytes(b"weights")
+    real_fdopen = os.fdopen
+
+    def fdopen_then_interrupted(fd: int, *args, **kwargs):  # not a mock: the real fdopen, then the signal
+        held = real_fdopen(fd, *args, **kwargs)  # noqa: F841  (alive in the traceback, as in a real interrupt)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(protocol.os, "fdopen", fdopen_then_interrupted)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        protocol.open_regular(tmp_path / "object.bin")
+    monkeypatch.undo()
+    with open(tmp_path / "later.txt", "w") as later:
+        del caught  # the interrupted frame and its file object go; the file opened since must stay open
+        gc.collect()
+        os.fstat(later.fileno())
+        later.write("still open")
+    assert (tmp_path / "later.txt").read_text() == "still open"

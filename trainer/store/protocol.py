@@ -185,10 +185,13 @@ def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True) -> 
         if not stat.S_ISREG(mode):
             raise NotRegularFile(os.fspath(path), file_kind(mode))
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+    # Outside the handler: once fdopen has built its file object, the descriptor is the object's to close.
+    # An interrupt landing there, closed here too, closed it twice: the second close's EBADF replaced the
+    # KeyboardInterrupt, or closed a file opened since under the same number.
+    return os.fdopen(fd, "rb")
 
 
 def sha256_file(path: Path) -> str:
